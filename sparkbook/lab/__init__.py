@@ -1,0 +1,365 @@
+"""The lab: a real multi-node cluster on this one root machine (see cluster.py for how a node is made).
+
+    up(nodes=2, progress=None) -> LabStatus   bring it up (or report it, when it is up already)
+    down() -> None                            remove everything it made; safe to run twice
+    status() -> LabStatus                     each node: IP, hostname, sshd, dockerd, images, containers
+    reset(progress=None) -> LabStatus         on a lab that is up: back to the initial state (the old
+                                              deployment running, workers without vLLM images)
+    params_file(nodes) -> Path                a params file describing an N-node lab
+
+The head node (lab-0) gets every lab image; workers get only the base image, so the runbook's
+distribution step has real work to do. Every node gets the lab models in its model cache
+(/srv/models inside the node). An "old deployment" (deployment.py) runs when the lab comes up.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import cluster
+from .cluster import LabError, NodeSpec, lab_home
+
+Progress = Optional[Callable[[str], None]]
+
+REPO_PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
+DEFAULT_LAB_HOME = Path("/var/lib/sparkbook-lab")
+
+__all__ = ["up", "down", "status", "reset", "params_file", "LabStatus", "NodeStatus", "LabError"]
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    role: str
+    ip: str
+    netns: str
+    docker_host: str            # unix:// socket of the node's dockerd, usable from the host
+    init_pid: Optional[int]     # host PID of the node's init (PID 1 of its pid namespace)
+    hostname: Optional[str]     # as the node reports it over SSH (None: SSH failed)
+    sshd: bool
+    dockerd: bool
+    images: list[str] = field(default_factory=list)
+    containers: list[dict] = field(default_factory=list)  # name, image, state, status, labels
+    error: str = ""
+
+
+@dataclass
+class LabStatus:
+    up: bool
+    nodes: list[NodeStatus]
+    lab_home: str
+    bridge: str
+    host_ip: str
+    key_file: str
+    known_hosts: str
+    ssh_config: str
+    params_file: Optional[str]
+    actions: list[str] = field(default_factory=list)   # what the call that made this status changed
+    seconds: Optional[float] = None                    # how long that call took
+
+    @property
+    def healthy(self) -> bool:
+        return self.up and all(n.sshd and n.dockerd and n.hostname == n.name for n in self.nodes)
+
+    def render(self) -> str:
+        if not self.nodes:
+            return f"lab: down (LAB_HOME {self.lab_home})"
+        lines = [f"lab: {'up' if self.up else 'DOWN/BROKEN'}, {len(self.nodes)} nodes on bridge {self.bridge} "
+                 f"({self.host_ip}); LAB_HOME {self.lab_home}",
+                 f"ssh: ssh -F {self.ssh_config} <node>   (key {self.key_file}, known_hosts {self.known_hosts})",
+                 f"params: {self.params_file}"]
+        for n in self.nodes:
+            lines.append(f"{n.name:7} {n.role:6} ip={n.ip:12} hostname={n.hostname or '-':7} "
+                         f"sshd={'up' if n.sshd else 'DOWN'} dockerd={'up' if n.dockerd else 'DOWN'} "
+                         f"init_pid={n.init_pid}")
+            lines.append(f"        images: {', '.join(n.images) or '-'}")
+            for c in n.containers:
+                lines.append(f"        container {c['name']:15} {c['state']:8} {c['image']}")
+            if n.error:
+                lines.append(f"        error: {n.error}")
+        if self.actions:
+            lines.append("changed: " + "; ".join(self.actions))
+        if self.seconds is not None:
+            lines.append(f"took {self.seconds:.1f}s")
+        return "\n".join(lines)
+
+    __str__ = render
+
+
+def _say(progress: Progress, msg: str) -> None:
+    if progress is not None:
+        progress(msg)
+
+
+@contextlib.contextmanager
+def _lock():
+    """One lab operation at a time on this machine (tests of several engineers share the lab)."""
+    lab_home().mkdir(parents=True, exist_ok=True)
+    with open(lab_home() / "lab.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------
+# params
+
+
+def _load_yaml(path: Path) -> dict:
+    import yaml
+    return yaml.safe_load(path.read_text())
+
+
+def params_file(nodes: int = 2) -> Path:
+    """The params file of an N-node lab: params/lab.yaml itself for the default lab (2 nodes, default
+    LAB_HOME); otherwise LAB_HOME/params/lab-N.yaml derived from it (node list replaced, serve.node_env
+    of missing nodes dropped, SSH key paths under LAB_HOME)."""
+    specs = cluster.node_specs(nodes)
+    if nodes == 2 and lab_home() == DEFAULT_LAB_HOME:
+        return REPO_PARAMS
+    import yaml
+    p = _load_yaml(REPO_PARAMS)
+    template = p["nodes"][0]
+    p["nodes"] = [{**template, "name": s.name, "role": s.role, "host": s.ip, "fabric_ip": s.ip,
+                   "fabric_netdev": cluster.NODE_NETDEV} for s in specs]
+    names = {s.name for s in specs}
+    node_env = (p.get("serve") or {}).get("node_env")
+    if isinstance(node_env, dict):
+        p["serve"]["node_env"] = {k: v for k, v in node_env.items() if k in names}
+    p.setdefault("ssh", {}).update({"key_file": str(cluster.key_file()),
+                                    "known_hosts": str(cluster.known_hosts_file())})
+    out = lab_home() / "params" / f"lab-{nodes}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = (f"# {nodes}-node lab, derived from {REPO_PARAMS} by sparkbook.lab.params_file({nodes}).\n"
+            + yaml.safe_dump(p, sort_keys=False))
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+def _ssh_hostname(s: NodeSpec) -> tuple[Optional[str], str]:
+    try:
+        p = subprocess.run(["ssh", "-F", str(cluster.ssh_config_file()), "-o", "ConnectTimeout=5", s.ip,
+                            "hostname"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return None, "ssh timed out"
+    if p.returncode != 0:
+        return None, p.stderr.strip()[-300:]
+    return p.stdout.strip(), ""
+
+
+def node_images(s: NodeSpec) -> list[str]:
+    out = cluster.run(["docker", "-H", s.docker_host, "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                      timeout=30).stdout
+    return sorted(set(out.split()))
+
+
+def _node_status(s: NodeSpec, st: dict) -> NodeStatus:
+    from . import deployment
+    ns = st.get("nodes", {}).get(s.name, {})
+    alive = cluster.pid_alive(ns.get("init_pid"), ns.get("init_start"))
+    n = NodeStatus(name=s.name, role=s.role, ip=s.ip, netns=s.netns, docker_host=s.docker_host,
+                   init_pid=ns.get("init_pid") if alive else None, hostname=None, sshd=False, dockerd=False)
+    if not alive:
+        n.error = "node init is not running"
+        return n
+    n.hostname, err = _ssh_hostname(s)
+    n.sshd = n.hostname is not None
+    try:
+        n.images = node_images(s)
+        n.containers = [{k: c[k] for k in ("name", "image", "state", "status", "labels")}
+                        for c in deployment.containers(s)]
+        n.dockerd = True
+    except LabError as e:
+        err = (err + "; " if err else "") + f"dockerd: {str(e)[-300:]}"
+    n.error = err
+    return n
+
+
+def _status() -> LabStatus:
+    st = cluster.load_state()
+    n = st.get("n")
+    specs = cluster.node_specs(n) if n else []
+    nodes = [_node_status(s, st) for s in specs]
+    return LabStatus(up=bool(nodes) and all(x.init_pid for x in nodes), nodes=nodes, lab_home=str(lab_home()),
+                     bridge=cluster.BRIDGE, host_ip=cluster.HOST_IP, key_file=str(cluster.key_file()),
+                     known_hosts=str(cluster.known_hosts_file()), ssh_config=str(cluster.ssh_config_file()),
+                     params_file=str(params_file(n)) if n else None)
+
+
+def status() -> LabStatus:
+    """Each node of the lab: IP, hostname (over SSH), sshd, dockerd, images, containers."""
+    return _status()
+
+
+# ---------------------------------------------------------------------------------------------
+# up / down / reset
+
+
+def _lab_is_up(n: int) -> bool:
+    st = cluster.load_state()
+    if st.get("n") != n:
+        return False
+    for s in cluster.node_specs(n):
+        if not cluster.node_alive(st, s):
+            return False
+        try:
+            cluster.wait_node_ready(s, timeout=5)
+        except LabError:
+            return False
+    return True
+
+
+def _sync_models(specs: list[NodeSpec], models: dict[str, Path], progress: Progress) -> list[str]:
+    """Copy each lab model into every node's model cache (LAB_HOME/nodes/<n>/models = /srv/models)."""
+    def listing(root: Path) -> list:
+        if not root.is_dir():
+            return []
+        return sorted((str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime))
+                      for p in root.rglob("*") if p.is_file())
+
+    copied = []
+    for name, src in models.items():
+        src = Path(src)
+        want = listing(src)
+        for s in specs:
+            dst = s.dir / "models" / name
+            if listing(dst) == want:
+                continue
+            tmp = dst.with_name(f".{name}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp, symlinks=False)
+            shutil.rmtree(dst, ignore_errors=True)
+            tmp.rename(dst)
+            copied.append(f"{s.name}/{name}")
+    if copied:
+        _say(progress, f"models: copied {', '.join(copied)}")
+    return copied
+
+
+def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> list[str]:
+    """Remove every image from a worker's daemon except `keep` (the runbook must bring vLLM images)."""
+    have = cluster.run(["docker", "-H", s.docker_host, "images", "-a", "--format",
+                        "{{.Repository}}:{{.Tag}} {{.ID}}"], timeout=30).stdout.split("\n")
+    drop = []
+    for line in filter(None, have):
+        ref, iid = line.rsplit(" ", 1)
+        if ref not in keep:
+            drop.append(iid if ref.startswith("<none>") else ref)
+    if drop:
+        _say(progress, f"{s.name}: removing images not in a worker's initial state: {' '.join(drop)}")
+        cluster.run(["docker", "-H", s.docker_host, "rmi", "-f", *drop], check=False, timeout=300)
+        cluster.run(["docker", "-H", s.docker_host, "image", "prune", "-f"], check=False, timeout=300)
+    return drop
+
+
+def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = True) -> list[str]:
+    """Images, models and the old deployment as a freshly-up lab has them. Idempotent."""
+    from . import deployment, images, models
+    params = _load_yaml(REPO_PARAMS)
+    actions: list[str] = []
+    _say(progress, "images: ensuring the lab images on the builder (built only when missing)")
+    built = images.ensure_images(progress)
+    _say(progress, "models: ensuring the lab models")
+    mdirs = models.ensure_models(progress)
+    base = images.BASE
+    head_tags = list(built)                 # every lab image on the head
+    worker_tags = [base]                    # workers: only what the old deployment runs
+    removed = deployment.remove_extras(specs, params, base, progress)
+    actions += [f"rm container {r}" for r in removed]
+    for s in specs:
+        want = head_tags if s.role == "head" else worker_tags
+        if s.role != "head":
+            actions += [f"rmi {s.name}/{r}" for r in _reset_worker_images(s, set(want), progress)]
+        before = set(node_images(s))
+        images.load_images(s.docker_host, want, progress)
+        added = set(node_images(s)) - before
+        actions += [f"load {s.name}/{t}" for t in sorted(added)]
+    actions += [f"model {m}" for m in _sync_models(specs, mdirs, progress)]
+    started = deployment.ensure(specs, params, base, progress)
+    actions += [f"run {c}" for c in started]
+    if wait:
+        deployment.wait_ready(specs, params, base, progress=progress)
+    return actions
+
+
+def up(nodes: int = 2, progress: Progress = None) -> LabStatus:
+    """Bring an N-node lab up. On a lab that is up with N nodes: report its status, change nothing."""
+    t0 = time.monotonic()
+    with _lock():
+        if _lab_is_up(nodes):
+            _say(progress, f"lab is up with {nodes} nodes: nothing to do")
+            st = _status()
+            st.seconds = time.monotonic() - t0
+            return st
+        from . import host
+        installed = host.ensure_host(progress)
+        actions = [f"installed {' '.join(installed)}"] if installed else []
+        specs, changed = cluster.start(nodes, progress)
+        if changed:
+            actions.append("started nodes")
+        actions += _initial_state(specs, progress)
+        st = _status()
+        st.actions, st.seconds = actions, time.monotonic() - t0
+        _say(progress, f"lab up: {nodes} nodes in {st.seconds:.0f}s")
+        return st
+
+
+def reset(progress: Progress = None) -> LabStatus:
+    """On a lab that is up: remove what a runbook run left (containers, vLLM images on workers) and
+    start the old deployment again, without restarting any node."""
+    t0 = time.monotonic()
+    with _lock():
+        n = cluster.load_state().get("n")
+        if not n or not _lab_is_up(n):
+            raise LabError("the lab is not up; run `sparkbook lab up`")
+        actions = _initial_state(cluster.node_specs(n), progress)
+        st = _status()
+        st.actions, st.seconds = actions, time.monotonic() - t0
+        return st
+
+
+def _stop_builder(progress: Progress) -> None:
+    """Stop the image builder's dockerd too, unless it is busy building (its images lock is held)."""
+    try:
+        from . import builder
+    except ImportError:
+        return
+    lock = builder.BUILDER_DIR / "images.lock"
+    if not lock.exists():
+        return
+    with open(lock, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(progress, "builder: busy building images; left running")
+            return
+        try:
+            if builder.stop_builder():
+                _say(progress, "builder: stopped its dockerd")
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def down(progress: Progress = None) -> None:
+    """Remove every namespace, daemon, process, mount, bridge and firewall rule the lab made.
+
+    The data (LAB_HOME: images in the nodes' data roots, keys, models) stays as the cache for the next
+    `up`. Safe to run twice. Raises LabError naming what it could not remove.
+    """
+    with _lock():
+        cluster.down(progress)
+        _stop_builder(progress)

@@ -1,0 +1,675 @@
+"""The lab cluster: N nodes on this one root machine, each a set of namespaces.
+
+A node is a network namespace ``sbk-lab-<i>`` (its ``eth0`` is one end of a veth pair whose
+other end sits on the lab bridge) plus one *node init* process started as::
+
+    nsenter --net=/var/run/netns/sbk-lab-i \
+        unshare --pid --fork --kill-child --uts --mount --mount-proc --propagation private \
+        python3 -I cluster.py node-init LAB_HOME/nodes/lab-i/node.json
+
+The init is PID 1 of the node's pid namespace.  It sets the hostname, gives the node its own
+``/run`` and ``/dev/shm`` (tmpfs), bind-mounts the node's own directories on ``/var/lib/docker``,
+``/srv/models``, ``/tmp``, ``/etc/hosts`` and ``/etc/hostname``, then starts ``dockerd`` and
+``sshd`` and reaps.  Killing it ends every process of the node, and the node's mounts die with
+its mount namespace, which makes ``down`` clean.
+
+This module imports only the standard library: it is also run as a script (the node init).
+Everything the lab creates on the host is written to ``LAB_HOME/state.json`` (PIDs with their
+start times, namespace, interface, bridge and firewall rule names) and removed by :func:`down`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+from typing import Callable, Optional
+
+Progress = Optional[Callable[[str], None]]
+
+# ---------------------------------------------------------------------------------------------
+# Layout. These match params/lab.yaml (tests/lab/test_cluster.py checks that they agree).
+BRIDGE = "sbk-br0"
+HOST_IP = "10.77.0.1"
+PREFIX_LEN = 24
+NODE_IP_BASE = "10.77.0."  # node i gets 10.77.0.(10+i)
+NODE_IP_OFFSET = 10
+NODE_NETDEV = "eth0"
+NETNS_PREFIX = "sbk-lab-"
+VETH_PREFIX = "sbk-v"  # host end sbk-v<i>; the node end is created as sbk-n<i> and renamed eth0
+MAX_NODES = 64
+NODE_MOUNTS = {  # node dir (under LAB_HOME/nodes/<name>/) -> path inside the node
+    "docker": "/var/lib/docker",
+    "models": "/srv/models",
+    "tmp": "/tmp",
+}
+FORWARD_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"]
+INPUT_RULE = ["INPUT", "-i", BRIDGE, "-j", "ACCEPT"]
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CMD_TIMEOUT = 60
+
+
+class LabError(RuntimeError):
+    pass
+
+
+def lab_home() -> Path:
+    return Path(os.environ.get("SPARKBOOK_LAB_HOME", "/var/lib/sparkbook-lab"))
+
+
+def state_file() -> Path:
+    return lab_home() / "state.json"
+
+
+def ssh_dir() -> Path:
+    return lab_home() / "ssh"
+
+
+def key_file() -> Path:
+    return ssh_dir() / "id_ed25519"
+
+
+def known_hosts_file() -> Path:
+    return ssh_dir() / "known_hosts"
+
+
+def ssh_config_file() -> Path:
+    return ssh_dir() / "config"
+
+
+@dataclass
+class NodeSpec:
+    index: int
+    name: str
+    ip: str
+    role: str
+    netns: str
+    veth: str
+
+    @property
+    def dir(self) -> Path:
+        return lab_home() / "nodes" / self.name
+
+    @property
+    def docker_sock(self) -> Path:
+        """The node daemon's second socket, on the host's file system (for the host's docker CLI)."""
+        return self.dir / "docker.sock"
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.docker_sock}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "logs"
+
+
+def node_specs(n: int) -> list[NodeSpec]:
+    if not 1 <= n <= MAX_NODES:
+        raise LabError(f"nodes must be between 1 and {MAX_NODES}, got {n}")
+    return [
+        NodeSpec(index=i, name=f"lab-{i}", ip=f"{NODE_IP_BASE}{NODE_IP_OFFSET + i}",
+                 role="head" if i == 0 else "worker", netns=f"{NETNS_PREFIX}{i}",
+                 veth=f"{VETH_PREFIX}{i}")
+        for i in range(n)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _say(progress: Progress, msg: str) -> None:
+    if progress is not None:
+        progress(msg)
+
+
+def run(cmd: list[str], *, check: bool = True, timeout: float = CMD_TIMEOUT, input: str | None = None,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise LabError(f"timed out after {timeout}s: {shlex.join(cmd)}") from e
+    if check and p.returncode != 0:
+        raise LabError(f"failed ({p.returncode}): {shlex.join(cmd)}\n{p.stderr.strip()[-2000:]}")
+    return p
+
+
+def proc_starttime(pid: int) -> Optional[int]:
+    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = data[data.rindex(")") + 2:].split()
+    if rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
+def pid_alive(pid: Optional[int], starttime: Optional[int]) -> bool:
+    return bool(pid) and starttime is not None and proc_starttime(pid) == starttime
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a child of this process (no zombie left behind)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _kill_and_wait(pid: int, starttime: int, sig: int, timeout: float) -> bool:
+    """Send sig to pid (if it is still the same process) and wait for it to go; True when gone."""
+    if not pid_alive(pid, starttime):
+        return True
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not pid_alive(pid, starttime):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# State file
+
+
+def load_state() -> dict:
+    try:
+        return json.loads(state_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(state: dict) -> None:
+    state_file().parent.mkdir(parents=True, exist_ok=True)
+    tmp = state_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(state_file())
+
+
+# ---------------------------------------------------------------------------------------------
+# SSH keys
+
+
+def ensure_keys(specs: list[NodeSpec], progress: Progress = None) -> None:
+    """The lab's client key pair, each node's host key, known_hosts for every node, an ssh config."""
+    ssh_dir().mkdir(parents=True, exist_ok=True)
+    os.chmod(ssh_dir(), 0o700)
+    if not key_file().exists():
+        _say(progress, f"ssh: writing the lab key pair {key_file()}")
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkbook-lab", "-f", str(key_file())])
+    lines, cfg = [], []
+    for s in specs:
+        hk = s.dir / "ssh" / "ssh_host_ed25519_key"
+        hk.parent.mkdir(parents=True, exist_ok=True)
+        if not hk.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{s.name}", "-f", str(hk)])
+        kt, kb = hk.with_suffix(".pub").read_text().split()[:2]
+        lines.append(f"{s.ip} {kt} {kb}\n")
+        cfg.append(f"Host {s.name} {s.ip}\n  HostName {s.ip}\n  User root\n  IdentityFile {key_file()}\n"
+                   f"  UserKnownHostsFile {known_hosts_file()}\n  StrictHostKeyChecking yes\n"
+                   f"  IdentitiesOnly yes\n  BatchMode yes\n  ConnectTimeout 10\n")
+    known_hosts_file().write_text("".join(lines))
+    ssh_config_file().write_text("".join(cfg))
+
+
+def sshd_config(s: NodeSpec) -> str:
+    hk = s.dir / "ssh" / "ssh_host_ed25519_key"
+    return "\n".join([
+        f"ListenAddress {s.ip}",
+        "Port 22",
+        f"HostKey {hk}",
+        f"AuthorizedKeysFile {key_file()}.pub",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "StrictModes no",
+        "UsePAM no",
+        "UseDNS no",
+        "PrintMotd no",
+        "PidFile /run/sshd.pid",
+        "MaxStartups 100:30:200",
+        "MaxSessions 64",
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp internal-sftp",
+        f"SetEnv SPARKBOOK_LAB_NODE={s.name}",
+        "",
+    ])
+
+
+# ---------------------------------------------------------------------------------------------
+# Network: bridge, firewall rules, namespaces, veths
+
+
+def _link_exists(name: str) -> bool:
+    return run(["ip", "link", "show", "dev", name], check=False).returncode == 0
+
+
+def _netns_list() -> list[str]:
+    out = run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _iptables_has(rule: list[str]) -> bool:
+    return run(["iptables", "-w", "5", "-C", *rule], check=False).returncode == 0
+
+
+def ensure_bridge(state: dict, progress: Progress = None) -> None:
+    if not _link_exists(BRIDGE):
+        _say(progress, f"network: bridge {BRIDGE} {HOST_IP}/{PREFIX_LEN}")
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        state.setdefault("bridges", [])
+        if BRIDGE not in state["bridges"]:
+            state["bridges"].append(BRIDGE)
+        save_state(state)
+    addrs = run(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE]).stdout
+    if f" {HOST_IP}/" not in addrs:
+        run(["ip", "addr", "add", f"{HOST_IP}/{PREFIX_LEN}", "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
+    rules = state.setdefault("iptables", [])
+    for rule in (FORWARD_RULE, INPUT_RULE):
+        if not _iptables_has(rule):
+            _say(progress, f"network: iptables -I {shlex.join(rule)}")
+            run(["iptables", "-w", "5", "-I", *rule])
+        if rule not in rules:
+            rules.append(rule)
+    save_state(state)
+
+
+def ensure_netns(s: NodeSpec, state: dict) -> None:
+    """The node's network namespace: lo, eth0 = s.ip on the lab bridge, no default route."""
+    nodes = state.setdefault("netns", [])
+    if s.netns not in _netns_list():
+        run(["ip", "netns", "add", s.netns])
+    if s.netns not in nodes:
+        nodes.append(s.netns)
+        save_state(state)
+    ns = ["ip", "-n", s.netns]
+    if run([*ns, "link", "show", "dev", NODE_NETDEV], check=False).returncode != 0:
+        if _link_exists(s.veth):
+            run(["ip", "link", "del", s.veth])
+        peer = f"sbk-n{s.index}"
+        run(["ip", "link", "add", s.veth, "type", "veth", "peer", "name", peer])
+        run(["ip", "link", "set", peer, "netns", s.netns])
+        run([*ns, "link", "set", peer, "name", NODE_NETDEV])
+    links = state.setdefault("veths", [])
+    if s.veth not in links:
+        links.append(s.veth)
+        save_state(state)
+    run(["ip", "link", "set", s.veth, "master", BRIDGE])
+    run(["ip", "link", "set", s.veth, "up"])
+    addrs = run([*ns, "-o", "-4", "addr", "show", "dev", NODE_NETDEV]).stdout
+    if f" {s.ip}/" not in addrs:
+        run([*ns, "addr", "add", f"{s.ip}/{PREFIX_LEN}", "dev", NODE_NETDEV])
+    run([*ns, "link", "set", "lo", "up"])
+    run([*ns, "link", "set", NODE_NETDEV, "up"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Nodes
+
+
+def _node_config(s: NodeSpec, specs: list[NodeSpec]) -> dict:
+    d = s.dir
+    return {
+        "name": s.name,
+        "ip": s.ip,
+        "dir": str(d),
+        "mounts": {str(d / k): v for k, v in NODE_MOUNTS.items()},
+        "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                 + "".join(f"{o.ip}\t{o.name}\n" for o in specs)
+                 + f"{HOST_IP}\tlab-host\n",
+        "dockerd": ["dockerd", "--host", "unix:///run/docker.sock", "--host", f"unix://{s.docker_sock}",
+                    "--pidfile", "/run/docker.pid", "--iptables=false", "--ip-masq=false",
+                    "--bridge=none", "--userland-proxy=false", "--cgroup-parent", f"/{s.netns}",
+                    "--exec-opt", "native.cgroupdriver=cgroupfs", "--storage-driver", "overlay2"],
+        "sshd": ["/usr/sbin/sshd", "-D", "-f", str(d / "ssh" / "sshd_config"),
+                 "-E", str(s.log_dir / "sshd.log")],
+        "log_dir": str(s.log_dir),
+    }
+
+
+def _node_state(state: dict, name: str) -> dict:
+    return state.setdefault("nodes", {}).setdefault(name, {})
+
+
+def node_alive(state: dict, s: NodeSpec) -> bool:
+    ns = state.get("nodes", {}).get(s.name, {})
+    return pid_alive(ns.get("init_pid"), ns.get("init_start"))
+
+
+def start_node(s: NodeSpec, specs: list[NodeSpec], state: dict, progress: Progress = None) -> None:
+    for sub in [*NODE_MOUNTS, "logs", "ssh", "etc"]:
+        (s.dir / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(s.dir / "tmp", 0o1777)
+    (s.dir / "ssh" / "sshd_config").write_text(sshd_config(s))
+    cfg_path = s.dir / "node.json"
+    cfg_path.write_text(json.dumps(_node_config(s, specs), indent=2))
+    for target in NODE_MOUNTS.values():  # mount points must exist on the host's file system
+        if not Path(target).exists():
+            Path(target).mkdir(parents=True)
+            made = state.setdefault("made_dirs", [])
+            if target not in made:
+                made.append(target)
+    if s.docker_sock.exists() or s.docker_sock.is_symlink():
+        s.docker_sock.unlink()
+    log = open(s.log_dir / "init.log", "ab")
+    cmd = ["nsenter", f"--net=/var/run/netns/{s.netns}", "unshare", "--pid", "--fork",
+           "--kill-child=SIGKILL", "--uts", "--mount", "--mount-proc", "--propagation", "private",
+           sys.executable, "-I", str(Path(__file__).resolve()), "node-init", str(cfg_path)]
+    _say(progress, f"{s.name}: starting node init (netns {s.netns}, pid/uts/mount namespaces)")
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True, close_fds=True)
+    log.close()
+    init_pid = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and init_pid is None:
+        kids = _children(p.pid)
+        if kids:
+            init_pid = kids[0]
+        elif p.poll() is not None:
+            break
+        else:
+            time.sleep(0.02)
+    if init_pid is None:
+        raise LabError(f"{s.name}: node init did not start; see {s.log_dir / 'init.log'}")
+    ns = _node_state(state, s.name)
+    ns.update({"unshare_pid": p.pid, "unshare_start": proc_starttime(p.pid), "init_pid": init_pid,
+               "init_start": proc_starttime(init_pid), "ip": s.ip, "netns": s.netns, "veth": s.veth,
+               "role": s.role, "started_at": time.time()})
+    # Keep the Popen object from reaping/complaining; the process outlives this Python process.
+    p.returncode = 0
+    save_state(state)
+
+
+def wait_node_ready(s: NodeSpec, timeout: float = 60) -> None:
+    """Until the node's dockerd answers on its socket and its sshd listens on s.ip:22."""
+    import socket as _socket
+    deadline = time.monotonic() + timeout
+    docker_ok = ssh_ok = False
+    while time.monotonic() < deadline:
+        if not docker_ok:
+            docker_ok = run(["docker", "-H", s.docker_host, "version", "--format", "{{.Server.Version}}"],
+                            check=False, timeout=10).returncode == 0
+        if not ssh_ok:
+            try:
+                with _socket.create_connection((s.ip, 22), timeout=2) as c:
+                    ssh_ok = c.recv(4).startswith(b"SSH-")
+            except OSError:
+                pass
+        if docker_ok and ssh_ok:
+            return
+        time.sleep(0.2)
+    raise LabError(f"{s.name}: not ready after {timeout}s (dockerd={docker_ok}, sshd={ssh_ok}); "
+                   f"logs in {s.log_dir}")
+
+
+def stop_node(name: str, ns: dict, timeout: float = 20) -> None:
+    init_pid, init_start = ns.get("init_pid"), ns.get("init_start")
+    un_pid, un_start = ns.get("unshare_pid"), ns.get("unshare_start")
+    if init_pid and not _kill_and_wait(init_pid, init_start, signal.SIGTERM, timeout):
+        _kill_and_wait(init_pid, init_start, signal.SIGKILL, 10)
+    if un_pid:
+        if not _kill_and_wait(un_pid, un_start, signal.SIGTERM, 5):
+            _kill_and_wait(un_pid, un_start, signal.SIGKILL, 5)
+        _reap(un_pid)
+
+
+def _cgroup_cleanup(netns_names: list[str]) -> list[str]:
+    """Remove the (empty) cgroups the node daemons made under /<netns> in every v1 hierarchy."""
+    left = []
+    if not CGROUP_ROOT.is_dir():
+        return left
+    for ctrl in CGROUP_ROOT.iterdir():
+        for name in netns_names:
+            top = ctrl / name
+            if not top.is_dir():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+            try:
+                top.rmdir()
+            except OSError:
+                left.append(str(top))
+    return left
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole-lab operations
+
+
+def start(n: int, progress: Progress = None) -> tuple[list[NodeSpec], bool]:
+    """Bring up the namespaces/daemons of an n-node lab. Returns (specs, changed)."""
+    specs = node_specs(n)
+    state = load_state()
+    if state.get("nodes") and state.get("n") not in (None, n) and any(
+            pid_alive(v.get("init_pid"), v.get("init_start")) for v in state["nodes"].values()):
+        raise LabError(f"the lab is up with {state.get('n')} nodes; run `sparkbook lab down` first "
+                       f"to bring it up with {n}")
+    if state.get("n") not in (None, n):
+        # Leftovers of a lab of another size (e.g. a crashed run): clear them first.
+        down(progress)
+        state = {}
+    state["n"] = n
+    state.setdefault("lab_home", str(lab_home()))
+    save_state(state)
+    ensure_keys(specs, progress)
+    ensure_bridge(state, progress)
+    changed = False
+    for s in specs:
+        ensure_netns(s, state)
+        if not node_alive(state, s):
+            old = state.get("nodes", {}).get(s.name)
+            if old:
+                stop_node(s.name, old)
+            start_node(s, specs, state, progress)
+            changed = True
+    for s in specs:
+        wait_node_ready(s)
+        _say(progress, f"{s.name}: {s.ip} sshd and dockerd up")
+    return specs, changed
+
+
+def down(progress: Progress = None) -> dict:
+    """Remove everything the state file lists, then check nothing is left. Safe to run twice."""
+    state = load_state()
+    nodes = state.get("nodes", {})
+    for name, ns in nodes.items():
+        if pid_alive(ns.get("init_pid"), ns.get("init_start")):
+            _say(progress, f"{name}: stopping node (init pid {ns['init_pid']})")
+            try:
+                os.kill(ns["init_pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for name, ns in nodes.items():
+        stop_node(name, ns)
+    netns_names = list(state.get("netns", [])) + [v.get("netns") for v in nodes.values() if v.get("netns")]
+    # anything named like ours is ours too (e.g. a state file lost in a crash)
+    netns_names += [x for x in _netns_list() if x.startswith(NETNS_PREFIX)]
+    netns_names = list(dict.fromkeys(netns_names))
+    for name in netns_names:
+        if name in _netns_list():
+            _say(progress, f"network: removing netns {name}")
+            run(["ip", "netns", "del", name], check=False)
+    veths = list(state.get("veths", [])) + [v.get("veth") for v in nodes.values() if v.get("veth")]
+    for v in dict.fromkeys(veths):
+        if _link_exists(v):
+            run(["ip", "link", "del", v], check=False)
+    for rule in state.get("iptables", [FORWARD_RULE, INPUT_RULE]):
+        while _iptables_has(rule):
+            _say(progress, f"network: iptables -D {shlex.join(rule)}")
+            run(["iptables", "-w", "5", "-D", *rule], check=False)
+    for br in state.get("bridges", [BRIDGE]):
+        if _link_exists(br):
+            _say(progress, f"network: removing bridge {br}")
+            run(["ip", "link", "del", br], check=False)
+    cg_left = _cgroup_cleanup(netns_names)
+    for d in state.get("made_dirs", []):
+        try:
+            Path(d).rmdir()
+        except OSError:
+            pass
+    for s in (lab_home() / "nodes").glob("*/docker.sock"):
+        try:
+            s.unlink()
+        except OSError:
+            pass
+    left = leftovers()
+    if cg_left:
+        left["cgroups"] = cg_left
+    if any(left.values()):
+        raise LabError(f"lab down left things behind: {left}")
+    try:
+        state_file().unlink()
+    except FileNotFoundError:
+        pass
+    _say(progress, "lab down: nothing left behind")
+    return left
+
+
+def leftovers() -> dict:
+    """What of a lab is still on this machine: processes, namespaces, links, mounts, rules."""
+    home = str(lab_home())
+    procs = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            net = os.readlink(p / "ns" / "net")
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "node-init" in cmd and home in cmd or f"--net=/var/run/netns/{NETNS_PREFIX}" in cmd:
+            procs.append(f"{p.name} {cmd[:120]}")
+    host_net = os.readlink("/proc/self/ns/net")
+    # processes in any other network namespace that is one of ours
+    ours = set()
+    for name in _netns_list():
+        if name.startswith(NETNS_PREFIX):
+            out = run(["ip", "netns", "pids", name], check=False).stdout.split()
+            procs += [f"{x} (in netns {name})" for x in out]
+            ours.add(name)
+    del host_net
+    links = [line.split(":")[1].strip().split("@")[0]
+             for line in run(["ip", "-o", "link", "show"]).stdout.splitlines()]
+    links = [x for x in links if x == BRIDGE or x.startswith(VETH_PREFIX) or x.startswith("sbk-n")]
+    mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
+              if f"{home}/nodes/" in line or f"/netns/{NETNS_PREFIX}" in line]
+    rules = [" ".join(r) for r in (FORWARD_RULE, INPUT_RULE) if _iptables_has(r)]
+    return {"processes": procs, "netns": sorted(ours), "links": links, "mounts": mounts, "rules": rules}
+
+
+# ---------------------------------------------------------------------------------------------
+# The node init (PID 1 of a node's pid namespace). Standard library only.
+
+
+def node_init(cfg_path: str) -> None:  # pragma: no cover - runs inside the node
+    import socket
+
+    cfg = json.loads(Path(cfg_path).read_text())
+    log_dir = Path(cfg["log_dir"])
+
+    def log(msg: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} node-init[{cfg['name']}]: {msg}", flush=True)
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(cmd, check=True, timeout=30)
+
+    socket.sethostname(cfg["name"])
+    sh("mount", "-t", "tmpfs", "-o", "mode=755,nosuid,nodev", "tmpfs", "/run")
+    for d in ("/run/sshd", "/run/lock"):
+        os.makedirs(d, exist_ok=True)
+    os.chmod("/run/sshd", 0o755)
+    sh("mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "shm", "/dev/shm")
+    for src, dst in cfg["mounts"].items():
+        sh("mount", "--bind", src, dst)
+    etc = Path(cfg["dir"]) / "etc"
+    (etc / "hosts").write_text(cfg["hosts"])
+    (etc / "hostname").write_text(cfg["name"] + "\n")
+    sh("mount", "--bind", str(etc / "hosts"), "/etc/hosts")
+    sh("mount", "--bind", str(etc / "hostname"), "/etc/hostname")
+    os.environ.pop("DOCKER_HOST", None)
+    os.environ["HOSTNAME"] = cfg["name"]
+
+    children: dict[int, str] = {}
+    stopping = False
+
+    def spawn(what: str) -> None:
+        out = open(log_dir / f"{what}.log", "ab")
+        p = subprocess.Popen(cfg[what], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             close_fds=True)
+        out.close()
+        p.returncode = 0  # reaped by the loop below, not by subprocess
+        children[p.pid] = what
+        log(f"started {what} pid {p.pid}")
+
+    def on_term(signum, frame):
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        log("stopping")
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    spawn("dockerd")
+    spawn("sshd")
+    deadline = None
+    restarts = {"dockerd": 0, "sshd": 0}
+    while True:
+        if stopping and deadline is None:
+            deadline = time.monotonic() + 15
+        if stopping and (not children or time.monotonic() > deadline):
+            log("exit")
+            os._exit(0)  # the kernel kills whatever is left in this pid namespace
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = 0, 0
+        if pid == 0:
+            time.sleep(0.1 if stopping else 0.5)
+            continue
+        what = children.pop(pid, None)
+        if what and not stopping:
+            log(f"{what} exited with status {status}")
+            if restarts[what] < 3:
+                restarts[what] += 1
+                time.sleep(1)
+                spawn(what)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "node-init":
+        node_init(sys.argv[2])
+    else:
+        print("usage: cluster.py node-init NODE_JSON", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,92 @@
+"""Fixtures for tests that need the lab (a real multi-node cluster on this machine; see sparkbook.lab).
+
+The session fixture ``lab`` brings the default 2-node lab up (cold: builds images; warm: < 60 s) and
+LEAVES IT UP at the end, so later test sessions and the stage tests reuse it. Tests that take it down
+(test_cluster.py's down/scale tests) bring the 2-node lab up again before they finish.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "lab: needs the lab (root; brings it up when it is down)")
+
+
+def _progress(line: str) -> None:
+    print(f"[lab {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session")
+def lab_progress():
+    return _progress
+
+
+@pytest.fixture(scope="session")
+def lab(lab_progress):
+    """The 2-node lab, up (a LabStatus). Left up after the session."""
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    import sparkbook.lab as sblab
+    t0 = time.monotonic()
+    st = sblab.up(2, progress=lab_progress)
+    lab_progress(f"lab up took {time.monotonic() - t0:.1f}s; changed: {st.actions or 'nothing'}")
+    assert st.healthy, st.render()
+    return st
+
+
+@dataclass
+class NodeShell:
+    """A strict-host-key paramiko connection to one lab node."""
+    name: str
+    ip: str
+    client: object
+
+    def run(self, cmd, timeout: float = 120, check: bool = True) -> tuple[int, str, str]:
+        if not isinstance(cmd, str):
+            cmd = shlex.join(cmd)
+        _, out, err = self.client.exec_command(cmd, timeout=timeout)
+        o, e = out.read().decode(), err.read().decode()
+        rc = out.channel.recv_exit_status()
+        if check and rc != 0:
+            raise AssertionError(f"{self.name}: {cmd!r} exited {rc}\n{o[-2000:]}\n{e[-2000:]}")
+        return rc, o, e
+
+
+def connect(ip: str, *, known_hosts: str, key_file: str, timeout: float = 10):
+    """paramiko with RejectPolicy and ONLY the lab's known_hosts (no system host keys)."""
+    import paramiko
+    c = paramiko.SSHClient()
+    c.load_host_keys(known_hosts)
+    c.set_missing_host_key_policy(paramiko.RejectPolicy())
+    c.connect(ip, port=22, username="root", key_filename=key_file, timeout=timeout, allow_agent=False,
+              look_for_keys=False, banner_timeout=timeout, auth_timeout=timeout)
+    return c
+
+
+@pytest.fixture(scope="session")
+def lab_connect():
+    """connect(ip, known_hosts=, key_file=) -> paramiko client (strict); NodeShell wraps one."""
+    return connect
+
+
+@pytest.fixture(scope="session")
+def node_shell_cls():
+    return NodeShell
+
+
+@pytest.fixture(scope="session")
+def node_shells(lab):
+    """name -> NodeShell for every node of the session's lab."""
+    shells = {}
+    for n in lab.nodes:
+        shells[n.name] = NodeShell(n.name, n.ip, connect(n.ip, known_hosts=lab.known_hosts, key_file=lab.key_file))
+    yield shells
+    for s in shells.values():
+        s.client.close()

@@ -1,0 +1,101 @@
+"""`sparkbook check | run | lab | restore`: the command line over the package."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import runbook
+from .params import ParamsError, load_params
+
+EXIT_INVALID = 2
+
+
+def _parameter(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, yaml.safe_load(value)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    print(f"{args.params}: ok — cluster {params.cluster}, {len(params.nodes)} node(s), head {params.head.name}, "
+          f"runtime {params.runtime.kind}, TP={params.serve.tensor_parallel_size} "
+          f"PP={params.serve.pipeline_parallel_size} executor={params.serve.executor}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    run_dir, manifest = runbook.run(Path(args.params), out_root=Path(args.outputs), resume=args.resume,
+                                    start=args.start, only=args.only, parameters=dict(args.parameter or []))
+    print(f"run dir: {run_dir}\nindex:   {run_dir / 'index.html'}")
+    if args.archive:
+        print(f"archive: {runbook.archive(run_dir)}")
+    failed = [nb for nb in manifest.notebooks if nb.status == "failed"]
+    if failed:
+        nb = failed[0]
+        print(f"FAILED at {nb.name} (cell {nb.exception.get('cell_index')}): {nb.exception.get('ename')}: "
+              f"{nb.exception.get('evalue', '')[:500]}\nresume with: sparkbook run {args.params} --resume {run_dir}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from . import lab
+
+    if args.action == "up":
+        print(lab.up(nodes=args.nodes, progress=print))
+    elif args.action == "down":
+        lab.down(progress=print)
+    else:
+        print(lab.status())
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="sparkbook", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="validate a params file; touches no node")
+    check.add_argument("params")
+    check.set_defaults(func=cmd_check)
+
+    run = sub.add_parser("run", help="execute the notebooks in order with papermill")
+    run.add_argument("params")
+    run.add_argument("-p", "--parameter", type=_parameter, action="append", metavar="NAME=VALUE",
+                     help="notebook parameter, e.g. -p confirm_cleanup=true")
+    run.add_argument("--from", dest="start", metavar="NN", help="start at notebook NN")
+    run.add_argument("--only", metavar="NN", help="run only notebook NN")
+    run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run at its first failed notebook")
+    run.add_argument("--outputs", default="outputs", help="where run dirs go (default: outputs/)")
+    run.add_argument("--archive", action="store_true", help="also write RUN_DIR.tar.gz")
+    run.set_defaults(func=cmd_run)
+
+    lab = sub.add_parser("lab", help="the local multi-node test cluster")
+    lab.add_argument("action", choices=["up", "down", "status"])
+    lab.add_argument("--nodes", type=int, default=2)
+    lab.set_defaults(func=cmd_lab)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ParamsError as exc:
+        print(f"invalid params ({len(exc.problems)} problem(s)):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    except runbook.RunbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":
+    sys.exit(main())

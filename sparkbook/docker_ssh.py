@@ -1,0 +1,39 @@
+"""docker-py clients for nodes: `ssh://` over paramiko with the cluster's key and host-key policy."""
+from __future__ import annotations
+
+import docker
+from docker.transport import SSHHTTPAdapter
+
+from .nodes import LocalNode, Node
+
+MIN_API = "1.24"
+
+
+class _NodeSSHAdapter(SSHHTTPAdapter):
+    """docker-py's SSH adapter, but connecting like `Node` does (its key, known_hosts, strict policy)."""
+
+    def __init__(self, node: Node, timeout: float):
+        self._node = node
+        super().__init__(f"ssh://{node.spec.host}", timeout=timeout, max_pool_size=4)
+
+    def _create_paramiko_client(self, base_url: str) -> None:
+        self.ssh_client = self._node.new_client()
+        self.ssh_params = self._node.connect_kwargs()
+
+    def _connect(self) -> None:
+        self._node._connect(self.ssh_client)
+
+
+def docker_client(node: Node, timeout: float = 120) -> docker.DockerClient:
+    """A DockerClient for the node's own daemon (reached through `docker system dial-stdio` over SSH)."""
+    if isinstance(node, LocalNode):
+        return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=int(timeout))
+    api = docker.APIClient(base_url="tcp://127.0.0.1:9", version=MIN_API, timeout=int(timeout))
+    adapter = _NodeSSHAdapter(node, timeout)
+    api.mount("http+docker://ssh", adapter)
+    api._custom_adapter = adapter
+    api.base_url = "http+docker://ssh"
+    api._version = api.version(api_version=False)["ApiVersion"]
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = api
+    return client

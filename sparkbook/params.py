@@ -1,0 +1,340 @@
+"""The params schema for one cluster, loaded from YAML with errors that name the file, field and line."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_PATTERN = re.compile(r"^[A-Za-z0-9._@*?\[\]-]{1,128}$")
+_PATH = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]{1,128})?(@sha256:[0-9a-f]{64})?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_VALUE = re.compile(r"^[A-Za-z0-9 ._,:/@+=%{}\"'\[\]-]*$")
+_NETDEV = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
+_ARG = re.compile(r"^[A-Za-z0-9._,:/@+=%{}\"'\[\] -]*$")
+_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SIZE = re.compile(r"^[0-9]+[KMGkmg]?$")
+SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}")
+
+
+def _matches(regex: re.Pattern[str], what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not regex.match(value):
+            raise ValueError(f"{value!r} is not a valid {what} (allowed: {regex.pattern})")
+        return value
+
+    return AfterValidator(check)
+
+
+def _no_secret(value: str) -> str:
+    if SECRET_SHAPES.search(value):
+        raise ValueError("looks like a token: put secrets in the environment and name the variable under `secrets`")
+    return value
+
+
+Name = Annotated[str, _matches(_NAME, "name")]
+Pattern = Annotated[str, _matches(_PATTERN, "glob pattern")]
+RemotePath = Annotated[str, _matches(_PATH, "absolute path")]
+Image = Annotated[str, _matches(_IMAGE, "image reference")]
+EnvName = Annotated[str, _matches(_ENV_NAME, "environment variable name")]
+EnvValue = Annotated[str, _matches(_ENV_VALUE, "environment value"), AfterValidator(_no_secret)]
+NetDev = Annotated[str, _matches(_NETDEV, "network interface name")]
+Arg = Annotated[str, _matches(_ARG, "command-line argument"), AfterValidator(_no_secret)]
+Size = Annotated[str, _matches(_SIZE, "size (e.g. 128M, 1G)")]
+Env = dict[EnvName, EnvValue]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(Strict):
+    user: Name = "root"
+    port: int = Field(22, ge=1, le=65535)
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    host_key_policy: Literal["strict", "trust_on_first_use"] = "strict"
+    connect_timeout_s: float = Field(10, gt=0, le=300)
+    command_timeout_s: float = Field(120, gt=0, le=86400)
+
+    @model_validator(mode="after")
+    def _files_exist(self) -> SSHSettings:
+        if self.key_file is not None and not self.key_file.is_file():
+            raise ValueError(f"key_file: {self.key_file} does not exist (for the lab: run `sparkbook lab up`)")
+        if self.known_hosts is not None and self.host_key_policy == "strict" and not self.known_hosts.is_file():
+            raise ValueError(f"known_hosts: {self.known_hosts} does not exist; strict host keys need it "
+                             "(or set host_key_policy: trust_on_first_use to record the keys on first contact)")
+        if self.host_key_policy == "trust_on_first_use" and self.known_hosts is None:
+            raise ValueError("host_key_policy: trust_on_first_use needs a known_hosts file to record the fingerprints it trusts")
+        return self
+
+
+class NodeSpec(Strict):
+    name: Name
+    role: Literal["head", "worker"]
+    transport: Literal["ssh", "local"] = "ssh"
+    host: str = Field(description="SSH address (name or IP)")
+    fabric_ip: ipaddress.IPv4Address
+    fabric_netdev: NetDev
+    roce_hcas: list[NetDev] = []
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = []
+    ssh_user: Name | None = None
+    ssh_port: int | None = Field(None, ge=1, le=65535)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$", value):
+                raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
+        return value
+
+
+class DockerRuntime(Strict):
+    kind: Literal["docker"]
+    images: list[Image] = Field(min_length=1)
+    installed_image: Image | None = Field(None, description="the image the old deployment runs")
+    shm_size: Size = "16G"
+    ipc_host: bool = True
+    privileged: bool = False
+    env: Env = {}
+
+
+class PythonRuntime(Strict):
+    kind: Literal["python"]
+    python: RemotePath = Field(description="interpreter on every node whose environment has vLLM")
+    env: Env = {}
+
+
+class ModelSpec(Strict):
+    path: RemotePath | None = Field(None, description="model directory on every node")
+    hf_id: Annotated[str, _matches(_HF_ID, "Hugging Face model id")] | None = None
+    served_name: Name
+    cache_dir: RemotePath = Field(description="where nodes keep models (mounted into containers)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.hf_id is None):
+            raise ValueError("path: give exactly one of model.path or model.hf_id")
+        return self
+
+
+class CleanupTargets(Strict):
+    containers: list[Pattern] = []
+    systemd_units: list[Pattern] = []
+    processes: list[Pattern] = []
+    order: list[Pattern] = Field([], description="stop targets matching these first, in this order")
+
+
+class RaySettings(Strict):
+    port: int = Field(6379, ge=1, le=65535)
+    num_cpus: int | None = Field(None, ge=1)
+    env: Env = {}
+    join_timeout_s: float = Field(120, gt=0)
+
+
+class ServeSettings(Strict):
+    port: int = Field(8000, ge=1, le=65535)
+    executor: Literal["ray", "mp"] = "ray"
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    pipeline_parallel_size: int = Field(1, ge=1, le=64)
+    master_port: int = Field(29501, ge=1, le=65535)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=16)
+    max_num_seqs: int | None = Field(None, ge=1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    enforce_eager: bool = False
+    kv_cache_memory_bytes: Size | None = None
+    extra_args: list[Arg] = []
+    env: Env = {}
+    node_env: dict[Name, Env] = {}
+    ready_timeout_s: float = Field(900, gt=0)
+    retry_with_remediation: bool = True
+
+
+class BenchmarkPlan(Strict):
+    input_len: int = Field(64, ge=1)
+    output_len: int = Field(128, ge=2)
+    num_prompts: int = Field(32, ge=1)
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = [1, 2, 4, 8, 16]
+    warmup_requests: int = Field(2, ge=0)
+    clients: int = Field(1, ge=1, le=64)
+    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
+
+
+class Fabric(Strict):
+    mtu: int = Field(1500, ge=576, le=9216)
+
+
+class Params(Strict):
+    cluster: Name
+    ssh: SSHSettings = SSHSettings()
+    nodes: list[NodeSpec] = Field(min_length=1)
+    fabric: Fabric = Fabric()
+    runtime: Annotated[DockerRuntime | PythonRuntime, Field(discriminator="kind")]
+    model: ModelSpec
+    cleanup: CleanupTargets = CleanupTargets()
+    ray: RaySettings = RaySettings()
+    serve: ServeSettings = ServeSettings()
+    benchmark: BenchmarkPlan = BenchmarkPlan()
+    secrets: list[EnvName] = Field([], description="environment variables holding secrets, by name")
+
+    @model_validator(mode="after")
+    def _cluster_consistent(self) -> Params:
+        heads = [n.name for n in self.nodes if n.role == "head"]
+        if len(heads) != 1:
+            raise ValueError(f"nodes: exactly one node must have role head, found {len(heads)}: {heads}")
+        for field in ("name", "fabric_ip"):
+            seen: dict[str, int] = {}
+            for i, node in enumerate(self.nodes):
+                value = str(getattr(node, field))
+                if value in seen:
+                    raise ValueError(f"nodes[{i}].{field}: {value} is already used by nodes[{seen[value]}]")
+                seen[value] = i
+        world = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
+        slots = self.total_gpus or len(self.nodes)
+        unit = "GPUs listed" if self.total_gpus else "nodes (no GPUs listed: one rank per node)"
+        if world > slots:
+            raise ValueError(f"serve.tensor_parallel_size: tensor_parallel_size x pipeline_parallel_size = {world} "
+                             f"is larger than the {slots} {unit}")
+        unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
+        if unknown:
+            raise ValueError(f"serve.node_env: names nodes that are not in nodes: {unknown}")
+        return self
+
+    @property
+    def head(self) -> NodeSpec:
+        return next(n for n in self.nodes if n.role == "head")
+
+    @property
+    def workers(self) -> list[NodeSpec]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    def node(self, name: str) -> NodeSpec:
+        return next(n for n in self.nodes if n.name == name)
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    field: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.field or '(file)'}: {self.message}"
+
+
+class ParamsError(Exception):
+    """Every problem found in a params file; raised before anything touches a node."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Params:
+    """Read, merge `overrides` (dotted keys) and validate one cluster's params file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError([Problem(str(path), "", None, "file not found")])
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ParamsError([Problem(str(path), "", mark.line + 1 if mark else None, f"not valid YAML: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ParamsError([Problem(str(path), "", 1, "expected a mapping of settings at the top level")])
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    _resolve_local_paths(data, path.parent)
+    try:
+        return Params.model_validate(data)
+    except ValidationError as exc:
+        raise ParamsError(_problems(exc, path, text)) from None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        data = data.setdefault(key, {})
+    data[leaf] = value
+
+
+def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
+    ssh = data.get("ssh")
+    if isinstance(ssh, dict):
+        for key in ("key_file", "known_hosts"):
+            if isinstance(ssh.get(key), str):
+                ssh[key] = str((base / Path(ssh[key]).expanduser()).resolve())
+
+
+def _problems(exc: ValidationError, path: Path, text: str) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in ("docker", "python"))]
+        message = err["msg"].removeprefix("Value error, ")
+        field = _dotted(loc)
+        named = _FIELD_PREFIX.match(message)
+        if named:
+            field, message = ".".join(filter(None, (field, named.group(1)))), named.group(2)
+        problems.append(Problem(str(path), field, _line_of(text, _loc_of(field)), message))
+    return problems
+
+
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.+)$", re.S)
+
+
+def _dotted(loc: list[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _loc_of(field: str) -> list[str | int]:
+    return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", field)]
+
+
+def _line_of(text: str, loc: list[str | int]) -> int | None:
+    """The 1-based line of the YAML node at `loc`, or of its nearest existing parent."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [v for k, v in node.value if k.value == part]
+            key = [k for k, v in node.value if k.value == part]
+            if not match:
+                break
+            line, node = key[0].start_mark.line + 1, match[0]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line

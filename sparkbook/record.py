@@ -1,0 +1,185 @@
+"""Evidence of a run: results, values and decisions recorded in the run dir and shown in the cell."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from .nodes import Cluster, Result
+from .params import Params, load_params
+from .redact import Redactor
+
+DECISION_MIME = "application/vnd.sparkbook.decision+json"
+EVENTS = "events.jsonl"
+STATE = "state.json"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    option: str
+    rejected_because: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A choice made by a stage: what, over which alternatives, why, on what evidence."""
+
+    question: str
+    choice: str
+    reason: str
+    alternatives: list[Alternative] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = [f"**Decision — {self.question}**", "", f"Chosen: **{self.choice}** — {self.reason}"]
+        lines += [f"- rejected **{a.option}**: {a.rejected_because}" for a in self.alternatives]
+        if self.evidence:
+            lines += ["", "Evidence: " + "; ".join(self.evidence)]
+        return "\n".join(lines)
+
+
+def to_data(value: Any) -> Any:
+    """Plain JSON-able data from dataclasses, paths, datetimes and containers."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [to_data(v) for v in value]
+    if isinstance(value, (Path, datetime)):
+        return str(value)
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
+
+
+def tail(text: str, lines: int = 20) -> str:
+    kept = text.rstrip().splitlines()[-lines:]
+    return "\n".join(kept)
+
+
+class Run:
+    """One execution of the runbook for one cluster: params, run dir, state and evidence."""
+
+    def __init__(self, params_file: Path, params: Params, run_dir: Path, stage: str):
+        self.params_file, self.params, self.run_dir, self.stage = params_file, params, run_dir, stage
+        self.redactor = Redactor.from_env(params.secrets)
+        self._cluster: Cluster | None = None
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(self.params, on_trust=self._trusted)
+        return self._cluster
+
+    def _trusted(self, host: str, fingerprint: str) -> None:
+        self.record("host_key_trusted", {"host": host, "fingerprint": fingerprint})
+
+    # --- state carried between notebooks ------------------------------------------------------
+    @property
+    def state(self) -> dict[str, Any]:
+        path = self.run_dir / STATE
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def remember(self, key: str, value: Any) -> None:
+        state = self.state
+        state[key] = self.redactor.data(to_data(value))
+        (self.run_dir / STATE).write_text(json.dumps(state, indent=2, sort_keys=True))
+
+    def recall(self, key: str) -> Any:
+        state = self.state
+        if key not in state:
+            raise KeyError(f"{key!r} is not in {self.run_dir / STATE}: run the notebook that sets it first")
+        return state[key]
+
+    # --- evidence -----------------------------------------------------------------------------
+    def record(self, kind: str, payload: Any) -> None:
+        event = {"at": now(), "stage": self.stage, "kind": kind, "data": self.redactor.data(to_data(payload))}
+        with (self.run_dir / EVENTS).open("a") as fh:
+            fh.write(json.dumps(event) + "\n")
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        path = self.run_dir / EVENTS
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [r for r in rows if kind is None or r["kind"] == kind]
+
+    def log_file(self, name: str) -> Path:
+        return self.run_dir / "logs" / name
+
+    def write_log(self, name: str, text: str) -> Path:
+        path = self.log_file(name)
+        path.write_text(self.redactor.text(text))
+        return path
+
+    def decide(self, decision: Decision) -> Decision:
+        self.record("decision", decision)
+        data = self.redactor.data(to_data(decision))
+        _display({"text/markdown": self.redactor.text(decision.markdown()), DECISION_MIME: data})
+        return decision
+
+    def results(self, results: Iterable[Result], title: str = "") -> None:
+        """Record command results and show them as a table with output tails."""
+        rows = []
+        for r in results:
+            self.record("result", {**to_data(r), "stdout": tail(r.stdout, 200), "stderr": tail(r.stderr, 200)})
+            rows.append({"node": r.node, "command": r.command, "exit": r.exit_code, "seconds": round(r.duration_s, 2),
+                         "output (tail)": tail(r.stdout or r.stderr, 3)})
+        self.show(rows, title=title)
+
+    def show(self, value: Any, title: str = "") -> None:
+        """Display a value (rows, dataclasses, text) redacted: tables for rows, text for the rest."""
+        if title:
+            _display({"text/markdown": f"**{self.redactor.text(title)}**", "text/plain": self.redactor.text(title)})
+        data = self.redactor.data(to_data(value))
+        if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+            _display_table(data)
+        elif isinstance(data, dict) and data and all(not isinstance(v, (dict, list)) for v in data.values()):
+            _display_table([{"field": k, "value": v} for k, v in data.items()])
+        elif isinstance(data, str):
+            _display({"text/plain": data})
+        else:
+            _display({"text/plain": json.dumps(data, indent=2, default=str)})
+
+    def close(self) -> None:
+        if self._cluster:
+            self._cluster.close()
+
+
+def _display(bundle: dict[str, Any]) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None  # type: ignore[assignment]
+    if get_ipython is not None and get_ipython() is not None:
+        display(bundle, raw=True)
+    else:
+        print(bundle.get("text/plain") or bundle.get("text/markdown"))
+
+
+def _display_table(rows: list[dict[str, Any]]) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    with pd.option_context("display.max_colwidth", 120, "display.width", 200):
+        _display({"text/html": frame.to_html(index=False, escape=True).replace("\\n", "<br>"),
+                  "text/plain": frame.to_string(index=False)})
+
+
+def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path = "", stage: str = "") -> Run:
+    """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/)."""
+    params_file = Path(params_file).resolve()
+    params = load_params(params_file)
+    if not run_dir:
+        run_dir = params_file.parent.parent / "outputs" / params.cluster / "interactive"
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Run(params_file, params, run_dir, stage)

@@ -1,0 +1,215 @@
+"""Run the notebooks in order with papermill; write manifest.json and index.html; resume at a failure."""
+from __future__ import annotations
+
+import html
+import json
+import os
+import tarfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+
+from .params import load_params
+from .record import EVENTS, now
+from .redact import Redactor
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+MANIFEST = "manifest.json"
+
+
+class RunbookError(Exception):
+    pass
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    status: str = "pending"  # pending | ok | failed | skipped
+    started: str | None = None
+    duration_s: float | None = None
+    exception: dict[str, Any] | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    cluster: str
+    run_id: str
+    params_file: str
+    parameters: dict[str, Any]
+    started: str
+    finished: str | None = None
+    status: str = "running"  # running | ok | failed
+    notebooks: list[NotebookRun] = field(default_factory=list)
+
+    def write(self, run_dir: Path) -> Path:
+        path = run_dir / MANIFEST
+        path.write_text(json.dumps(_asdict(self), indent=2))
+        return path
+
+    @classmethod
+    def read(cls, run_dir: Path) -> Manifest:
+        data = json.loads((run_dir / MANIFEST).read_text())
+        data["notebooks"] = [NotebookRun(**nb) for nb in data["notebooks"]]
+        return cls(**data)
+
+
+def _asdict(m: Manifest) -> dict[str, Any]:
+    out = dict(m.__dict__)
+    out["notebooks"] = [dict(nb.__dict__) for nb in m.notebooks]
+    return out
+
+
+def notebook_names(folder: Path = NOTEBOOKS) -> list[str]:
+    return sorted(p.name for p in folder.glob("[0-9][0-9]-*.ipynb"))
+
+
+def declared_parameters(notebook: Path) -> set[str]:
+    """Names assigned in the notebook's `parameters` cell (what papermill may inject)."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    cell = next((c for c in nb.cells if "parameters" in c.metadata.get("tags", [])), None)
+    if cell is None:
+        raise RunbookError(f"{notebook.name} has no cell tagged `parameters`")
+    return {line.split("=", 1)[0].strip() for line in cell.source.splitlines()
+            if "=" in line and not line.lstrip().startswith("#")}
+
+
+def check_parameters(parameters: dict[str, Any], folder: Path = NOTEBOOKS) -> None:
+    known = set().union(*(declared_parameters(folder / n) for n in notebook_names(folder)))
+    unknown = sorted(set(parameters) - known)
+    if unknown:
+        raise RunbookError(f"unknown parameter(s) {unknown}; the notebooks take: {sorted(known)}")
+
+
+def select(names: list[str], start: str | None = None, only: str | None = None) -> list[str]:
+    """The notebooks to run: all, from NN on, or only NN (NN: a prefix like '03')."""
+    def index(prefix: str) -> int:
+        hits = [i for i, n in enumerate(names) if n.startswith(prefix)]
+        if len(hits) != 1:
+            raise RunbookError(f"{prefix!r} names no single notebook of {names}")
+        return hits[0]
+    if only:
+        return [names[index(only)]]
+    return names[index(start):] if start else names
+
+
+def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | None = None, start: str | None = None,
+        only: str | None = None, parameters: dict[str, Any] | None = None, folder: Path = NOTEBOOKS,
+        say: Callable[[str], None] = print, cell_timeout_s: int = 1800) -> tuple[Path, Manifest]:
+    """Execute notebooks into a run dir; stop at the first failure; return the run dir and manifest."""
+    import papermill  # slow to import: only when notebooks really run
+
+    params_file = params_file.resolve()
+    params = load_params(params_file)
+    parameters = dict(parameters or {})
+    check_parameters(parameters, folder)
+    names = notebook_names(folder)
+    if resume:
+        run_dir = resume.resolve()
+        manifest = Manifest.read(run_dir)
+        first_bad = next((nb.name for nb in manifest.notebooks if nb.status != "ok"), None)
+        todo = select(names, start or (first_bad[:2] if first_bad else None), only)
+        if not first_bad and not start and not only:
+            say(f"{run_dir}: every notebook already ran ok; nothing to resume")
+            return run_dir, manifest
+        parameters = {**manifest.parameters, **parameters}
+    else:
+        run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        run_dir = (out_root / params.cluster / run_id).resolve()
+        run_dir.mkdir(parents=True, exist_ok=False)
+        todo = select(names, start, only)
+        manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
+                            notebooks=[NotebookRun(n) for n in names])
+    manifest.status, manifest.finished = "running", None
+    manifest.write(run_dir)
+    os.environ["SPARKBOOK_HEADLESS"] = "1"
+    by_name = {nb.name: nb for nb in manifest.notebooks}
+    for i, name in enumerate(todo, 1):
+        entry = by_name[name]
+        say(f"[{i}/{len(todo)}] {name} …")
+        entry.started, t0 = now(), time.monotonic()
+        entry.status, entry.exception = "running", None
+        manifest.write(run_dir)
+        try:
+            papermill.execute_notebook(
+                str(folder / name), str(run_dir / name), kernel_name="python3", cwd=str(folder),
+                parameters={"params_file": str(params_file), "run_dir": str(run_dir), **parameters},
+                progress_bar=False, execution_timeout=cell_timeout_s, report_mode=False)
+            entry.status = "ok"
+        except papermill.PapermillExecutionError as exc:
+            entry.status = "failed"
+            entry.exception = {"ename": exc.ename, "evalue": str(exc.evalue)[:2000], "cell_index": exc.cell_index,
+                               "exec_count": exc.exec_count}
+        except Exception as exc:  # a dead kernel or papermill itself: still a recorded failure
+            entry.status = "failed"
+            entry.exception = {"ename": type(exc).__name__, "evalue": str(exc)[:2000], "cell_index": None}
+        entry.duration_s = round(time.monotonic() - t0, 1)
+        entry.decisions = _decisions(run_dir, name)
+        manifest.write(run_dir)
+        say(f"[{i}/{len(todo)}] {name} {entry.status} in {entry.duration_s:.0f} s"
+            + (f": {entry.exception['ename']}: {entry.exception['evalue'][:300]}" if entry.exception else ""))
+        if entry.status == "failed":
+            break
+    manifest.status = "failed" if any(nb.status == "failed" for nb in manifest.notebooks) else "ok"
+    manifest.finished = now()
+    manifest.write(run_dir)
+    write_index(run_dir, manifest)
+    _scrub(run_dir, Redactor.from_env(params.secrets))
+    return run_dir, Manifest.read(run_dir)
+
+
+def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:
+    path = run_dir / EVENTS
+    stage = notebook.removesuffix(".ipynb")
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r["data"] for r in rows if r["kind"] == "decision" and r["stage"] == stage]
+
+
+def _scrub(run_dir: Path, redactor: Redactor) -> None:
+    """Last line of defence: redact every text file the run wrote (notebooks, logs, state)."""
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in {".ipynb", ".json", ".jsonl", ".log", ".txt", ".html", ".md"}:
+            text = path.read_text(errors="replace")
+            clean = redactor.text(text)
+            if clean != text:
+                path.write_text(clean)
+
+
+def write_index(run_dir: Path, manifest: Manifest) -> Path:
+    """A static page a person can open: each notebook, its status and the decisions it made."""
+    rows = []
+    for nb in manifest.notebooks:
+        link = f'<a href="{html.escape(nb.name)}">{html.escape(nb.name)}</a>' if (run_dir / nb.name).exists() \
+            else html.escape(nb.name)
+        exc = nb.exception or {}
+        err = html.escape(f"{exc.get('ename', '')}: {exc.get('evalue', '')}"[:400]) if exc else ""
+        decisions = "".join(
+            f"<li><b>{html.escape(d['question'])}</b>: {html.escape(d['choice'])} — {html.escape(d['reason'])}</li>"
+            for d in nb.decisions)
+        duration = f"{nb.duration_s:.0f} s" if nb.duration_s is not None else ""
+        rows.append(f'<tr class="{nb.status}"><td>{link}</td><td>{nb.status}</td><td>{duration}</td>'
+                    f"<td>{err}</td><td><ul>{decisions}</ul></td></tr>")
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sparkbook {html.escape(manifest.cluster)}
+ {html.escape(manifest.run_id)}</title><style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 8px;
+ border-bottom:1px solid #ddd;vertical-align:top}}tr.failed td{{background:#fdd}}tr.ok td:nth-child(2){{color:green}}
+</style></head><body><h1>sparkbook run {html.escape(manifest.run_id)} — {html.escape(manifest.cluster)}</h1>
+<p>Status: <b>{manifest.status}</b>; started {manifest.started}, finished {manifest.finished or '—'};
+params <code>{html.escape(manifest.params_file)}</code>; <a href="{MANIFEST}">manifest.json</a></p>
+<table><tr><th>notebook</th><th>status</th><th>duration</th><th>exception</th><th>decisions</th></tr>
+{''.join(rows)}</table></body></html>"""
+    path = run_dir / "index.html"
+    path.write_text(page)
+    return path
+
+
+def archive(run_dir: Path) -> Path:
+    """run_dir as a .tar.gz beside it (already scrubbed of secrets)."""
+    target = run_dir.with_suffix(".tar.gz")
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(run_dir, arcname=run_dir.name)
+    return target

@@ -1,0 +1,140 @@
+"""The params schema: every malformed file is rejected naming its field, before any connection."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from sparkbook.params import ParamsError, load_params
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        data = data[int(part)] if part.isdigit() else data[part]
+    if value is _DELETE:
+        del data[int(leaf) if leaf.isdigit() else leaf]
+    else:
+        data[int(leaf) if leaf.isdigit() else leaf] = value
+
+
+_DELETE = object()
+
+# (what is wrong, dotted key to change, new value, field the error must name)
+MALFORMED = [
+    ("missing cluster", "cluster", _DELETE, "cluster"),
+    ("missing nodes", "nodes", _DELETE, "nodes"),
+    ("missing model", "model", _DELETE, "model"),
+    ("missing runtime", "runtime", _DELETE, "runtime"),
+    ("node without fabric_ip", "nodes.1.fabric_ip", _DELETE, "nodes[1].fabric_ip"),
+    ("port is text", "ssh.port", "twenty-two", "ssh.port"),
+    ("gpus is a string", "nodes.0.gpus", "all", "nodes[0].gpus"),
+    ("tp is text", "serve.tensor_parallel_size", "two", "serve.tensor_parallel_size"),
+    ("unknown top-level key", "colour", "blue", "colour"),
+    ("unknown node key", "nodes.0.password", "hunter2", "nodes[0].password"),
+    ("duplicate node names", "nodes.1.name", "a", "nodes[1].name"),
+    ("two nodes one fabric ip", "nodes.1.fabric_ip", "10.9.0.1", "nodes[1].fabric_ip"),
+    ("tp larger than gpus", "serve.tensor_parallel_size", 4, "serve.tensor_parallel_size"),
+    ("bad ip", "nodes.0.fabric_ip", "10.9.0.300", "nodes[0].fabric_ip"),
+    ("key file missing", "ssh.key_file", "/nonexistent/id_ed25519", "ssh.key_file"),
+    ("known_hosts missing", "ssh.known_hosts", "/nonexistent/known_hosts", "ssh.known_hosts"),
+    ("two heads", "nodes.1.role", "head", "nodes"),
+    ("unknown role", "nodes.1.role", "boss", "nodes[1].role"),
+    ("shell in node name", "nodes.0.name", "a; touch /tmp/pwned", "nodes[0].name"),
+    ("substitution in image", "runtime.images", ["x/y:$(reboot)"], "runtime.images[0]"),
+    ("relative cache dir", "model.cache_dir", "models", "model.cache_dir"),
+    ("token value in env", "serve.env", {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz"}, "serve.env.HF_TOKEN"),
+    ("bad executor", "serve.executor", "slurm", "serve.executor"),
+    ("memory utilization above 1", "serve.gpu_memory_utilization", 1.5, "serve.gpu_memory_utilization"),
+    ("node_env for unknown node", "serve.node_env", {"zz": {"A": "1"}}, "serve.node_env"),
+    ("both model path and hf id", "model.path", "/srv/models/x", "model.path"),
+    ("wrong runtime kind", "runtime.kind", "podman", "runtime"),
+    ("empty image list", "runtime.images", [], "runtime.images"),
+    ("bad secret name", "secrets", ["HF-TOKEN"], "secrets[0]"),
+    ("extra arg with backticks", "serve.extra_args", ["--foo", "`id`"], "serve.extra_args[1]"),
+]
+
+
+@pytest.mark.parametrize("what,key,value,field", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_is_rejected_naming_the_field(what: str, key: str, value: Any, field: str, base: dict[str, Any],
+                                                write_params: Callable[..., Path]) -> None:
+    _set(base, key, value)
+    path = write_params(base)
+    with pytest.raises(ParamsError) as caught:
+        load_params(path)
+    fields = [p.field for p in caught.value.problems]
+    assert any(f == field or f.startswith(field + ".") or f.startswith(field + "[") for f in fields), fields
+    assert all(p.file == str(path) for p in caught.value.problems)
+
+
+def test_valid_file_loads(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
+    params = load_params(write_params(base))
+    assert params.head.name == "a" and [w.name for w in params.workers] == ["b"]
+    assert params.total_gpus == 2
+
+
+def test_error_names_the_line(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
+    base["ssh"]["port"] = "x"
+    path = write_params(base)
+    with pytest.raises(ParamsError) as caught:
+        load_params(path)
+    problem = caught.value.problems[0]
+    assert path.read_text().splitlines()[problem.line - 1].strip().startswith("port:")
+
+
+def test_every_field_problem_is_reported_at_once(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
+    base["ssh"]["port"] = "x"
+    base["serve"]["executor"] = "slurm"
+    with pytest.raises(ParamsError) as caught:
+        load_params(write_params(base))
+    assert {p.field for p in caught.value.problems} >= {"ssh.port", "serve.executor"}
+
+
+def test_invalid_yaml_names_the_line(write_params: Callable[..., Path]) -> None:
+    path = write_params({})
+    path.write_text("cluster: x\nnodes: [\n")
+    with pytest.raises(ParamsError) as caught:
+        load_params(path)
+    assert caught.value.problems[0].line is not None
+
+
+@pytest.mark.parametrize("what,key,value,field", MALFORMED[:20], ids=[m[0] for m in MALFORMED[:20]])
+def test_check_cli_exits_2_without_connecting(what: str, key: str, value: Any, field: str, base: dict[str, Any],
+                                              write_params: Callable[..., Path]) -> None:
+    """`sparkbook check` on a bad file: exit 2, the field named, no traceback, no connection to the node."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    base["ssh"]["port"] = port
+    _set(base, key, value)
+    accepted: list[object] = []
+
+    def watch() -> None:
+        for _ in range(40):
+            try:
+                accepted.append(listener.accept())
+            except OSError:
+                pass
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    proc = subprocess.run([sys.executable, "-m", "sparkbook.cli", "check", str(write_params(base))],
+                          capture_output=True, text=True, timeout=60)
+    watcher.join()
+    listener.close()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert field.split("[")[0].split(".")[0] in proc.stderr
+    assert not accepted, "check must not connect to any node"
+
+
+def test_repo_params_files_validate_except_missing_lab_keys() -> None:
+    root = Path(__file__).resolve().parents[2]
+    load_params(root / "params" / "spark-duo.yaml")

@@ -1,0 +1,103 @@
+"""The papermill runner: manifest, index, stop at the first failure, resume, unknown parameters, redaction."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import nbformat
+import pytest
+
+from sparkbook import runbook
+
+TOKEN = "hf_" + "Zq8" * 10
+
+
+def _notebook(folder: Path, name: str, body: str) -> None:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""\nfail = False')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / name)
+
+
+@pytest.fixture
+def notebooks(tmp_path: Path) -> Path:
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    stage = ('import os, sparkbook\nrun = sparkbook.open_run(params_file, run_dir, stage="{stage}")\n'
+             'print("token is", os.environ["SPARKBOOK_TEST_TOKEN"])\n'
+             'run.decide(sparkbook.Decision("which?", "{stage}", "because", '
+             '[sparkbook.Alternative("other", "worse")]))\n')
+    _notebook(folder, "01-first.ipynb", stage.format(stage="01-first"))
+    _notebook(folder, "02-second.ipynb", stage.format(stage="02-second") + 'assert not fail, "planted failure"\n')
+    _notebook(folder, "03-third.ipynb", stage.format(stage="03-third"))
+    return folder
+
+
+@pytest.fixture
+def params_file(base: dict[str, Any], write_params: Callable[..., Path]) -> Path:
+    return write_params(base)
+
+
+@pytest.fixture(autouse=True)
+def planted_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKBOOK_TEST_TOKEN", TOKEN)
+
+
+def _all_text(folder: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
+
+
+def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    run_dir, manifest = runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
+    assert manifest.status == "ok"
+    assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
+    assert manifest.notebooks[1].decisions[0]["choice"] == "02-second"
+    written = json.loads((run_dir / "manifest.json").read_text())
+    assert written["notebooks"][2]["duration_s"] > 0
+    index = (run_dir / "index.html").read_text()
+    assert all(f'href="{n}"' in index for n in ("01-first.ipynb", "02-second.ipynb", "03-third.ipynb"))
+    assert "because" in index
+    assert TOKEN not in _all_text(run_dir) and "[REDACTED]" in (run_dir / "01-first.ipynb").read_text()
+    archive = runbook.archive(run_dir)
+    assert archive.stat().st_size > 0
+
+
+def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    run_dir, manifest = runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks,
+                                    parameters={"fail": True}, say=lambda _: None)
+    assert [nb.status for nb in manifest.notebooks] == ["ok", "failed", "pending"]
+    failed = manifest.notebooks[1]
+    assert failed.exception["ename"] == "AssertionError" and "planted failure" in failed.exception["evalue"]
+    assert failed.exception["cell_index"] is not None
+    assert not (run_dir / "03-third.ipynb").exists()
+
+    seen: list[str] = []
+    run_dir2, manifest = runbook.run(params_file, resume=run_dir, folder=notebooks, parameters={"fail": False},
+                                     say=seen.append)
+    assert run_dir2 == run_dir
+    assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
+    assert not any("01-first" in line for line in seen), "resume must not rerun what succeeded"
+
+
+def test_only_and_from_select_notebooks() -> None:
+    names = ["01-a.ipynb", "02-b.ipynb", "03-c.ipynb"]
+    assert runbook.select(names, only="02") == ["02-b.ipynb"]
+    assert runbook.select(names, start="02") == ["02-b.ipynb", "03-c.ipynb"]
+    with pytest.raises(runbook.RunbookError):
+        runbook.select(names, only="09")
+
+
+def test_unknown_parameter_is_an_error(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(runbook.RunbookError, match="confirm_cleanpu"):
+        runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks, parameters={"confirm_cleanpu": True})
+    assert not (tmp_path / "out").exists()
+
+
+def test_repo_notebooks_declare_their_parameters() -> None:
+    for name in runbook.notebook_names():
+        assert {"params_file", "run_dir"} <= runbook.declared_parameters(runbook.NOTEBOOKS / name), name
+    assert len(runbook.notebook_names()) == 6

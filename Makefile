@@ -1,0 +1,27 @@
+# Two entry points, both self-installing on a fresh Debian machine (root):
+#   make runbook   the whole runbook against the lab; the executed run is archived under outputs/lab/
+#   make test      the test suite (unit, lab integration, nbval over notebooks/) against the lab
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export SPARKBOOK_HEADLESS := 1
+
+.PHONY: setup lab runbook test unit
+setup: $(BIN)/sparkbook
+$(BIN)/sparkbook: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+lab: setup
+	$(BIN)/sparkbook lab up
+
+runbook: lab
+	$(BIN)/sparkbook run params/lab.yaml -p confirm_cleanup=true --archive
+
+unit: setup
+	$(BIN)/pytest tests/unit
+
+test: lab
+	$(BIN)/pytest tests

@@ -113,6 +113,7 @@ class DockerRuntime(Strict):
     shm_size: Size = "16G"
     ipc_host: bool = True
     privileged: bool = False
+    nofile: int | None = Field(1048576, ge=1024, description="open-files ulimit in containers (null: the daemon's)")
     env: Env = {}
 
 

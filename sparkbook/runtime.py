@@ -1,0 +1,199 @@
+"""Where vLLM runs on a node: a Docker container (docker-py over SSH) or a Python environment on the host.
+
+Both offer the same verbs, so probes, Ray and serve are written once:
+  one_off(node, image, argv)      a short command in a fresh container / in the environment
+  start(node, image, name, env)   a long-lived place to exec in (a container; nothing for a Python env)
+  exec(node, name, argv)          a command in that place, with a node-side timeout
+  spawn(node, name, argv, log)    a background process writing to a log file on the node
+  stop(node, name)                remove the place and everything spawned in it
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Sequence
+
+import docker
+import docker.errors
+
+from .docker_ssh import docker_client
+from .nodes import KILL_GRACE_S, Node, NodeError, Result
+from .params import DockerRuntime, Params, PythonRuntime
+
+LABEL = "org.sparkbook.run"
+
+
+@dataclass(frozen=True)
+class Place:
+    """A named place on a node where commands of one stage run (a container, or a PID directory)."""
+
+    node: str
+    name: str
+    image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _timeout_argv(argv: Sequence[str], timeout: float) -> list[str]:
+    return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *argv]
+
+
+class DockerNodes:
+    """Containers from the run's image on each node, through each node's own Docker daemon."""
+
+    def __init__(self, spec: DockerRuntime, model_cache: str):
+        self.spec, self.model_cache = spec, model_cache
+        self._clients: dict[str, docker.DockerClient] = {}
+
+    def client(self, node: Node) -> docker.DockerClient:
+        if node.name not in self._clients:
+            try:
+                self._clients[node.name] = docker_client(node)
+            except docker.errors.DockerException as exc:
+                raise NodeError(node.name, f"its Docker daemon does not answer: {exc}") from None
+        return self._clients[node.name]
+
+    def one_off(self, node: Node, image: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                timeout: float = 120) -> Result:
+        """Run argv in a fresh container of `image` (model cache mounted read-only); always removed."""
+        api = self.client(node).api
+        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        container = api.create_container(
+            image, _timeout_argv(argv, timeout), environment={**self.spec.env, **(env or {})},
+            labels={LABEL: "one-off"},
+            host_config=api.create_host_config(network_mode="host",
+                                               binds={self.model_cache: {"bind": self.model_cache, "mode": "ro"}}))
+        try:
+            api.start(container)
+            code = api.wait(container, timeout=timeout + KILL_GRACE_S + 10)["StatusCode"]
+            out = api.logs(container, stdout=True, stderr=False).decode(errors="replace")
+            err = api.logs(container, stdout=False, stderr=True).decode(errors="replace")
+        finally:
+            api.remove_container(container, force=True)
+        return Result(node.name, tuple(argv), code, out, err, started, time.monotonic() - t0, code in (124, 137))
+
+    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
+        """(Re)create the place's container: host network, shm, model cache, env; returns its ID."""
+        client = self.client(node)
+        self.stop(node, place)
+        kwargs: dict[str, object] = dict(
+            name=place.name, command=["sleep", "infinity"], detach=True, network_mode="host",
+            shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env}, labels={LABEL: place.name},
+            volumes={self.model_cache: {"bind": self.model_cache, "mode": "rw"}}, privileged=self.spec.privileged,
+            ulimits=[docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)]
+            if self.spec.nofile else [],
+            devices=[f"{d}:{d}" for d in devices])
+        if self.spec.ipc_host:
+            kwargs["ipc_mode"] = "host"
+        if gpus:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return client.containers.run(place.image, **kwargs).id
+
+    def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        container = self.client(node).containers.get(place.name)
+        code, (out, err) = container.exec_run(_timeout_argv(argv, timeout), environment=env or {}, demux=True)
+        return Result(node.name, tuple(argv), code, (out or b"").decode(errors="replace"),
+                      (err or b"").decode(errors="replace"), started, time.monotonic() - t0, code in (124, 137))
+
+    def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
+              env: dict[str, str] | None = None) -> None:
+        """Start argv in the background inside the container, stdout and stderr to `log` (a container path)."""
+        container = self.client(node).containers.get(place.name)
+        script = 'mkdir -p "$(dirname "$0")"; exec "$@" >"$0" 2>&1'
+        container.exec_run(["sh", "-c", script, log, *argv], environment=env or {}, detach=True)
+
+    def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
+        argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]
+        return self.exec(node, place, argv, timeout=30).stdout
+
+    def alive(self, node: Node, place: Place) -> bool:
+        try:
+            return self.client(node).containers.get(place.name).status == "running"
+        except docker.errors.NotFound:
+            return False
+
+    def stop(self, node: Node, place: Place) -> bool:
+        """Remove the place's container; True if there was one."""
+        try:
+            self.client(node).containers.get(place.name).remove(force=True)
+            return True
+        except docker.errors.NotFound:
+            return False
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+
+class PythonNodes:
+    """A Python environment on each node (no Docker): the interpreter named in params runs everything."""
+
+    def __init__(self, spec: PythonRuntime):
+        self.spec = spec
+
+    def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
+        bindir = self.spec.python.rsplit("/", 1)[0]
+        return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", **self.spec.env, **(extra or {})}
+
+    def _argv(self, argv: Sequence[str]) -> list[str]:
+        return [self.spec.python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+
+    def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                timeout: float = 120) -> Result:
+        return node.run(self._argv(argv), env=self._env(env), timeout=timeout)
+
+    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
+        self.stop(node, place)
+        node.run(["mkdir", "-p", self._dir(place)], check=True, timeout=30)
+        return self._dir(place)
+
+    def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        return node.run(self._argv(argv), env=self._env({**place.env, **(env or {})}), timeout=timeout)
+
+    def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
+              env: dict[str, str] | None = None) -> None:
+        """setsid the process into its own session and record its session ID for `stop`."""
+        script = ('mkdir -p "$(dirname "$1")"; setsid sh -c \'echo $$ >>"$0"/sids; exec "$@"\' "$0" "${@:2}" '
+                  '>"$1" 2>&1 </dev/null &')
+        node.run(["bash", "-c", script, self._dir(place), log, *self._argv(argv)],
+                 env=self._env({**place.env, **(env or {})}), timeout=30, check=True)
+
+    def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
+        argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]
+        return node.run(argv, timeout=30).stdout
+
+    def alive(self, node: Node, place: Place) -> bool:
+        sids = node.run(["cat", f"{self._dir(place)}/sids"], timeout=30).stdout.split()
+        return any(node.run(["pgrep", "-s", sid], timeout=30).ok for sid in sids)
+
+    def stop(self, node: Node, place: Place) -> bool:
+        """Kill every process of the sessions this place spawned (by session ID, never by name)."""
+        sids = node.run(["cat", f"{self._dir(place)}/sids"], timeout=30).stdout.split()
+        for sid in sids:
+            node.run(["pkill", "-TERM", "-s", sid], timeout=30)
+        if sids:
+            time.sleep(2)
+            for sid in sids:
+                node.run(["pkill", "-KILL", "-s", sid], timeout=30)
+        node.run(["rm", "-rf", self._dir(place)], timeout=30)
+        return bool(sids)
+
+    @staticmethod
+    def _dir(place: Place) -> str:
+        return f"/tmp/sparkbook/{place.name}"
+
+    def close(self) -> None:
+        pass
+
+
+Runtime = DockerNodes | PythonNodes
+
+
+def runtime_for(params: Params) -> Runtime:
+    if isinstance(params.runtime, DockerRuntime):
+        return DockerNodes(params.runtime, params.model.cache_dir)
+    return PythonNodes(params.runtime)

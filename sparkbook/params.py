@@ -198,25 +198,29 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _cluster_consistent(self) -> Params:
+        """Cross-field checks; every problem found is reported, one `field: message` per line."""
+        problems = []
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
-            raise ValueError(f"nodes: exactly one node must have role head, found {len(heads)}: {heads}")
+            problems.append(f"nodes: exactly one node must have role head, found {len(heads)}: {heads}")
         for field in ("name", "fabric_ip"):
             seen: dict[str, int] = {}
             for i, node in enumerate(self.nodes):
                 value = str(getattr(node, field))
                 if value in seen:
-                    raise ValueError(f"nodes[{i}].{field}: {value} is already used by nodes[{seen[value]}]")
-                seen[value] = i
+                    problems.append(f"nodes[{i}].{field}: {value} is already used by nodes[{seen[value]}]")
+                seen.setdefault(value, i)
         world = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
         slots = self.total_gpus or len(self.nodes)
         unit = "GPUs listed" if self.total_gpus else "nodes (no GPUs listed: one rank per node)"
         if world > slots:
-            raise ValueError(f"serve.tensor_parallel_size: tensor_parallel_size x pipeline_parallel_size = {world} "
-                             f"is larger than the {slots} {unit}")
+            problems.append(f"serve.tensor_parallel_size: tensor_parallel_size x pipeline_parallel_size = {world} "
+                            f"is larger than the {slots} {unit}")
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
-            raise ValueError(f"serve.node_env: names nodes that are not in nodes: {unknown}")
+            problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     @property
@@ -296,12 +300,12 @@ def _problems(exc: ValidationError, path: Path, text: str) -> list[Problem]:
     problems = []
     for err in exc.errors():
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p in ("docker", "python"))]
-        message = err["msg"].removeprefix("Value error, ")
-        field = _dotted(loc)
-        named = _FIELD_PREFIX.match(message)
-        if named:
-            field, message = ".".join(filter(None, (field, named.group(1)))), named.group(2)
-        problems.append(Problem(str(path), field, _line_of(text, _loc_of(field)), message))
+        for message in err["msg"].removeprefix("Value error, ").splitlines():
+            field = _dotted(loc)
+            named = _FIELD_PREFIX.match(message)
+            if named:
+                field, message = ".".join(filter(None, (field, named.group(1)))), named.group(2)
+            problems.append(Problem(str(path), field, _line_of(text, _loc_of(field)), message))
     return problems
 
 

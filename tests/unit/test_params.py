@@ -138,3 +138,14 @@ def test_check_cli_exits_2_without_connecting(what: str, key: str, value: Any, f
 def test_repo_params_files_validate_except_missing_lab_keys() -> None:
     root = Path(__file__).resolve().parents[2]
     load_params(root / "params" / "spark-duo.yaml")
+
+
+def test_cross_field_problems_are_all_reported(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
+    base["nodes"][1]["name"] = "a"
+    base["nodes"][1]["fabric_ip"] = "10.9.0.1"
+    base["serve"]["tensor_parallel_size"] = 8
+    with pytest.raises(ParamsError) as caught:
+        load_params(write_params(base))
+    assert {p.field for p in caught.value.problems} >= {"nodes[1].name", "nodes[1].fabric_ip",
+                                                        "serve.tensor_parallel_size"}
+    assert all(p.line for p in caught.value.problems)

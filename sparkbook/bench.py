@@ -1,0 +1,181 @@
+"""The benchmark stage: warm-up, a concurrency sweep from one or several load generators, results on disk.
+
+Each sweep point: warm-up requests (not counted) → scrape /metrics → the load → scrape again → a summary
+with `vllm bench serve`'s field names, the server-side token cross-check and the client's own CPU cost.
+With `clients > 1` the load runs on that many local ipyparallel engines, concurrency split between them,
+started together at an agreed wall-clock instant; their per-request records are merged.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from .benchclient import LoadResult, Target, make_prompts, metrics, run_load, run_load_on_engine, tokenize
+from .benchstats import ClientLoad, CrossCheck, RequestRecord, client_load, cross_check, summarize
+from .params import BenchmarkPlan
+
+BENCH_DIR = "bench"
+COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One concurrency of the sweep: the vLLM-named result and the evidence around it."""
+
+    result: dict[str, Any]
+    cross_checks: list[CrossCheck]
+    clients: list[ClientLoad]
+    records: list[RequestRecord]
+
+
+class LoadRunner(Protocol):
+    def __call__(self, prompts: list[list[int]], output_len: int, concurrency: int,
+                 timeout_s: float) -> list[LoadResult]: ...
+
+
+def split(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` near-equal shares, larger shares first (zeros when total < parts)."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def local_runner(target: Target) -> LoadRunner:
+    """The load from this process (one client)."""
+    def run(prompts: list[list[int]], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
+        return [run_load(target, prompts, output_len, concurrency, timeout_s)]
+    return run
+
+
+class Engines:
+    """`with Engines(n) as engines:` n local ipyparallel engines as load generators; stopped on exit."""
+
+    def __init__(self, count: int, start_timeout_s: float = 120.0):
+        self.count, self.start_timeout_s = count, start_timeout_s
+        self._cluster: Any = None
+        self._client: Any = None
+
+    def __enter__(self) -> Engines:
+        import ipyparallel as ipp
+
+        self._cluster = ipp.Cluster(n=self.count, log_level=logging.WARNING)
+        self._cluster.start_cluster_sync()
+        self._client = self._cluster.connect_client_sync()
+        self._client.wait_for_engines(self.count, timeout=self.start_timeout_s, interactive=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None:
+            self._client.close()
+        if self._cluster is not None:
+            self._cluster.stop_cluster_sync()
+
+    def runner(self, target: Target, start_delay_s: float = 2.0) -> LoadRunner:
+        """Each engine runs its share of prompts and concurrency, all starting at the same instant."""
+        def run(prompts: list[list[int]], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
+            start_at = time.time() + start_delay_s
+            shares, sizes = split(concurrency, self.count), split(len(prompts), self.count)
+            jobs, offset = [], 0
+            for engine, (share, size) in enumerate(zip(shares, sizes)):
+                if share and size:
+                    jobs.append(self._client[engine].apply_async(
+                        run_load_on_engine, asdict(target), prompts[offset:offset + size], output_len, share,
+                        timeout_s, start_at))
+                offset += size
+            return [_load_result(job.get(timeout=timeout_s + start_delay_s + 30)) for job in jobs]
+        return run
+
+
+def _load_result(data: dict[str, Any]) -> LoadResult:
+    return LoadResult(**{**data, "records": [RequestRecord(**r) for r in data["records"]]})
+
+
+def prompt_pool(target: Target) -> list[int]:
+    """Token ids the server's tokenizer makes of ordinary text: the alphabet prompts are drawn from."""
+    return sorted(set(tokenize(target)))
+
+
+def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> LoadResult:
+    """`warmup_requests` full-length requests at min(concurrency, warmup_requests) in flight; not counted."""
+    prompts = make_prompts(pool, plan.warmup_requests, plan.input_len, seed=-concurrency)
+    return run_load(target, prompts, plan.output_len, max(1, min(concurrency, plan.warmup_requests)), timeout_s)
+
+
+def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
+                  timeout_s: float) -> Point:
+    """Warm up, then run `num_prompts` fresh prompts at `concurrency` between two /metrics scrapes."""
+    if plan.warmup_requests:
+        warm_up(target, plan, pool, concurrency, timeout_s)
+    prompts = make_prompts(pool, plan.num_prompts, plan.input_len, seed=concurrency)
+    before = metrics(target)
+    loads = runner(prompts, plan.output_len, concurrency, timeout_s)
+    after = metrics(target)
+    records = [r for load in loads for r in load.records]
+    duration = max(load.finished_at for load in loads) - min(load.started_at for load in loads)
+    result = summarize(records, duration, concurrency)
+    checks = cross_check(before, after, {name: result[field] for name, field in COUNTERS.items()})
+    clients = [client_load(i, sum(r.output_tokens for r in load.records if r.ok), load.chunks, load.cpu_s,
+                           load.finished_at - load.started_at) for i, load in enumerate(loads)]
+    return Point(result, checks, clients, records)
+
+
+def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner, point_timeout_s: float = 600.0,
+          on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """Every concurrency of the plan, in order; `on_point` is told after each (progress)."""
+    pool = prompt_pool(target)
+    points = []
+    for concurrency in plan.concurrency:
+        points.append(measure_point(target, plan, pool, concurrency, runner, point_timeout_s))
+        if on_point:
+            on_point(points[-1])
+    return points
+
+
+# --- results on disk -----------------------------------------------------------------------------
+def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) -> dict[str, Any]:
+    """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
+    ok = [r for r in point.records if r.ok]
+    return {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "sparkbook", "endpoint_type": "vllm",
+        "model_id": target.model, "base_url": target.base_url, "request_rate": "inf", "burstiness": 1.0,
+        "random_input_len": plan.input_len, "random_output_len": plan.output_len, "num_warmups": plan.warmup_requests,
+        **point.result,
+        "input_lens": [r.prompt_tokens for r in ok], "output_lens": [r.output_tokens for r in ok],
+        "ttfts": [r.ttft_s for r in ok], "itls": [r.chunk_gaps_s for r in ok],
+        "errors": [r.error for r in point.records],
+        "sparkbook": {"load_generators": clients, "itl_definition": "per chunk (vLLM); itl_per_token: per token",
+                      "server_cross_check": [asdict(c) for c in point.cross_checks],
+                      "client_load": [asdict(c) for c in point.clients],
+                      "chunk_tokens": [r.chunk_tokens for r in ok]},
+    }
+
+
+def save(run_dir: Path, points: list[Point], target: Target, plan: BenchmarkPlan, clients: int) -> list[Path]:
+    """bench/c<concurrency>.json per point in the run dir."""
+    folder = run_dir / BENCH_DIR
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for point in points:
+        path = folder / f"c{point.result['max_concurrency']:04d}.json"
+        path.write_text(json.dumps(point_json(point, target, plan, clients), indent=1))
+        paths.append(path)
+    return paths
+
+
+def load_results(run_dir: Path) -> list[dict[str, Any]]:
+    """The saved points of a run dir, by concurrency."""
+    points = [json.loads(p.read_text()) for p in sorted((run_dir / BENCH_DIR).glob("c*.json"))]
+    return sorted(points, key=lambda p: p["max_concurrency"])
+
+
+def earlier_run(run_dir: Path) -> Path | None:
+    """The newest other run dir of the same cluster (a sibling) that has bench results."""
+    def newest(folder: Path) -> float:
+        return max(p.stat().st_mtime for p in (folder / BENCH_DIR).glob("c*.json"))
+
+    runs = [d for d in run_dir.parent.iterdir()
+            if d.is_dir() and d.resolve() != run_dir.resolve() and any((d / BENCH_DIR).glob("c*.json"))]
+    return max(runs, key=newest, default=None)

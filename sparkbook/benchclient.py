@@ -1,0 +1,176 @@
+"""sparkbook's own streaming load client for an OpenAI-compatible /v1/completions server (vLLM).
+
+Prompts are token-id lists (exact input length); output length is fixed with max_tokens + ignore_eos;
+usage comes from the stream (`stream_options.include_usage`). Timing follows `vllm bench serve`'s
+request function; see sparkbook.benchstats for the definitions. Every call has a timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Coroutine, TypeVar
+
+import aiohttp
+
+from .benchstats import RequestRecord, prometheus_totals
+
+T = TypeVar("T")
+SEED_TEXT = ("The cluster serves a new model over Ray and every node streams tokens back to the client "
+             "while the benchmark measures time to first token, time per output token and throughput. ")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send requests: the server's base URL and served model name."""
+
+    base_url: str
+    model: str
+    request_timeout_s: float = 300.0
+    connect_timeout_s: float = 10.0
+
+    def url(self, path: str) -> str:
+        return self.base_url.rstrip("/") + path
+
+    def timeout(self, total: float | None = None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total or self.request_timeout_s, connect=self.connect_timeout_s)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one client process measured for one batch of requests."""
+
+    records: list[RequestRecord]
+    started_at: float   # wall clock when the first request could go
+    finished_at: float  # wall clock when the last one ended
+    cpu_s: float        # CPU time of the thread running the event loop
+    chunks: int
+
+
+async def _json(session: aiohttp.ClientSession, target: Target, method: str, path: str,
+                body: dict[str, Any] | None = None) -> Any:
+    async with session.request(method, target.url(path), json=body, timeout=target.timeout(30)) as resp:
+        resp.raise_for_status()
+        return await resp.json(content_type=None)
+
+
+async def _tokenize(target: Target, text: str) -> list[int]:
+    async with aiohttp.ClientSession() as session:
+        body = {"model": target.model, "prompt": text, "add_special_tokens": False}
+        return list((await _json(session, target, "POST", "/tokenize", body))["tokens"])
+
+
+async def _metrics(target: Target) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(target.url("/metrics"), timeout=target.timeout(30)) as resp:
+            resp.raise_for_status()
+            return prometheus_totals(await resp.text())
+
+
+async def _models(target: Target) -> list[str]:
+    async with aiohttp.ClientSession() as session:
+        return [m["id"] for m in (await _json(session, target, "GET", "/v1/models"))["data"]]
+
+
+def make_prompts(pool: list[int], count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` prompts of exactly `length` random token ids from `pool` (no shared prefixes to cache)."""
+    rng = random.Random(seed)
+    return [[pool[rng.randrange(len(pool))] for _ in range(length)] for _ in range(count)]
+
+
+def request_body(target: Target, prompt: list[int], output_len: int) -> dict[str, Any]:
+    """The completion request: fixed output length, streamed with usage and per-chunk token ids."""
+    return {"model": target.model, "prompt": prompt, "max_tokens": output_len,
+            "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True}}
+
+
+async def one_request(session: aiohttp.ClientSession, target: Target, prompt: list[int],
+                      output_len: int) -> RequestRecord:
+    """Send one streamed completion; time every chunk (vLLM's way: TTFT at the first chunk with choices)."""
+    sent_at, t0 = time.time(), time.perf_counter()
+    ttft = last = None
+    gaps: list[float] = []
+    counts: list[int] = []
+    usage: dict[str, Any] = {}
+    try:
+        async with session.post(target.url("/v1/completions"), json=request_body(target, prompt, output_len),
+                                timeout=target.timeout()) as resp:
+            if resp.status != 200:
+                return RequestRecord(False, sent_at, error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                data = json.loads(line[5:])
+                if choices := data.get("choices"):
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - t0
+                    else:
+                        gaps.append(now - last)
+                        ids = choices[0].get("token_ids")
+                        counts.append(len(ids) if ids is not None else 1)
+                    last = now
+                if data.get("usage"):
+                    usage = data["usage"]
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+        return RequestRecord(False, sent_at, error=f"{type(exc).__name__}: {exc}"[:200])
+    if ttft is None or last is None:
+        return RequestRecord(False, sent_at, error="no tokens streamed")
+    return RequestRecord(True, sent_at, ttft, last - t0, gaps, counts, usage.get("prompt_tokens"),
+                         int(usage.get("completion_tokens") or len(gaps) + 1))
+
+
+async def _load(target: Target, prompts: list[list[int]], output_len: int, concurrency: int,
+                start_at: float | None) -> LoadResult:
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+    started, cpu0 = time.time(), time.thread_time()
+    limit = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def limited(prompt: list[int]) -> RequestRecord:
+            async with limit:
+                return await one_request(session, target, prompt, output_len)
+
+        records = await asyncio.gather(*(limited(p) for p in prompts))
+    finished = max([started] + [r.done_at for r in records])
+    chunks = sum(len(r.chunk_gaps_s) + 1 for r in records if r.ok)
+    return LoadResult(list(records), started, finished, time.thread_time() - cpu0, chunks)
+
+
+def _run(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Run a coroutine on a fresh event loop in a worker thread (works inside a kernel's running loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout_s)).result(timeout_s + 10)
+
+
+def tokenize(target: Target, text: str = SEED_TEXT * 8) -> list[int]:
+    """Token ids of `text` by the server's own tokenizer (POST /tokenize, no special tokens)."""
+    return _run(_tokenize(target, text), 60)
+
+
+def metrics(target: Target) -> dict[str, float]:
+    """The server's Prometheus counters (GET /metrics), summed over labels."""
+    return _run(_metrics(target), 60)
+
+
+def served_models(target: Target) -> list[str]:
+    """Model ids the server lists (GET /v1/models)."""
+    return _run(_models(target), 60)
+
+
+def run_load(target: Target, prompts: list[list[int]], output_len: int, concurrency: int,
+             timeout_s: float, start_at: float | None = None) -> LoadResult:
+    """Send every prompt, at most `concurrency` in flight; the whole batch is bounded by `timeout_s`."""
+    return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
+
+
+def run_load_on_engine(target: dict[str, Any], prompts: list[list[int]], output_len: int, concurrency: int,
+                       timeout_s: float, start_at: float) -> dict[str, Any]:
+    """run_load for an ipyparallel engine: plain data in and out."""
+    return asdict(run_load(Target(**target), prompts, output_len, concurrency, timeout_s, start_at))

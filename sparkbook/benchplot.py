@@ -1,0 +1,49 @@
+"""Benchmark figures (matplotlib): throughput against concurrency, latency percentiles against concurrency."""
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.figure import Figure
+
+
+def _concurrency_axis(ax: Any, concurrency: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrency, [str(c) for c in concurrency])
+    ax.set_xlabel("concurrent requests")
+    ax.grid(True, alpha=0.3)
+
+
+def throughput_figure(points: list[dict[str, Any]], ceiling_tok_s: float | None = None,
+                      earlier: list[dict[str, Any]] | None = None) -> Figure:
+    """Output tokens/s against concurrency; the single-stream roofline and an earlier run when given."""
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
+    conc = [p["max_concurrency"] for p in points]
+    ax.plot(conc, [p["output_throughput"] for p in points], "o-", label="output tok/s (this run)")
+    if earlier:
+        ax.plot([p["max_concurrency"] for p in earlier], [p["output_throughput"] for p in earlier], "s--",
+                alpha=0.6, label="output tok/s (earlier run)")
+    if ceiling_tok_s:
+        ax.axhline(ceiling_tok_s, color="grey", ls=":", label=f"single-stream roofline {ceiling_tok_s:,.0f} tok/s")
+    _concurrency_axis(ax, conc)
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Throughput")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def latency_figure(points: list[dict[str, Any]]) -> Figure:
+    """TTFT, TPOT and ITL per token: median, p90 and p99 against concurrency."""
+    fig = Figure(figsize=(12, 3.8))
+    conc = [p["max_concurrency"] for p in points]
+    for ax, (metric, label) in zip(fig.subplots(1, 3), (("ttft", "TTFT"), ("tpot", "TPOT"),
+                                                         ("itl_per_token", "ITL per token"))):
+        for stat, style in (("median", "o-"), ("p90", "^--"), ("p99", "v:")):
+            ax.plot(conc, [p[f"{stat}_{metric}_ms"] for p in points], style, label=stat)
+        _concurrency_axis(ax, conc)
+        ax.set_ylabel("ms")
+        ax.set_title(label)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

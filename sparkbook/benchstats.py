@@ -1,0 +1,283 @@
+"""Benchmark statistics as pure functions: per-request records → vLLM-named summaries, roofline, comparisons.
+
+Definitions (as `vllm bench serve` computes them, vllm/benchmarks/serve.py):
+- TTFT: request sent → first streamed chunk with text.
+- TPOT: (E2EL − TTFT) / (output_tokens − 1), per request; requests with one output token have none.
+- ITL: every gap between consecutive streamed chunks (per CHUNK; one chunk may carry several tokens).
+- ITL per token (ours, `*_itl_per_token_ms`): each chunk gap split evenly over the tokens that chunk carried.
+- E2EL: request sent → last streamed chunk.
+Statistics use numpy's mean, median, population std and linearly interpolated percentiles, as vLLM does.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+METRICS = ("ttft", "tpot", "itl", "itl_per_token", "e2el")
+STATS = ("mean", "median", "std", "p90", "p99")
+KNOWN_BANDWIDTH_GBS = {"GB10": 273.0, "H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+# Higher is better for these; every *_ms metric is better lower.
+HIGHER_IS_BETTER = ("output_throughput", "request_throughput", "total_token_throughput")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One streamed request as the client saw it; times in seconds, `sent_at` on the wall clock."""
+
+    ok: bool
+    sent_at: float
+    ttft_s: float | None = None
+    e2el_s: float | None = None
+    chunk_gaps_s: list[float] = field(default_factory=list)   # gap before each chunk after the first
+    chunk_tokens: list[int] = field(default_factory=list)     # tokens in each of those chunks
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    error: str = ""
+
+    @property
+    def done_at(self) -> float:
+        return self.sent_at + (self.e2el_s or 0.0)
+
+
+def token_gaps(record: RequestRecord) -> list[float]:
+    """ITL per token: each chunk gap spread evenly over the tokens that chunk carried (1 when unknown).
+
+    A chunk without tokens (e.g. a bare finish chunk) hands its gap on to the next chunk that has some.
+    """
+    counts = record.chunk_tokens or [1] * len(record.chunk_gaps_s)
+    gaps, carried = [], 0.0
+    for gap, n in zip(record.chunk_gaps_s, counts):
+        carried += gap
+        if n > 0:
+            gaps += [carried / n] * n
+            carried = 0.0
+    return gaps
+
+
+def tpot_s(record: RequestRecord) -> float | None:
+    """vLLM's TPOT for one request, or None with fewer than two output tokens."""
+    if record.output_tokens < 2 or record.e2el_s is None or record.ttft_s is None:
+        return None
+    return (record.e2el_s - record.ttft_s) / (record.output_tokens - 1)
+
+
+def describe_ms(values_s: list[float], name: str) -> dict[str, float | None]:
+    """{mean,median,std,p90,p99}_<name>_ms of values given in seconds (None when there are none)."""
+    if not values_s:
+        return {f"{s}_{name}_ms": None for s in STATS}
+    ms = np.asarray(values_s, dtype=float) * 1000.0
+    return {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
+            f"std_{name}_ms": float(np.std(ms)), f"p90_{name}_ms": float(np.percentile(ms, 90)),
+            f"p99_{name}_ms": float(np.percentile(ms, 99))}
+
+
+def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: int) -> dict[str, Any]:
+    """One sweep point as `vllm bench serve` names its result fields (plus ITL per token)."""
+    ok = [r for r in records if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    result: dict[str, Any] = {
+        "max_concurrency": max_concurrency, "num_prompts": len(records), "completed": len(ok),
+        "failed": len(records) - len(ok), "duration": duration_s,
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
+        "output_throughput": out_tokens / duration_s if duration_s > 0 else None,
+        "total_token_throughput": (in_tokens + out_tokens) / duration_s if duration_s > 0 else None,
+    }
+    series = {
+        "ttft": [r.ttft_s for r in ok if r.ttft_s is not None],
+        "tpot": [t for t in (tpot_s(r) for r in ok) if t is not None],
+        "itl": [g for r in ok for g in r.chunk_gaps_s],
+        "itl_per_token": [g for r in ok for g in token_gaps(r)],
+        "e2el": [r.e2el_s for r in ok if r.e2el_s is not None],
+    }
+    for name in METRICS:
+        result.update(describe_ms(series[name], name))
+    return result
+
+
+def table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per sweep point with the numbers a reader compares first (rounded)."""
+    def r(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return [{"concurrency": p["max_concurrency"], "completed": p["completed"], "failed": p["failed"],
+             "output tok/s": r(p["output_throughput"]), "req/s": r(p["request_throughput"], 2),
+             "TTFT ms p50": r(p["median_ttft_ms"]), "TTFT p99": r(p["p99_ttft_ms"]),
+             "TPOT ms p50": r(p["median_tpot_ms"], 2), "TPOT p99": r(p["p99_tpot_ms"], 2),
+             "ITL/chunk p50": r(p["median_itl_ms"], 2), "ITL/token p50": r(p["median_itl_per_token_ms"], 2),
+             "E2EL ms p50": r(p["median_e2el_ms"])} for p in points]
+
+
+# --- server-side cross-check ------------------------------------------------------------------
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def prometheus_totals(text: str) -> dict[str, float]:
+    """Each metric name of a Prometheus text page summed over its label sets."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and not line.startswith("#"):
+            try:
+                totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
+            except ValueError:
+                continue
+    return totals
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """The server's own token counters over a window next to the client's counts."""
+
+    metric: str
+    server: float | None
+    client: int
+    agrees: bool
+
+
+def cross_check(before: dict[str, float], after: dict[str, float], client_counts: dict[str, int],
+                tolerance: float = 0.0) -> list[CrossCheck]:
+    """Compare counter deltas (metric → client count) within a relative tolerance."""
+    checks = []
+    for metric, client in client_counts.items():
+        server = after[metric] - before.get(metric, 0.0) if metric in after else None
+        agrees = server is not None and abs(server - client) <= tolerance * max(client, 1)
+        checks.append(CrossCheck(metric, server, client, agrees))
+    return checks
+
+
+# --- roofline ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Roofline:
+    """Single-stream decode ceiling: every active weight read once per token, TP nodes reading in parallel."""
+
+    active_params: int
+    bytes_per_param: float
+    tensor_parallel: int
+    node_bandwidth_gbs: float
+    bytes_per_token: float
+    seconds_per_token: float
+    ceiling_tok_s: float
+    measured_tok_s: float | None
+    percent_of_ceiling: float | None
+    assumption: str
+
+
+def known_bandwidth_gbs(gpu_name: str) -> float | None:
+    """Memory bandwidth of a GPU named like one of KNOWN_BANDWIDTH_GBS (e.g. 'NVIDIA GB10')."""
+    return next((bw for key, bw in KNOWN_BANDWIDTH_GBS.items() if key.lower() in gpu_name.lower()), None)
+
+
+def served_bytes_per_param(model_bytes_per_param: float, serve_dtype: str) -> float:
+    """Bytes per weight as served: the --dtype the server was given, else the model's own."""
+    return {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}.get(serve_dtype, model_bytes_per_param)
+
+
+def roofline(active_params: int, bytes_per_param: float, tensor_parallel: int, node_bandwidth_gbs: float,
+             measured_tok_s: float | None = None) -> Roofline:
+    """Ceiling = tp × bandwidth / (active params × bytes per param); KV-cache and activation reads ignored."""
+    per_token = active_params * bytes_per_param
+    seconds = per_token / (tensor_parallel * node_bandwidth_gbs * 1e9)
+    ceiling = 1.0 / seconds
+    percent = 100.0 * measured_tok_s / ceiling if measured_tok_s else None
+    assumption = (f"weights split evenly over {tensor_parallel} node(s), each reading its share at "
+                  f"{node_bandwidth_gbs:g} GB/s per token; KV cache, activations and communication ignored")
+    return Roofline(active_params, bytes_per_param, tensor_parallel, node_bandwidth_gbs, per_token, seconds,
+                    ceiling, measured_tok_s, percent, assumption)
+
+
+# --- comparisons -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Delta:
+    """One metric of one sweep point against an earlier run."""
+
+    max_concurrency: int
+    metric: str
+    earlier: float
+    now: float
+    change_pct: float
+    noise_pct: float
+    worse: bool
+
+
+def _relative_noise_pct(point: dict[str, Any], metric: str) -> float:
+    """Relative standard error of a mean/median latency metric (median: 1.253 × that of the mean)."""
+    stat, _, rest = metric.partition("_")
+    std, n, centre = point.get(f"std_{rest}"), point.get("completed") or 0, point.get(metric)
+    if stat not in ("mean", "median") or std is None or not centre or n < 2:
+        return 0.0
+    factor = 1.2533 if stat == "median" else 1.0
+    return 100.0 * factor * std / math.sqrt(n) / abs(centre)
+
+
+def compare(now: Iterable[dict[str, Any]], earlier: Iterable[dict[str, Any]], metrics: Iterable[str],
+            floor_pct: float = 5.0, sigmas: float = 2.0) -> list[Delta]:
+    """Per concurrency and metric: the change, and `worse` when it is in the bad direction beyond the noise.
+
+    Noise = max(floor_pct, sigmas × the two runs' relative standard errors combined); throughput has only
+    the floor (one number per point).
+    """
+    before = {p["max_concurrency"]: p for p in earlier}
+    deltas = []
+    for point in now:
+        old = before.get(point["max_concurrency"])
+        if old is None:
+            continue
+        for metric in metrics:
+            a, b = old.get(metric), point.get(metric)
+            if a is None or b is None or a == 0:
+                continue
+            change = 100.0 * (b - a) / abs(a)
+            noise = max(floor_pct, sigmas * math.hypot(_relative_noise_pct(point, metric),
+                                                       _relative_noise_pct(old, metric)))
+            bad = -change if metric in HIGHER_IS_BETTER else change
+            deltas.append(Delta(point["max_concurrency"], metric, a, b, change, noise, bad > noise))
+    return deltas
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Our number next to a reference tool's for the same quantity."""
+
+    max_concurrency: int
+    metric: str
+    ours: float
+    reference: float
+    diff_pct: float
+    within: bool
+
+
+def agreement(ours: dict[str, Any], reference: dict[str, Any], metrics: Iterable[str],
+              tolerance_pct: float = 5.0) -> list[Agreement]:
+    """Relative differences of the named metrics between our point and e.g. `vllm bench serve`'s result."""
+    rows = []
+    for metric in metrics:
+        a, b = ours[metric], reference[metric]
+        diff = 100.0 * (a - b) / b
+        rows.append(Agreement(ours["max_concurrency"], metric, a, b, diff, abs(diff) <= tolerance_pct))
+    return rows
+
+
+# --- the client's own ceiling ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClientLoad:
+    """How much CPU one load-generator process spent on a point, and the token rate that implies at 100%."""
+
+    engine: int
+    tokens: int
+    chunks: int
+    cpu_s: float
+    wall_s: float
+    cpu_utilization: float
+    ceiling_tok_s: float | None
+
+
+def client_load(engine: int, tokens: int, chunks: int, cpu_s: float, wall_s: float) -> ClientLoad:
+    """Ceiling = tokens per CPU-second of the client process (one core fully busy)."""
+    util = cpu_s / wall_s if wall_s > 0 else 0.0
+    return ClientLoad(engine, tokens, chunks, cpu_s, wall_s, util, tokens / cpu_s if cpu_s > 0 else None)

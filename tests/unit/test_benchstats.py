@@ -1,0 +1,134 @@
+"""Benchmark statistics against hand-computed values: vLLM's definitions, roofline, cross-check, comparison."""
+from __future__ import annotations
+
+import pytest
+
+from sparkbook.bench import earlier_run, split
+from sparkbook.benchstats import (RequestRecord, agreement, client_load, compare, cross_check, describe_ms,
+                                  known_bandwidth_gbs, prometheus_totals, roofline, served_bytes_per_param,
+                                  summarize, token_gaps, tpot_s)
+
+
+def rec(ttft: float, gaps: list[float], tokens: int, counts: list[int] | None = None, sent: float = 0.0,
+        prompt: int = 64) -> RequestRecord:
+    return RequestRecord(True, sent, ttft, ttft + sum(gaps), gaps, counts or [], prompt, tokens)
+
+
+def test_tpot_is_vllms_definition():
+    r = rec(0.5, [0.1, 0.1, 0.2], tokens=4)
+    assert tpot_s(r) == pytest.approx((0.9 - 0.5) / 3)
+    assert tpot_s(rec(0.5, [], tokens=1)) is None
+
+
+def test_itl_per_token_splits_multi_token_chunks_and_carries_empty_ones():
+    r = rec(0.5, [0.1, 0.3, 0.05, 0.2], tokens=6, counts=[1, 3, 0, 1])
+    assert token_gaps(r) == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.25])
+    assert token_gaps(rec(0.5, [0.1, 0.2], tokens=3)) == pytest.approx([0.1, 0.2])
+
+
+def test_describe_matches_numpy_conventions():
+    stats = describe_ms([0.001, 0.002, 0.003, 0.004], "x")
+    assert stats["mean_x_ms"] == pytest.approx(2.5)
+    assert stats["median_x_ms"] == pytest.approx(2.5)
+    assert stats["std_x_ms"] == pytest.approx(1.118034, rel=1e-6)   # population std, as np.std
+    assert stats["p90_x_ms"] == pytest.approx(3.7)                   # linear interpolation
+    assert stats["p99_x_ms"] == pytest.approx(3.97)
+    assert describe_ms([], "x")["p99_x_ms"] is None
+
+
+def test_summarize_uses_vllm_field_names_and_counts():
+    records = [rec(0.1, [0.01] * 9, tokens=10, sent=0.0), rec(0.2, [0.02] * 9, tokens=10, sent=0.0),
+               RequestRecord(False, 0.0, error="HTTP 500")]
+    s = summarize(records, duration_s=2.0, max_concurrency=2)
+    assert (s["completed"], s["failed"], s["num_prompts"]) == (2, 1, 3)
+    assert (s["total_input_tokens"], s["total_output_tokens"]) == (128, 20)
+    assert s["output_throughput"] == pytest.approx(10.0)
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["median_ttft_ms"] == pytest.approx(150.0)
+    assert s["mean_tpot_ms"] == pytest.approx(15.0)
+    assert s["median_itl_ms"] == pytest.approx(15.0)          # 9 gaps of 10 ms and 9 of 20 ms
+    assert s["mean_e2el_ms"] == pytest.approx((190 + 380) / 2)
+    for key in ("p90_itl_per_token_ms", "p99_e2el_ms", "std_tpot_ms", "duration", "max_concurrency"):
+        assert key in s
+
+
+def test_prometheus_totals_sum_label_sets_and_skip_comments():
+    text = ('# HELP vllm:generation_tokens_total Number of generation tokens.\n'
+            '# TYPE vllm:generation_tokens_total counter\n'
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 1200.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="m"} 34.0\n'
+            'vllm:num_requests_running{model_name="m"} 2.0\n'
+            'process_cpu_seconds_total 5.5\n')
+    totals = prometheus_totals(text)
+    assert totals["vllm:generation_tokens_total"] == 1234.0
+    assert totals["process_cpu_seconds_total"] == 5.5
+
+
+def test_cross_check_compares_counter_deltas():
+    checks = cross_check({"a": 100.0}, {"a": 164.0, "b": 5.0}, {"a": 64, "b": 6, "c": 1})
+    assert [(c.metric, c.server, c.agrees) for c in checks] == [("a", 64.0, True), ("b", 5.0, False),
+                                                                 ("c", None, False)]
+
+
+def test_roofline_of_the_gpu_facts_example():
+    # ~3.3 B active params x 2 bytes over TP=2 at 4.3 TB/s -> ~0.77 ms/token -> ~1300 tok/s; 246 measured ~19 %
+    r = roofline(3_300_000_000, 2.0, 2, 4300.0, measured_tok_s=246.0)
+    assert r.seconds_per_token * 1000 == pytest.approx(0.767, abs=0.001)
+    assert r.ceiling_tok_s == pytest.approx(1303, abs=1)
+    assert r.percent_of_ceiling == pytest.approx(18.9, abs=0.1)
+    assert "2 node(s)" in r.assumption
+
+
+def test_known_bandwidths_and_served_dtype():
+    assert known_bandwidth_gbs("NVIDIA GB10") == 273.0
+    assert known_bandwidth_gbs("NVIDIA H200 NVL") == 4800.0
+    assert known_bandwidth_gbs("Intel CPU") is None
+    assert served_bytes_per_param(2.0, "float32") == 4.0
+    assert served_bytes_per_param(0.5, "auto") == 0.5
+
+
+def point(conc: int, tput: float, ttft: float, std: float, n: int = 32) -> dict:
+    return {"max_concurrency": conc, "completed": n, "output_throughput": tput, "median_ttft_ms": ttft,
+            "std_ttft_ms": std}
+
+
+def test_compare_flags_only_worse_beyond_noise():
+    earlier = [point(1, 100.0, 50.0, 1.0), point(8, 400.0, 80.0, 40.0)]
+    now = [point(1, 90.0, 53.0, 1.0), point(8, 440.0, 95.0, 40.0), point(16, 500.0, 100.0, 1.0)]
+    deltas = {(d.max_concurrency, d.metric): d for d in compare(now, earlier, ["output_throughput", "median_ttft_ms"])}
+    assert len(deltas) == 4                                       # c=16 has nothing to compare with
+    assert deltas[(1, "output_throughput")].worse                 # -10 % beyond the 5 % floor
+    assert deltas[(1, "output_throughput")].change_pct == pytest.approx(-10.0)
+    assert deltas[(1, "median_ttft_ms")].worse                    # +6 %, noise ~0.4 % -> floor 5 %
+    assert not deltas[(8, "output_throughput")].worse             # better
+    noisy = deltas[(8, "median_ttft_ms")]                         # +18.75 % but std 40 ms over 32 requests
+    assert noisy.noise_pct > 18.75 and not noisy.worse
+
+
+def test_agreement_within_tolerance():
+    rows = agreement({"max_concurrency": 8, "output_throughput": 104.0, "median_tpot_ms": 10.0},
+                     {"output_throughput": 100.0, "median_tpot_ms": 10.6}, ["output_throughput", "median_tpot_ms"])
+    assert [(r.diff_pct, r.within) for r in rows] == [(pytest.approx(4.0), True), (pytest.approx(-5.66, abs=0.01), False)]
+
+
+def test_client_ceiling_is_tokens_per_cpu_second():
+    load = client_load(0, tokens=1000, chunks=1000, cpu_s=0.5, wall_s=2.0)
+    assert load.ceiling_tok_s == 2000.0 and load.cpu_utilization == 0.25
+
+
+def test_split_concurrency_between_engines():
+    assert split(8, 2) == [4, 4] and split(5, 2) == [3, 2] and split(1, 2) == [1, 0]
+
+
+def test_earlier_run_is_newest_sibling_with_results(tmp_path):
+    import os
+    for name, mtime in (("20260101T000000Z", 1000), ("20260102T000000Z", 2000), ("empty", 3000)):
+        (tmp_path / name / "bench").mkdir(parents=True)
+        if name != "empty":
+            f = tmp_path / name / "bench" / "c0001.json"
+            f.write_text("{}")
+            os.utime(f, (mtime, mtime))
+    current = tmp_path / "20260103T000000Z"
+    current.mkdir()
+    assert earlier_run(current) == tmp_path / "20260102T000000Z"
+    assert earlier_run(tmp_path / "20260102T000000Z") == tmp_path / "20260101T000000Z"

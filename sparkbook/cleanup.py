@@ -1,0 +1,347 @@
+"""Cleanup: inventory what the old deployment holds, plan its stop (dependents first), act, verify, restore."""
+from __future__ import annotations
+
+import fnmatch
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .docker_ssh import docker_client
+from .nodes import Cluster, Node, Outcome, shell
+from .params import CleanupTargets
+from .diagnose import GpuApp, Memory, gpu_compute_apps, read_memory
+
+DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
+NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")
+RESTORE_FILE = "restore-plan.json"
+STOP_GRACE_S = 10
+PROBE_TIMEOUT_S = 20
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    id: str
+    image: str
+    state: str
+    depends_on: list[str]
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    active: str
+    requires: list[str]
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    comm: str
+    args: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One node as cleanup sees it; `systemd` and `gpu` are facts ("no systemd", "no GPU") when absent."""
+
+    node: str
+    containers: list[Container]
+    docker: str
+    units: list[Unit]
+    systemd: str
+    processes: list[Process]
+    gpu: str
+    gpu_apps: list[GpuApp]
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing the plan stops, with the command that stops it and the one that brings it back."""
+
+    node: str
+    kind: str  # container | unit | process
+    name: str
+    pattern: str
+    depends_on: list[str]
+    stop: str
+    restore: str | None
+    restore_note: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: list[Target]
+    warnings: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[dict[str, object]]:
+        return [{"step": i, "node": t.node, "kind": t.kind, "name": t.name, "matched": t.pattern,
+                 "depends on": ", ".join(t.depends_on), "stop": t.stop,
+                 "restore": t.restore or f"(none: {t.restore_note})"} for i, t in enumerate(self.targets, 1)]
+
+
+@dataclass(frozen=True)
+class Action:
+    node: str
+    name: str
+    command: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Verification:
+    stopped: list[dict[str, object]]
+    memory: list[dict[str, object]]
+    untouched_changes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(r["stopped"] for r in self.stopped) and not self.untouched_changes
+
+    def summary(self) -> str:
+        bad = [r["name"] for r in self.stopped if not r["stopped"]]
+        return (f"{len(self.stopped) - len(bad)}/{len(self.stopped)} targets stopped"
+                + (f" (still running: {bad})" if bad else "")
+                + (f"; touched outside the allow-lists: {self.untouched_changes}" if self.untouched_changes
+                   else "; nothing outside the allow-lists changed"))
+
+
+# --- inventory ---------------------------------------------------------------------------------
+def _containers(node: Node) -> tuple[list[Container], str]:
+    try:
+        client = docker_client(node, timeout=PROBE_TIMEOUT_S)
+        version = client.version()["Version"]
+        rows = client.api.containers(all=True)
+    except Exception as exc:  # no daemon is a fact about the node, not a failure of the inventory
+        return [], f"unavailable: {exc}"
+    out = []
+    for r in rows:
+        labels = r.get("Labels") or {}
+        deps = [d.split(":")[0] for key in DEPENDS_LABELS for d in labels.get(key, "").split(",") if d]
+        out.append(Container(r["Names"][0].lstrip("/"), r["Id"][:12], r["Image"], r["State"], deps))
+    return sorted(out, key=lambda c: c.name), f"Docker {version}"
+
+
+def _units(node: Node, patterns: list[str]) -> tuple[list[Unit], str]:
+    r = node.run(["systemctl", "list-units", "--type=service", "--all", "--no-legend", "--plain", "--no-pager"],
+                 timeout=PROBE_TIMEOUT_S)
+    if not r.ok:
+        text = (r.stderr or r.stdout).strip()
+        if r.exit_code == 127 or any(s in text for s in NO_SYSTEMD):
+            return [], f"no systemd on this node ({text.splitlines()[0] if text else 'systemctl missing'})"
+        return [], f"systemctl failed: {text[-200:]}"
+    units = []
+    for line in r.stdout.splitlines():
+        name, _, active, *_ = line.split() + ["", "", ""]
+        requires: list[str] = []
+        if _matching(name, patterns):
+            show = node.run(["systemctl", "show", "-p", "RequiredBy", "--value", name], timeout=PROBE_TIMEOUT_S)
+            requires = show.stdout.split()
+        units.append(Unit(name, active, requires))
+    return units, "systemd"
+
+
+def _processes(node: Node, patterns: list[str]) -> list[Process]:
+    if not patterns:
+        return []
+    r = node.run(["ps", "-eo", "pid=,comm=,args="], timeout=PROBE_TIMEOUT_S, check=True)
+    out = []
+    for line in r.stdout.splitlines():
+        pid, comm, args = (line.split(None, 2) + ["", ""])[:3]
+        if _matching(comm, patterns) or _matching(args, patterns):
+            out.append(Process(int(pid), comm, args))
+    return out
+
+
+def inventory(node: Node, targets: CleanupTargets) -> Inventory:
+    """Containers, systemd units, processes, GPU compute apps and memory of one node."""
+    containers, docker = _containers(node)
+    units, systemd = _units(node, targets.systemd_units)
+    gpu, apps = gpu_compute_apps(node)
+    return Inventory(node.name, containers, docker, units, systemd, _processes(node, targets.processes),
+                     gpu, apps, read_memory(node))
+
+
+def inventory_all(cluster: Cluster, targets: CleanupTargets) -> dict[str, Outcome[Inventory]]:
+    return cluster.fan_out(lambda n: inventory(n, targets), timeout=PROBE_TIMEOUT_S + 10)
+
+
+def inventory_rows(inv: Inventory, targets: CleanupTargets) -> list[dict[str, object]]:
+    """One table per node: everything found, and whether the allow-lists match it."""
+    rows: list[dict[str, object]] = [
+        {"kind": "container", "name": c.name, "state": c.state, "detail": c.image,
+         "allow-listed": bool(_matching(c.name, targets.containers))} for c in inv.containers]
+    rows += [{"kind": "unit", "name": u.name, "state": u.active, "detail": "",
+              "allow-listed": bool(_matching(u.name, targets.systemd_units))} for u in inv.units
+             if _matching(u.name, targets.systemd_units) or u.active == "active"]
+    rows += [{"kind": "process", "name": p.comm, "state": f"pid {p.pid}", "detail": p.args[:80],
+              "allow-listed": True} for p in inv.processes]
+    rows += [{"kind": "gpu app", "name": a.name, "state": f"pid {a.pid}", "detail": f"{a.used_mib} MiB",
+              "allow-listed": False} for a in inv.gpu_apps]
+    rows += [{"kind": "fact", "name": k, "state": v, "detail": "", "allow-listed": False}
+             for k, v in (("docker", inv.docker), ("systemd", inv.systemd), ("gpu", inv.gpu))]
+    rows.append({"kind": "memory", "name": inv.memory.source, "state": inv.memory.describe(), "detail": "",
+                 "allow-listed": False})
+    return rows
+
+
+# --- plan ----------------------------------------------------------------------------------------
+def _matching(name: str, patterns: list[str]) -> str | None:
+    return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
+
+
+def _candidates(inv: Inventory, t: CleanupTargets) -> list[Target]:
+    out = []
+    for c in inv.containers:
+        if c.state in ("running", "restarting", "paused") and (p := _matching(c.name, t.containers)):
+            out.append(Target(inv.node, "container", c.name, p, c.depends_on, f"docker stop {c.name}",
+                              f"docker start {c.name}"))
+    for u in inv.units:
+        if u.active == "active" and (p := _matching(u.name, t.systemd_units)):
+            out.append(Target(inv.node, "unit", u.name, p, [], f"systemctl stop {u.name}",
+                              f"systemctl start {u.name}"))
+    for pr in inv.processes:
+        p = _matching(pr.comm, t.processes) or _matching(pr.args, t.processes) or "?"
+        out.append(Target(inv.node, "process", f"{pr.comm}[{pr.pid}]", p, [], f"kill -TERM {pr.pid}", None,
+                          f"started as `{pr.args[:120]}` by an unknown supervisor: restart it by hand"))
+    return out
+
+
+def _unit_dependents(invs: list[Inventory]) -> dict[tuple[str, str], list[str]]:
+    """(node, unit) -> the units that Require it (they are stopped first)."""
+    return {(i.node, u.name): u.requires for i in invs for u in i.units if u.requires}
+
+
+def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
+    """Running allow-listed targets; `order` patterns first, then dependents before their dependencies."""
+    found = [c for inv in inventories for c in _candidates(inv, targets)]
+    deps = {(c.node, c.name): set(c.depends_on) for c in found}
+    for (node, unit), by in _unit_dependents(inventories).items():
+        for dependent in by:
+            deps.setdefault((node, dependent), set()).add(unit)
+
+    def rank(c: Target) -> int:
+        return next((i for i, p in enumerate(targets.order) if fnmatch.fnmatchcase(c.name, p)), len(targets.order))
+
+    ordered: list[Target] = []
+    for r in sorted({rank(c) for c in found}):
+        ordered += _dependents_first([c for c in found if rank(c) == r], deps)
+    return Plan(ordered, _order_conflicts(ordered, deps))
+
+
+def _dependents_first(group: list[Target], deps: dict[tuple[str, str], set[str]]) -> list[Target]:
+    """Topological order where a target comes before everything it depends on (stable otherwise)."""
+    left, out = list(group), []
+    while left:
+        needed = {d for c in left for d in deps.get((c.node, c.name), set())}
+        ready = [c for c in left if c.name not in needed] or left[:1]  # a cycle: break it in list order
+        out.append(ready[0])
+        left.remove(ready[0])
+    return out
+
+
+def _order_conflicts(ordered: list[Target], deps: dict[tuple[str, str], set[str]]) -> list[str]:
+    seen: dict[tuple[str, str], int] = {}
+    warnings = []
+    for i, c in enumerate(ordered):
+        for d in deps.get((c.node, c.name), set()):
+            if (c.node, d) in seen:
+                warnings.append(f"{c.node}: {d} is stopped (step {seen[(c.node, d)] + 1}) before {c.name} "
+                                f"(step {i + 1}), which depends on it: cleanup.order asks for that")
+        seen[(c.node, c.name)] = i
+    return warnings
+
+
+# --- act ------------------------------------------------------------------------------------------
+def _stop_one(node: Node, t: Target) -> str:
+    if t.kind == "container":
+        docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S).containers.get(t.name).stop(timeout=STOP_GRACE_S)
+        return "stopped"
+    if t.kind == "unit":
+        return node.run(["systemctl", "stop", t.name], timeout=STOP_GRACE_S + PROBE_TIMEOUT_S, check=True).stdout
+    pid = t.stop.split()[-1]
+    node.run(shell("kill -TERM {pid}; for i in $(seq 1 {grace}); do kill -0 {pid} 2>/dev/null || exit 0; "
+                   "sleep 1; done; echo still running; exit 1", pid=pid, grace=STOP_GRACE_S),
+             timeout=STOP_GRACE_S + PROBE_TIMEOUT_S, check=True)
+    return "exited"
+
+
+def stop(cluster: Cluster, p: Plan) -> list[Action]:
+    """Stop every target in plan order; a failure is recorded and the rest still run."""
+    return [_act(cluster.nodes[t.node], t.name, t.stop, lambda n, t=t: _stop_one(n, t)) for t in p.targets]
+
+
+def _act(node: Node, name: str, command: str, do: Callable[[Node], str]) -> Action:
+    t0 = time.monotonic()
+    try:
+        return Action(node.name, name, command, True, do(node).strip()[-200:], round(time.monotonic() - t0, 2))
+    except Exception as exc:  # reported per target, never hidden
+        return Action(node.name, name, command, False, f"{type(exc).__name__}: {exc}"[-300:],
+                      round(time.monotonic() - t0, 2))
+
+
+# --- verify ---------------------------------------------------------------------------------------
+def verify(p: Plan, before: list[Inventory], after: list[Inventory]) -> Verification:
+    """Every target stopped, memory before/after per node, and nothing outside the plan changed state."""
+    b, a = {i.node: i for i in before}, {i.node: i for i in after}
+    planned = {(t.node, t.name) for t in p.targets}
+    stopped = [{"node": t.node, "name": t.name, "stopped": not _running(a[t.node], t)} for t in p.targets
+               if t.node in a]
+    changes = []
+    for node, inv in b.items():
+        if node not in a:
+            changes.append(f"{node}: no inventory after cleanup")
+            continue
+        now = {c.name: c.state for c in a[node].containers}
+        changes += [f"{node}: container {c.name} {c.state} -> {now.get(c.name, 'gone')}" for c in inv.containers
+                    if (node, c.name) not in planned and now.get(c.name) != c.state]
+        units = {u.name: u.active for u in a[node].units}
+        changes += [f"{node}: unit {u.name} {u.active} -> {units.get(u.name, 'gone')}" for u in inv.units
+                    if (node, u.name) not in planned and units.get(u.name) != u.active]
+    memory = [{"node": n, **b[n].memory.delta(a[n].memory)} for n in b if n in a]
+    return Verification(stopped, memory, changes)
+
+
+def _running(inv: Inventory, t: Target) -> bool:
+    if t.kind == "container":
+        return any(c.name == t.name and c.state == "running" for c in inv.containers)
+    if t.kind == "unit":
+        return any(u.name == t.name and u.active == "active" for u in inv.units)
+    return any(f"{p.comm}[{p.pid}]" == t.name for p in inv.processes)
+
+
+# --- restore --------------------------------------------------------------------------------------
+def write_restore_plan(run_dir: Path, params_file: Path, p: Plan, actions: list[Action]) -> Path:
+    """The commands that bring back what was stopped, in reverse order, as JSON beside a readable script."""
+    done = {(a.node, a.name) for a in actions if a.ok}
+    steps = [{"node": t.node, "kind": t.kind, "name": t.name, "restore": t.restore, "note": t.restore_note}
+             for t in reversed(p.targets) if (t.node, t.name) in done]
+    path = run_dir / RESTORE_FILE
+    path.write_text(json.dumps({"params_file": str(params_file), "steps": steps}, indent=2))
+    script = ["#!/bin/sh", "# Brings back what 01-cleanup stopped (reverse order). Or: sparkbook restore RUN_DIR",
+              "set -e"]
+    script += [f"ssh {s['node']} {s['restore']}" if s["restore"] else f"# {s['node']} {s['name']}: {s['note']}"
+               for s in steps]
+    (run_dir / "restore.sh").write_text("\n".join(script) + "\n")
+    return path
+
+
+def _restore_one(node: Node, step: dict[str, str]) -> str:
+    if step["kind"] == "container":
+        docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step["name"]).start()
+        return "started"
+    if step["kind"] == "unit":
+        return node.run(["systemctl", "start", step["name"]], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
+    raise RuntimeError(step["note"] or "no restore command is known")
+
+
+def restore(cluster: Cluster, plan_file: Path) -> list[Action]:
+    """Run a restore plan written by `write_restore_plan`, step by step."""
+    steps = json.loads(plan_file.read_text())["steps"]
+    return [_act(cluster.nodes[s["node"]], s["name"], s["restore"] or "-", lambda n, s=s: _restore_one(n, s))
+            for s in steps]

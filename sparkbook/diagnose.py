@@ -1,0 +1,380 @@
+"""Diagnosis: node facts, fabric links, the model on the nodes, and the findings before anything launches."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .docker_ssh import docker_client
+from .modelinfo import GIB, FitRow, NodeMemory
+from .nodes import Cluster, Node, Outcome, shell
+from .params import ModelSpec, NodeSpec, Params
+
+PROBE_TIMEOUT_S = 20
+NO_GPU = "no GPU (nvidia-smi not present)"
+
+
+@dataclass(frozen=True)
+class GpuApp:
+    pid: int
+    name: str
+    used_mib: int | None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """System memory, and GPU memory where the GPU reports it (GB10's unified memory reports N/A)."""
+
+    mem_total: int
+    mem_available: int
+    gpu_total: int | None = None
+    gpu_used: int | None = None
+
+    @property
+    def source(self) -> str:
+        return "GPU" if self.gpu_total is not None else "MemTotal/MemAvailable"
+
+    def describe(self) -> str:
+        text = f"MemTotal {self.mem_total / GIB:.2f} GiB, MemAvailable {self.mem_available / GIB:.2f} GiB"
+        if self.gpu_total is not None:
+            text += f"; GPU {self.gpu_used or 0:,} of {self.gpu_total:,} bytes used"
+        return text
+
+    def delta(self, after: Memory) -> dict[str, object]:
+        rise = after.mem_available - self.mem_available
+        row: dict[str, object] = {"MemAvailable before GiB": round(self.mem_available / GIB, 3),
+                                  "after GiB": round(after.mem_available / GIB, 3),
+                                  "rise MiB": round(rise / (1 << 20), 1)}
+        if self.gpu_used is not None and after.gpu_used is not None:
+            row["GPU freed MiB"] = round((self.gpu_used - after.gpu_used) / (1 << 20), 1)
+        return row
+
+    def for_fit(self, node: str) -> NodeMemory:
+        if self.gpu_total is not None:
+            return NodeMemory(node, self.gpu_total, self.gpu_total - (self.gpu_used or 0), "GPU")
+        return NodeMemory(node, self.mem_total, self.mem_available, "MemTotal/MemAvailable")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: str
+    driver: str
+    cuda: str
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    node: str
+    os: str
+    kernel: str
+    arch: str
+    cpu: str
+    cpus: int
+    memory: Memory
+    disk_free_bytes: int | None
+    disk_path: str
+    docker: str
+    gpus: list[Gpu]
+    gpu: str  # "2 x NVIDIA GB10" or the fact that there is none
+    fabric_netdev: str
+    fabric_ip_found: list[str]
+    mtu: int | None
+    link_state: str
+    roce: str
+
+    def row(self) -> dict[str, object]:
+        g = self.gpus[0] if self.gpus else None
+        return {"node": self.node, "os": self.os, "kernel": f"{self.kernel} {self.arch}",
+                "cpu": f"{self.cpu} x{self.cpus}", "memory": self.memory.describe(),
+                "free disk": f"{(self.disk_free_bytes or 0) / GIB:.1f} GiB at {self.disk_path}",
+                "docker": self.docker, "gpu": self.gpu,
+                "cc / driver / CUDA": f"{g.compute_capability} / {g.driver} / {g.cuda}" if g else "-",
+                "fabric": f"{self.fabric_netdev} {','.join(self.fabric_ip_found) or 'no IPv4'} "
+                          f"mtu {self.mtu} {self.link_state}", "RoCE": self.roce}
+
+
+@dataclass(frozen=True)
+class Link:
+    src: str
+    dst: str
+    dst_ip: str
+    reachable: bool
+    rtt_ms: float | None
+    mtu_ok: bool
+    tcp_ok: bool
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    node: str
+    dir: str
+    config: dict[str, Any] | None
+    index: dict[str, Any] | None
+    file_sizes: list[int]
+    error: str = ""
+
+    @property
+    def config_sha(self) -> str:
+        return hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:12] if self.config \
+            else "-"
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # blocker | warning | fact
+    topic: str
+    text: str
+
+
+# --- memory and GPU apps (also used by cleanup) ----------------------------------------------------
+def _meminfo(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _mib(value: str) -> int | None:
+    value = value.strip()
+    return int(float(value)) << 20 if value.replace(".", "", 1).isdigit() else None  # "[N/A]" on GB10
+
+
+def read_memory(node: Node) -> Memory:
+    r = node.run(shell("cat /proc/meminfo; echo ==gpu==; nvidia-smi --query-gpu=memory.total,memory.used "
+                       "--format=csv,noheader,nounits 2>/dev/null; true"), timeout=PROBE_TIMEOUT_S, check=True)
+    mem, _, gpu = r.stdout.partition("==gpu==")
+    return _memory(_meminfo(mem), gpu)
+
+
+def _memory(info: dict[str, int], gpu_csv: str) -> Memory:
+    totals = [[_mib(v) for v in line.split(",")] for line in gpu_csv.splitlines() if line.count(",") == 1]
+    known = [t for t in totals if t[0] is not None]
+    return Memory(info["MemTotal"], info["MemAvailable"],
+                  sum(t[0] for t in known) if known else None,
+                  sum(t[1] or 0 for t in known) if known else None)
+
+
+def gpu_compute_apps(node: Node) -> tuple[str, list[GpuApp]]:
+    r = node.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+                 timeout=PROBE_TIMEOUT_S)
+    if r.exit_code == 127:
+        return NO_GPU, []
+    if not r.ok:
+        return f"nvidia-smi failed: {(r.stderr or r.stdout).strip()[-200:]}", []
+    apps = []
+    for line in r.stdout.splitlines():
+        pid, name, used = (part.strip() for part in line.split(",", 2))
+        apps.append(GpuApp(int(pid), name, int(used) if used.isdigit() else None))
+    return f"{len(apps)} GPU compute process(es)", apps
+
+
+# --- node facts -------------------------------------------------------------------------------------
+FACTS = r"""
+echo ==os==; . /etc/os-release 2>/dev/null; echo "$PRETTY_NAME"
+echo ==kernel==; uname -r; uname -m
+echo ==cpu==; lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1; nproc
+echo ==disk==; d={path}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; df -B1 --output=avail,target "$d" | tail -1
+echo ==gpu==; nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null
+echo ==cuda==; nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p'
+echo ==gpumem==; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null
+echo ==hasgpu==; command -v nvidia-smi || echo none
+echo ==net==; ip -o -4 addr show dev {netdev} 2>&1; echo ==link==; ip -o link show dev {netdev} 2>&1
+echo ==roce==; if command -v ibdev2netdev >/dev/null; then ibdev2netdev; else echo "ibdev2netdev not present"; fi
+echo ==meminfo==; cat /proc/meminfo
+"""
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    key = ""
+    for line in text.splitlines():
+        if line.startswith("==") and line.endswith("==") and len(line) > 4:
+            key = line.strip("=")
+            out[key] = []
+        elif key:
+            out[key].append(line.strip())
+    return out
+
+
+def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
+    """OS, kernel, CPU, memory, disk where models live, Docker, GPU, fabric and RoCE of one node."""
+    r = node.run(shell(FACTS, path=params.model.cache_dir, netdev=spec.fabric_netdev), timeout=PROBE_TIMEOUT_S,
+                 check=True)
+    s = _sections(r.stdout)
+    try:
+        docker = f"Docker {docker_client(node, timeout=PROBE_TIMEOUT_S).version()['Version']}"
+    except Exception as exc:  # absence of Docker is a fact of the node
+        docker = f"unavailable: {exc}"
+    cuda = (s.get("cuda") or ["?"])[0] or "?"
+    gpus = [Gpu(*[p.strip() for p in line.split(",")][:3], cuda) for line in s.get("gpu", []) if line.count(",") >= 2]
+    has_gpu = s.get("hasgpu", ["none"])[0] != "none"
+    gpu = f"{len(gpus)} x {gpus[0].name}" if gpus else ("nvidia-smi lists no GPU" if has_gpu else NO_GPU)
+    disk = (s.get("disk") or [""])[0].split()
+    link = " ".join(s.get("link", [])).split()  # netlink, not /sys: sysfs may show another netns
+    mtu = link[link.index("mtu") + 1] if "mtu" in link else ""
+    state = link[link.index("state") + 1] if "state" in link else "missing"
+    ips = [w.split("/")[0] for line in s.get("net", []) if " inet " in f" {line} " for w in line.split()[3:4]]
+    cpu = s.get("cpu", ["?", "0"])
+    return NodeFacts(node.name, (s.get("os") or ["?"])[0], s["kernel"][0], s["kernel"][1], cpu[0], int(cpu[-1]),
+                     _memory(_meminfo("\n".join(s["meminfo"])), "\n".join(s.get("gpumem", []))),
+                     int(disk[0]) if disk and disk[0].isdigit() else None, disk[1] if len(disk) > 1 else "?",
+                     docker, gpus, gpu, spec.fabric_netdev, ips, int(mtu) if mtu.isdigit() else None, state,
+                     "; ".join(s.get("roce", [])) or "-")
+
+
+def facts_all(cluster: Cluster, params: Params) -> dict[str, Outcome[NodeFacts]]:
+    return cluster.fan_out(lambda n: node_facts(n, n.spec, params), timeout=PROBE_TIMEOUT_S + 10)
+
+
+# --- fabric links -----------------------------------------------------------------------------------
+LINKS = r"""
+size={size}; port={port}; ips={ips}
+for ip in $ips; do (
+  r=$(ping -c 1 -W 1 "$ip" 2>/dev/null | sed -n 's/.*time=\([0-9.]*\).*/\1/p')
+  if ping -c 1 -W 1 -M do -s "$size" "$ip" >/dev/null 2>&1; then m=1; else m=0; fi
+  if timeout 3 bash -c "exec 3<>/dev/tcp/$ip/$port" 2>/dev/null; then t=1; else t=0; fi
+  echo "PEER $ip ${{r:-none}} $m $t"
+) & done; wait
+"""
+
+
+def links(node: Node, params: Params) -> list[Link]:
+    """From this node to every other on its fabric IP: ping, a no-fragment ping at the fabric MTU, TCP."""
+    peers = {str(p.fabric_ip): p.name for p in params.nodes if p.name != node.name}
+    if not peers:
+        return []
+    r = node.run(shell(LINKS, size=params.fabric.mtu - 28, port=params.ssh.port, ips=" ".join(peers)),
+                 timeout=PROBE_TIMEOUT_S, check=True)
+    out = []
+    for line in r.stdout.splitlines():
+        _, ip, rtt, mtu_ok, tcp_ok = line.split()
+        out.append(Link(node.name, peers[ip], ip, rtt != "none", None if rtt == "none" else float(rtt),
+                        mtu_ok == "1", tcp_ok == "1"))
+    return sorted(out, key=lambda link: link.dst)
+
+
+def links_all(cluster: Cluster, params: Params) -> dict[str, Outcome[list[Link]]]:
+    return cluster.fan_out(lambda n: links(n, params), timeout=PROBE_TIMEOUT_S + 10)
+
+
+# --- the model on the nodes -------------------------------------------------------------------------
+MODEL_DIR = r"""
+for base in {cache}/hub {cache}; do
+  if [ -f "$base/{repo}/refs/main" ]; then echo "$base/{repo}/snapshots/$(cat "$base/{repo}/refs/main")"; exit 0; fi
+done
+ls -d {cache}/hub/{repo}/snapshots/* {cache}/{repo}/snapshots/* 2>/dev/null | tail -1
+"""
+MODEL_FILES = r"""
+d={dir}; cat "$d/config.json" || exit 3; echo; echo ==index==; cat "$d/model.safetensors.index.json" 2>/dev/null
+echo; echo ==sizes==; for f in "$d"/*.safetensors; do [ -e "$f" ] && stat -L -c %s "$f"; done; true
+"""
+
+
+def model_dir(node: Node, model: ModelSpec) -> str:
+    """model.path, or the snapshot dir of model.hf_id in the node's Hugging Face cache ("" if absent)."""
+    if model.path:
+        return model.path
+    repo = "models--" + model.hf_id.replace("/", "--")
+    return node.run(shell(MODEL_DIR, cache=model.cache_dir, repo=repo), timeout=PROBE_TIMEOUT_S).stdout.strip()
+
+
+def model_files(node: Node, model: ModelSpec) -> ModelFiles:
+    """config.json, the safetensors index and the weight files' sizes, as this node has them."""
+    where = model_dir(node, model)
+    if not where:
+        return ModelFiles(node.name, "", None, None, [], f"{model.hf_id} is not in {model.cache_dir}")
+    r = node.run(shell(MODEL_FILES, dir=where), timeout=PROBE_TIMEOUT_S)
+    if not r.ok:
+        return ModelFiles(node.name, where, None, None, [], f"no config.json in {where}")
+    config, _, rest = r.stdout.partition("\n==index==")
+    index, _, sizes = rest.partition("==sizes==")
+    return ModelFiles(node.name, where, json.loads(config), json.loads(index) if index.strip() else None,
+                      [int(x) for x in sizes.split()])
+
+
+def model_files_all(cluster: Cluster, model: ModelSpec) -> dict[str, Outcome[ModelFiles]]:
+    return cluster.fan_out(lambda n: model_files(n, model), timeout=PROBE_TIMEOUT_S * 2 + 10)
+
+
+def model_rows(files: dict[str, Outcome[ModelFiles]]) -> list[dict[str, object]]:
+    return [{"node": n, "dir": o.value.dir if o.ok else "-", "config sha": o.value.config_sha if o.ok else "-",
+             "weight files GiB": round(sum(o.value.file_sizes) / GIB, 4) if o.ok else "-",
+             "problem": (o.value.error if o.ok else str(o.error))} for n, o in files.items()]
+
+
+# --- findings ---------------------------------------------------------------------------------------
+def unreachable(outcomes: dict[str, Outcome[Any]]) -> list[Finding]:
+    return [Finding("blocker", "node", f"{n}: {o.error}") for n, o in outcomes.items() if not o.ok]
+
+
+def node_findings(facts: dict[str, Outcome[NodeFacts]], params: Params) -> list[Finding]:
+    out = unreachable(facts)
+    for n, o in facts.items():
+        if not o.ok:
+            continue
+        f, spec = o.value, params.node(n)
+        if str(spec.fabric_ip) not in f.fabric_ip_found:
+            out.append(Finding("blocker", "fabric", f"{n}: {spec.fabric_ip} is not on {f.fabric_netdev} "
+                                                    f"(found {f.fabric_ip_found or 'no IPv4'})"))
+        if f.mtu != params.fabric.mtu:
+            out.append(Finding("warning", "fabric", f"{n}: {f.fabric_netdev} MTU is {f.mtu}, the fabric is meant "
+                                                    f"to have {params.fabric.mtu}"))
+        if not f.gpus:
+            out.append(Finding("fact", "gpu", f"{n}: {f.gpu}"))
+    return out
+
+
+def link_findings(results: dict[str, Outcome[list[Link]]], params: Params) -> list[Finding]:
+    out = [Finding("blocker", "fabric", f"{n}: links not tested: {o.error}") for n, o in results.items() if not o.ok]
+    head = params.head.name
+    for o in results.values():
+        for link in o.value or []:
+            to = f"{link.src} -> {link.dst}{' (head)' if link.dst == head else ''} at {link.dst_ip}"
+            if not link.reachable:
+                out.append(Finding("blocker", "fabric", f"{to}: no answer to ping: {link.src} cannot reach "
+                                                        f"{link.dst} on the fabric"))
+            elif not link.mtu_ok:
+                out.append(Finding("warning", "fabric", f"{to}: a {params.fabric.mtu}-byte packet does not pass "
+                                                        "unfragmented: the path MTU is below the fabric's"))
+            if link.reachable and not link.tcp_ok:
+                out.append(Finding("blocker", "fabric", f"{to}: TCP port {params.ssh.port} refused or filtered"))
+    return out
+
+
+def model_findings(files: dict[str, Outcome[ModelFiles]]) -> list[Finding]:
+    out = unreachable(files)
+    shas = {o.value.config_sha for o in files.values() if o.ok and o.value.config}
+    for n, o in files.items():
+        if o.ok and o.value.error:
+            out.append(Finding("blocker", "model", f"{n}: {o.value.error}"))
+    if len(shas) > 1:
+        out.append(Finding("blocker", "model", f"the nodes hold different config.json files: {sorted(shas)}"))
+    return out
+
+
+def fit_findings(rows: list[FitRow]) -> list[Finding]:
+    return [Finding("blocker", "memory", f"{r.node}: the plan does not fit: {r.why} (limit {r.limit_gib} GiB of "
+                                         f"{r.memory_gib} GiB; weights {r.weights_gib} GiB, KV {r.kv_gib} GiB)")
+            for r in rows if not r.fits]
+
+
+def image_finding(image: str, architecture: str, registered: bool, vllm_version: str | None,
+                  error: str | None) -> Finding:
+    if error:
+        return Finding("blocker", "image", f"{image}: the registry probe failed: {error}")
+    if registered:
+        return Finding("fact", "image", f"{image} (vLLM {vllm_version}) registers {architecture}")
+    return Finding("blocker", "image", f"{image} (vLLM {vllm_version}) does not register {architecture}: "
+                                       "the installed deployment's image cannot serve this model")
+
+
+def question_for_03(architecture: str, image: str, registered: bool) -> str:
+    if registered:
+        return (f"{image} registers {architecture}; does it really load it (inspection, not just the name), "
+                "or is another candidate image needed?")
+    return (f"Which candidate image's vLLM registers {architecture} AND loads it (inspection passes), "
+            f"since the installed {image} does not — and is it (same image ID) on every node?")

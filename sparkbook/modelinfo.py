@@ -1,0 +1,234 @@
+"""What a model is, from its config.json alone: architecture, dtype, parameters, KV size, and memory fit."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .params import Params
+
+GIB = 1 << 30
+DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0,
+               "float8_e4m3fn": 1.0, "fp8": 1.0}
+VLLM_DEFAULT_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model as its config and weight files describe it (parameter counts are estimates)."""
+
+    architectures: list[str]
+    model_type: str
+    dtype: str
+    quantization: str | None
+    bytes_per_param: float
+    total_params: int
+    active_params: int
+    weight_bytes: int
+    weight_source: str  # "safetensors index" | "safetensors files" | "estimate"
+    num_layers: int
+    kv_bytes_per_token: int  # all attention layers, whole model, at the model dtype
+    kv_latent: bool  # MLA: one latent per layer, replicated on every tensor-parallel rank
+    dir_on_nodes: str
+
+    @property
+    def is_moe(self) -> bool:
+        return self.active_params < self.total_params
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """Memory one node can give the model: GPU memory where reported, else system memory (unified/CPU)."""
+
+    node: str
+    total_bytes: int
+    available_bytes: int
+    source: str  # "GPU" | "MemTotal/MemAvailable"
+
+
+@dataclass(frozen=True)
+class FitRow:
+    """One node's share of the planned split against its memory."""
+
+    node: str
+    ranks: int
+    memory_gib: float
+    limit_gib: float
+    weights_gib: float
+    kv_gib: float
+    kv_tokens: int
+    needed_tokens: int
+    fits: bool
+    why: str
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a (possibly multimodal) config."""
+    inner = config.get("text_config") or config.get("llm_config") or {}
+    return {**config, **inner}
+
+
+def quantization(config: dict[str, Any]) -> tuple[str | None, float | None]:
+    """(method, bytes per weight) from quantization_config; (None, None) when unquantized."""
+    q = config.get("quantization_config") or text_config(config).get("quantization_config")
+    if not q:
+        return None, None
+    method = str(q.get("quant_method") or q.get("quant_algo") or "unknown").lower()
+    algo = str(q.get("quant_algo") or "").lower()
+    if "fp4" in method or "fp4" in algo:
+        return method, 0.5
+    if "fp8" in method or "fp8" in algo:
+        return method, 1.0
+    bits = q.get("bits") or q.get("w_bit")
+    if bits is None:
+        groups = q.get("config_groups") or {}
+        bits = next((g.get("weights", {}).get("num_bits") for g in groups.values()), None)
+    return method, (bits / 8 if bits else None)
+
+
+def model_dtype(config: dict[str, Any]) -> str:
+    return str(text_config(config).get("torch_dtype") or text_config(config).get("dtype") or "bfloat16")
+
+
+def _sparse_layers(c: dict[str, Any], layers: int, experts: int) -> list[bool]:
+    if not experts:
+        return [False] * layers
+    if isinstance(c.get("mlp_layer_types"), list):
+        return [t != "dense" for t in c["mlp_layer_types"]][:layers]
+    if "first_k_dense_replace" in c:
+        return [i >= c["first_k_dense_replace"] for i in range(layers)]
+    step, dense = c.get("decoder_sparse_step") or 1, set(c.get("mlp_only_layers") or [])
+    return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+
+
+def _attention_params(c: dict[str, Any], hidden: int, heads: int) -> int:
+    if c.get("kv_lora_rank"):
+        nope, rope, v = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+        qr = c.get("q_lora_rank")
+        q = hidden * qr + qr * heads * (nope + rope) if qr else hidden * heads * (nope + rope)
+        kv = hidden * (c["kv_lora_rank"] + rope) + c["kv_lora_rank"] * heads * (nope + v)
+        return q + kv + heads * v * hidden
+    head_dim = c.get("head_dim") or hidden // heads
+    kv_heads = c.get("num_key_value_heads") or heads
+    return 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+
+
+def estimate_params(config: dict[str, Any]) -> tuple[int, int]:
+    """(total, active) parameters of the language model: embeddings, attention, dense or MoE MLPs."""
+    c = text_config(config)
+    hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    experts = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0
+    top_k = c.get("num_experts_per_tok") or c.get("moe_topk") or 0
+    expert_inter = c.get("moe_intermediate_size") or c.get("intermediate_size")
+    shared = (c.get("n_shared_experts") or 0) * 3 * hidden * expert_inter \
+        + 3 * hidden * (c.get("shared_expert_intermediate_size") or 0)
+    dense_mlp = 3 * hidden * c.get("intermediate_size", 0)
+    attn = _attention_params(c, hidden, heads) + 2 * hidden
+    total = active = 0
+    for sparse in _sparse_layers(c, layers, experts):
+        if sparse:
+            router = hidden * experts
+            total += attn + router + shared + experts * 3 * hidden * expert_inter
+            active += attn + router + shared + top_k * 3 * hidden * expert_inter
+        else:
+            total += attn + dense_mlp
+            active += attn + dense_mlp
+    embed = c["vocab_size"] * hidden * (1 if c.get("tie_word_embeddings") else 2)
+    return total + embed, active + embed
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: float) -> tuple[int, bool]:
+    """(bytes of KV cache per token over all attention layers, whether it is an MLA latent)."""
+    c = text_config(config)
+    types = c.get("layer_types") or []
+    layers = sum(1 for t in types if "linear" not in str(t)) if types else c["num_hidden_layers"]
+    if c.get("kv_lora_rank"):
+        return int(layers * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * dtype_bytes), True
+    heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    kv_heads = c.get("num_key_value_heads") or heads
+    return int(layers * 2 * kv_heads * head_dim * dtype_bytes), False
+
+
+def weight_bytes_from(index: dict[str, Any] | None, file_sizes: list[int]) -> tuple[int | None, str]:
+    """Weight bytes from model.safetensors.index.json, else the .safetensors files' sizes."""
+    total = (index or {}).get("metadata", {}).get("total_size")
+    if total:
+        return int(total), "safetensors index"
+    if file_sizes:
+        return sum(file_sizes), "safetensors files"
+    return None, "estimate"
+
+
+def model_facts(config: dict[str, Any], index: dict[str, Any] | None, file_sizes: list[int],
+                dir_on_nodes: str) -> ModelFacts:
+    """Everything later stages need to know about the model, from its config and weight files."""
+    method, qbytes = quantization(config)
+    dtype = model_dtype(config)
+    bpp = qbytes or DTYPE_BYTES.get(dtype, 2.0)
+    total, active = estimate_params(config)
+    weights, source = weight_bytes_from(index, file_sizes)
+    kv, latent = kv_bytes_per_token(config, DTYPE_BYTES.get(dtype, 2.0))
+    return ModelFacts(
+        architectures=list(config.get("architectures") or []), model_type=str(config.get("model_type", "")),
+        dtype=dtype, quantization=method, bytes_per_param=bpp, total_params=total, active_params=active,
+        weight_bytes=weights if weights is not None else int(total * bpp), weight_source=source,
+        num_layers=text_config(config)["num_hidden_layers"], kv_bytes_per_token=kv, kv_latent=latent,
+        dir_on_nodes=dir_on_nodes)
+
+
+def ranks_per_node(params: Params) -> dict[str, int]:
+    """Where the TP x PP ranks land: one per listed GPU (one per node without GPUs), head first."""
+    left = params.serve.tensor_parallel_size * params.serve.pipeline_parallel_size
+    out = {}
+    for node in [params.head, *params.workers]:
+        out[node.name] = min(left, len(node.gpus) or 1)
+        left -= out[node.name]
+    return out
+
+
+def _size_bytes(size: str) -> int:
+    unit = size[-1].upper()
+    factor = {"K": 1 << 10, "M": 1 << 20, "G": GIB}.get(unit, 1)
+    return int(size.rstrip("KMGkmg")) * factor
+
+
+def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> list[FitRow]:
+    """Weights and KV cache per node for the planned split, against what each node can give."""
+    serve = params.serve
+    world = serve.tensor_parallel_size * serve.pipeline_parallel_size
+    weights = facts.weight_bytes
+    if serve.dtype != "auto" and facts.quantization is None:
+        weights = int(weights * DTYPE_BYTES[serve.dtype] / facts.bytes_per_param)
+    kv_dtype = DTYPE_BYTES[serve.dtype] if serve.dtype != "auto" else DTYPE_BYTES.get(facts.dtype, 2.0)
+    kv_token = facts.kv_bytes_per_token * kv_dtype / DTYPE_BYTES.get(facts.dtype, 2.0)
+    kv_token_rank = kv_token / serve.pipeline_parallel_size
+    if not facts.kv_latent:
+        kv_token_rank /= serve.tensor_parallel_size
+    utilization = serve.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
+    rows = []
+    for name, ranks in ranks_per_node(params).items():
+        mem = memory.get(name)
+        if ranks == 0 or mem is None:
+            continue
+        limit = min(utilization * mem.total_bytes, mem.available_bytes)
+        w = weights / world * ranks
+        kv = (_size_bytes(serve.kv_cache_memory_bytes) * ranks if serve.kv_cache_memory_bytes
+              else max(0.0, limit - w))
+        tokens = int(kv / (kv_token_rank * ranks)) if kv_token_rank else 0
+        needed = serve.max_model_len or 0
+        fits = w + kv <= limit and tokens >= needed and kv > 0
+        why = "fits" if fits else (
+            f"weights {w / GIB:.2f} GiB + KV {kv / GIB:.2f} GiB exceed {limit / GIB:.2f} GiB" if w + kv > limit
+            else f"KV holds {tokens} tokens, max_model_len needs {needed}")
+        rows.append(FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(limit / GIB, 2), round(w / GIB, 3),
+                           round(kv / GIB, 3), tokens, needed, fits, why))
+    return rows
+
+
+def human_params(n: int) -> str:
+    """1234567890 -> '1.23B'."""
+    if n <= 0:
+        return "0"
+    exp = min(int(math.log10(n)) // 3, 4)
+    return f"{n / 10 ** (3 * exp):.3g}{['', 'K', 'M', 'B', 'T'][exp]}"

@@ -1,0 +1,92 @@
+"""cleanup.plan/verify on made-up inventories: order patterns, dependents first, restore, untouched check."""
+from __future__ import annotations
+
+import json
+
+from sparkbook.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan, Action
+from sparkbook.diagnose import Memory
+from sparkbook.params import CleanupTargets
+
+MEM = Memory(100 << 30, 10 << 30)
+
+
+def inv(node: str, containers=(), units=(), processes=(), memory: Memory = MEM) -> Inventory:
+    return Inventory(node, list(containers), "Docker 28", list(units), "systemd", list(processes), "no GPU", [],
+                     memory)
+
+
+def lab_inventories(state: str = "running") -> list[Inventory]:
+    return [
+        inv("lab-0", [Container("old-proxy", "b", "base", state, ["old-vllm"]),
+                      Container("old-vllm", "a", "vllm:0.28", state, []),
+                      Container("sshd-helper", "c", "base", "running", [])]),
+        inv("lab-1", [Container("old-embeddings", "d", "base", state, []),
+                      Container("old-reranker", "e", "base", state, [])]),
+    ]
+
+
+def test_dependents_before_what_they_depend_on():
+    targets = CleanupTargets(containers=["old-*"])
+    p = plan(lab_inventories(), targets)
+    names = [t.name for t in p.targets]
+    assert set(names) == {"old-proxy", "old-vllm", "old-embeddings", "old-reranker"}
+    assert names.index("old-proxy") < names.index("old-vllm")
+    assert all(t.restore == f"docker start {t.name}" for t in p.targets)
+    assert not p.warnings
+
+
+def test_order_patterns_first_and_conflicts_are_warned():
+    targets = CleanupTargets(containers=["old-*"], order=["old-rerank*", "old-vllm"])
+    p = plan(lab_inventories(), targets)
+    assert [t.name for t in p.targets][:2] == ["old-reranker", "old-vllm"]
+    assert any("old-proxy" in w and "old-vllm" in w for w in p.warnings)
+
+
+def test_seed_units_follow_order_and_required_by():
+    targets = CleanupTargets(systemd_units=["vllm-*.service"], containers=["*embed*", "*rerank*"],
+                             order=["vllm-proxy.service", "vllm-cluster.service", "*embed*", "*rerank*"])
+    head = inv("spark-1a32", units=[Unit("vllm-cluster.service", "active", ["vllm-proxy.service"]),
+                                    Unit("vllm-proxy.service", "active", []), Unit("ssh.service", "active", []),
+                                    Unit("vllm-old.service", "inactive", [])])
+    worker = inv("spark-5be3", [Container("tei-embed", "1", "tei", "running", []),
+                                Container("tei-rerank", "2", "tei", "running", []),
+                                Container("grafana", "3", "g", "running", [])])
+    p = plan([head, worker], targets)
+    assert [t.name for t in p.targets] == ["vllm-proxy.service", "vllm-cluster.service", "tei-embed", "tei-rerank"]
+    assert p.targets[0].restore == "systemctl start vllm-proxy.service"
+
+
+def test_unit_required_by_orders_without_order_patterns():
+    head = inv("h", units=[Unit("a.service", "active", ["b.service"]), Unit("b.service", "active", [])])
+    p = plan([head], CleanupTargets(systemd_units=["*.service"]))
+    assert [t.name for t in p.targets] == ["b.service", "a.service"]
+
+
+def test_processes_have_no_known_restore():
+    p = plan([inv("h", processes=[Process(42, "python", "python serve.py")])], CleanupTargets(processes=["python"]))
+    (t,) = p.targets
+    assert t.stop == "kill -TERM 42" and t.restore is None and "by hand" in t.restore_note
+
+
+def test_verify_stopped_memory_and_untouched(tmp_path):
+    targets = CleanupTargets(containers=["old-*"])
+    before = lab_inventories()
+    p = plan(before, targets)
+    after = lab_inventories("exited")
+    after[1] = inv("lab-1", after[1].containers, memory=Memory(100 << 30, 11 << 30))
+    v = verify(p, before, after)
+    assert v.ok and "4/4 targets stopped" in v.summary()
+    assert [m["rise MiB"] for m in v.memory] == [0.0, 1024.0]
+    after[0] = inv("lab-0", [c if c.name != "sshd-helper" else Container("sshd-helper", "c", "base", "exited", [])
+                             for c in after[0].containers])
+    v = verify(p, before, after)
+    assert not v.ok and v.untouched_changes == ["lab-0: container sshd-helper running -> exited"]
+
+
+def test_restore_plan_reverses_only_what_was_stopped(tmp_path):
+    p = plan(lab_inventories(), CleanupTargets(containers=["old-*"]))
+    actions = [Action(t.node, t.name, t.stop, t.name != "old-reranker", "", 0.1) for t in p.targets]
+    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), actions)
+    steps = json.loads(path.read_text())["steps"]
+    assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets) if t.name != "old-reranker"]
+    assert "ssh lab-0 docker start old-vllm" in (tmp_path / "restore.sh").read_text()

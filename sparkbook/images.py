@@ -14,10 +14,11 @@ import weakref
 from dataclasses import dataclass
 
 import docker.errors
+from packaging.version import InvalidVersion, Version
 
 from . import probes
 from .nodes import Node, NodeError, Result
-from .record import Run
+from .record import Alternative, Decision, Run
 from .runtime import Runtime, runtime_for
 
 REGISTRY_TIMEOUT_S = 30
@@ -110,3 +111,271 @@ def probe_registry(run: Run, image: str, architecture: str, node: Node | None = 
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0][:400] if text.strip() else ""
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What an image holds (read from package metadata; only a CUDA torch is imported, for its arch list)."""
+
+    image: str
+    image_id: str | None
+    size_bytes: int | None
+    python: str | None
+    vllm_version: str | None
+    torch_version: str | None
+    torch_cuda: str | None
+    ray_version: str | None
+    transformers_version: str | None
+    cuda_archs: list[str]
+    cuda_archs_source: str
+    duration_s: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class InspectionProbe:
+    """The image's own vLLM resolving and inspecting the architecture natively (model_impl="vllm")."""
+
+    image: str
+    architecture: str
+    inspected: bool
+    resolved: str | None
+    error_line: str
+    error: str
+    cause: str
+    cause_text: str
+    transformers_knows: bool
+    import_s: float | None
+    duration_s: float
+    probe_error: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One candidate's classification, the findings that go with it, and whether it can be chosen."""
+
+    image: str
+    status: str  # STATUSES
+    summary: str
+    flags: list[str]
+    blocking: list[str]
+
+    @property
+    def usable(self) -> bool:
+        return self.status == LOADS and not self.blocking
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Everything 03 learned about one candidate image."""
+
+    facts: ImageFacts
+    registry: RegistryProbe
+    inspection: InspectionProbe
+    verdict: Verdict
+
+    @property
+    def image(self) -> str:
+        return self.facts.image
+
+
+NOT_REGISTERED, FAILS_INSPECTION, LOADS, PROBE_FAILED = ("not registered", "registered, fails inspection", "loads",
+                                                       "probe failed")
+FACTS_TIMEOUT_S = 60
+INSPECT_TIMEOUT_S = 300
+GRAFT_EXPLANATION = (
+    "The registry entry names a model module, and the module file is there, but importing it fails inside this "
+    "vLLM: model files are written against the internals of the vLLM release they come from (base classes, "
+    "layers, kernels, config helpers). Files grafted from a newer release import names that the older one does "
+    "not have, so the name check passes and the inspection (what `vllm serve` does first) fails. The fix is an "
+    "image whose own vLLM implements the architecture, not more grafting.")
+
+
+def candidate_refs(run: Run) -> list[str]:
+    """The candidate images from params (the Python runtime has one candidate: its interpreter's env)."""
+    spec = run.params.runtime
+    return list(spec.images) if spec.kind == "docker" else [spec.python]
+
+
+def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
+    """Versions in `image` on `node` (default: the head), with its image ID and size there."""
+    node = node or run.cluster.head
+    t0 = time.monotonic()
+    image_id, size = _local_image(run, node, image)
+    doc, _, error = run_probe(run, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
+    return ImageFacts(
+        image=image, image_id=image_id, size_bytes=size, python=doc.get("python"),
+        vllm_version=doc.get("vllm_version"), torch_version=doc.get("torch_version"),
+        torch_cuda=doc.get("torch_cuda"), ray_version=doc.get("ray_version"),
+        transformers_version=doc.get("transformers_version"), cuda_archs=doc.get("cuda_archs", []),
+        cuda_archs_source=doc.get("cuda_archs_source", ""), duration_s=round(time.monotonic() - t0, 2), error=error)
+
+
+def _local_image(run: Run, node: Node, image: str) -> tuple[str | None, int | None]:
+    """(image ID, size) of `image` in the node's daemon; (None, None) where it is absent or not Docker."""
+    rt = runtime(run)
+    if run.params.runtime.kind != "docker":
+        return None, None
+    try:
+        attrs = rt.client(node).api.inspect_image(image)
+    except docker.errors.ImageNotFound:
+        return None, None
+    return attrs["Id"], attrs.get("Size")
+
+
+def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | None = None,
+                     timeout: float = INSPECT_TIMEOUT_S) -> InspectionProbe:
+    """The image's vLLM inspects the architecture as `vllm serve` does (fresh VLLM_CACHE_ROOT, offline)."""
+    t0 = time.monotonic()
+    doc, _, error = run_probe(run, image, "inspect_model", [target.architecture, target.model_type], node=node,
+                              env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}, timeout=timeout)
+    return InspectionProbe(
+        image=image, architecture=target.architecture, inspected=bool(doc.get("inspected")),
+        resolved=doc.get("resolved"), error_line=doc.get("error_line", ""), error=doc.get("error", ""),
+        cause=doc.get("cause", ""), cause_text=doc.get("cause_text", ""),
+        transformers_knows=bool(doc.get("transformers_knows")), import_s=doc.get("import_s"),
+        duration_s=round(time.monotonic() - t0, 2),
+        probe_error=error or ("" if "inspected" in doc else doc.get("error", "")))
+
+
+def compute_capabilities(run: Run) -> dict[str, list[str]]:
+    """Each GPU node's compute capabilities (nvidia-smi); nodes without GPUs in params are left out."""
+    gpu_nodes = [run.cluster.nodes[s.name] for s in run.params.nodes if s.gpus]
+    argv = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
+    outcomes = run.cluster.fan_out(lambda n: n.run(argv, timeout=30, check=True).stdout.split(), gpu_nodes)
+    return {name: sorted(set(o.value or [])) for name, o in outcomes.items()}
+
+
+def arch_covers(archs: list[str], capability: str) -> bool:
+    """Whether a CUDA architecture list ("12.1a", "sm_90", "8.0+PTX", "compute_120") runs on `capability`."""
+    want = _cc(capability)
+    for entry in archs:
+        ptx = entry.endswith("+PTX") or entry.startswith("compute_")
+        have = _cc(entry.removesuffix("+PTX").removeprefix("sm_").removeprefix("compute_"))
+        if have == want or (ptx and have is not None and want is not None and have <= want):
+            return True
+    return False
+
+
+def _cc(text: str) -> tuple[int, int] | None:
+    text = text.strip().rstrip("afAF")
+    if "." in text:
+        major, minor = text.split(".", 1)
+    elif text.isdigit() and len(text) >= 2:
+        major, minor = text[:-1], text[-1]
+    else:
+        return None
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+
+def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str,
+             capabilities: dict[str, list[str]]) -> Verdict:
+    """not registered / registered but fails inspection / loads, plus Ray and CUDA-architecture findings."""
+    arch, image = registry.architecture, facts.image
+    flags, blocking = [], []
+    native = registry.registered and not registry.transformers_backend
+    if inspection.probe_error and not inspection.error:
+        status, summary = PROBE_FAILED, f"the inspection probe failed: {inspection.probe_error}"
+    elif inspection.inspected:
+        status, summary = LOADS, f"vLLM {facts.vllm_version} resolves {arch} natively and inspection passes"
+    elif native or inspection.cause:
+        status = FAILS_INSPECTION
+        summary = f"registers {arch} ({registry.module}) but fails inspection: {inspection.cause or inspection.error_line}"
+    else:
+        status, summary = NOT_REGISTERED, f"vLLM {facts.vllm_version} does not register {arch}: {inspection.error_line}"
+    if registry.transformers_backend or (status != LOADS and inspection.transformers_knows):
+        flags.append(f"Transformers fallback: with `--model-impl auto` vLLM would serve {arch} through its "
+                     "Transformers backend (it may report ready and fail on the first request); not counted as support")
+    if executor == "ray" and not facts.ray_version:
+        blocking.append("no Ray in the image, and serve.executor is ray: install Ray in it or use the mp executor")
+    for node, caps in capabilities.items():
+        missing = [c for c in caps if not arch_covers(facts.cuda_archs, c)]
+        if missing and facts.cuda_archs:
+            blocking.append(f"CUDA architectures {facts.cuda_archs} lack {node}'s compute capability {', '.join(missing)}")
+        elif missing and facts.torch_cuda:
+            flags.append(f"CUDA architecture list unreadable ({facts.cuda_archs_source or 'not set'}); "
+                         f"{node} needs {', '.join(missing)}")
+    return Verdict(image, status, summary, flags, blocking)
+
+
+def evaluate(run: Run, image: str, target: ModelTarget, capabilities: dict[str, list[str]]) -> Candidate:
+    """Every probe of one candidate on the head, and its verdict."""
+    facts = probe_facts(run, image)
+    registry = probe_registry(run, image, target.architecture)
+    inspection = probe_inspection(run, image, target)
+    verdict = classify(facts, registry, inspection, executor=run.params.serve.executor, capabilities=capabilities)
+    return Candidate(facts, registry, inspection, verdict)
+
+
+class NoUsableImage(Exception):
+    """No candidate loads the model natively without a blocking finding."""
+
+
+def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
+    """The candidates table: versions, each probe's result and time, the verdict."""
+    out = []
+    for c in candidates:
+        f, r, i, v = c.facts, c.registry, c.inspection, c.verdict
+        out.append({
+            "image": c.image, "id": (f.image_id or "absent")[:19], "GB": round((f.size_bytes or 0) / 1e9, 2),
+            "vLLM": f.vllm_version, "torch (CUDA)": f"{f.torch_version} ({f.torch_cuda or 'cpu'})",
+            "Python": f.python, "Ray": f.ray_version or "none", "CUDA archs": " ".join(f.cuda_archs) or "-",
+            "registry": ("registered" if r.registered else "not registered") + (f" in {r.module}" if r.module else "")
+                        + (f" ({r.error})" if r.error else ""),
+            "registry s": r.duration_s,
+            "inspection": "passes" if i.inspected else (i.cause or i.error_line or i.probe_error),
+            "inspection s": i.duration_s, "facts s": f.duration_s, "verdict": v.status,
+            "findings": "; ".join(v.blocking + v.flags) or "-"})
+    return out
+
+
+def record_probes(run: Run, candidates: list[Candidate]) -> list[str]:
+    """Record every probe as an event and write each inspection's full text to a log; returns the log paths."""
+    paths = []
+    for c in candidates:
+        run.record("image_probe", c)
+        slug = c.image.replace("/", "_").replace(":", "_")
+        text = "\n\n".join(filter(None, [f"# {c.image}: {c.verdict.status}", c.inspection.error,
+                                         c.inspection.cause_text, c.inspection.probe_error]))
+        paths.append(str(run.write_log(f"03-inspect-{slug}.txt", text)))
+    return paths
+
+
+def failure_report(candidate: Candidate) -> str:
+    """The inspection error of a registered-but-failing image, its root cause, and why grafts fail."""
+    i = candidate.inspection
+    return "\n".join([f"{candidate.image}: {i.error_line}", f"root cause (vLLM's inspection subprocess): {i.cause}",
+                      "", GRAFT_EXPLANATION])
+
+
+def choose(candidates: list[Candidate], evidence: list[str]) -> Decision:
+    """The newest vLLM among the candidates that load the model natively with no blocking finding."""
+    usable = [c for c in candidates if c.verdict.usable]
+    if not usable:
+        raise NoUsableImage("no candidate image loads the model: "
+                            + "; ".join(f"{c.image}: {_reason(c)}" for c in candidates))
+    chosen = max(usable, key=lambda c: (_version(c.facts.vllm_version), -candidates.index(c)))
+    alternatives = [Alternative(c.image, _reason(c) if not c.verdict.usable else
+                                f"also loads it; {chosen.image} has the newer vLLM ({chosen.facts.vllm_version})")
+                    for c in candidates if c is not chosen]
+    f, i = chosen.facts, chosen.inspection
+    reason = (f"its own vLLM {f.vllm_version} registers {i.architecture} natively ({chosen.registry.module}) and "
+              f"inspection resolves it to {i.resolved}; Ray {f.ray_version or 'absent'}"
+              + (f"; {'; '.join(chosen.verdict.flags)}" if chosen.verdict.flags else ""))
+    return Decision(f"Which image serves {i.architecture}?", chosen.image, reason, alternatives,
+                    ["candidates table above (events.jsonl: image_probe)", *evidence])
+
+
+def _reason(c: Candidate) -> str:
+    return "; ".join([c.verdict.summary, *c.verdict.blocking, *c.verdict.flags])
+
+
+def _version(text: str | None) -> Version:
+    try:
+        return Version(text or "0")
+    except InvalidVersion:
+        return Version("0")
+
+
+def chosen(candidates: list[Candidate], decision: Decision) -> Candidate:
+    return next(c for c in candidates if c.image == decision.choice)

@@ -34,7 +34,7 @@ def vllm_version(root):
     for name in ("_version.py", "version.py"):
         path = os.path.join(root, name)
         if os.path.isfile(path):
-            found = re.search(r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""",
+            found = re.search(r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
                               open(path, encoding="utf-8").read(), re.M)
             if found:
                 return found.group(1)

@@ -1,0 +1,213 @@
+"""Image selection and distribution without a cluster: the in-image probes on fake site-packages, the
+classification and decision on made-up probe results, the streamed copy through fake nodes."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sparkbook import distribute, images, probes
+from sparkbook.images import (FAILS_INSPECTION, LOADS, NOT_REGISTERED, Candidate, ImageFacts, InspectionProbe,
+                              ModelTarget, RegistryProbe, arch_covers, choose, classify)
+from sparkbook.nodes import Result
+
+REGISTRY = '''
+import os
+_TEXT_GENERATION_MODELS = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "HYV4ForCausalLM": ("vllm.models.hy_v4", "HYV4ForCausalLM"),
+}
+_TRANSFORMERS_SUPPORTED_MODELS: dict = {"Olmo2ForCausalLM": ("transformers", "TransformersForCausalLM")}
+_VLLM_MODELS = {**_TEXT_GENERATION_MODELS}
+_PREVIOUSLY_SUPPORTED_MODELS = {"OldForCausalLM": "0.10.2"}
+'''
+
+
+def run_probe(name: str, site: Path, *args: str) -> dict:
+    """Run a probe script as the images do (`python3 -c SOURCE ARGS`) with `site` as its only extra path."""
+    proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); "
+                           f"exec(compile({probes.source(name)!r}, {name!r}, 'exec'))", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """A fake site-packages whose vllm raises when imported: the registry probe must never import it."""
+    vllm = tmp_path / "vllm"
+    (vllm / "model_executor" / "models").mkdir(parents=True)
+    (vllm / "models" / "hy_v4").mkdir(parents=True)
+    (vllm / "__init__.py").write_text("raise RuntimeError('vllm was imported')\n")
+    (vllm / "_version.py").write_text("__version__ = version = '0.99.1'\n")
+    (vllm / "model_executor" / "models" / "registry.py").write_text(REGISTRY)
+    (vllm / "model_executor" / "models" / "llama.py").write_text("")
+    (vllm / "models" / "hy_v4" / "__init__.py").write_text("")
+    return tmp_path
+
+
+def test_registry_probe_reads_registry_without_importing_vllm(site: Path) -> None:
+    doc = run_probe("registry", site, "HYV4ForCausalLM")
+    assert doc["registered"] and doc["vllm_version"] == "0.99.1" and doc["n_architectures"] == 3
+    assert doc["module"] == "vllm.models.hy_v4" and doc["module_present"] and not doc["transformers_backend"]
+    llama = run_probe("registry", site, "LlamaForCausalLM")
+    assert llama["module"] == "vllm.model_executor.models.llama" and llama["module_present"]
+
+
+def test_registry_probe_not_registered_transformers_and_grafted_without_module(site: Path) -> None:
+    assert run_probe("registry", site, "Qwen9ForCausalLM")["registered"] is False
+    assert run_probe("registry", site, "Olmo2ForCausalLM")["transformers_backend"] is True
+    (site / "vllm" / "models" / "hy_v4" / "__init__.py").unlink()
+    assert run_probe("registry", site, "HYV4ForCausalLM")["module_present"] is False
+
+
+def test_registry_probe_without_vllm(tmp_path: Path) -> None:
+    assert "not installed" in run_probe("registry", tmp_path, "X")["error"]
+
+
+def test_facts_probe_reads_versions_without_imports(tmp_path: Path) -> None:
+    torch = tmp_path / "torch"
+    torch.mkdir()
+    (torch / "__init__.py").write_text("raise RuntimeError('torch was imported')\n")
+    (torch / "version.py").write_text("from typing import Optional\ncuda: Optional[str] = None\n")
+    doc = run_probe("facts", tmp_path)
+    assert doc["torch_cuda"] is None and doc["cuda_archs"] == [] and doc["python"].startswith("3.")
+
+
+def test_inspection_probe_reports_a_missing_vllm_as_json(tmp_path: Path) -> None:
+    doc = run_probe("inspect_model", tmp_path, "HYV4ForCausalLM", "hy_v4")
+    assert "vllm" in doc["error"] and "duration_s" in doc
+
+
+@pytest.mark.parametrize(("archs", "cc", "ok"), [
+    (["12.1a"], "12.1", True), (["sm_121"], "12.1", True), (["9.0", "10.0"], "12.1", False),
+    (["8.0+PTX"], "12.1", True), (["compute_120"], "12.1", True), (["12.0"], "12.1", False), ([], "9.0", False)])
+def test_arch_covers(archs: list[str], cc: str, ok: bool) -> None:
+    assert arch_covers(archs, cc) is ok
+
+
+# --- classification and decision -------------------------------------------------------------------------------
+def facts(image: str, vllm: str, ray: str | None = "2.60.0", cuda: str | None = None,
+          archs: list[str] | None = None) -> ImageFacts:
+    return ImageFacts(image, "sha256:" + "0" * 64, 3_500_000_000, "3.11.2", vllm, "2.13.0", cuda, ray, "5.0",
+                      archs or [], "", 0.5)
+
+
+def registry(image: str, registered: bool, transformers: bool = False) -> RegistryProbe:
+    return RegistryProbe(image, "HYV4ForCausalLM", "x", registered, "vllm.models.hy_v4" if registered else None,
+                         None, None, registered, transformers, 400, 1.2)
+
+
+def inspection(image: str, ok: bool, *, cause: str = "", knows: bool = False) -> InspectionProbe:
+    error = "" if ok else ("Model architectures ['HYV4ForCausalLM'] failed to be inspected" if cause
+                           else "Model architectures ['HYV4ForCausalLM'] are not supported for now.")
+    return InspectionProbe(image, "HYV4ForCausalLM", ok, "HYV4ForCausalLM" if ok else None,
+                           f"ValueError: {error}" if error else "", error, cause, cause, knows, 5.0, 9.0)
+
+
+def candidate(image: str, vllm: str, status: str, **kw: object) -> Candidate:
+    f = facts(image, vllm, **kw)  # type: ignore[arg-type]
+    r = registry(image, status != NOT_REGISTERED)
+    i = inspection(image, status == LOADS, cause="ImportError: cannot import name 'x'" if status == FAILS_INSPECTION
+                   else "", knows=True)
+    return Candidate(f, r, i, classify(f, r, i, executor="ray", capabilities={}))
+
+
+def test_classify_the_three_cases_and_the_fallback_finding() -> None:
+    old, graft, new = (candidate("old", "0.28.0", NOT_REGISTERED), candidate("graft", "0.28.0", FAILS_INSPECTION),
+                       candidate("new", "0.32.0", LOADS))
+    assert (old.verdict.status, graft.verdict.status, new.verdict.status) == (NOT_REGISTERED, FAILS_INSPECTION, LOADS)
+    assert "Transformers fallback" in old.verdict.flags[0] and "not counted as support" in old.verdict.flags[0]
+    assert "ImportError" in graft.verdict.summary
+    assert new.verdict.usable and not new.verdict.flags
+
+
+def test_classify_blocks_no_ray_and_missing_cuda_arch() -> None:
+    f = facts("img", "0.32.0", ray=None, cuda="12.8", archs=["9.0", "10.0"])
+    r, i = registry("img", True), inspection("img", True)
+    v = classify(f, r, i, executor="ray", capabilities={"spark-1": ["12.1"]})
+    assert v.status == LOADS and not v.usable
+    assert any("no Ray" in b for b in v.blocking) and any("12.1" in b for b in v.blocking)
+    assert classify(f, r, i, executor="mp", capabilities={}).usable
+
+
+def test_choose_rejects_each_with_its_reason() -> None:
+    cands = [candidate("old", "0.28.0", NOT_REGISTERED), candidate("graft", "0.28.0", FAILS_INSPECTION),
+             candidate("new", "0.32.0", LOADS), candidate("newer-no-ray", "0.33.0", LOADS, ray=None)]
+    d = choose(cands, ["logs/x.txt"])
+    assert d.choice == "new"
+    reasons = {a.option: a.rejected_because for a in d.alternatives}
+    assert "does not register" in reasons["old"] and "fails inspection" in reasons["graft"]
+    assert "no Ray" in reasons["newer-no-ray"] and "logs/x.txt" in d.evidence
+
+
+def test_choose_prefers_the_newest_of_several_and_fails_without_any() -> None:
+    d = choose([candidate("a", "0.30.0", LOADS), candidate("b", "0.32.0", LOADS)], [])
+    assert d.choice == "b" and "newer vLLM" in d.alternatives[0].rejected_because
+    with pytest.raises(images.NoUsableImage, match="old"):
+        choose([candidate("old", "0.28.0", NOT_REGISTERED)], [])
+
+
+def test_model_target_from_state_else_from_config_on_the_head() -> None:
+    def recall(key: str) -> dict:
+        raise KeyError(key)
+
+    head = SimpleNamespace(name="h", read_text=lambda path: json.dumps(
+        {"architectures": ["HYV4ForCausalLM"], "model_type": "hy_v4"}) if path == "/m/config.json" else "")
+    run = SimpleNamespace(recall=recall, cluster=SimpleNamespace(head=head),
+                          params=SimpleNamespace(model=SimpleNamespace(path="/m")))
+    assert images.model_target(run) == ModelTarget("HYV4ForCausalLM", "hy_v4", "/m", "config.json on h")
+    run.recall = lambda key: {"architectures": ["A"], "model_type": "t", "dir_on_nodes": "/d"}
+    assert images.model_target(run).source == "state (02-diagnosis)"
+
+
+# --- distribution ---------------------------------------------------------------------------------------------
+def result(node: str, argv: list[str], code: int = 0, out: str = "") -> Result:
+    return Result(node, tuple(argv), code, out, "", datetime.now(timezone.utc), 0.1)
+
+
+class FakeNode:
+    """stream(): `docker save` writes `payload`; `docker load` reads everything into `received`."""
+
+    def __init__(self, name: str, payload: bytes = b""):
+        self.name, self.payload, self.received = name, payload, bytearray()
+
+    def stream(self, argv, *, source=None, sink=None, timeout=None, on_bytes=None):  # type: ignore[no-untyped-def]
+        if sink is not None:
+            data = io.BytesIO(self.payload)
+            while chunk := data.read(1 << 16):
+                sink.write(chunk)
+        if source is not None:
+            while chunk := source.read(1 << 16):
+                self.received += chunk
+                on_bytes(len(chunk))
+            return result(self.name, argv, out="Loaded image: img:1")
+        return result(self.name, argv)
+
+
+def test_copy_image_streams_the_head_save_into_the_node_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKBOOK_HEADLESS", "1")
+    payload = bytes(range(256)) * 40_000
+    head, worker = FakeNode("h", payload), FakeNode("w")
+    run = SimpleNamespace(cluster=SimpleNamespace(head=head))
+    copy = distribute.copy_image(run, "img:1", worker, len(payload))
+    assert bytes(worker.received) == payload and copy.bytes == len(payload) and not copy.error
+    assert copy.loaded == "Loaded image: img:1" and copy.mb_s > 0
+
+
+def test_plan_and_distribution_messages() -> None:
+    p = distribute.CopyPlan("img:1", "h", "sha256:a", 10, {"h": "sha256:a", "w1": None, "w2": "sha256:b"})
+    assert p.to_copy == ["w1", "w2"]
+    same = distribute.Distribution("img:1", "sha256:a", [], ["h", "w1"], {"h": "sha256:a", "w1": "sha256:a"})
+    assert same.verified and "nothing copied" in same.message
+    copied = distribute.Distribution("img:1", "sha256:a", [distribute.Copy("w1", 2_000_000_000, 20.0, "Loaded")],
+                                     ["h"], {"h": "sha256:a", "w1": "sha256:a"})
+    assert copied.verified and "100.0 MB/s" in copied.message and copied.rows()[1]["matches head"]
+    differs = distribute.Distribution("img:1", "sha256:a", [], [], {"h": "sha256:a", "w1": "sha256:b"})
+    assert not differs.verified

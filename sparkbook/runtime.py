@@ -4,7 +4,8 @@ Both offer the same verbs, so probes, Ray and serve are written once:
   one_off(node, image, argv)      a short command in a fresh container / in the environment
   start(node, image, name, env)   a long-lived place to exec in (a container; nothing for a Python env)
   exec(node, name, argv)          a command in that place, with a node-side timeout
-  spawn(node, name, argv, log)    a background process writing to a log file on the node
+  spawn(node, name, argv, log)    a background process (its own session) writing to a log file -> Spawned
+  running / kill (node, name, spawned)   is that process alive / end its whole session, by its ID
   stop(node, name)                remove the place and everything spawned in it
 """
 from __future__ import annotations
@@ -32,6 +33,29 @@ class Place:
     name: str
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """A background process started by `spawn`: its log and the file holding its session ID."""
+
+    node: str
+    place: str
+    log: str
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.log}.pid"
+
+
+# Start argv as the leader of a new session, its ID in "$1.pid", output to "$1" ($0 is the log path).
+_SPAWN = 'mkdir -p "$(dirname "$0")"; exec setsid sh -c \'echo $$ >"$0.pid"; exec "$@" >"$0" 2>&1 </dev/null\' "$0" "$@"'
+# 0 if the session leader in "$0" is alive and not a zombie.
+_RUNNING = 'p=$(cat "$0" 2>/dev/null) && s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && case $s in " Z"*|" X"*) exit 1;; esac'
+# TERM the session leader's process group, wait up to $1 s, then KILL what is left.
+_KILL = ('p=$(cat "$0" 2>/dev/null) || exit 0; kill -TERM -"$p" 2>/dev/null; i=0; '
+         'while kill -0 -"$p" 2>/dev/null && [ $i -lt "$1" ]; do sleep 1; i=$((i+1)); done; kill -KILL -"$p" 2>/dev/null; '
+         'rm -f "$0"; exit 0')
 
 
 def _timeout_argv(argv: Sequence[str], timeout: float) -> list[str]:
@@ -98,11 +122,21 @@ class DockerNodes:
                       (err or b"").decode(errors="replace"), started, time.monotonic() - t0, code in (124, 137))
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
-              env: dict[str, str] | None = None) -> None:
+              env: dict[str, str] | None = None) -> Spawned:
         """Start argv in the background inside the container, stdout and stderr to `log` (a container path)."""
         container = self.client(node).containers.get(place.name)
-        script = 'mkdir -p "$(dirname "$0")"; exec "$@" >"$0" 2>&1'
-        container.exec_run(["sh", "-c", script, log, *argv], environment=env or {}, detach=True)
+        container.exec_run(["sh", "-c", _SPAWN, log, *argv], environment=env or {}, detach=True)
+        return Spawned(node.name, place.name, log)
+
+    def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
+        """Whether the spawned process still runs (False once its container is gone)."""
+        return self.alive(node, place) and self.exec(node, place, ["sh", "-c", _RUNNING, spawned.pid_file],
+                                                     timeout=15).ok
+
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
+        """End the spawned process and its children (its process group), TERM then KILL."""
+        if self.alive(node, place):
+            self.exec(node, place, ["sh", "-c", _KILL, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]
@@ -155,12 +189,19 @@ class PythonNodes:
         return node.run(self._argv(argv), env=self._env({**place.env, **(env or {})}), timeout=timeout)
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
-              env: dict[str, str] | None = None) -> None:
-        """setsid the process into its own session and record its session ID for `stop`."""
-        script = ('mkdir -p "$(dirname "$1")"; setsid sh -c \'echo $$ >>"$0"/sids; exec "$@"\' "$0" "${@:2}" '
-                  '>"$1" 2>&1 </dev/null &')
+              env: dict[str, str] | None = None) -> Spawned:
+        """setsid the process into its own session; its session ID goes to `log`.pid and to the place's list."""
+        script = ('mkdir -p "$(dirname "$1")"; setsid sh -c \'echo $$ >>"$0"/sids; echo $$ >"$1.pid"; '
+                  'l=$1; shift; exec "$@" >"$l" 2>&1 </dev/null\' "$0" "$1" "${@:2}" </dev/null >/dev/null 2>&1 &')
         node.run(["bash", "-c", script, self._dir(place), log, *self._argv(argv)],
                  env=self._env({**place.env, **(env or {})}), timeout=30, check=True)
+        return Spawned(node.name, place.name, log)
+
+    def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
+        return node.run(["sh", "-c", _RUNNING, spawned.pid_file], timeout=15).ok
+
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
+        node.run(["sh", "-c", _KILL, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]

@@ -1,0 +1,152 @@
+"""Known failure signatures in vLLM/Ray logs: a named cause, the line that shows it, and a remediation."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .params import ServeSettings
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+MEMORY_STEP = 0.1
+MIN_GPU_MEMORY_UTILIZATION = 0.3
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A cause and the log patterns that prove it (all of `requires` must match too, anywhere)."""
+
+    cause: str
+    patterns: tuple[str, ...]
+    remediation: str
+    requires: tuple[str, ...] = ()
+    consequence: bool = False   # follows from another failure (a dead peer): a seen fact explains it better
+
+    def first_match(self, text: str) -> str | None:
+        if not all(re.search(p, text, re.I) for p in self.requires):
+            return None
+        for line in text.splitlines():
+            if any(re.search(p, line, re.I) for p in self.patterns):
+                return line.strip()
+        return None
+
+
+# Most specific first: a graph-capture OOM also says "worker died" further down.
+SIGNATURES: tuple[Signature, ...] = (
+    Signature("architecture not supported",
+              (r"Model architectures? \[.*\] (are|is) not supported",),
+              "this image's vLLM does not register the architecture: pick an image whose vLLM does (03)"),
+    Signature("architecture failed to be inspected",
+              (r"failed to be inspected", r"Error in inspecting model architecture"),
+              "the architecture is registered but its module does not import (grafted or mismatched files): "
+              "use an image whose own vLLM ships the model (03)"),
+    Signature("CUDA out of memory during graph capture",
+              (r"CUDA out of memory", r"OutOfMemoryError"),
+              "lower serve.gpu_memory_utilization; if that is not enough, serve with --enforce-eager",
+              requires=(r"captur\w* .*(cuda ?graph|cudagraph)|cuda ?graph.*captur|cudagraph",)),
+    Signature("placement group not scheduled",
+              (r"placement group.*(not|never|cannot|could not).*schedul", r"No available node types can fulfill",
+               r"Waiting for creating a placement group"),
+              "Ray and vLLM disagree on node IPs or a stale placement group holds the GPUs: set VLLM_HOST_IP per "
+              "node, recreate the Ray containers (04); on 1-GPU nodes use the SPREAD strategy"),
+    Signature("duplicate node IP",
+              (r"Every node should have a unique IP address",),
+              "two nodes report the same VLLM_HOST_IP: give each node its own fabric IP in params (04)"),
+    Signature("NCCL timeout",
+              (r"NCCL.*(timeout|timed out)", r"Watchdog caught collective operation timeout"),
+              "NCCL picked the wrong interface or the fabric drops traffic: check NCCL_SOCKET_IFNAME / NCCL_IB_HCA "
+              "and the fabric (02)"),
+    Signature("rank never joined",
+              (r"DistStoreError", r"waiting for clients", r"TCPStore.*(timed out|timeout)",
+               r"Timed out .*(rendezvous|store)"),
+              "a rank did not reach master_addr:master_port: check that every node's serve process started and "
+              "the master port is open on the fabric", consequence=True),
+    Signature("address already in use",
+              (r"Address already in use", r"EADDRINUSE", r"\[Errno 98\]"),
+              "the serve port is taken on the head: stop the service holding it (01) or change serve.port"),
+    Signature("worker died",
+              (r"Worker.*(died|exited unexpectedly|failed)", r"ActorDiedError", r"The actor died",
+               r"Engine core initialization failed", r"EngineCore.*(died|failed)", r"\bKilled\b", r"SIGKILL"),
+              "a worker process died: read its node's log tail for the first error; check memory (dmesg, OOM killer)",
+              consequence=True),
+)
+
+UNKNOWN = "unknown failure"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The classified cause of a failed start: where it was seen and the line that proves it."""
+
+    cause: str
+    node: str
+    evidence: str
+    remediation: str
+    also: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.cause != UNKNOWN
+
+    def summary(self) -> str:
+        return f"{self.cause} on {self.node}: {self.evidence!r} -> {self.remediation}"
+
+
+def classify(logs: dict[str, str], observed: dict[str, str] | None = None) -> Diagnosis:
+    """The most specific known cause over every node's log tail.
+
+    `observed` are facts seen without logs ({"lab-1": "container is not running"}): they explain a failure
+    better than consequences in other logs (a rank that never joined), worse than a root cause in a log."""
+    found: list[tuple[int, str, Signature, str]] = []
+    for node, text in logs.items():
+        for rank, sig in enumerate(SIGNATURES):
+            line = sig.first_match(text)
+            if line is not None:
+                found.append((rank + len(SIGNATURES) * sig.consequence, node, sig, line))
+    found.sort(key=lambda f: f[0])
+    also = tuple(dict.fromkeys(f"{s.cause} on {n}" for _, n, s, _ in found))
+    if found and not (found[0][2].consequence and observed):
+        _, node, sig, line = found[0]
+        return Diagnosis(sig.cause, node, line, sig.remediation, also[1:])
+    if observed:
+        node, fact = next(iter(observed.items()))
+        died = _by_cause("worker died")
+        return Diagnosis(died.cause, node, fact, died.remediation, also)
+    node = next(iter(logs), "")
+    last = next((ln.strip() for ln in reversed((logs.get(node) or "").splitlines()) if ln.strip()), "")
+    return Diagnosis(UNKNOWN, node, last, "read the log tails; add the signature to sparkbook.failures")
+
+
+def _by_cause(cause: str) -> Signature:
+    return next(s for s in SIGNATURES if s.cause == cause)
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A change to the serve settings that addresses a diagnosed cause, and why."""
+
+    cause: str
+    change: dict[str, object]
+    settings: ServeSettings
+    reason: str
+    alternatives: list[tuple[str, str]] = field(default_factory=list)
+
+
+def remedy(diagnosis: Diagnosis, settings: ServeSettings) -> Remedy | None:
+    """The next automatic remediation for `diagnosis` under `settings`, or None where there is none.
+
+    Graph-capture OOM: lower gpu_memory_utilization one step; once at the floor (or already lowered),
+    --enforce-eager. Every other cause needs a person (or an earlier stage)."""
+    if diagnosis.cause != "CUDA out of memory during graph capture" or settings.enforce_eager:
+        return None
+    current = settings.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+    lower = round(current - MEMORY_STEP, 2)
+    if lower >= MIN_GPU_MEMORY_UTILIZATION:
+        change: dict[str, object] = {"gpu_memory_utilization": lower}
+        reason = (f"graph capture ran out of memory at gpu_memory_utilization {current}: "
+                  f"{lower} leaves {MEMORY_STEP:.0%} more of the GPU to the capture")
+        alts = [("enforce_eager", "costs decode speed; tried only if less memory is not enough")]
+    else:
+        change = {"enforce_eager": True}
+        reason = f"gpu_memory_utilization is already at {current}: skip CUDA graph capture"
+        alts = [("lower gpu_memory_utilization further", f"below {MIN_GPU_MEMORY_UTILIZATION} the KV cache is too small")]
+    return Remedy(diagnosis.cause, change, settings.model_copy(update=change), reason, alts)

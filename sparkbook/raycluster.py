@@ -1,0 +1,325 @@
+"""The Ray stage: one container per node with the fabric env, Ray head and workers inside, a join wait, a gate."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .nodes import Cluster, Node, Result
+from .params import NodeSpec, Params
+from .runtime import Place, Runtime, Spawned
+
+RAY_TEMP_DIR = "/tmp/sparkbook/ray"
+RAY_LOG = "/tmp/sparkbook/logs/ray.log"
+NODE_RESOURCE = "sparkbook_node_{}"
+POLL_S = 2.0
+
+# Runs in the head's container: what Ray's GCS knows about nodes and placement groups, as JSON.
+_PROBE = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, configure_logging=False)
+from ray.util import placement_group_table
+nodes = [{"ip": n["NodeManagerAddress"], "alive": n["Alive"], "hostname": n["NodeManagerHostname"],
+          "resources": n["Resources"]} for n in ray.nodes()]
+pgs = [{"id": k, "state": v["state"], "name": v.get("name", "")} for k, v in placement_group_table().items()]
+print("SPARKBOOK " + json.dumps({"nodes": nodes, "placement_groups": pgs}))
+"""
+
+
+def container_name(params: Params, node: str) -> str:
+    return f"sparkbook-{params.cluster}-{node}"
+
+
+def fabric_env(params: Params, spec: NodeSpec) -> dict[str, str]:
+    """Per-node env of the anchors: this node's fabric IP and netdev for vLLM, Ray, NCCL, Gloo, TP, UCX, MPI."""
+    dev = spec.fabric_netdev
+    env = {"VLLM_HOST_IP": str(spec.fabric_ip), "RAY_NODE_IP_ADDRESS": str(spec.fabric_ip),
+           "NCCL_SOCKET_IFNAME": dev, "GLOO_SOCKET_IFNAME": dev, "TP_SOCKET_IFNAME": dev, "UCX_NET_DEVICES": dev,
+           "OMPI_MCA_btl_tcp_if_include": dev}
+    if spec.roce_hcas:
+        env["NCCL_IB_HCA"] = ",".join(spec.roce_hcas)
+    return {**env, **params.ray.env}
+
+
+def places(params: Params, image: str) -> dict[str, Place]:
+    """The node containers of this stage (05 serves in the same ones)."""
+    return {n.name: Place(n.name, container_name(params, n.name), image, fabric_env(params, n)) for n in params.nodes}
+
+
+def address(params: Params) -> str:
+    return f"{params.head.fabric_ip}:{params.ray.port}"
+
+
+def ray_argv(params: Params, spec: NodeSpec) -> list[str]:
+    """`ray start --block` for the head or a worker, pinned to the node's fabric IP, tagged with its name."""
+    argv = ["ray", "start", "--block", "--node-ip-address", str(spec.fabric_ip), "--num-gpus", str(len(spec.gpus)),
+            "--resources", json.dumps({NODE_RESOURCE.format(spec.name): 1}), "--disable-usage-stats"]
+    if params.ray.num_cpus:
+        argv += ["--num-cpus", str(params.ray.num_cpus)]
+    if spec.role == "head":
+        return argv + ["--head", "--port", str(params.ray.port), "--include-dashboard=false",
+                       "--temp-dir", RAY_TEMP_DIR]
+    return argv + ["--address", address(params)]
+
+
+# --- containers ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeContainer:
+    """One node's container as started: the flags that matter and the fabric addresses seen inside it."""
+
+    node: str
+    name: str
+    id: str
+    image: str
+    gpus: bool
+    devices: list[str]
+    env: dict[str, str]
+    fabric_ip: str
+    netdev: str
+    netdev_ips: list[str]
+
+    @property
+    def fabric_ip_present(self) -> bool:
+        return self.fabric_ip in self.netdev_ips
+
+
+def _infiniband(node: Node) -> list[str]:
+    return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
+
+
+def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list[str]:
+    """IPv4 addresses of `netdev` as the container (host network) sees them, from /proc (no `ip` needed)."""
+    script = ("import fcntl, socket, struct, sys\n"
+              "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+              "try:\n"
+              "    raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', sys.argv[1].encode()[:15]))\n"
+              "    print(socket.inet_ntoa(raw[20:24]))\n"
+              "except OSError:\n"
+              "    pass\n")
+    out = runtime.exec(node, place, ["python3", "-c", script, netdev], timeout=30)
+    return out.stdout.split()
+
+
+def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str) -> list[NodeContainer]:
+    """Remove and recreate every node's container (in parallel); raise naming each node that failed."""
+    where = places(params, image)
+
+    def one(node: Node) -> NodeContainer:
+        spec, place = node.spec, where[node.name]
+        devices = [] if params.runtime.kind != "docker" or params.runtime.privileged else _infiniband(node)
+        cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
+        return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
+                             str(spec.fabric_ip), spec.fabric_netdev,
+                             _netdev_ips(runtime, node, place, spec.fabric_netdev))
+
+    return _values(cluster.fan_out(one))
+
+
+def _values(outcomes: dict[str, Any]) -> list[Any]:
+    errors = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]
+    if errors:
+        raise RayStageError("; ".join(errors))
+    return [o.value for o in outcomes.values()]
+
+
+class RayStageError(Exception):
+    """The Ray stage could not go on; the message names the node(s)."""
+
+
+# --- Ray -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RayStart:
+    node: str
+    argv: list[str]
+    spawned: Spawned
+
+
+def start_ray(params: Params, cluster: Cluster, runtime: Runtime, image: str) -> list[RayStart]:
+    """`ray start --block` in each container: the head first, workers once its GCS answers."""
+    where = places(params, image)
+    head = cluster.head
+    started = [RayStart(head.name, ray_argv(params, head.spec),
+                        runtime.spawn(head, where[head.name], ray_argv(params, head.spec), RAY_LOG))]
+    _wait_head(params, runtime, head, where[head.name], started[0].spawned)
+    for node in cluster.workers:
+        argv = ray_argv(params, node.spec)
+        started.append(RayStart(node.name, argv, runtime.spawn(node, where[node.name], argv, RAY_LOG)))
+    return started
+
+
+def _wait_head(params: Params, runtime: Runtime, head: Node, place: Place, spawned: Spawned) -> None:
+    end = time.monotonic() + params.ray.join_timeout_s
+    while time.monotonic() < end:
+        if status(params, runtime, head, place).ok:
+            return
+        if not runtime.running(head, place, spawned):
+            raise RayStageError(f"{head.name}: the Ray head exited: {runtime.read(head, place, RAY_LOG, tail_bytes=2000)}")
+        time.sleep(POLL_S)
+    raise RayStageError(f"{head.name}: the Ray head did not answer within {params.ray.join_timeout_s:g} s")
+
+
+def status(params: Params, runtime: Runtime, head: Node, place: Place) -> Result:
+    """`ray status` inside the head's container, against this cluster's address only."""
+    return runtime.exec(head, place, ["ray", "status", "--address", address(params)], timeout=60)
+
+
+# --- join wait and gate ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RayNode:
+    ip: str
+    alive: bool
+    hostname: str
+    resources: dict[str, float]
+
+    def name(self) -> str | None:
+        """The params node this Ray node was started for (from its sparkbook resource)."""
+        prefix = NODE_RESOURCE.format("")
+        return next((k[len(prefix):] for k in self.resources if k.startswith(prefix)), None)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What Ray's GCS reports: nodes and placement groups."""
+
+    nodes: list[RayNode]
+    placement_groups: list[dict[str, str]]
+
+    def by_name(self) -> dict[str, RayNode]:
+        return {n.name(): n for n in self.nodes if n.alive and n.name()}
+
+
+def snapshot(params: Params, runtime: Runtime, head: Node, place: Place) -> Snapshot:
+    out = runtime.exec(head, place, ["python3", "-c", _PROBE, address(params)], timeout=60)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("SPARKBOOK ")), None)
+    if line is None:
+        raise RayStageError(f"{head.name}: cannot read Ray's node table: {(out.stderr or out.stdout)[-800:]}")
+    data = json.loads(line.removeprefix("SPARKBOOK "))
+    return Snapshot([RayNode(**n) for n in data["nodes"]], data["placement_groups"])
+
+
+@dataclass(frozen=True)
+class Join:
+    """The join wait: who joined, how long it took, and why it stopped early if it did."""
+
+    joined: list[str]
+    missing: list[str]
+    seconds: float
+    snapshot: Snapshot | None
+    stopped_because: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+
+def wait_for_join(params: Params, cluster: Cluster, runtime: Runtime, image: str, containers: list[NodeContainer],
+                  started: list[RayStart], on_round: Callable[[int, str], None] = lambda n, note: None) -> Join:
+    """Poll Ray until every params node has joined, or the timeout, or a node that can never join:
+    its fabric IP is not on its netdev, or its `ray start` exited."""
+    where, t0 = places(params, image), time.monotonic()
+    hopeless = {c.node: f"{c.fabric_ip} is not an address of {c.netdev} (it has {', '.join(c.netdev_ips) or 'none'})"
+                for c in containers if not c.fabric_ip_present}
+    snap, joined, missing = None, [], [n.name for n in params.nodes]
+    while True:
+        for s in started:
+            node = cluster.nodes[s.node]
+            if s.node not in hopeless and not runtime.running(node, where[s.node], s.spawned):
+                hopeless[s.node] = "its `ray start` exited: " + runtime.read(node, where[s.node], RAY_LOG,
+                                                                              tail_bytes=600).strip()[-400:]
+        snap = snapshot(params, runtime, cluster.head, where[cluster.head.name])
+        seen = snap.by_name()
+        joined = [n.name for n in params.nodes if n.name in seen]
+        missing = [n.name for n in params.nodes if n.name not in seen]
+        on_round(len(joined), f"joined: {', '.join(joined) or 'none'}")
+        elapsed = time.monotonic() - t0
+        if not missing:
+            return Join(joined, missing, elapsed, snap)
+        if hopeless or elapsed > params.ray.join_timeout_s:
+            why = "; ".join(f"{k}: {v}" for k, v in hopeless.items()) or \
+                f"not joined within {params.ray.join_timeout_s:g} s"
+            return Join(joined, missing, elapsed, snap, why)
+        time.sleep(POLL_S)
+
+
+@dataclass(frozen=True)
+class GateRow:
+    node: str
+    fabric_ip: str
+    netdev_ips: str
+    ray_ip: str
+    expected: str
+    offered: str
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Gate:
+    rows: list[GateRow]
+    pending_placement_groups: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[str]:
+        bad = [f"{r.node}: {r.verdict}" for r in self.rows if r.verdict != "ok"]
+        return bad + [f"placement group {pg} is pending" for pg in self.pending_placement_groups]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def expected_resources(params: Params, spec: NodeSpec) -> tuple[str, float]:
+    """What each node must offer Ray: its listed GPUs, or (no GPUs, e.g. the lab) at least params' CPUs."""
+    if spec.gpus:
+        return "GPU", float(len(spec.gpus))
+    return "CPU", float(params.ray.num_cpus or 1)
+
+
+def gate(params: Params, containers: list[NodeContainer], join: Join) -> Gate:
+    """Ray's node IPs equal the fabric IPs (and the netdev has them), each node offers its resources,
+    no placement group is pending. Every failure names its node."""
+    seen = join.snapshot.by_name() if join.snapshot else {}
+    netdev = {c.node: c for c in containers}
+    rows = []
+    for spec in params.nodes:
+        kind, want = expected_resources(params, spec)
+        ray_node, c = seen.get(spec.name), netdev.get(spec.name)
+        have = ray_node.resources.get(kind, 0.0) if ray_node else 0.0
+        problems = []
+        if c is not None and not c.fabric_ip_present:
+            problems.append(f"fabric IP {spec.fabric_ip} is not on {c.netdev} (it has {', '.join(c.netdev_ips) or 'none'})")
+        if ray_node is None:
+            problems.append("not in the Ray cluster")
+        else:
+            if ray_node.ip != str(spec.fabric_ip):
+                problems.append(f"Ray reports IP {ray_node.ip}, params say {spec.fabric_ip}")
+            if have < want:
+                problems.append(f"offers {have:g} {kind}, needs {want:g}")
+        rows.append(GateRow(spec.name, str(spec.fabric_ip), ", ".join(c.netdev_ips) if c else "?",
+                            ray_node.ip if ray_node else "-", f"{want:g} {kind}", f"{have:g} {kind}",
+                            "; ".join(problems) or "ok"))
+    extra = [n for n in (join.snapshot.nodes if join.snapshot else []) if n.alive and n.name() is None]
+    rows += [GateRow(f"? ({n.hostname})", "-", "-", n.ip, "-", "-", "a Ray node that no params node started")
+             for n in extra]
+    pending = [pg["id"] for pg in (join.snapshot.placement_groups if join.snapshot else [])
+               if pg["state"] in ("PENDING", "RESCHEDULING")]
+    return Gate(rows, pending)
+
+
+class GateFailed(RayStageError):
+    def __init__(self, result: Gate):
+        self.gate = result
+        super().__init__("Ray gate failed: " + "; ".join(result.failures))
+
+
+def check(result: Gate) -> Gate:
+    if not result.ok:
+        raise GateFailed(result)
+    return result
+
+
+def stop(params: Params, cluster: Cluster, runtime: Runtime) -> list[str]:
+    """Remove every node's container (Ray and anything served in it); names of the nodes that had one."""
+    where = places(params, "")
+    outcomes = cluster.fan_out(lambda n: runtime.stop(n, where[n.name]))
+    return [name for name, o in outcomes.items() if o.ok and o.value]

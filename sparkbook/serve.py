@@ -1,0 +1,361 @@
+"""The serve stage: the `vllm serve` commands from params, their launch in the node containers, the
+readiness wait (health, models, every node's process alive), the smoke test, and one remediated retry."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+
+from .failures import Diagnosis, Remedy, classify, remedy
+from .nodes import Cluster, Node
+from .params import NodeSpec, Params, ServeSettings
+from .record import Alternative, Decision
+from .runtime import Place, Runtime, Spawned
+
+LOG_DIR = "/tmp/sparkbook/logs"
+POLL_S = 1.0
+TAIL_BYTES = 6000
+MAX_REMEDIES = 2
+
+# Runs in the head's container: which vLLM and which torch platform the image really has.
+_PLATFORM = """
+import json, importlib.metadata as md
+out = {"vllm": md.version("vllm")}
+try:
+    import torch
+    out.update(torch=torch.__version__, cuda=torch.cuda.is_available(), gpus=torch.cuda.device_count())
+except Exception as exc:
+    out.update(torch=None, cuda=False, gpus=0, error=repr(exc))
+print("SPARKBOOK " + json.dumps(out))
+"""
+
+
+# --- platform and executor -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Platform:
+    """What the image runs on: `cuda` or `cpu`, with the versions that show it."""
+
+    device: str
+    vllm: str
+    torch: str | None
+    gpus: int
+
+    @property
+    def evidence(self) -> list[str]:
+        return [f"vllm {self.vllm}", f"torch {self.torch}", f"torch.cuda.is_available() = {self.device == 'cuda'}",
+                f"visible GPUs: {self.gpus}"]
+
+
+def detect_platform(runtime: Runtime, node: Node, place: Place) -> Platform:
+    """Ask the image itself (a `+cpu` vLLM build or no CUDA in torch means the CPU platform)."""
+    out = runtime.exec(node, place, ["python3", "-c", _PLATFORM], timeout=120)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("SPARKBOOK ")), None)
+    if line is None:
+        raise ServeError(f"{node.name}: cannot tell the image's platform: {(out.stderr or out.stdout)[-800:]}")
+    data = json.loads(line.removeprefix("SPARKBOOK "))
+    cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
+    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"])
+
+
+def choose_executor(params: Params, platform: Platform) -> tuple[str, Decision]:
+    """Ray where the platform supports it and params ask for it; `mp` multi-node otherwise."""
+    wanted = params.serve.executor
+    multi = len(serving_nodes(params)) > 1
+    if platform.device == "cpu" and wanted == "ray":
+        return "mp", Decision(
+            "Which distributed executor serves the model?", "mp" + (" multi-node" if multi else ""),
+            f"vLLM's CPU build refuses Ray as executor (`current platform cpu does not support ray`); "
+            f"the image is vLLM {platform.vllm}. Ray still runs in the node containers (04).",
+            [Alternative("ray", "the image's platform is cpu: vLLM would refuse it at start-up")],
+            platform.evidence + [f"params serve.executor = {wanted}"])
+    other = "mp" if wanted == "ray" else "ray"
+    return wanted, Decision(
+        "Which distributed executor serves the model?", wanted, f"params ask for {wanted} and the "
+        f"{platform.device} platform supports it", [Alternative(other, "not what params ask for")],
+        platform.evidence + [f"params serve.executor = {wanted}"])
+
+
+# --- the commands ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServeCommand:
+    node: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """The exact commands per node, and where the API will answer."""
+
+    executor: str
+    settings: ServeSettings
+    commands: list[ServeCommand]
+    base_url: str
+    model: str
+
+    def table(self) -> list[dict[str, str]]:
+        return [{"node": c.node, "env": " ".join(f"{k}={v}" for k, v in c.env.items()),
+                 "command": " ".join(c.argv)} for c in self.commands]
+
+
+def serving_nodes(params: Params) -> list[NodeSpec]:
+    """Head first, then workers, as many as the world size needs (a node without listed GPUs is one rank)."""
+    world = params.serve.tensor_parallel_size * params.serve.pipeline_parallel_size
+    chosen, slots = [], 0
+    for spec in [params.head, *params.workers]:
+        if slots >= world:
+            break
+        chosen.append(spec)
+        slots += len(spec.gpus) or 1
+    return chosen
+
+
+def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: NodeSpec, rank: int,
+               nnodes: int) -> list[str]:
+    """One node's `vllm serve` argv, every value from params."""
+    model = params.model.path or params.model.hf_id
+    argv = ["vllm", "serve", str(model), "--served-model-name", params.model.served_name,
+            "--host", str(params.head.fabric_ip), "--port", str(settings.port),
+            "--tensor-parallel-size", str(settings.tensor_parallel_size),
+            "--pipeline-parallel-size", str(settings.pipeline_parallel_size),
+            "--distributed-executor-backend", executor, "--dtype", settings.dtype]
+    if executor == "mp" and nnodes > 1:
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", str(params.head.fabric_ip),
+                 "--master-port", str(settings.master_port)]
+        if rank > 0:
+            argv.append("--headless")
+    for flag, value in (("--max-model-len", settings.max_model_len), ("--max-num-seqs", settings.max_num_seqs),
+                        ("--gpu-memory-utilization", settings.gpu_memory_utilization),
+                        ("--kv-cache-memory-bytes", settings.kv_cache_memory_bytes)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(settings.extra_args)
+
+
+def plan(params: Params, executor: str, settings: ServeSettings | None = None) -> ServePlan:
+    """Commands for every node that serves: the head alone for `ray`, one rank per node for `mp`."""
+    settings = settings or params.serve
+    nodes = serving_nodes(params) if executor == "mp" else [params.head]
+    commands = [ServeCommand(spec.name, serve_argv(params, settings, executor, spec, rank, len(nodes)),
+                             {**settings.env, **settings.node_env.get(spec.name, {})})
+                for rank, spec in enumerate(nodes)]
+    return ServePlan(executor, settings, commands, f"http://{params.head.fabric_ip}:{settings.port}",
+                     params.model.served_name)
+
+
+# --- launch and readiness --------------------------------------------------------------------------
+class ServeError(Exception):
+    """Serving could not start; the message names the node and the classified cause."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    plan: ServePlan
+    attempt: int
+    spawned: dict[str, Spawned]
+    started_at: float
+
+
+def log_path(attempt: int) -> str:
+    return f"{LOG_DIR}/serve-{attempt}.log"
+
+
+def launch(cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
+           attempt: int = 1) -> Launch:
+    """Spawn every node's command in its container (head first), logs to a file per attempt."""
+    t0 = time.monotonic()
+    spawned = {c.node: runtime.spawn(cluster.nodes[c.node], where[c.node], c.argv, log_path(attempt), env=c.env)
+               for c in serve_plan.commands}
+    return Launch(serve_plan, attempt, spawned, t0)
+
+
+def stop_serving(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched: Launch) -> None:
+    """End the serve processes of `launched` (their process groups); the containers and Ray stay."""
+    cluster.fan_out(lambda n: runtime.kill(n, where[n.name], launched.spawned[n.name]),
+                    [cluster.nodes[name] for name in launched.spawned])
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """How a launch ended: ready (with timings) or failed (with the classified cause and log tails)."""
+
+    ok: bool
+    seconds: float
+    health_s: float | None
+    models: list[str]
+    tails: dict[str, str]
+    diagnosis: Diagnosis | None = None
+
+
+def _get(client: httpx.Client, url: str) -> httpx.Response | None:
+    try:
+        return client.get(url)
+    except httpx.HTTPError:
+        return None
+
+
+def _tails(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched: Launch) -> dict[str, str]:
+    def read(node: Node) -> str:
+        return runtime.read(node, where[node.name], launched.spawned[node.name].log, tail_bytes=TAIL_BYTES)
+
+    outcomes = cluster.fan_out(read, [cluster.nodes[n] for n in launched.spawned], timeout=60)
+    return {n: (o.value if o.ok else f"(log unreadable: {o.error})") for n, o in outcomes.items()}
+
+
+def _dead(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched: Launch) -> dict[str, str]:
+    """Nodes whose container (any node's: Ray lives there too) or serve process is gone, with what was seen."""
+    def check(node: Node) -> str:
+        place = where[node.name]
+        if not runtime.alive(node, place):
+            return f"container {place.name} is not running"
+        if node.name in launched.spawned and not runtime.running(node, place, launched.spawned[node.name]):
+            return "its `vllm serve` process exited"
+        return ""
+
+    outcomes = cluster.fan_out(check, [cluster.nodes[n] for n in where], timeout=60)
+    return {n: (o.value if o.ok else f"unreachable: {o.error}") for n, o in outcomes.items()
+            if not o.ok or o.value}
+
+
+def stop_earlier(cluster: Cluster, runtime: Runtime, where: dict[str, Place]) -> None:
+    """End serve processes an earlier run of this stage left in the containers (by their recorded IDs)."""
+    def kill_all(node: Node) -> None:
+        for attempt in range(1, MAX_REMEDIES + 2):
+            runtime.kill(node, where[node.name], Spawned(node.name, where[node.name].name, log_path(attempt)))
+
+    cluster.fan_out(kill_all, [cluster.nodes[n] for n in where])
+
+
+def wait_ready(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched: Launch, timeout_s: float,
+               on_round: Callable[[float, str], None] = lambda s, note: None) -> Readiness:
+    """Poll /health then /v1/models from here; every round also check each node's container and process,
+    so a dead node ends the wait at once with its classified log tail."""
+    base, model = launched.plan.base_url, launched.plan.model
+    health_s = None
+    with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0)) as client:
+        while True:
+            elapsed = time.monotonic() - launched.started_at
+            if health_s is None:
+                r = _get(client, f"{base}/health")
+                health_s = elapsed if r is not None and r.status_code == 200 else None
+            if health_s is not None:
+                r = _get(client, f"{base}/v1/models")
+                models = [m["id"] for m in r.json().get("data", [])] if r is not None and r.status_code == 200 else []
+                if model in models:
+                    return Readiness(True, time.monotonic() - launched.started_at, health_s, models,
+                                     _tails(cluster, runtime, where, launched))
+            dead = _dead(cluster, runtime, where, launched)
+            if dead or elapsed > timeout_s:
+                tails = _tails(cluster, runtime, where, launched)
+                observed = dead or {launched.plan.commands[0].node: f"not ready within {timeout_s:g} s"}
+                return Readiness(False, elapsed, health_s, [], tails, classify(tails, observed))
+            on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(cluster, runtime,
+                                                                                               where, launched))
+            time.sleep(POLL_S)
+
+
+def _last_line(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched: Launch) -> str:
+    head = launched.plan.commands[0].node
+    text = runtime.read(cluster.nodes[head], where[head], launched.spawned[head].log, tail_bytes=400)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][-120:] if lines else "(no output yet)"
+
+
+@dataclass
+class BringUp:
+    """Every attempt of the serve stage, the remediations between them, and the one that is serving."""
+
+    attempts: list[tuple[Launch, Readiness]] = field(default_factory=list)
+    remedies: list[Remedy] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1][1].ok
+
+    @property
+    def launched(self) -> Launch:
+        return self.attempts[-1][0]
+
+    @property
+    def readiness(self) -> Readiness:
+        return self.attempts[-1][1]
+
+    def decisions(self) -> list[Decision]:
+        return [Decision(f"How to retry after {r.cause}?", ", ".join(f"{k}={v}" for k, v in r.change.items()),
+                         r.reason, [Alternative(o, why) for o, why in r.alternatives],
+                         [f"attempt {i + 1}: {self.attempts[i][1].diagnosis.summary()}"])
+                for i, r in enumerate(self.remedies)]
+
+    def table(self) -> list[dict[str, object]]:
+        return [{"attempt": launch_.attempt, "ready": r.ok, "seconds": round(r.seconds, 1),
+                 "health after s": None if r.health_s is None else round(r.health_s, 1),
+                 "cause": r.diagnosis.cause if r.diagnosis else "", "node": r.diagnosis.node if r.diagnosis else "",
+                 "evidence": r.diagnosis.evidence[-160:] if r.diagnosis else ""} for launch_, r in self.attempts]
+
+
+def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
+             on_round: Callable[[float, str], None] = lambda s, note: None) -> BringUp:
+    """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
+    serve processes, apply it and try again (at most MAX_REMEDIES times)."""
+    result, current = BringUp(), serve_plan
+    stop_earlier(cluster, runtime, where)
+    for attempt in range(1, MAX_REMEDIES + 2):
+        launched = launch(cluster, runtime, where, current, attempt)
+        ready = wait_ready(cluster, runtime, where, launched, params.serve.ready_timeout_s, on_round)
+        result.attempts.append((launched, ready))
+        if ready.ok:
+            return result
+        stop_serving(cluster, runtime, where, launched)
+        fix = remedy(ready.diagnosis, current.settings) if params.serve.retry_with_remediation else None
+        if fix is None or attempt > MAX_REMEDIES:
+            return result
+        result.remedies.append(fix)
+        current = plan(params, current.executor, fix.settings)
+    return result
+
+
+def failure_message(result: BringUp) -> str:
+    d = result.readiness.diagnosis
+    return f"serving did not start ({len(result.attempts)} attempt(s)): {d.summary() if d else 'unknown'}"
+
+
+# --- smoke test ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Smoke:
+    kind: str
+    prompt: str
+    text: str
+    seconds: float
+    completion_tokens: int
+
+
+def smoke_test(base_url: str, model: str, timeout_s: float = 180, max_tokens: int = 32) -> list[Smoke]:
+    """One chat completion and one completion; their text, time and token counts."""
+    out = []
+    with httpx.Client(timeout=timeout_s) as client:
+        for kind, path, body, prompt in (
+                ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}]}, "Say hello."),
+                ("completion", "/v1/completions", {"prompt": "The capital of France is"}, "The capital of France is")):
+            t0 = time.monotonic()
+            r = client.post(base_url + path, json={"model": model, "max_tokens": max_tokens, "temperature": 0, **body})
+            r.raise_for_status()
+            data = r.json()
+            choice = data["choices"][0]
+            text = choice["message"]["content"] if kind == "chat" else choice["text"]
+            out.append(Smoke(kind, prompt, text, time.monotonic() - t0, data["usage"]["completion_tokens"]))
+    return out
+
+
+def endpoint(result: BringUp) -> dict[str, object]:
+    """What 06 needs: where to send requests, and exactly what was started where."""
+    launched = result.launched
+    return {"base_url": launched.plan.base_url, "model": launched.plan.model, "executor": launched.plan.executor,
+            "commands": {c.node: c.argv for c in launched.plan.commands},
+            "env": {c.node: c.env for c in launched.plan.commands},
+            "logs": {n: s.log for n, s in launched.spawned.items()},
+            "ready_s": round(result.readiness.seconds, 1), "attempts": len(result.attempts)}

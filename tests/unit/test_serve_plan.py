@@ -1,0 +1,142 @@
+"""Commands and env built from params (lab: mp multi-node; spark-duo: ray), the executor decision, the Ray gate."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkbook import raycluster as rc
+from sparkbook import serve
+from sparkbook.params import load_params
+
+PARAMS = Path(__file__).resolve().parents[2] / "params"
+CPU = serve.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
+CUDA = serve.Platform("cuda", "0.17.1", "2.9.1+cu130", 1)
+
+
+@pytest.fixture
+def duo(write_params, base):
+    base["nodes"][0].update(fabric_ip="192.168.200.12", fabric_netdev="enp1s0f1np1",
+                            roce_hcas=["rocep1s0f1", "roceP2p1s0f1"])
+    base["nodes"][1].update(fabric_ip="192.168.200.13", fabric_netdev="enp1s0f1np1")
+    base["serve"].update(gpu_memory_utilization=0.7, max_model_len=32768, extra_args=["--trust-remote-code"])
+    return load_params(write_params(base))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    text = (PARAMS / "lab.yaml").read_text()
+    for key in ("key_file", "known_hosts"):  # the lab's files may not exist where unit tests run
+        text = text.replace(f"  {key}:", f"  # {key}:")
+    path = tmp_path / "lab.yaml"
+    path.write_text(text)
+    return load_params(path)
+
+
+def test_lab_on_cpu_serves_with_mp_across_both_nodes(lab):
+    executor, decision = serve.choose_executor(lab, CPU)
+    assert executor == "mp" and decision.choice.startswith("mp")
+    assert any("0.32.0+cpu" in e for e in decision.evidence)
+    p = serve.plan(lab, executor)
+    head, worker = p.commands
+    assert (head.node, worker.node) == ("lab-0", "lab-1")
+    assert head.argv[:3] == ["vllm", "serve", "/srv/models/hyv4-tiny"]
+    for flag, value in (("--nnodes", "2"), ("--master-addr", "10.77.0.10"), ("--master-port", "29501"),
+                        ("--tensor-parallel-size", "2"), ("--distributed-executor-backend", "mp"),
+                        ("--host", "10.77.0.10"), ("--port", "8000"), ("--dtype", "float32"),
+                        ("--kv-cache-memory-bytes", "128M"), ("--served-model-name", "hyv4-tiny")):
+        assert head.argv[head.argv.index(flag) + 1] == value
+    assert head.argv[head.argv.index("--node-rank") + 1] == "0" and "--headless" not in head.argv
+    assert worker.argv[worker.argv.index("--node-rank") + 1] == "1" and "--headless" in worker.argv
+    assert head.argv[-4:] == ["--model-impl", "vllm", "--attention-backend", "CPU_MLA"]
+    assert "--enforce-eager" in head.argv
+    assert (head.env, worker.env) == ({"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    assert p.base_url == "http://10.77.0.10:8000"
+
+
+def test_gpu_cluster_serves_with_ray_from_the_head_only(duo):
+    executor, decision = serve.choose_executor(duo, CUDA)
+    assert executor == "ray" and decision.choice == "ray"
+    (cmd,) = serve.plan(duo, executor).commands
+    assert cmd.node == "a"
+    assert cmd.argv[2] == "Org/Model-1B"
+    assert "--nnodes" not in cmd.argv and "--headless" not in cmd.argv
+    assert cmd.argv[cmd.argv.index("--gpu-memory-utilization") + 1] == "0.7"
+    assert cmd.argv[-1] == "--trust-remote-code"
+
+
+def test_params_with_a_space_stay_one_argument(write_params, base):
+    base["serve"]["extra_args"] = ["--override-generation-config", '{"temperature": 0.5}']
+    (cmd, *_) = serve.plan(load_params(write_params(base)), "ray").commands
+    assert cmd.argv[-1] == '{"temperature": 0.5}'
+
+
+def test_a_world_smaller_than_the_cluster_uses_the_head_only(write_params, base):
+    base["nodes"][0]["gpus"] = [0, 1]
+    params = load_params(write_params(base))
+    assert [n.name for n in serve.serving_nodes(params)] == ["a"]
+    (cmd,) = serve.plan(params, "mp").commands
+    assert "--nnodes" not in cmd.argv
+
+
+def test_container_env_follows_the_anchors(duo):
+    env = rc.fabric_env(duo, duo.head)
+    assert env["VLLM_HOST_IP"] == env["RAY_NODE_IP_ADDRESS"] == "192.168.200.12"
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+                "OMPI_MCA_btl_tcp_if_include"):
+        assert env[key] == "enp1s0f1np1"
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+    assert "NCCL_IB_HCA" not in rc.fabric_env(duo, duo.workers[0])
+
+
+def test_ray_start_argv_head_and_worker(lab):
+    head, worker = (rc.ray_argv(lab, n) for n in lab.nodes)
+    assert head[:3] == ["ray", "start", "--block"] and "--head" in head
+    assert head[head.index("--temp-dir") + 1] == rc.RAY_TEMP_DIR
+    assert head[head.index("--node-ip-address") + 1] == "10.77.0.10"
+    assert worker[worker.index("--address") + 1] == "10.77.0.10:6379"
+    assert worker[worker.index("--node-ip-address") + 1] == "10.77.0.11"
+    assert '"sparkbook_node_lab-1": 1' in worker[worker.index("--resources") + 1]
+
+
+def _containers(params, ips=None):
+    ips = ips or {}
+    return [rc.NodeContainer(n.name, rc.container_name(params, n.name), "x", "img", False, [], {},
+                             str(n.fabric_ip), n.fabric_netdev, [ips.get(n.name, str(n.fabric_ip))])
+            for n in params.nodes]
+
+
+def _join(params, ray_ips=None, pgs=(), cpus=2.0):
+    ray_ips = ray_ips or {}
+    nodes = [rc.RayNode(ray_ips.get(n.name, str(n.fabric_ip)), True, n.name,
+                        {"CPU": cpus, rc.NODE_RESOURCE.format(n.name): 1.0}) for n in params.nodes
+             if ray_ips.get(n.name) != "absent"]
+    snap = rc.Snapshot(nodes, list(pgs))
+    return rc.Join([n.name() for n in nodes], [], 1.0, snap)
+
+
+def test_gate_passes_on_a_consistent_cluster(lab):
+    g = rc.gate(lab, _containers(lab), _join(lab))
+    assert g.ok, g.failures
+    assert [r.verdict for r in g.rows] == ["ok", "ok"]
+
+
+def test_gate_names_the_node_whose_fabric_ip_is_wrong(lab):
+    g = rc.gate(lab, _containers(lab, {"lab-1": "10.77.0.12"}), _join(lab, {"lab-1": "10.77.0.12"}))
+    assert not g.ok
+    (failure,) = g.failures
+    assert failure.startswith("lab-1: ") and "10.77.0.11 is not on eth0" in failure and "Ray reports IP 10.77.0.12" in failure
+    with pytest.raises(rc.GateFailed, match="lab-1"):
+        rc.check(g)
+
+
+def test_gate_names_missing_nodes_short_resources_and_pending_groups(lab):
+    g = rc.gate(lab, _containers(lab), _join(lab, {"lab-1": "absent"}, pgs=[{"id": "pg1", "state": "PENDING"}],
+                                             cpus=0.0))
+    assert g.failures == ["lab-0: offers 0 CPU, needs 1", "lab-1: not in the Ray cluster", "placement group pg1 is pending"]
+
+
+def test_gate_expects_gpus_where_params_list_them(duo):
+    g = rc.gate(duo, _containers(duo), _join(duo))
+    assert [r.expected for r in g.rows] == ["1 GPU", "1 GPU"]
+    assert not g.ok and "offers 0 GPU, needs 1" in g.failures[0]

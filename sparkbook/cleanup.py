@@ -11,7 +11,8 @@ from typing import Callable
 from .docker_ssh import docker_client
 from .nodes import Cluster, Node, Outcome, shell
 from .params import CleanupTargets
-from .diagnose import GpuApp, Memory, gpu_compute_apps, read_memory
+from .record import Alternative, Decision
+from .diagnose import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_compute_apps, read_memory
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
 NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")
@@ -160,15 +161,16 @@ def _processes(node: Node, patterns: list[str]) -> list[Process]:
 
 def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     """Containers, systemd units, processes, GPU compute apps and memory of one node."""
+    memory = read_memory(node)  # first: an unreachable node fails here, once
     containers, docker = _containers(node)
     units, systemd = _units(node, targets.systemd_units)
     gpu, apps = gpu_compute_apps(node)
     return Inventory(node.name, containers, docker, units, systemd, _processes(node, targets.processes),
-                     gpu, apps, read_memory(node))
+                     gpu, apps, memory)
 
 
 def inventory_all(cluster: Cluster, targets: CleanupTargets) -> dict[str, Outcome[Inventory]]:
-    return cluster.fan_out(lambda n: inventory(n, targets), timeout=PROBE_TIMEOUT_S + 10)
+    return cluster.fan_out(lambda n: inventory(n, targets), timeout=FANOUT_TIMEOUT_S)
 
 
 def inventory_rows(inv: Inventory, targets: CleanupTargets) -> list[dict[str, object]]:
@@ -183,9 +185,9 @@ def inventory_rows(inv: Inventory, targets: CleanupTargets) -> list[dict[str, ob
               "allow-listed": True} for p in inv.processes]
     rows += [{"kind": "gpu app", "name": a.name, "state": f"pid {a.pid}", "detail": f"{a.used_mib} MiB",
               "allow-listed": False} for a in inv.gpu_apps]
-    rows += [{"kind": "fact", "name": k, "state": v, "detail": "", "allow-listed": False}
+    rows += [{"kind": "fact", "name": k, "state": "", "detail": v, "allow-listed": False}
              for k, v in (("docker", inv.docker), ("systemd", inv.systemd), ("gpu", inv.gpu))]
-    rows.append({"kind": "memory", "name": inv.memory.source, "state": inv.memory.describe(), "detail": "",
+    rows.append({"kind": "memory", "name": inv.memory.source, "state": "", "detail": inv.memory.describe(),
                  "allow-listed": False})
     return rows
 
@@ -255,6 +257,19 @@ def _order_conflicts(ordered: list[Target], deps: dict[tuple[str, str], set[str]
                                 f"(step {i + 1}), which depends on it: cleanup.order asks for that")
         seen[(c.node, c.name)] = i
     return warnings
+
+
+def decision(p: Plan, confirmed: bool, unreached: list[str]) -> Decision:
+    """Whether this run stops the plan's targets, and on what evidence."""
+    what = f"{len(p.targets)} target(s): " + ", ".join(f"{t.node}/{t.name}" for t in p.targets)
+    evidence = [what, *p.warnings] + [f"not inventoried (unreachable): {n}" for n in unreached]
+    if confirmed and p.targets:
+        return Decision("Stop the old deployment now?", "stop, in plan order",
+                        "confirm_cleanup is true; every target is allow-listed and has its restore command recorded",
+                        [Alternative("show the plan only", "the parameter confirms the stop")], evidence)
+    why = "nothing allow-listed is running" if not p.targets else "confirm_cleanup is false"
+    return Decision("Stop the old deployment now?", "show the plan only", why,
+                    [Alternative("stop, in plan order", why)], evidence)
 
 
 # --- act ------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    from . import cleanup
+    from .record import open_run
+
+    plan_file = Path(args.run_dir) / cleanup.RESTORE_FILE
+    if not plan_file.is_file():
+        raise runbook.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
+    run = open_run(json.loads(plan_file.read_text())["params_file"], args.run_dir, stage="restore")
+    actions = cleanup.restore(run.cluster, plan_file)
+    run.record("restore", actions)
+    for a in actions:
+        print(f"{a.node:12} {a.name:24} {'ok' if a.ok else 'FAILED'}  {a.command}  {a.detail}")
+    run.close()
+    return 0 if all(a.ok for a in actions) else 1
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="sparkbook", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -80,6 +97,10 @@ def parser() -> argparse.ArgumentParser:
     lab.add_argument("action", choices=["up", "down", "status"])
     lab.add_argument("--nodes", type=int, default=2)
     lab.set_defaults(func=cmd_lab)
+
+    restore = sub.add_parser("restore", help="bring back what 01-cleanup stopped (its run dir's restore plan)")
+    restore.add_argument("run_dir")
+    restore.set_defaults(func=cmd_restore)
     return top
 
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .docker_ssh import docker_client
 from .modelinfo import GIB, FitRow, NodeMemory
 from .nodes import Cluster, Node, Outcome, shell
 from .params import ModelSpec, NodeSpec, Params
 
+if TYPE_CHECKING:
+    from .images import RegistryProbe
+
 PROBE_TIMEOUT_S = 20
+FANOUT_TIMEOUT_S = 25  # a node that has not answered by then is reported by name, not waited on
 NO_GPU = "no GPU (nvidia-smi not present)"
 
 
@@ -227,7 +231,7 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
 
 
 def facts_all(cluster: Cluster, params: Params) -> dict[str, Outcome[NodeFacts]]:
-    return cluster.fan_out(lambda n: node_facts(n, n.spec, params), timeout=PROBE_TIMEOUT_S + 10)
+    return cluster.fan_out(lambda n: node_facts(n, n.spec, params), timeout=FANOUT_TIMEOUT_S)
 
 
 # --- fabric links -----------------------------------------------------------------------------------
@@ -258,7 +262,7 @@ def links(node: Node, params: Params) -> list[Link]:
 
 
 def links_all(cluster: Cluster, params: Params) -> dict[str, Outcome[list[Link]]]:
-    return cluster.fan_out(lambda n: links(n, params), timeout=PROBE_TIMEOUT_S + 10)
+    return cluster.fan_out(lambda n: links(n, params), timeout=FANOUT_TIMEOUT_S)
 
 
 # --- the model on the nodes -------------------------------------------------------------------------
@@ -297,7 +301,16 @@ def model_files(node: Node, model: ModelSpec) -> ModelFiles:
 
 
 def model_files_all(cluster: Cluster, model: ModelSpec) -> dict[str, Outcome[ModelFiles]]:
-    return cluster.fan_out(lambda n: model_files(n, model), timeout=PROBE_TIMEOUT_S * 2 + 10)
+    return cluster.fan_out(lambda n: model_files(n, model), timeout=FANOUT_TIMEOUT_S)
+
+
+def model_source(files: dict[str, Outcome[ModelFiles]], head: str) -> ModelFiles:
+    """The head's copy of the model files, else the first node that has a config.json."""
+    have = [o.value for n, o in sorted(files.items(), key=lambda i: i[0] != head) if o.ok and o.value.config]
+    if not have:
+        raise RuntimeError("no node has the model's config.json: " + "; ".join(
+            f"{n}: {o.value.error if o.ok else o.error}" for n, o in files.items()))
+    return have[0]
 
 
 def model_rows(files: dict[str, Outcome[ModelFiles]]) -> list[dict[str, object]]:
@@ -362,19 +375,23 @@ def fit_findings(rows: list[FitRow]) -> list[Finding]:
             for r in rows if not r.fits]
 
 
-def image_finding(image: str, architecture: str, registered: bool, vllm_version: str | None,
-                  error: str | None) -> Finding:
-    if error:
-        return Finding("blocker", "image", f"{image}: the registry probe failed: {error}")
-    if registered:
-        return Finding("fact", "image", f"{image} (vLLM {vllm_version}) registers {architecture}")
-    return Finding("blocker", "image", f"{image} (vLLM {vllm_version}) does not register {architecture}: "
-                                       "the installed deployment's image cannot serve this model")
+def image_finding(probe: RegistryProbe) -> Finding:
+    """The seed's first discovery: does the installed image's vLLM know the model's architecture?"""
+    image, arch, version = probe.image, probe.architecture, probe.vllm_version
+    if probe.error:
+        return Finding("blocker", "image", f"{image}: the registry probe failed: {probe.error}")
+    if probe.registered:
+        return Finding("fact", "image", f"{image} (vLLM {version}) registers {arch}")
+    fallback = (" (its transformers knows the model, so `--model-impl auto` would fall back to the Transformers "
+                "backend: that is not support)") if probe.transformers_backend else ""
+    return Finding("blocker", "image", f"{image} (vLLM {version}) does not register {arch}: the installed "
+                                       f"deployment's image cannot serve this model{fallback}")
 
 
-def question_for_03(architecture: str, image: str, registered: bool) -> str:
-    if registered:
-        return (f"{image} registers {architecture}; does it really load it (inspection, not just the name), "
+def question_for_03(probe: RegistryProbe) -> str:
+    arch, image = probe.architecture, probe.image
+    if probe.registered:
+        return (f"{image} registers {arch}; does it really load it (inspection, not just the name), "
                 "or is another candidate image needed?")
-    return (f"Which candidate image's vLLM registers {architecture} AND loads it (inspection passes), "
-            f"since the installed {image} does not — and is it (same image ID) on every node?")
+    return (f"Which candidate image's vLLM registers {arch} AND loads it (inspection passes, not a grafted name), "
+            f"since the installed {image} does not — and is that image (same ID) on every node?")

@@ -35,6 +35,16 @@ class ModelFacts:
     def is_moe(self) -> bool:
         return self.active_params < self.total_params
 
+    def summary(self) -> dict[str, object]:
+        return {"architectures": ", ".join(self.architectures), "model_type": self.model_type, "dtype": self.dtype,
+                "quantization": self.quantization or "none", "bytes per parameter": self.bytes_per_param,
+                "parameters (estimate)": human_params(self.total_params),
+                "active parameters (estimate)": human_params(self.active_params) + (" (MoE)" if self.is_moe else ""),
+                "weight bytes": f"{self.weight_bytes:,} ({self.weight_bytes / GIB:.3f} GiB, {self.weight_source})",
+                "layers": self.num_layers,
+                "KV bytes per token": f"{self.kv_bytes_per_token:,}" + (" (MLA latent)" if self.kv_latent else ""),
+                "dir on nodes": self.dir_on_nodes}
+
 
 @dataclass(frozen=True)
 class NodeMemory:

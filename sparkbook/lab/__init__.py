@@ -6,6 +6,7 @@
     reset(progress=None) -> LabStatus         on a lab that is up: back to the initial state (the old
                                               deployment running, workers without vLLM images)
     params_file(nodes) -> Path                a params file describing an N-node lab
+    wait_old_deployment(timeout) -> dict      until the old vLLM (slow to start) answers too
 
 The head node (lab-0) gets every lab image; workers get only the base image, so the runbook's
 distribution step has real work to do. Every node gets the lab models in its model cache
@@ -30,8 +31,11 @@ Progress = Optional[Callable[[str], None]]
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
 DEFAULT_LAB_HOME = Path("/var/lib/sparkbook-lab")
+SMALL_SERVICES = {"proxy", "embeddings", "reranker"}
+OLD_VLLM_TIMEOUT_S = 600
 
-__all__ = ["up", "down", "status", "reset", "params_file", "LabStatus", "NodeStatus", "LabError"]
+__all__ = ["up", "down", "status", "reset", "params_file", "wait_old_deployment", "LabStatus", "NodeStatus",
+           "LabError"]
 
 
 @dataclass
@@ -81,7 +85,8 @@ class LabStatus:
                          f"init_pid={n.init_pid}")
             lines.append(f"        images: {', '.join(n.images) or '-'}")
             for c in n.containers:
-                lines.append(f"        container {c['name']:15} {c['state']:8} {c['image']}")
+                ans = {True: " (answers)", False: " (not answering yet)"}.get(c.get("answers"), "")
+                lines.append(f"        container {c['name']:15} {c['state']}{ans}  {c['image']}")
             if n.error:
                 lines.append(f"        error: {n.error}")
         if self.actions:
@@ -102,7 +107,7 @@ def _say(progress: Progress, msg: str) -> None:
 def _lock():
     """One lab operation at a time on this machine (tests of several engineers share the lab)."""
     lab_home().mkdir(parents=True, exist_ok=True)
-    with open(lab_home() / "lab.lock", "w") as fh:
+    with open(lab_home() / f"lab{cluster._SUFFIX}.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -124,7 +129,7 @@ def params_file(nodes: int = 2) -> Path:
     LAB_HOME); otherwise LAB_HOME/params/lab-N.yaml derived from it (node list replaced, serve.node_env
     of missing nodes dropped, SSH key paths under LAB_HOME)."""
     specs = cluster.node_specs(nodes)
-    if nodes == 2 and lab_home() == DEFAULT_LAB_HOME:
+    if nodes == 2 and lab_home() == DEFAULT_LAB_HOME and cluster.LAB_ID == 0:
         return REPO_PARAMS
     import yaml
     p = _load_yaml(REPO_PARAMS)
@@ -137,7 +142,7 @@ def params_file(nodes: int = 2) -> Path:
         p["serve"]["node_env"] = {k: v for k, v in node_env.items() if k in names}
     p.setdefault("ssh", {}).update({"key_file": str(cluster.key_file()),
                                     "known_hosts": str(cluster.known_hosts_file())})
-    out = lab_home() / "params" / f"lab-{nodes}.yaml"
+    out = lab_home() / "params" / f"lab{cluster._SUFFIX}-{nodes}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     text = (f"# {nodes}-node lab, derived from {REPO_PARAMS} by sparkbook.lab.params_file({nodes}).\n"
             + yaml.safe_dump(p, sort_keys=False))
@@ -180,7 +185,8 @@ def _node_status(s: NodeSpec, st: dict) -> NodeStatus:
     n.sshd = n.hostname is not None
     try:
         n.images = node_images(s)
-        n.containers = [{k: c[k] for k in ("name", "image", "state", "status", "labels")}
+        n.containers = [{**{k: c[k] for k in ("name", "image", "state", "status", "labels")},
+                         "answers": deployment.health(c, s.ip) if c["state"] == "running" else None}
                         for c in deployment.containers(s)]
         n.dockerd = True
     except LabError as e:
@@ -266,7 +272,7 @@ def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> lis
     return drop
 
 
-def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = True) -> list[str]:
+def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = False) -> list[str]:
     """Images, models and the old deployment as a freshly-up lab has them. Idempotent."""
     from . import deployment, images, models
     params = _load_yaml(REPO_PARAMS)
@@ -291,8 +297,11 @@ def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = Tr
     actions += [f"model {m}" for m in _sync_models(specs, mdirs, progress)]
     started = deployment.ensure(specs, params, base, progress)
     actions += [f"run {c}" for c in started]
+    # The small services answer within seconds; the old vLLM takes 30 s to minutes on a busy 2-core
+    # machine (pinned to one core), so `up` does not wait for it: see wait_old_deployment().
+    deployment.wait_ready(specs, params, base, progress=progress, roles=SMALL_SERVICES)
     if wait:
-        deployment.wait_ready(specs, params, base, progress=progress)
+        deployment.wait_ready(specs, params, base, progress=progress, timeout=OLD_VLLM_TIMEOUT_S)
     return actions
 
 
@@ -330,6 +339,16 @@ def reset(progress: Progress = None) -> LabStatus:
         st = _status()
         st.actions, st.seconds = actions, time.monotonic() - t0
         return st
+
+
+def wait_old_deployment(timeout: float = OLD_VLLM_TIMEOUT_S, progress: Progress = None) -> dict[str, float]:
+    """Until every old-deployment service (old-vllm included) answers; returns seconds waited for each."""
+    from . import deployment, images
+    n = cluster.load_state().get("n")
+    if not n:
+        raise LabError("the lab is not up; run `sparkbook lab up`")
+    return deployment.wait_ready(cluster.node_specs(n), _load_yaml(REPO_PARAMS), images.BASE, timeout=timeout,
+                                 progress=progress)
 
 
 def _stop_builder(progress: Progress) -> None:

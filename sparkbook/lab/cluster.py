@@ -9,7 +9,7 @@ other end sits on the lab bridge) plus one *node init* process started as::
 
 The init is PID 1 of the node's pid namespace.  It sets the hostname, gives the node its own
 ``/run`` and ``/dev/shm`` (tmpfs), bind-mounts the node's own directories on ``/var/lib/docker``,
-``/srv/models``, ``/tmp``, ``/etc/hosts`` and ``/etc/hostname``, then starts ``dockerd`` and
+``/srv/models``, ``/tmp``, ``/root/.ssh``, ``/etc/hosts`` and ``/etc/hostname``, then starts ``dockerd`` and
 ``sshd`` and reaps.  Killing it ends every process of the node, and the node's mounts die with
 its mount namespace, which makes ``down`` clean.
 
@@ -34,20 +34,28 @@ from typing import Callable, Optional
 Progress = Optional[Callable[[str], None]]
 
 # ---------------------------------------------------------------------------------------------
-# Layout. These match params/lab.yaml (tests/lab/test_cluster.py checks that they agree).
-BRIDGE = "sbk-br0"
-HOST_IP = "10.77.0.1"
+# Layout. The default lab (LAB_ID 0) matches params/lab.yaml (tests/lab/test_cluster.py checks that).
+# SPARKBOOK_LAB_ID=k (1..99) gives a second, independent lab beside it (own bridge sbk<k>-br0, subnet
+# 10.77.<k>.0/24, namespaces, node dirs, state file and known_hosts under the same LAB_HOME; the builder,
+# images and models are shared): for testing `down`/`up` without disturbing users of the default lab.
+LAB_ID = int(os.environ.get("SPARKBOOK_LAB_ID", "0"))
+_TAG = "sbk" if LAB_ID == 0 else f"sbk{LAB_ID}"
+_SUFFIX = "" if LAB_ID == 0 else f"-{LAB_ID}"
+BRIDGE = f"{_TAG}-br0"
+HOST_IP = f"10.77.{LAB_ID}.1"
 PREFIX_LEN = 24
-NODE_IP_BASE = "10.77.0."  # node i gets 10.77.0.(10+i)
+NODE_IP_BASE = f"10.77.{LAB_ID}."  # node i gets 10.77.<id>.(10+i)
 NODE_IP_OFFSET = 10
 NODE_NETDEV = "eth0"
-NETNS_PREFIX = "sbk-lab-"
-VETH_PREFIX = "sbk-v"  # host end sbk-v<i>; the node end is created as sbk-n<i> and renamed eth0
+NETNS_PREFIX = f"{_TAG}-lab-"
+VETH_PREFIX = f"{_TAG}-v"  # host end <tag>-v<i>; the node end is created as <tag>-n<i> and renamed eth0
+VETH_PEER_PREFIX = f"{_TAG}-n"
 MAX_NODES = 64
 NODE_MOUNTS = {  # node dir (under LAB_HOME/nodes/<name>/) -> path inside the node
     "docker": "/var/lib/docker",
     "models": "/srv/models",
     "tmp": "/tmp",
+    "dotssh": "/root/.ssh",  # the node's own ~/.ssh: the lab key + known_hosts, so nodes ssh to each other
 }
 FORWARD_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"]
 INPUT_RULE = ["INPUT", "-i", BRIDGE, "-j", "ACCEPT"]
@@ -64,7 +72,11 @@ def lab_home() -> Path:
 
 
 def state_file() -> Path:
-    return lab_home() / "state.json"
+    return lab_home() / f"state{_SUFFIX}.json"
+
+
+def nodes_dir() -> Path:
+    return lab_home() / f"nodes{_SUFFIX}"
 
 
 def ssh_dir() -> Path:
@@ -76,11 +88,11 @@ def key_file() -> Path:
 
 
 def known_hosts_file() -> Path:
-    return ssh_dir() / "known_hosts"
+    return ssh_dir() / f"known_hosts{_SUFFIX}"
 
 
 def ssh_config_file() -> Path:
-    return ssh_dir() / "config"
+    return ssh_dir() / f"config{_SUFFIX}"
 
 
 @dataclass
@@ -94,7 +106,7 @@ class NodeSpec:
 
     @property
     def dir(self) -> Path:
-        return lab_home() / "nodes" / self.name
+        return nodes_dir() / self.name
 
     @property
     def docker_sock(self) -> Path:
@@ -231,6 +243,21 @@ def ensure_keys(specs: list[NodeSpec], progress: Progress = None) -> None:
                    f"  IdentitiesOnly yes\n  BatchMode yes\n  ConnectTimeout 10\n")
     known_hosts_file().write_text("".join(lines))
     ssh_config_file().write_text("".join(cfg))
+    # each node's ~/.ssh (bind-mounted on /root/.ssh in the node): node-to-node ssh by name or IP
+    node_known = "".join(f"{s.ip},{s.name} {line.split(' ', 1)[1]}" for s, line in zip(specs, lines))
+    node_cfg = "Host *\n  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 10\n"
+    files = {"id_ed25519": key_file().read_text(), "id_ed25519.pub": key_file().with_suffix(".pub").read_text(),
+             "authorized_keys": key_file().with_suffix(".pub").read_text(), "known_hosts": node_known,
+             "config": node_cfg}
+    for s in specs:
+        d = s.dir / "dotssh"
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        for name, text in files.items():
+            f = d / name
+            if not f.exists() or f.read_text() != text:
+                f.write_text(text)
+            os.chmod(f, 0o600 if name == "id_ed25519" else 0o644)
 
 
 def sshd_config(s: NodeSpec) -> str:
@@ -309,7 +336,7 @@ def ensure_netns(s: NodeSpec, state: dict) -> None:
     if run([*ns, "link", "show", "dev", NODE_NETDEV], check=False).returncode != 0:
         if _link_exists(s.veth):
             run(["ip", "link", "del", s.veth])
-        peer = f"sbk-n{s.index}"
+        peer = f"{VETH_PEER_PREFIX}{s.index}"
         run(["ip", "link", "add", s.veth, "type", "veth", "peer", "name", peer])
         run(["ip", "link", "set", peer, "netns", s.netns])
         run([*ns, "link", "set", peer, "name", NODE_NETDEV])
@@ -436,6 +463,27 @@ def stop_node(name: str, ns: dict, timeout: float = 20) -> None:
         _reap(un_pid)
 
 
+def _kill_netns_pids(netns: str, progress: Progress = None) -> None:
+    """SIGKILL every process still in one of the lab's network namespaces (e.g. a node whose state
+    entry was lost in a crash); they are the lab's by construction."""
+    if netns not in _netns_list():
+        return
+    pids = [int(x) for x in run(["ip", "netns", "pids", netns], check=False).stdout.split()]
+    if pids:
+        _say(progress, f"{netns}: killing leftover processes {pids}")
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while pids and time.monotonic() < deadline:
+        for pid in pids:
+            _reap(pid)
+        pids = [p for p in pids if proc_starttime(p) is not None]
+        time.sleep(0.1)
+
+
 def _cgroup_cleanup(netns_names: list[str]) -> list[str]:
     """Remove the (empty) cgroups the node daemons made under /<netns> in every v1 hierarchy."""
     left = []
@@ -486,6 +534,7 @@ def start(n: int, progress: Progress = None) -> tuple[list[NodeSpec], bool]:
             old = state.get("nodes", {}).get(s.name)
             if old:
                 stop_node(s.name, old)
+            _kill_netns_pids(s.netns, progress)
             start_node(s, specs, state, progress)
             changed = True
     for s in specs:
@@ -512,6 +561,7 @@ def down(progress: Progress = None) -> dict:
     netns_names += [x for x in _netns_list() if x.startswith(NETNS_PREFIX)]
     netns_names = list(dict.fromkeys(netns_names))
     for name in netns_names:
+        _kill_netns_pids(name, progress)
         if name in _netns_list():
             _say(progress, f"network: removing netns {name}")
             run(["ip", "netns", "del", name], check=False)
@@ -528,12 +578,15 @@ def down(progress: Progress = None) -> dict:
             _say(progress, f"network: removing bridge {br}")
             run(["ip", "link", "del", br], check=False)
     cg_left = _cgroup_cleanup(netns_names)
-    for d in state.get("made_dirs", []):
-        try:
-            Path(d).rmdir()
-        except OSError:
-            pass
-    for s in (lab_home() / "nodes").glob("*/docker.sock"):
+    # Mount points made on the host (e.g. /srv/models): removed only when no other lab is up, since
+    # removing a directory detaches the mounts on it in every other mount namespace.
+    if not [f for f in lab_home().glob("state*.json") if f != state_file()]:
+        for d in state.get("made_dirs", []):
+            try:
+                Path(d).rmdir()
+            except OSError:
+                pass
+    for s in nodes_dir().glob("*/docker.sock"):
         try:
             s.unlink()
         except OSError:
@@ -563,7 +616,7 @@ def leftovers() -> dict:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "node-init" in cmd and home in cmd or f"--net=/var/run/netns/{NETNS_PREFIX}" in cmd:
+        if "node-init" in cmd and f"{nodes_dir()}/" in cmd or f"--net=/var/run/netns/{NETNS_PREFIX}" in cmd:
             procs.append(f"{p.name} {cmd[:120]}")
     host_net = os.readlink("/proc/self/ns/net")
     # processes in any other network namespace that is one of ours
@@ -576,9 +629,9 @@ def leftovers() -> dict:
     del host_net
     links = [line.split(":")[1].strip().split("@")[0]
              for line in run(["ip", "-o", "link", "show"]).stdout.splitlines()]
-    links = [x for x in links if x == BRIDGE or x.startswith(VETH_PREFIX) or x.startswith("sbk-n")]
+    links = [x for x in links if x == BRIDGE or x.startswith(VETH_PREFIX) or x.startswith(VETH_PEER_PREFIX)]
     mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
-              if f"{home}/nodes/" in line or f"/netns/{NETNS_PREFIX}" in line]
+              if f"{nodes_dir()}/" in line or f"/netns/{NETNS_PREFIX}" in line]
     rules = [" ".join(r) for r in (FORWARD_RULE, INPUT_RULE) if _iptables_has(r)]
     return {"processes": procs, "netns": sorted(ours), "links": links, "mounts": mounts, "rules": rules}
 

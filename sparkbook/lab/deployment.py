@@ -239,9 +239,10 @@ def ensure(specs: list[NodeSpec], params: dict, base_image: str, progress: Progr
 
 
 def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: float = 180,
-               progress: Progress = None) -> dict[str, float]:
-    """Until every old-deployment service answers its health URL; returns seconds waited for each."""
-    want = plan(specs, params, base_image)
+               progress: Progress = None, roles: Optional[set[str]] = None) -> dict[str, float]:
+    """Until every old-deployment service (of `roles`, default all) answers its health URL;
+    returns seconds waited for each. Raises LabError when one exits or the time is up."""
+    want = [c for c in plan(specs, params, base_image) if roles is None or c.role in roles]
     by_node = {s.name: s for s in specs}
     t0 = time.monotonic()
     pending = {c.name: c for c in want}
@@ -267,6 +268,19 @@ def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: fl
     if pending:
         raise LabError(f"old deployment not ready after {timeout}s: {sorted(pending)}")
     return done
+
+
+def health(c: dict, ip: str) -> Optional[bool]:
+    """For a container dict of :func:`containers` with a lab port label: does it answer? None: not ours."""
+    port = c["labels"].get(f"{LABEL}.port")
+    if not port or c["labels"].get(DEPLOYMENT_LABEL) != "old":
+        return None
+    path = "/proxy/health" if c["labels"].get(ROLE_LABEL) == "proxy" else "/health"
+    try:
+        with _OPENER.open(f"http://{ip}:{port}{path}", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def _say(progress: Progress, msg: str) -> None:

@@ -62,12 +62,21 @@ class NodeShell:
 def connect(ip: str, *, known_hosts: str, key_file: str, timeout: float = 10):
     """paramiko with RejectPolicy and ONLY the lab's known_hosts (no system host keys)."""
     import paramiko
-    c = paramiko.SSHClient()
-    c.load_host_keys(known_hosts)
-    c.set_missing_host_key_policy(paramiko.RejectPolicy())
-    c.connect(ip, port=22, username="root", key_filename=key_file, timeout=timeout, allow_agent=False,
-              look_for_keys=False, banner_timeout=timeout, auth_timeout=timeout)
-    return c
+    for attempt in range(3):  # a 2-core machine under load can drop a connection before the banner
+        c = paramiko.SSHClient()
+        c.load_host_keys(known_hosts)
+        c.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            c.connect(ip, port=22, username="root", key_filename=key_file, timeout=timeout, allow_agent=False,
+                      look_for_keys=False, banner_timeout=timeout, auth_timeout=timeout)
+            return c
+        except paramiko.BadHostKeyException:
+            raise
+        except (paramiko.SSHException, OSError) as e:
+            c.close()
+            if "not found in known_hosts" in str(e) or attempt == 2:
+                raise
+            time.sleep(1)
 
 
 @pytest.fixture(scope="session")

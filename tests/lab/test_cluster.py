@@ -28,8 +28,17 @@ def http_get(url: str, timeout: float = 10) -> tuple[int, bytes]:
         return r.status, r.read()
 
 
+@pytest.fixture(scope="module")
+def initial(lab, lab_progress):
+    """The lab in its initial state (old deployment running, workers without vLLM images): what a
+    previous runbook run left is removed first (reset)."""
+    return sblab.reset(lab_progress)
+
+
 def test_layout_matches_params():
-    """params/lab.yaml (the authority on names and addresses) and the lab agree."""
+    """params/lab.yaml (the authority on names and addresses) and the default lab agree."""
+    if cluster.LAB_ID != 0:
+        pytest.skip("SPARKBOOK_LAB_ID set: a second lab, described by params_file(), not params/lab.yaml")
     p = yaml.safe_load(sblab.REPO_PARAMS.read_text())
     specs = cluster.node_specs(len(p["nodes"]))
     assert [(n["name"], n["role"], n["host"], n["fabric_ip"], n["fabric_netdev"]) for n in p["nodes"]] == \
@@ -43,7 +52,7 @@ def test_layout_matches_params():
 def test_params_file_for_other_sizes():
     for n in (1, 4, 8):
         p = yaml.safe_load(sblab.params_file(n).read_text())
-        assert [x["host"] for x in p["nodes"]] == [f"10.77.0.{10 + i}" for i in range(n)]
+        assert [x["host"] for x in p["nodes"]] == [f"{cluster.NODE_IP_BASE}{10 + i}" for i in range(n)]
         assert [x["role"] for x in p["nodes"]] == ["head"] + ["worker"] * (n - 1)
         assert set(p["serve"]["node_env"]) <= {x["name"] for x in p["nodes"]}
         assert p["ssh"]["known_hosts"] == str(cluster.known_hosts_file())
@@ -70,7 +79,7 @@ def test_ssh_rejects_unknown_host_key(lab, tmp_path, lab_connect):
         lab_connect(lab.nodes[0].ip, known_hosts=str(other), key_file=lab.key_file)
 
 
-def test_pid_namespace_per_node(lab, node_shells):
+def test_pid_namespace_per_node(initial, lab, node_shells):
     """ps on a node shows only that node: its init is PID 1, and no process of another node appears."""
     seen = {}
     for n in lab.nodes:
@@ -98,7 +107,7 @@ def test_own_shm_and_run_per_node(lab, node_shells):
     assert not os.path.exists("/dev/shm/sbk-test-mark")
 
 
-def test_docker_per_node(lab, node_shells):
+def test_docker_per_node(initial, lab, node_shells):
     """`ssh node docker ...` reaches that node's own daemon: its own images and containers only."""
     p = yaml.safe_load(sblab.REPO_PARAMS.read_text())
     vllm_images = set(p["runtime"]["images"])
@@ -117,6 +126,10 @@ def test_docker_per_node(lab, node_shells):
     assert not (vllm_images & work_imgs), "workers start without vLLM images (the runbook distributes them)"
     assert head_ctrs == {"old-vllm", "old-proxy"}
     assert work_ctrs == {"old-embeddings", "old-reranker"}
+    # the same daemons as the host sees them through each node's socket
+    for n in lab.nodes:
+        spec = next(s for s in cluster.node_specs(len(lab.nodes)) if s.name == n.name)
+        assert set(sblab.node_images(spec)) == got[n.name][0]
 
 
 def test_worker_host_network_reaches_head_only_on_lab(lab, node_shells):
@@ -136,8 +149,11 @@ def test_worker_host_network_reaches_head_only_on_lab(lab, node_shells):
     assert p["nodes"][0]["host"] == head.ip
 
 
-def test_old_deployment(lab, node_shells):
+def test_old_deployment(initial, lab, node_shells, lab_progress):
     """The old deployment answers, holds memory, and is labelled for the cleanup stage."""
+    waited = sblab.wait_old_deployment(progress=lab_progress)
+    lab_progress(f"old deployment answers: {waited}")
+    lab = sblab.status()
     p = yaml.safe_load(sblab.REPO_PARAMS.read_text())
     head, worker = lab.nodes[0].ip, lab.nodes[1].ip
     code, body = http_get(f"http://{head}:8000/v1/models")
@@ -178,7 +194,7 @@ def test_models_on_every_node(lab, node_shells):
         assert "HYV4ForCausalLM" in out
 
 
-def test_status(lab):
+def test_status(initial, lab):
     st = sblab.status()
     print(st.render())
     assert st.up and st.healthy and [n.name for n in st.nodes] == ["lab-0", "lab-1"]

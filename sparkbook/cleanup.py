@@ -99,6 +99,7 @@ class Verification:
     stopped: list[dict[str, object]]
     memory: list[dict[str, object]]
     untouched_changes: list[str]
+    not_ours: list[str]  # changes cleanup cannot make (an exited container removed): someone else's work
 
     @property
     def ok(self) -> bool:
@@ -109,7 +110,8 @@ class Verification:
         return (f"{len(self.stopped) - len(bad)}/{len(self.stopped)} targets stopped"
                 + (f" (still running: {bad})" if bad else "")
                 + (f"; touched outside the allow-lists: {self.untouched_changes}" if self.untouched_changes
-                   else "; nothing outside the allow-lists changed"))
+                   else "; nothing outside the allow-lists was stopped")
+                + (f"; meanwhile, not by cleanup: {self.not_ours}" if self.not_ours else ""))
 
 
 # --- inventory ---------------------------------------------------------------------------------
@@ -307,19 +309,20 @@ def verify(p: Plan, before: list[Inventory], after: list[Inventory]) -> Verifica
     planned = {(t.node, t.name) for t in p.targets}
     stopped = [{"node": t.node, "name": t.name, "stopped": not _running(a[t.node], t)} for t in p.targets
                if t.node in a]
-    changes = []
+    changes, elsewhere = [], []
     for node, inv in b.items():
         if node not in a:
             changes.append(f"{node}: no inventory after cleanup")
             continue
-        now = {c.name: c.state for c in a[node].containers}
-        changes += [f"{node}: container {c.name} {c.state} -> {now.get(c.name, 'gone')}" for c in inv.containers
-                    if (node, c.name) not in planned and now.get(c.name) != c.state]
-        units = {u.name: u.active for u in a[node].units}
-        changes += [f"{node}: unit {u.name} {u.active} -> {units.get(u.name, 'gone')}" for u in inv.units
-                    if (node, u.name) not in planned and units.get(u.name) != u.active]
+        now = {c.name: c.state for c in a[node].containers} | {u.name: u.active for u in a[node].units}
+        for name, state, live in [(c.name, c.state, "running") for c in inv.containers] + \
+                                 [(u.name, u.active, "active") for u in inv.units]:
+            if (node, name) in planned or now.get(name) == state:
+                continue
+            line = f"{node}: {name} {state} -> {now.get(name, 'gone')}"
+            (changes if state == live else elsewhere).append(line)  # cleanup only ever stops what runs
     memory = [{"node": n, **b[n].memory.delta(a[n].memory)} for n in b if n in a]
-    return Verification(stopped, memory, changes)
+    return Verification(stopped, memory, changes, elsewhere)
 
 
 def _running(inv: Inventory, t: Target) -> bool:

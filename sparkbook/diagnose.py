@@ -321,7 +321,9 @@ def model_rows(files: dict[str, Outcome[ModelFiles]]) -> list[dict[str, object]]
 
 # --- findings ---------------------------------------------------------------------------------------
 def unreachable(outcomes: dict[str, Outcome[Any]]) -> list[Finding]:
-    return [Finding("blocker", "node", f"{n}: {o.error}") for n, o in outcomes.items() if not o.ok]
+    """Each node that failed, by name (NodeError messages already start with it)."""
+    return [Finding("blocker", "node", str(o.error) if str(o.error).startswith(f"{n}:") else f"{n}: {o.error}")
+            for n, o in outcomes.items() if not o.ok]
 
 
 def node_findings(facts: dict[str, Outcome[NodeFacts]], params: Params) -> list[Finding]:

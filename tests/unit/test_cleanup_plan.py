@@ -80,7 +80,11 @@ def test_verify_stopped_memory_and_untouched(tmp_path):
     after[0] = inv("lab-0", [c if c.name != "sshd-helper" else Container("sshd-helper", "c", "base", "exited", [])
                              for c in after[0].containers])
     v = verify(p, before, after)
-    assert not v.ok and v.untouched_changes == ["lab-0: container sshd-helper running -> exited"]
+    assert not v.ok and v.untouched_changes == ["lab-0: sshd-helper running -> exited"]
+    after[0] = inv("lab-0", [c for c in after[0].containers if c.name != "sshd-helper"])
+    before[0] = inv("lab-0", [*before[0].containers[:2], Container("sshd-helper", "c", "base", "exited", [])])
+    v = verify(p, before, after)
+    assert v.ok and v.not_ours == ["lab-0: sshd-helper exited -> gone"]
 
 
 def test_restore_plan_reverses_only_what_was_stopped(tmp_path):

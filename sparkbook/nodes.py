@@ -132,8 +132,10 @@ class Node:
         with self._lock:
             transport = self._client.get_transport() if self._client else None
             if transport is None or not transport.is_active():
-                self._client = self.new_client()
-                self._connect(self._client)
+                self._client = None
+                client = self.new_client()
+                self._connect(client)
+                self._client = client
             return self._client
 
     def _connect(self, client: paramiko.SSHClient) -> None:

@@ -1,6 +1,7 @@
 """Put one image on every node with the same image ID: `docker save` on the head streamed into `docker load`.
 
-    image_ids(run, ref) -> {node: id | None}         what each node's daemon holds under `ref`
+    image_info(node, ref) -> (id, size) | None       what one node's daemon holds under `ref`
+    image_ids(run, ref) -> {node: id | None}         the same, for every node
     plan(run, ref) -> CopyPlan                       which nodes need the image (the head is the source)
     copy_image(run, ref, node, size_bytes) -> Copy   one streamed copy over SSH, with progress and MB/s
     distribute(run, ref) -> Distribution             plan, copy where needed, verify every ID
@@ -14,6 +15,9 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import IO, Callable
+
+import paramiko
 
 from .nodes import Node, NodeError, Result
 from .progress import Progress
@@ -85,26 +89,28 @@ class Distribution:
                  if node in done else "already held: skipped"} for node, held in self.ids.items()]
 
 
-def image_id(node: Node, ref: str) -> str | None:
-    """The ID of `ref` in the node's daemon, None where it has no such image."""
+def image_info(node: Node, ref: str) -> tuple[str, int] | None:
+    """(ID, size in bytes) of `ref` in the node's daemon, None where it has no such image."""
     result = node.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
-    return result.stdout.split()[0] if result.ok and result.stdout.strip() else None
+    if not result.ok or len(result.stdout.split()) != 2:
+        return None
+    image_id, size = result.stdout.split()
+    return image_id, int(size)
 
 
 def image_ids(run: Run, ref: str) -> dict[str, str | None]:
-    outcomes = run.cluster.fan_out(lambda n: image_id(n, ref), timeout=ID_TIMEOUT_S + 30)
-    return {name: o.value for name, o in outcomes.items()}
+    outcomes = run.cluster.fan_out(lambda n: image_info(n, ref), timeout=ID_TIMEOUT_S + 30)
+    return {name: o.value[0] if o.value else None for name, o in outcomes.items()}
 
 
 def plan(run: Run, ref: str) -> CopyPlan:
     """Which nodes lack `ref` with the head's ID; fails when the head itself does not hold it."""
     head = run.cluster.head
-    inspect = head.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
-    if not inspect.ok:
+    source = image_info(head, ref)
+    if source is None:
         raise NodeError(head.name, f"does not hold {ref}: sparkbook copies images from the head and never pulls "
                                    "(load it there first)")
-    source_id, size = inspect.stdout.split()
-    return CopyPlan(ref, head.name, source_id, int(size), image_ids(run, ref))
+    return CopyPlan(ref, head.name, *source, image_ids(run, ref))
 
 
 def copy_image(run: Run, ref: str, node: Node, size_bytes: int) -> Copy:
@@ -123,12 +129,20 @@ def copy_image(run: Run, ref: str, node: Node, size_bytes: int) -> Copy:
             sent[0] += n
             bar.advance(n / 1e6)
 
-        loaded = node.stream(["docker", "load"], source=reader, timeout=timeout, on_bytes=advance)
+        loaded, broke = _load(node, reader, timeout, advance)
         seconds = time.monotonic() - t0
     sender.join(timeout=30)
     errors = [f"{r.node}: `{r.command}` exited {r.exit_code}: {r.stderr.strip()[-300:]}"
-              for r in (*saved, loaded) if not r.ok]
-    return Copy(node.name, sent[0], seconds, loaded.stdout.strip(), "; ".join(errors))
+              for r in (*saved, *filter(None, [loaded])) if not r.ok]
+    return Copy(node.name, sent[0], seconds, loaded.stdout.strip() if loaded else "", "; ".join([*errors, *broke]))
+
+
+def _load(node: Node, reader: IO[bytes], timeout: float, advance: Callable[[int], None]) -> tuple[Result | None, list[str]]:
+    """`docker load` on the node fed from `reader`; (its result, or None and why the stream broke)."""
+    try:
+        return node.stream(["docker", "load"], source=reader, timeout=timeout, on_bytes=advance), []
+    except (OSError, paramiko.SSHException) as exc:
+        return None, [f"{node.name}: the `docker load` stream broke: {exc}"]
 
 
 def _save(head: Node, ref: str, write_fd: int, timeout: float, saved: list[Result]) -> None:

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 import time
-import weakref
 from dataclasses import dataclass
 
-import docker.errors
 from packaging.version import InvalidVersion, Version
 
 from . import probes
+from .distribute import image_info
 from .nodes import Node, NodeError, Result
 from .record import Alternative, Decision, Run
-from .runtime import Runtime, runtime_for
+from .runtime import LABEL, runtime_for
 
 REGISTRY_TIMEOUT_S = 30
-
-_RUNTIMES: weakref.WeakKeyDictionary[Run, Runtime] = weakref.WeakKeyDictionary()
-
 
 @dataclass(frozen=True)
 class ModelTarget:
@@ -54,13 +50,6 @@ class RegistryProbe:
     error: str = ""
 
 
-def runtime(run: Run) -> Runtime:
-    """The run's runtime (Docker or Python env), made once per run."""
-    if run not in _RUNTIMES:
-        _RUNTIMES[run] = runtime_for(run.params)
-    return _RUNTIMES[run]
-
-
 def model_target(run: Run) -> ModelTarget:
     """The model as 02-diagnosis recorded it; when the state lacks it, read config.json on the head."""
     try:
@@ -85,9 +74,8 @@ def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | 
     """Run probe script `name` in a fresh container of `image`; (its JSON document, the result, an error)."""
     node = node or run.cluster.head
     try:
-        result = runtime(run).one_off(node, image, ["python3", "-c", probes.source(name), *args],
-                                      env=env, timeout=timeout)
-    except (docker.errors.DockerException, NodeError) as exc:
+        result = in_image(run, node, image, ["python3", "-c", probes.source(name), *args], env or {}, timeout)
+    except NodeError as exc:
         return {}, None, _first_line(str(exc))
     if result.timed_out:
         return {}, result, f"timed out after {timeout:g} s"
@@ -95,6 +83,22 @@ def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | 
         return json.loads(result.stdout.strip().splitlines()[-1]), result, ""
     except (json.JSONDecodeError, IndexError):
         return {}, result, f"exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
+
+
+def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
+    """argv in a fresh container of `image` (or the Python env), model cache read-only, always removed.
+
+    For Docker this is the node's own `docker run --rm` in one SSH call: a probe costs about a second less
+    than the runtime's docker-py round trips, which keeps the registry probe within its 3 s. The command
+    inside carries its own timeout, so the daemon removes the container even if the CLI is killed."""
+    spec = run.params.runtime
+    if spec.kind != "docker":
+        return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout)
+    cache = run.params.model.cache_dir
+    flags = [a for k, v in {**spec.env, **env}.items() for a in ("-e", f"{k}={v}")]
+    return node.run(["docker", "run", "--rm", "--network", "host", "--label", f"{LABEL}=one-off",
+                     "-v", f"{cache}:{cache}:ro", *flags, image,
+                     "timeout", "-k", "5", f"{timeout:g}", *argv], timeout=timeout + 30)
 
 
 def probe_registry(run: Run, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:
@@ -182,7 +186,7 @@ class Candidate:
 NOT_REGISTERED, FAILS_INSPECTION, LOADS, PROBE_FAILED = ("not registered", "registered, fails inspection", "loads",
                                                        "probe failed")
 FACTS_TIMEOUT_S = 60
-INSPECT_TIMEOUT_S = 300
+INSPECT_TIMEOUT_S = 600
 GRAFT_EXPLANATION = (
     "The registry entry names a model module, and the module file is there, but importing it fails inside this "
     "vLLM: model files are written against the internals of the vLLM release they come from (base classes, "
@@ -213,14 +217,9 @@ def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
 
 def _local_image(run: Run, node: Node, image: str) -> tuple[str | None, int | None]:
     """(image ID, size) of `image` in the node's daemon; (None, None) where it is absent or not Docker."""
-    rt = runtime(run)
     if run.params.runtime.kind != "docker":
         return None, None
-    try:
-        attrs = rt.client(node).api.inspect_image(image)
-    except docker.errors.ImageNotFound:
-        return None, None
-    return attrs["Id"], attrs.get("Size")
+    return image_info(node, image) or (None, None)
 
 
 def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | None = None,
@@ -341,11 +340,14 @@ def record_probes(run: Run, candidates: list[Candidate]) -> list[str]:
     return paths
 
 
-def failure_report(candidate: Candidate) -> str:
-    """The inspection error of a registered-but-failing image, its root cause, and why grafts fail."""
-    i = candidate.inspection
-    return "\n".join([f"{candidate.image}: {i.error_line}", f"root cause (vLLM's inspection subprocess): {i.cause}",
-                      "", GRAFT_EXPLANATION])
+def failure_reports(candidates: list[Candidate]) -> str:
+    """For each registered-but-failing image: the inspection error, its root cause, and why grafts fail."""
+    failing = [c for c in candidates if c.verdict.status == FAILS_INSPECTION]
+    if not failing:
+        return "no candidate registers the architecture and then fails inspection"
+    parts = [f"{c.image}: {c.inspection.error_line}\n"
+             f"  root cause (vLLM's inspection subprocess): {c.inspection.cause or '-'}" for c in failing]
+    return "\n\n".join([*parts, GRAFT_EXPLANATION])
 
 
 def choose(candidates: list[Candidate], evidence: list[str]) -> Decision:
@@ -377,5 +379,16 @@ def _version(text: str | None) -> Version:
         return Version("0")
 
 
-def chosen(candidates: list[Candidate], decision: Decision) -> Candidate:
-    return next(c for c in candidates if c.image == decision.choice)
+def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, str | None]) -> dict[str, object]:
+    """What 04/05 read from state["image"]: the chosen ref, its ID, versions, and every node's ID."""
+    c = next(c for c in candidates if c.image == decision.choice)
+    return {"ref": c.image, "id": c.facts.image_id, "vllm_version": c.facts.vllm_version,
+            "ray_version": c.facts.ray_version, "nodes": ids}
+
+
+def summary(candidates: list[Candidate], decision: Decision, copied: str) -> str:
+    """The closing findings, one line per candidate plus the choice and the copy."""
+    lines = [f"- {c.image} (vLLM {c.facts.vllm_version}): {c.verdict.status}; "
+             f"registry {c.registry.duration_s:.1f} s, inspection {c.inspection.duration_s:.1f} s"
+             + "".join(f"; {f}" for f in c.verdict.blocking + c.verdict.flags) for c in candidates]
+    return "\n".join([*lines, f"- chosen: {decision.choice}", f"- distribution: {copied}"])

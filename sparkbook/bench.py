@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .benchclient import LoadResult, Target, make_prompts, metrics, run_load, run_load_on_engine, tokenize
-from .benchstats import ClientLoad, CrossCheck, RequestRecord, client_load, cross_check, summarize
+from .benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
+                         known_bandwidth_gbs, summarize)
+from .nodes import Node
 from .params import BenchmarkPlan
+from .record import Decision
 
 BENCH_DIR = "bench"
 COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}
@@ -134,6 +137,39 @@ def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner, point_timeout
     return points
 
 
+def run_sweep(target: Target, plan: BenchmarkPlan, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """The sweep from this process (clients == 1) or from `plan.clients` ipyparallel engines."""
+    if plan.clients == 1:
+        return sweep(target, plan, local_runner(target), on_point=on_point)
+    with Engines(plan.clients) as engines:
+        return sweep(target, plan, engines.runner(target), on_point=on_point)
+
+
+def memory_bandwidth(plan: BenchmarkPlan, head: Node) -> tuple[float, str]:
+    """Per-node memory bandwidth in GB/s and where it came from: params, else the head's GPU model."""
+    if plan.memory_bandwidth_gbs:
+        return plan.memory_bandwidth_gbs, "params (benchmark.memory_bandwidth_gbs)"
+    name = head.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30).stdout.strip()
+    known = known_bandwidth_gbs(name)
+    if known is None:
+        raise ValueError(f"no known memory bandwidth for GPU {name!r}: set benchmark.memory_bandwidth_gbs in params")
+    return known, f"known value for {name.splitlines()[0]}"
+
+
+def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7) -> Decision:
+    """Were the load generators fast enough? Not when one was busier than `busy` of a core at some point."""
+    worst = max((c for p in points for c in p.clients), key=lambda c: c.cpu_utilization)
+    at = next(p.result["max_concurrency"] for p in points if worst in p.clients)
+    evidence = [f"busiest client: engine {worst.engine} at concurrency {at}, {100 * worst.cpu_utilization:.0f}% of "
+                f"a core, ceiling {worst.ceiling_tok_s or 0:,.0f} tok/s per client process"]
+    if worst.cpu_utilization < busy:
+        return Decision("Were the load generators the bottleneck?", "no",
+                        f"every client stayed under {100 * busy:.0f}% of a core", evidence=evidence)
+    return Decision("Were the load generators the bottleneck?", "possibly",
+                    f"a client reached {100 * worst.cpu_utilization:.0f}% of a core: raise benchmark.clients "
+                    f"above {clients} and compare", evidence=evidence)
+
+
 # --- results on disk -----------------------------------------------------------------------------
 def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) -> dict[str, Any]:
     """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
@@ -179,3 +215,72 @@ def earlier_run(run_dir: Path) -> Path | None:
     runs = [d for d in run_dir.parent.iterdir()
             if d.is_dir() and d.resolve() != run_dir.resolve() and any((d / BENCH_DIR).glob("c*.json"))]
     return max(runs, key=newest, default=None)
+
+
+# --- evidence tables and the summary other notebooks read ------------------------------------------
+COMPARED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
+            "p99_tpot_ms", "median_e2el_ms")
+
+
+def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str, Any]]:
+    """Per point: the server's counters against the client's counts, and the prompt lengths it saw."""
+    rows = []
+    for p in points:
+        lens = [r.prompt_tokens for r in p.records if r.ok]
+        row: dict[str, Any] = {"concurrency": p.result["max_concurrency"]}
+        for c in p.cross_checks:
+            short = c.metric.removeprefix("vllm:").removesuffix("_total")
+            row |= {f"server {short}": c.server, f"client {short}": c.client, f"{short} agree": c.agrees}
+        row["prompt tokens (server usage)"] = f"{min(lens, default=0)}..{max(lens, default=0)} (asked {plan.input_len})"
+        rows.append(row)
+    return rows
+
+
+def client_rows(points: list[Point]) -> list[dict[str, Any]]:
+    """Per point and load generator: tokens, CPU seconds, share of a core, and the implied ceiling."""
+    return [{"concurrency": p.result["max_concurrency"], "engine": c.engine, "tokens": c.tokens,
+             "chunks": c.chunks, "client CPU s": round(c.cpu_s, 3), "wall s": round(c.wall_s, 2),
+             "CPU % of a core": round(100 * c.cpu_utilization, 1),
+             "ceiling tok/s": round(c.ceiling_tok_s) if c.ceiling_tok_s else None}
+            for p in points for c in p.clients]
+
+
+def delta_rows(deltas: list[Delta]) -> list[dict[str, Any]]:
+    return [{"concurrency": d.max_concurrency, "metric": d.metric, "earlier": round(d.earlier, 2),
+             "now": round(d.now, 2), "change %": round(d.change_pct, 1), "noise %": round(d.noise_pct, 1),
+             "worse beyond noise": d.worse} for d in deltas]
+
+
+def at_concurrency(results: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
+    return next((r for r in results if r["max_concurrency"] == concurrency), None)
+
+
+def summary(results: list[dict[str, Any]], roof: Roofline, bench_dir: Path, earlier: Path | None,
+            deltas: list[Delta]) -> dict[str, Any]:
+    """What later readers need: single stream, peak, roofline share, regressions (for state.json)."""
+    single = at_concurrency(results, 1)
+    peak = max(results, key=lambda r: r["output_throughput"] or 0)
+    return {
+        "single_stream_output_tok_s": single and single["output_throughput"],
+        "single_stream_median_tpot_ms": single and single["median_tpot_ms"],
+        "single_stream_median_ttft_ms": single and single["median_ttft_ms"],
+        "peak_output_tok_s": peak["output_throughput"], "peak_at_concurrency": peak["max_concurrency"],
+        "failed_requests": sum(r["failed"] for r in results),
+        "roofline_ceiling_tok_s": roof.ceiling_tok_s, "roofline_percent": roof.percent_of_ceiling,
+        "bench_dir": str(bench_dir), "compared_with": str(earlier) if earlier else None,
+        "worse_than_earlier": [f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
+        "points": [{k: r[k] for k in ("max_concurrency", "completed", "failed", "output_throughput",
+                                      "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")}
+                   for r in results],
+    }
+
+
+def vllm_bench_argv(target: Target, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
+                    result_filename: str) -> list[str]:
+    """`vllm bench serve` with the same lengths, prompts, warm-ups and percentiles: the reference to agree with."""
+    return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(plan.input_len),
+            "--random-output-len", str(plan.output_len), "--ignore-eos", "--max-concurrency", str(concurrency),
+            "--num-prompts", str(plan.num_prompts), "--num-warmups", str(plan.warmup_requests),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--result-dir", result_dir, "--result-filename", result_filename]

@@ -173,6 +173,12 @@ def known_bandwidth_gbs(gpu_name: str) -> float | None:
     return next((bw for key, bw in KNOWN_BANDWIDTH_GBS.items() if key.lower() in gpu_name.lower()), None)
 
 
+def decode_tok_s(point: dict[str, Any]) -> float | None:
+    """One stream's decode rate, 1000 / median TPOT: the number the decode roofline bounds (no prefill)."""
+    tpot = point.get("median_tpot_ms")
+    return 1000.0 / tpot if tpot else None
+
+
 def served_bytes_per_param(model_bytes_per_param: float, serve_dtype: str) -> float:
     """Bytes per weight as served: the --dtype the server was given, else the model's own."""
     return {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}.get(serve_dtype, model_bytes_per_param)

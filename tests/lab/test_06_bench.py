@@ -1,0 +1,136 @@
+"""06-benchmark against a real vLLM (the lab's 0.32 CPU image, hyv4-tiny), checked against `vllm bench serve`.
+
+The test starts its own server container on the builder daemon (removed at the end), puts the endpoint and the
+model facts into a run dir's state.json as 05 and 02 would, runs a 2-engine sweep into a sibling "earlier" run,
+executes the notebook headless, then runs `vllm bench serve` with the same lengths at concurrency 1 and 8 in the
+same image and requires agreement within 5% on output tok/s and median TTFT and TPOT.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sparkbook import bench, open_run
+from sparkbook.benchclient import Target
+from sparkbook.benchstats import agreement
+from sparkbook.lab.builder import builder_docker_host
+from sparkbook.modelinfo import model_facts
+
+pytestmark = pytest.mark.lab
+
+IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"
+MODELS = Path("/var/lib/sparkbook-lab/models")
+MODEL = "hyv4-tiny"
+PORT = 18601
+SERVER, REFERENCE = "sbk-bench-test", "sbk-bench-test-ref"
+REPO = Path(__file__).resolve().parents[2]
+AGREE = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", "-H", builder_docker_host(), *args], capture_output=True, text=True,
+                          timeout=timeout, check=check)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=3) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    if docker("images", "-q", IMAGE, check=False).stdout.strip() == "" or not (MODELS / MODEL).is_dir():
+        pytest.skip(f"needs {IMAGE} and {MODELS / MODEL} (sparkbook.lab images/models)")
+    url = f"http://127.0.0.1:{PORT}"
+    docker("rm", "-f", SERVER, check=False)
+    try:
+        docker("run", "-d", "--name", SERVER, "--network", "host", "--shm-size", "1g", "-v", f"{MODELS}:/models:ro",
+               "-e", "HF_HUB_OFFLINE=1", "-e", "VLLM_NO_USAGE_STATS=1", "-e", "VLLM_CPU_NUM_OF_RESERVED_CPU=0",
+               IMAGE, "vllm", "serve", f"/models/{MODEL}", "--served-model-name", MODEL, "--host", "127.0.0.1",
+               "--port", str(PORT), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+               "--kv-cache-memory-bytes", "128M", "--max-num-seqs", "16", "--model-impl", "vllm",
+               "--attention-backend", "CPU_MLA")
+        deadline = time.monotonic() + 600
+        while not healthy(url):
+            running = docker("inspect", "-f", "{{.State.Running}}", SERVER, check=False).stdout.strip()
+            assert running == "true" and time.monotonic() < deadline, docker("logs", "--tail", "40", SERVER).stderr
+            time.sleep(5)
+        yield Target(url, MODEL)
+    finally:
+        docker("rm", "-f", SERVER, check=False)
+
+
+def model_state() -> dict:
+    """What 02 records, from the real config.json and weight file sizes."""
+    folder = MODELS / MODEL
+    config = json.loads((folder / "config.json").read_text())
+    sizes = [p.stat().st_size for p in folder.glob("*.safetensors")]
+    return model_facts(config, None, sizes, f"/models/{MODEL}").__dict__
+
+
+def vllm_bench(target: Target, plan, concurrency: int, out: Path) -> dict:
+    name = f"vllm-c{concurrency}.json"
+    argv = bench.vllm_bench_argv(target, plan, concurrency, f"/models/{MODEL}", "/results", name)
+    try:
+        docker("run", "--rm", "--name", REFERENCE, "--network", "host", "-v", f"{MODELS}:/models:ro",
+               "-v", f"{out}:/results", "-e", "HF_HUB_OFFLINE=1", IMAGE, *argv, timeout=600)
+    finally:
+        docker("rm", "-f", REFERENCE, check=False)
+    return json.loads((out / name).read_text())
+
+
+def test_notebook_agrees_with_vllm_bench_serve(server: Target, tmp_path: Path):
+    import papermill
+
+    outputs = tmp_path / "outputs" / "lab"
+    run_dir, earlier_dir = outputs / "20261130T120000Z", outputs / "20261130T110000Z"
+    params = REPO / "params" / "lab.yaml"
+    run = open_run(params, run_dir, stage="test")
+    run.remember("endpoint", {"base_url": server.base_url, "model": server.model})
+    run.remember("model", model_state())
+
+    # two load generators (ipyparallel engines) at concurrency 8: the "earlier run" the notebook compares with
+    plan2 = run.params.benchmark.model_copy(update={"clients": 2, "concurrency": [8]})
+    two = bench.run_sweep(server, plan2)
+    bench.save(earlier_dir, two, server, plan2, 2)
+    assert two[0].result["completed"] == plan2.num_prompts and len(two[0].clients) == 2
+    assert all(c.agrees for c in two[0].cross_checks), two[0].cross_checks
+
+    os.environ["SPARKBOOK_HEADLESS"] = "1"
+    papermill.execute_notebook(str(REPO / "notebooks" / "06-benchmark.ipynb"), str(run_dir / "06-benchmark.ipynb"),
+                               parameters={"params_file": str(params), "run_dir": str(run_dir)},
+                               cwd=str(REPO / "notebooks"), kernel_name="python3", progress_bar=False,
+                               execution_timeout=900)
+
+    results = bench.load_results(run_dir)
+    assert [r["max_concurrency"] for r in results] == run.params.benchmark.concurrency
+    for r in results:
+        assert r["completed"] == run.params.benchmark.num_prompts and r["failed"] == 0
+        assert set(r["input_lens"]) == {run.params.benchmark.input_len}
+        assert set(r["output_lens"]) == {run.params.benchmark.output_len}
+        assert all(c["agrees"] for c in r["sparkbook"]["server_cross_check"]), r["sparkbook"]["server_cross_check"]
+    assert (run_dir / "bench" / "throughput.png").stat().st_size > 10_000
+    assert (run_dir / "bench" / "latency.png").stat().st_size > 10_000
+    summary = run.recall("benchmark")
+    assert summary["compared_with"] == str(earlier_dir) and summary["roofline_ceiling_tok_s"] > 0
+
+    rows = []
+    for concurrency in (1, 8):
+        reference = vllm_bench(server, run.params.benchmark, concurrency, tmp_path)
+        rows += agreement(bench.at_concurrency(results, concurrency), reference, AGREE)
+    report = [r.__dict__ for r in rows]
+    (tmp_path / "agreement.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps({"agreement": report, "summary": summary,
+                      "two_engines": bench.client_rows(two), "one_engine": [
+                          c for c in json.loads((run_dir / "bench" / "c0008.json").read_text())["sparkbook"]["client_load"]]},
+                     indent=1, default=str))
+    assert all(r.within for r in rows), report

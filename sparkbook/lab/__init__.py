@@ -381,4 +381,6 @@ def down(progress: Progress = None) -> None:
     """
     with _lock():
         cluster.down(progress)
-        _stop_builder(progress)
+        # the builder (shared by every lab on this machine) stops with the last lab
+        if not list(lab_home().glob("state*.json")):
+            _stop_builder(progress)

@@ -86,11 +86,11 @@ def test_pid_namespace_per_node(initial, lab, node_shells):
         _, out, _ = node_shells[n.name].run(["ps", "-e", "-o", "pid=,args="])
         seen[n.name] = out
         first = out.strip().splitlines()[0].split(None, 1)
-        assert first[0] == "1" and "node-init" in first[1] and f"/nodes/{n.name}/" in first[1], out
+        assert first[0] == "1" and "node-init" in first[1] and f"{cluster.nodes_dir()}/{n.name}/" in first[1], out
     for n in lab.nodes:
         for other in lab.nodes:
             if other.name != n.name:
-                assert f"/nodes/{other.name}/" not in seen[n.name]
+                assert f"{cluster.nodes_dir()}/{other.name}/" not in seen[n.name]
     assert "old_service.py embeddings" in seen["lab-1"] and "old_service.py embeddings" not in seen["lab-0"]
     assert "vllm serve" in seen["lab-0"] and "vllm serve" not in seen["lab-1"]
 
@@ -134,7 +134,7 @@ def test_docker_per_node(initial, lab, node_shells):
 
 def test_worker_host_network_reaches_head_only_on_lab(lab, node_shells):
     """A --network host container on the worker reaches the head's IP; the worker has no other route."""
-    p = yaml.safe_load(sblab.REPO_PARAMS.read_text())
+    p = yaml.safe_load(sblab.params_file(2).read_text())
     head = lab.nodes[0]
     base = [x for x in lab.nodes[1].images if x.startswith("sparkbook-lab/base")][0]
     probe = ("import socket,sys\n"
@@ -145,7 +145,7 @@ def test_worker_host_network_reaches_head_only_on_lab(lab, node_shells):
     banner, src = out.split()
     assert banner.startswith("SSH-2.0") and src == lab.nodes[1].ip
     _, routes, _ = node_shells["lab-1"].run(["ip", "-4", "route"])
-    assert "default" not in routes and routes.strip().startswith("10.77.0.0/24 dev eth0")
+    assert "default" not in routes and routes.strip().startswith(f"{cluster.NODE_IP_BASE}0/24 dev eth0")
     assert p["nodes"][0]["host"] == head.ip
 
 
@@ -201,7 +201,7 @@ def test_status(initial, lab):
     for n in st.nodes:
         assert n.sshd and n.dockerd and n.hostname == n.name and n.images and n.containers
     text = st.render()
-    for word in ("lab-0", "10.77.0.10", "lab-1", "10.77.0.11", "sshd=up", "dockerd=up", "old-vllm"):
+    for word in ("lab-0", st.nodes[0].ip, "lab-1", st.nodes[1].ip, "sshd=up", "dockerd=up", "old-vllm"):
         assert word in text
 
 
@@ -255,20 +255,33 @@ def test_ray_two_nodes_in_containers(lab, node_shells, lab_progress):
 # Tests that take the lab down. Each leaves the 2-node lab up when it ends.
 
 
-def _snapshot() -> dict[str, set]:
-    """Processes (pid+cmdline, outside the host's pid/net namespaces or naming the lab), namespaces,
-    links, mounts and firewall rules of this machine."""
-    host_pid_ns, host_net_ns = os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/net")
+def _lab_namespaces() -> set[str]:
+    """The net and pid namespaces of this lab (its netns and its node inits), as `net:[inode]` strings."""
+    out = set()
+    for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n"):
+        if name.startswith(cluster.NETNS_PREFIX):
+            out.add(f"net:[{os.stat('/var/run/netns/' + name.split()[0]).st_ino}]")
+    for node in cluster.load_state().get("nodes", {}).values():
+        try:
+            out.add(os.readlink(f"/proc/{node['init_pid']}/ns/pid"))
+        except OSError:
+            pass
+    return out
+
+
+def _snapshot(lab_ns: set[str] = frozenset()) -> dict[str, set]:
+    """Processes (in one of the lab's namespaces, or naming its node dirs), network namespaces, links,
+    mounts and firewall rules of this machine."""
     procs = set()
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
-            pid_ns, net_ns = os.readlink(f"/proc/{d}/ns/pid"), os.readlink(f"/proc/{d}/ns/net")
+            ns = {os.readlink(f"/proc/{d}/ns/pid"), os.readlink(f"/proc/{d}/ns/net")}
         except OSError:
             continue
-        if cmd and (pid_ns != host_pid_ns or net_ns != host_net_ns or str(cluster.lab_home()) in cmd):
+        if cmd and (ns & lab_ns or f"{cluster.nodes_dir()}/" in cmd):
             procs.add(f"{d} {cmd[:100]}")
     run = lambda *c: subprocess.run(c, capture_output=True, text=True, timeout=30).stdout  # noqa: E731
     links = {line.split(":")[1].strip() for line in run("ip", "-o", "link").splitlines()}
@@ -307,13 +320,15 @@ def test_down_leaves_nothing_and_warm_up(lab, lab_progress, lab_connect, node_sh
     warm = time.monotonic() - t0
     lab_progress(f"warm lab up (2 nodes): {warm:.1f}s")
     _check_nodes(st, 2, lab_connect, node_shell_cls)
-    during = _snapshot()
+    lab_ns = _lab_namespaces()
+    during = _snapshot(lab_ns)
     assert during["netns"] - before["netns"] and during["processes"] - before["processes"]
+    lab_progress(f"during: {len(during['processes'])} lab processes, namespaces {sorted(lab_ns)}")
     t0 = time.monotonic()
     sblab.down(lab_progress)
     lab_progress(f"lab down: {time.monotonic() - t0:.1f}s")
     time.sleep(1)
-    after = _snapshot()
+    after = _snapshot(lab_ns)
     left = _leftovers(before, during, after)
     assert not any(left.values()), left
     assert not cluster.state_file().exists()

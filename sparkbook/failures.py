@@ -71,6 +71,7 @@ SIGNATURES: tuple[Signature, ...] = (
 )
 
 UNKNOWN = "unknown failure"
+TIMEOUT = "not ready in time"
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,18 @@ def classify(logs: dict[str, str], observed: dict[str, str] | None = None) -> Di
     node = next(iter(logs), "")
     last = next((ln.strip() for ln in reversed((logs.get(node) or "").splitlines()) if ln.strip()), "")
     return Diagnosis(UNKNOWN, node, last, "read the log tails; add the signature to sparkbook.failures")
+
+
+def not_ready(logs: dict[str, str], node: str, seconds: float) -> Diagnosis:
+    """A start that neither failed nor finished in time: a root cause from the logs if one shows,
+    otherwise the phase it was in (the last line of `node`'s log)."""
+    found = classify(logs)
+    if found.known and not _by_cause(found.cause).consequence:
+        return found
+    last = next((ln.strip() for ln in reversed((logs.get(node) or "").splitlines()) if ln.strip()), "(no output)")
+    return Diagnosis(TIMEOUT, node, last[-300:], f"still starting after {seconds:.0f} s: raise serve.ready_timeout_s "
+                     "if the last line shows progress (a loaded node, a large model), else read the tails",
+                     (f"{found.cause} on {found.node}",) if found.known else ())
 
 
 def _by_cause(cause: str) -> Signature:

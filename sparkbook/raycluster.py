@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -83,6 +84,12 @@ class NodeContainer:
     def fabric_ip_present(self) -> bool:
         return self.fabric_ip in self.netdev_ips
 
+    def row(self) -> dict[str, str]:
+        return {"node": self.node, "container": self.name, "id": self.id, "image": self.image,
+                "GPUs": "all" if self.gpus else "none", "devices": ", ".join(self.devices) or "-",
+                f"addresses of {self.netdev}": ", ".join(self.netdev_ips) or "none",
+                "env": " ".join(f"{k}={v}" for k, v in self.env.items())}
+
 
 def _infiniband(node: Node) -> list[str]:
     return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
@@ -101,12 +108,18 @@ def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list
     return out.stdout.split()
 
 
-def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str) -> list[NodeContainer]:
-    """Remove and recreate every node's container (in parallel); raise naming each node that failed."""
+def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str,
+                     image_id: str | None = None) -> list[NodeContainer]:
+    """Remove and recreate every node's container (in parallel) from `image`, which every node must already
+    hold (with `image_id` where given: 03 put it there); raise naming each node that failed."""
     where = places(params, image)
 
     def one(node: Node) -> NodeContainer:
         spec, place = node.spec, where[node.name]
+        held = runtime.image_id(node, image)
+        if held is None or (image_id and held and held != image_id):
+            raise RayStageError(f"holds {'no' if held is None else 'another'} {image} "
+                                f"({held or 'absent'}; expected {image_id or 'any'}): run 03 to distribute it")
         devices = [] if params.runtime.kind != "docker" or params.runtime.privileged else _infiniband(node)
         cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
         return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
@@ -134,6 +147,9 @@ class RayStart:
     argv: list[str]
     spawned: Spawned
 
+    def row(self) -> dict[str, str]:
+        return {"node": self.node, "command": shlex.join(self.argv), "log (in the container)": self.spawned.log}
+
 
 def start_ray(params: Params, cluster: Cluster, runtime: Runtime, image: str) -> list[RayStart]:
     """`ray start --block` in each container: the head first, workers once its GCS answers."""
@@ -148,10 +164,15 @@ def start_ray(params: Params, cluster: Cluster, runtime: Runtime, image: str) ->
     return started
 
 
+_PORT_OPEN = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 2).close()"
+
+
 def _wait_head(params: Params, runtime: Runtime, head: Node, place: Place, spawned: Spawned) -> None:
+    """Until the head's GCS port accepts connections (or its `ray start` exits, or the join timeout)."""
     end = time.monotonic() + params.ray.join_timeout_s
     while time.monotonic() < end:
-        if status(params, runtime, head, place).ok:
+        probe = ["python3", "-c", _PORT_OPEN, str(params.head.fabric_ip), str(params.ray.port)]
+        if runtime.exec(head, place, probe, timeout=15).ok:
             return
         if not runtime.running(head, place, spawned):
             raise RayStageError(f"{head.name}: the Ray head exited: {runtime.read(head, place, RAY_LOG, tail_bytes=2000)}")
@@ -316,6 +337,15 @@ def check(result: Gate) -> Gate:
     if not result.ok:
         raise GateFailed(result)
     return result
+
+
+def summary(params: Params, containers: list[NodeContainer], join: Join) -> dict[str, Any]:
+    """What later stages need: the Ray address, each node's container, and what Ray reports per node."""
+    seen = join.snapshot.by_name() if join.snapshot else {}
+    return {"address": address(params), "containers": {c.node: c.name for c in containers},
+            "nodes": [{"name": n, "ip": seen[n].ip, "resources": {k: v for k, v in seen[n].resources.items()
+                                                                  if k in ("CPU", "GPU", "memory")}}
+                      for n in join.joined if n in seen]}
 
 
 def stop(params: Params, cluster: Cluster, runtime: Runtime) -> list[str]:

@@ -96,12 +96,20 @@ class DockerNodes:
             api.remove_container(container, force=True)
         return Result(node.name, tuple(argv), code, out, err, started, time.monotonic() - t0, code in (124, 137))
 
+    def image_id(self, node: Node, ref: str) -> str | None:
+        """The ID of `ref` in the node's daemon, or None where it does not hold it (nothing is pulled)."""
+        try:
+            return self.client(node).images.get(ref).id
+        except docker.errors.ImageNotFound:
+            return None
+
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
-        """(Re)create the place's container: host network, shm, model cache, env; returns its ID."""
+        """(Re)create the place's container: host network, shm, model cache, env, an init that reaps orphans
+        (killed serve processes leave children); returns its ID."""
         client = self.client(node)
         self.stop(node, place)
         kwargs: dict[str, object] = dict(
-            name=place.name, command=["sleep", "infinity"], detach=True, network_mode="host",
+            name=place.name, command=["sleep", "infinity"], detach=True, network_mode="host", init=True,
             shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env}, labels={LABEL: place.name},
             volumes={self.model_cache: {"bind": self.model_cache, "mode": "rw"}}, privileged=self.spec.privileged,
             ulimits=[docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)]
@@ -178,6 +186,10 @@ class PythonNodes:
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
                 timeout: float = 120) -> Result:
         return node.run(self._argv(argv), env=self._env(env), timeout=timeout)
+
+    def image_id(self, node: Node, ref: str | None) -> str | None:
+        """A Python environment has no image: always "" (present)."""
+        return ""
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
         self.stop(node, place)

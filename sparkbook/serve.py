@@ -9,7 +9,7 @@ from typing import Callable
 
 import httpx
 
-from .failures import Diagnosis, Remedy, classify, remedy
+from .failures import Diagnosis, Remedy, classify, not_ready, remedy
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params, ServeSettings
 from .record import Alternative, Decision
@@ -252,8 +252,8 @@ def wait_ready(cluster: Cluster, runtime: Runtime, where: dict[str, Place], laun
             dead = _dead(cluster, runtime, where, launched)
             if dead or elapsed > timeout_s:
                 tails = _tails(cluster, runtime, where, launched)
-                observed = dead or {launched.plan.commands[0].node: f"not ready within {timeout_s:g} s"}
-                return Readiness(False, elapsed, health_s, [], tails, classify(tails, observed))
+                cause = classify(tails, dead) if dead else not_ready(tails, launched.plan.commands[0].node, elapsed)
+                return Readiness(False, elapsed, health_s, [], tails, cause)
             on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(cluster, runtime,
                                                                                                where, launched))
             time.sleep(POLL_S)
@@ -317,6 +317,12 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
         result.remedies.append(fix)
         current = plan(params, current.executor, fix.settings)
     return result
+
+
+def log_tails(result: BringUp) -> dict[str, str]:
+    """Every attempt's log tail per node, named for the run dir's logs/ folder."""
+    return {f"serve-{node}-attempt{launched.attempt}.log": text
+            for launched, ready in result.attempts for node, text in ready.tails.items()}
 
 
 def failure_message(result: BringUp) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.failures import UNKNOWN, classify, remedy
+from sparkbook.failures import TIMEOUT, UNKNOWN, classify, not_ready, remedy
 from sparkbook.params import ServeSettings
 
 SAMPLES = {
@@ -78,3 +78,11 @@ def test_graph_capture_oom_ladder_lowers_memory_then_goes_eager():
 
 def test_no_automatic_remedy_for_causes_that_need_a_person():
     assert remedy(classify({"a": SAMPLES["address already in use"]}), ServeSettings()) is None
+
+
+def test_a_slow_start_is_not_ready_in_time_with_its_last_phase():
+    d = not_ready({"lab-0": "INFO Loading weights\nINFO Initializing a V1 LLM engine\n", "lab-1": "INFO waiting"},
+                  "lab-0", 301)
+    assert (d.cause, d.node, d.evidence) == (TIMEOUT, "lab-0", "INFO Initializing a V1 LLM engine")
+    assert classify({"lab-0": SAMPLES["duplicate node IP"]}).cause == not_ready(
+        {"lab-0": SAMPLES["duplicate node IP"]}, "lab-0", 301).cause

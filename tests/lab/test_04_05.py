@@ -1,0 +1,131 @@
+"""04 and 05 against the lab: Ray over both nodes passes the gate, TP=2 serves text across them; a wrong
+fabric IP fails the gate naming the node; a taken port and a killed worker are classified at once.
+
+Serves on port 8100 (the old deployment may hold 8000); removes its containers at the end.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sparkbook
+from sparkbook import distribute, raycluster, serve
+from sparkbook.runtime import runtime_for
+
+pytestmark = pytest.mark.lab
+LAB_PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
+IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"
+PORT = 8100
+
+
+def _params_file(tmp: Path, name: str, edit=lambda d: None) -> Path:
+    data = yaml.safe_load(LAB_PARAMS.read_text())
+    data["serve"]["port"] = PORT
+    edit(data)
+    path = tmp / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(lab, tmp_path_factory):
+    """A run on the lab with the 0.32 image on every node (03's distribution), its containers removed after."""
+    tmp = tmp_path_factory.mktemp("t0405")
+    run = sparkbook.open_run(_params_file(tmp, "lab.yaml"), tmp / "run", stage="test-04-05")
+    dist = distribute.distribute(run, IMAGE)
+    assert len(set(dist.ids.values())) == 1, dist
+    runtime = runtime_for(run.params)
+    yield run, runtime, dist.image_id, tmp
+    raycluster.stop(run.params, run.cluster, runtime)
+    run.close()
+
+
+def _ray_up(run, runtime, image_id):
+    containers = raycluster.start_containers(run.params, run.cluster, runtime, IMAGE, image_id)
+    started = raycluster.start_ray(run.params, run.cluster, runtime, IMAGE)
+    join = raycluster.wait_for_join(run.params, run.cluster, runtime, IMAGE, containers, started)
+    return containers, join, raycluster.gate(run.params, containers, join)
+
+
+def test_wrong_fabric_ip_fails_the_gate_naming_the_node(env):
+    run, runtime, image_id, tmp = env
+
+    def wrong(d):
+        d["nodes"][1]["fabric_ip"] = "10.77.0.99"
+
+    bad = sparkbook.open_run(_params_file(tmp, "wrong-ip.yaml", wrong), tmp / "run-wrong", stage="test")
+    t0 = time.monotonic()
+    _, join, gate = _ray_up(bad, runtime, image_id)
+    assert time.monotonic() - t0 < 90, "a node that can never join must not be waited on"
+    assert "lab-1" in join.stopped_because
+    with pytest.raises(raycluster.GateFailed, match=r"lab-1: fabric IP 10\.77\.0\.99 is not on eth0"):
+        raycluster.check(gate)
+    assert all(not f.startswith("lab-0") for f in gate.failures)
+    bad.close()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(env):
+    run, runtime, image_id, _ = env
+    containers, join, gate = _ray_up(run, runtime, image_id)
+    raycluster.check(gate)
+    assert [r.ray_ip for r in gate.rows] == ["10.77.0.10", "10.77.0.11"]
+    return raycluster.places(run.params, IMAGE)
+
+
+def test_ray_cluster_of_two_nodes_passes_the_gate(env, ray_cluster):
+    run, runtime, _, _ = env
+    status = raycluster.status(run.params, runtime, run.cluster.head, ray_cluster["lab-0"])
+    assert status.ok and status.stdout.count(" node_") == 2
+
+
+def test_tp2_across_both_nodes_serves_text(env, ray_cluster):
+    run, runtime, _, _ = env
+    platform = serve.detect_platform(runtime, run.cluster.head, ray_cluster["lab-0"])
+    executor, decision = serve.choose_executor(run.params, platform)
+    assert (platform.device, executor) == ("cpu", "mp")
+    plan = serve.plan(run.params, executor)
+    up = serve.bring_up(run.params, run.cluster, runtime, ray_cluster, plan)
+    assert up.ok, serve.failure_message(up)
+    assert all("--tensor-parallel-size" in c.argv for c in plan.commands) and len(plan.commands) == 2
+    smoke = serve.smoke_test(plan.base_url, plan.model)
+    assert [s.kind for s in smoke] == ["chat", "completion"] and all(s.text for s in smoke)
+    serve.stop_serving(run.cluster, runtime, ray_cluster, up.launched)
+
+
+def test_a_taken_port_is_classified_within_60_s(env, ray_cluster):
+    run, runtime, _, _ = env
+    head = run.cluster.head
+    holder = runtime.spawn(head, ray_cluster["lab-0"], ["python3", "-m", "http.server", str(PORT), "--bind",
+                                                         "10.77.0.10"], "/tmp/sparkbook/logs/port-holder.log")
+    try:
+        time.sleep(2)
+        plan = serve.plan(run.params, "mp")
+        t0 = time.monotonic()
+        up = serve.bring_up(run.params, run.cluster, runtime, ray_cluster, plan)
+        assert time.monotonic() - t0 < 60
+        assert not up.ok and len(up.attempts) == 1
+        d = up.readiness.diagnosis
+        assert (d.cause, d.node) == ("address already in use", "lab-0"), d
+    finally:
+        runtime.kill(head, ray_cluster["lab-0"], holder)
+
+
+def test_a_worker_killed_during_start_up_is_detected_not_waited_on(env, ray_cluster):
+    run, runtime, _, _ = env
+    plan = serve.plan(run.params, "mp")
+    launched = serve.launch(run.cluster, runtime, ray_cluster, plan)
+    time.sleep(5)
+    worker = run.cluster.nodes["lab-1"]
+    runtime.stop(worker, ray_cluster["lab-1"])
+    t0 = time.monotonic()
+    ready = serve.wait_ready(run.cluster, runtime, ray_cluster, launched, timeout_s=300)
+    assert time.monotonic() - t0 < 30
+    assert not ready.ok
+    assert (ready.diagnosis.cause, ready.diagnosis.node) == ("worker died", "lab-1"), ready.diagnosis
+    assert "not running" in ready.diagnosis.evidence
+    serve.stop_serving(run.cluster, runtime, {"lab-0": ray_cluster["lab-0"]},
+                       serve.Launch(plan, 1, {"lab-0": launched.spawned["lab-0"]}, launched.started_at))

@@ -192,7 +192,7 @@ def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) 
 def save(run_dir: Path, points: list[Point], target: Target, plan: BenchmarkPlan, clients: int) -> list[Path]:
     """bench/c<concurrency>.json per point in the run dir."""
     folder = run_dir / BENCH_DIR
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for point in points:
         path = folder / f"c{point.result['max_concurrency']:04d}.json"

@@ -1,0 +1,140 @@
+"""03-image-selection against the lab: probes per candidate, the notebook twice (copies, then copies nothing),
+and the streamed copy's throughput next to a plain `ssh head docker save | ssh worker docker load`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import sparkbook
+import sparkbook.lab as sblab
+from sparkbook import distribute, images
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+OLD, GRAFT, NEW = ("sparkbook-lab/vllm-cpu:0.28.0", "sparkbook-lab/vllm-cpu:0.28.0-hyv4-graft",
+                   "sparkbook-lab/vllm-cpu:0.32.0")
+REPORT = Path(os.environ.get("SPARKBOOK_03_REPORT", "/tmp/sparkbook-03-report.json"))
+
+
+def report(key: str, value: object) -> None:
+    """Measurements for the hand-over (each probe's time, MB/s of both copies), printed and kept in a file."""
+    data = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    data[key] = value
+    REPORT.write_text(json.dumps(data, indent=2))
+    print(f"[03] {key}: {value}", file=sys.stderr)
+
+
+@pytest.fixture
+def run(lab, tmp_path):  # type: ignore[no-untyped-def]
+    r = sparkbook.open_run(REPO / "params" / "lab.yaml", tmp_path / "run", stage="03-test")
+    yield r
+    r.close()
+
+
+def test_registry_probe_tells_the_three_images_apart_within_3_s(run) -> None:  # type: ignore[no-untyped-def]
+    arch = images.model_target(run).architecture
+    probes = {ref: images.probe_registry(run, ref, arch) for ref in (OLD, GRAFT, NEW)}
+    report("registry_probe_s", {ref: p.duration_s for ref, p in probes.items()})
+    assert not probes[OLD].registered and probes[OLD].n_architectures > 300
+    assert probes[GRAFT].registered and probes[GRAFT].module == "vllm.models.hy_v4"
+    assert probes[NEW].registered and probes[NEW].vllm_version.startswith("0.32.0")
+    assert all(not p.error for p in probes.values())
+    assert max(p.duration_s for p in probes.values()) <= 3.0
+
+
+def sparkbook_run(outputs: Path) -> Path:
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "sparkbook"), "run", "params/lab.yaml", "--only", "03",
+                           "--outputs", str(outputs)], cwd=REPO, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "SPARKBOOK_HEADLESS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return next(line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("run dir:"))
+
+
+def outputs_text(run_dir: Path) -> str:
+    nb = nbformat.read(Path(run_dir) / "03-image-selection.ipynb", 4)
+    return "\n".join(str(o.get("data", {}).get("text/plain", "")) + str(o.get("data", {}).get("text/markdown", ""))
+                     + str(o.get("text", "")) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def distribution(run_dir: Path) -> dict:
+    events = [json.loads(line) for line in (Path(run_dir) / "events.jsonl").read_text().splitlines()]
+    return next(e["data"] for e in events if e["kind"] == "distribution")
+
+
+def plain_pipe(ref: str, head: str, worker: str) -> float:
+    """MB/s of `ssh head docker save REF | ssh worker docker load` (the measurement to match, not the product)."""
+    ssh = ["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config"]
+    t0 = time.monotonic()
+    save = subprocess.Popen([*ssh, head, "docker", "save", ref], stdout=subprocess.PIPE)
+    load = subprocess.run([*ssh, worker, "docker", "load"], stdin=save.stdout, capture_output=True, timeout=900)
+    save.stdout.close()  # type: ignore[union-attr]
+    assert save.wait(timeout=60) == 0 and load.returncode == 0, load.stderr
+    return time.monotonic() - t0
+
+
+def rmi(worker: str, ref: str) -> None:
+    subprocess.run(["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config", worker, "docker", "rmi", ref],
+                   capture_output=True, timeout=120, check=True)
+
+
+def test_notebook_chooses_copies_then_copies_nothing_and_matches_a_plain_pipe(lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sblab.reset()
+    try:
+        first = sparkbook_run(tmp_path)
+        text = outputs_text(first)
+        assert "not registered" in text and "registered, fails inspection" in text
+        assert "failed to be inspected" in text and "hpc_gated_mla_gemm" in text
+        assert "Chosen: **sparkbook-lab/vllm-cpu:0.32.0**" in text
+        copied = distribution(first)
+        assert [c["node"] for c in copied["copies"]] == ["lab-1"] and len(set(copied["ids"].values())) == 1
+        streamed_mb_s = copied["copies"][0]["bytes"] / 1e6 / copied["copies"][0]["seconds"]
+        state = json.loads((Path(first) / "state.json").read_text())["image"]
+        assert state["ref"] == NEW and set(state["nodes"].values()) == {state["id"]}
+
+        second = sparkbook_run(tmp_path)
+        assert distribution(second)["copies"] == [] and "nothing copied" in outputs_text(second)
+        report("second_run", next(line for line in outputs_text(second).splitlines() if "nothing copied" in line))
+
+        rmi("10.77.0.11", NEW)
+        seconds = plain_pipe(NEW, "10.77.0.10", "10.77.0.11")
+        plain_mb_s = copied["copies"][0]["bytes"] / 1e6 / seconds
+        report("copy_mb_s", {"streamed (notebook)": round(streamed_mb_s, 1), "plain ssh pipe": round(plain_mb_s, 1),
+                             "ratio": round(streamed_mb_s / plain_mb_s, 2), "bytes": copied["copies"][0]["bytes"]})
+        report("probe_s", {r["image"]: {k: r[k] for k in ("facts s", "registry s", "inspection s")}
+                           for r in images_rows(first)})
+        assert streamed_mb_s >= 0.9 * plain_mb_s
+    finally:
+        sblab.reset()
+
+
+def images_rows(run_dir: Path) -> list[dict]:
+    events = [json.loads(line) for line in (Path(run_dir) / "events.jsonl").read_text().splitlines()]
+    return [{"image": e["data"]["facts"]["image"], "facts s": e["data"]["facts"]["duration_s"],
+             "registry s": e["data"]["registry"]["duration_s"], "inspection s": e["data"]["inspection"]["duration_s"]}
+            for e in events if e["kind"] == "image_probe"]
+
+
+def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) -> None:  # type: ignore[no-untyped-def]
+    """The same image both ways, back to back (the grafted one: nothing else on the worker uses it)."""
+    worker = run.cluster.workers[0]
+    assert distribute.image_info(worker, GRAFT) is None
+    size = distribute.image_info(run.cluster.head, GRAFT)[1]
+    try:
+        seconds = plain_pipe(GRAFT, run.cluster.head.spec.host, worker.spec.host)
+        rmi(worker.spec.host, GRAFT)
+        copy = distribute.copy_image(run, GRAFT, worker, size)
+        assert not copy.error and distribute.image_info(worker, GRAFT)[0] == distribute.image_info(run.cluster.head, GRAFT)[0]
+        plain_mb_s = copy.bytes / 1e6 / seconds
+        report("copy_mb_s_graft", {"streamed": copy.mb_s, "plain ssh pipe": round(plain_mb_s, 1),
+                                   "ratio": round(copy.mb_s / plain_mb_s, 2)})
+        assert copy.mb_s >= 0.9 * plain_mb_s
+    finally:
+        subprocess.run(["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config", worker.spec.host, "docker", "rmi", GRAFT],
+                       capture_output=True, timeout=120)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import shutil
 import subprocess
 import time
@@ -272,18 +271,51 @@ def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> lis
     return drop
 
 
+def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str], progress: Progress):
+    """images.ensure_images + models.ensure_models in a thread; meanwhile each lab image that the
+    builder already has is copied to the head (and the worker tags to the workers), so a cold `up`
+    overlaps building and loading. Returns (tag -> image ID, model name -> dir)."""
+    import threading
+    from . import builder, images, models
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            _say(progress, "images: ensuring the lab images on the builder (built only when missing)")
+            result["built"] = images.ensure_images(progress)
+            _say(progress, "models: ensuring the lab models")
+            result["models"] = models.ensure_models(progress)
+        except BaseException as e:  # re-raised in the caller's thread
+            result["error"] = e
+
+    t = threading.Thread(target=work, name="lab-images", daemon=True)
+    t.start()
+    done: set[tuple[str, str]] = set()
+    while True:
+        t.join(5)
+        if not t.is_alive():
+            break
+        for s in specs:
+            for tag in (images.LAB_IMAGES if s.role == "head" else worker_tags):
+                if (s.name, tag) in done or not builder.image_id(tag):
+                    continue
+                images.load_images(s.docker_host, [tag], progress)
+                done.add((s.name, tag))
+                break  # one image per round: look at the build thread again
+    if "error" in result:
+        raise result["error"]
+    return result["built"], result["models"]
+
+
 def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = False) -> list[str]:
     """Images, models and the old deployment as a freshly-up lab has them. Idempotent."""
-    from . import deployment, images, models
+    from . import deployment, images
     params = _load_yaml(REPO_PARAMS)
     actions: list[str] = []
-    _say(progress, "images: ensuring the lab images on the builder (built only when missing)")
-    built = images.ensure_images(progress)
-    _say(progress, "models: ensuring the lab models")
-    mdirs = models.ensure_models(progress)
     base = images.BASE
-    head_tags = list(built)                 # every lab image on the head
     worker_tags = [base]                    # workers: only what the old deployment runs
+    built, mdirs = _build_while_loading(specs, worker_tags, progress)
+    head_tags = list(built)                 # every lab image on the head
     removed = deployment.remove_extras(specs, params, base, progress)
     actions += [f"rm container {r}" for r in removed]
     for s in specs:

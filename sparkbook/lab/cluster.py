@@ -22,12 +22,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -605,28 +604,23 @@ def down(progress: Progress = None) -> dict:
 
 
 def leftovers() -> dict:
-    """What of a lab is still on this machine: processes, namespaces, links, mounts, rules."""
-    home = str(lab_home())
+    """What of this lab is still on this machine: processes, namespaces, links, mounts, rules."""
     procs = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
-            net = os.readlink(p / "ns" / "net")
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         if "node-init" in cmd and f"{nodes_dir()}/" in cmd or f"--net=/var/run/netns/{NETNS_PREFIX}" in cmd:
             procs.append(f"{p.name} {cmd[:120]}")
-    host_net = os.readlink("/proc/self/ns/net")
-    # processes in any other network namespace that is one of ours
-    ours = set()
+    ours = set()  # and every process still in one of the lab's network namespaces
     for name in _netns_list():
         if name.startswith(NETNS_PREFIX):
             out = run(["ip", "netns", "pids", name], check=False).stdout.split()
             procs += [f"{x} (in netns {name})" for x in out]
             ours.add(name)
-    del host_net
     links = [line.split(":")[1].strip().split("@")[0]
              for line in run(["ip", "-o", "link", "show"]).stdout.splitlines()]
     links = [x for x in links if x == BRIDGE or x.startswith(VETH_PREFIX) or x.startswith(VETH_PEER_PREFIX)]

@@ -104,10 +104,9 @@ def test_a_taken_port_is_classified_within_60_s(env, ray_cluster):
     try:
         time.sleep(2)
         plan = serve.plan(run.params, "mp")
-        t0 = time.monotonic()
         up = serve.bring_up(run.params, run.cluster, runtime, ray_cluster, plan)
-        assert time.monotonic() - t0 < 60
         assert not up.ok and len(up.attempts) == 1
+        assert up.readiness.seconds < 60, "classified this long after launch (before stopping the worker rank)"
         d = up.readiness.diagnosis
         assert (d.cause, d.node) == ("address already in use", "lab-0"), d
     finally:

@@ -17,7 +17,8 @@ TOKEN_SHAPES = re.compile(
     r"|(?i:\bbearer\s+)[A-Za-z0-9._~+/-]{16,}=*",
     re.S,
 )
-ASSIGNED = re.compile(r"(?i)\b([A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)[A-Z0-9_]*)(\s*[=:]\s*)(\"?)([^\s\"']{4,})")
+ASSIGNED = re.compile(r"\b((?:[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|APIKEY))|(?i:password|passwd|secret|"
+                      r"api[_-]?key|access[_-]?token|auth[_-]?token))\b(\s*[=:]\s*)(\"?)([^\s\"']{4,})")
 
 
 @dataclass(frozen=True)

@@ -54,3 +54,8 @@ def test_redacts_named_secret_values_and_token_shapes(monkeypatch: pytest.Monkey
 def test_redaction_leaves_ordinary_text_alone() -> None:
     text = "vllm serve /srv/models/hyv4-tiny --tensor-parallel-size 2 --max-num-seqs 16 tokens=64"
     assert Redactor().text(text) == text
+
+
+def test_redaction_keeps_vllm_config_fields() -> None:
+    text = "tokenizer_mode=auto, max_num_batched_tokens=2048, skip_tokenizer_init=False, HF_TOKEN=abcd1234"
+    assert Redactor().text(text) == f"tokenizer_mode=auto, max_num_batched_tokens=2048, skip_tokenizer_init=False, HF_TOKEN={MASK}"

@@ -4,7 +4,8 @@
     probe_registry(run, image, architecture, node=None) -> RegistryProbe   static parse, no vLLM import
     probe_facts(run, image, node=None) -> ImageFacts   vLLM, torch, CUDA, Python, Ray, CUDA architectures
     probe_inspection(run, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
-    classify(...) -> Verdict;  choose(verdicts) -> Decision
+    classify(facts, registry, inspection, ...) -> Verdict;  evaluate(run, image, target, caps) -> Candidate
+    rows / failure_reports / choose(candidates, evidence) -> Decision / image_state / summary   for the notebook
 """
 from __future__ import annotations
 
@@ -70,23 +71,23 @@ def _model_dir(run: Run) -> str:
 
 
 def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | None = None,
-              env: dict[str, str] | None = None, timeout: float) -> tuple[dict, Result | None, str]:
-    """Run probe script `name` in a fresh container of `image`; (its JSON document, the result, an error)."""
+              env: dict[str, str] | None = None, timeout: float) -> tuple[dict, str]:
+    """Run probe script `name` in a fresh container of `image`; (its JSON document, or an error)."""
     node = node or run.cluster.head
     try:
         result = in_image(run, node, image, ["python3", "-c", probes.source(name), *args], env or {}, timeout)
     except NodeError as exc:
-        return {}, None, _first_line(str(exc))
+        return {}, _first_line(str(exc))
     if result.timed_out:
-        return {}, result, f"timed out after {timeout:g} s"
+        return {}, f"timed out after {timeout:g} s"
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1]), result, ""
+        return json.loads(result.stdout.strip().splitlines()[-1]), ""
     except (json.JSONDecodeError, IndexError):
-        return {}, result, f"exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
+        return {}, f"exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
 
 
 def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
-    """argv in a fresh container of `image` (or the Python env), model cache read-only, always removed.
+    """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed.
 
     For Docker this is the node's own `docker run --rm` in one SSH call: a probe costs about a second less
     than the runtime's docker-py round trips, which keeps the registry probe within its 3 s. The command
@@ -96,7 +97,7 @@ def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, s
         return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout)
     cache = run.params.model.cache_dir
     flags = [a for k, v in {**spec.env, **env}.items() for a in ("-e", f"{k}={v}")]
-    return node.run(["docker", "run", "--rm", "--network", "host", "--label", f"{LABEL}=one-off",
+    return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label", f"{LABEL}=one-off",
                      "-v", f"{cache}:{cache}:ro", *flags, image,
                      "timeout", "-k", "5", f"{timeout:g}", *argv], timeout=timeout + 30)
 
@@ -104,7 +105,7 @@ def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, s
 def probe_registry(run: Run, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:
     """Is `architecture` registered in `image`'s vLLM? Parses registry.py in the image (no vLLM import)."""
     t0 = time.monotonic()
-    doc, _, error = run_probe(run, image, "registry", [architecture], node=node, timeout=REGISTRY_TIMEOUT_S)
+    doc, error = run_probe(run, image, "registry", [architecture], node=node, timeout=REGISTRY_TIMEOUT_S)
     return RegistryProbe(
         image=image, architecture=architecture, vllm_version=doc.get("vllm_version"),
         registered=bool(doc.get("registered")), module=doc.get("module"), class_name=doc.get("class_name"),
@@ -206,7 +207,7 @@ def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
     node = node or run.cluster.head
     t0 = time.monotonic()
     image_id, size = _local_image(run, node, image)
-    doc, _, error = run_probe(run, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
+    doc, error = run_probe(run, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
     return ImageFacts(
         image=image, image_id=image_id, size_bytes=size, python=doc.get("python"),
         vllm_version=doc.get("vllm_version"), torch_version=doc.get("torch_version"),
@@ -226,7 +227,7 @@ def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | Non
                      timeout: float = INSPECT_TIMEOUT_S) -> InspectionProbe:
     """The image's vLLM inspects the architecture as `vllm serve` does (fresh VLLM_CACHE_ROOT, offline)."""
     t0 = time.monotonic()
-    doc, _, error = run_probe(run, image, "inspect_model", [target.architecture, target.model_type], node=node,
+    doc, error = run_probe(run, image, "inspect_model", [target.architecture, target.model_type], node=node,
                               env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}, timeout=timeout)
     return InspectionProbe(
         image=image, architecture=target.architecture, inspected=bool(doc.get("inspected")),

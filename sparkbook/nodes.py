@@ -203,25 +203,26 @@ class Node:
         channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         channel.settimeout(timeout)
         channel.exec_command(shlex.join(_remote_argv(argv, None, timeout)))
-        err = bytearray()
-        if source is not None:
-            while chunk := source.read(1 << 20):
-                channel.sendall(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-            channel.shutdown_write()
-        elif sink is not None:
-            while chunk := channel.recv(1 << 20):
-                sink.write(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-        out = bytearray()
-        while not channel.exit_status_ready() and time.monotonic() - t0 < timeout + KILL_GRACE_S:
+        out, err = bytearray(), bytearray()
+        try:
+            if source is not None:
+                while chunk := source.read(1 << 20):
+                    channel.sendall(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+                channel.shutdown_write()
+            elif sink is not None:
+                while chunk := channel.recv(1 << 20):
+                    sink.write(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+            while not channel.exit_status_ready() and time.monotonic() - t0 < timeout + KILL_GRACE_S:
+                _drain(channel, out, err)
+                time.sleep(0.05)
             _drain(channel, out, err)
-            time.sleep(0.05)
-        _drain(channel, out, err)
-        code = channel.recv_exit_status() if channel.exit_status_ready() else None
-        channel.close()
+            code = channel.recv_exit_status() if channel.exit_status_ready() else None
+        finally:
+            channel.close()  # a broken sink or source ends the remote side at once, not at its timeout
         return Result(self.name, tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"),
                       started, time.monotonic() - t0, code in (124, 137) or code is None)
 

@@ -24,4 +24,4 @@ unit: setup
 	$(BIN)/pytest tests/unit
 
 test: lab
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests notebooks --nbval-lax

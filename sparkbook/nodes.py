@@ -142,7 +142,7 @@ class Node:
         kwargs = self.connect_kwargs()
         where = f"{kwargs['username']}@{kwargs['hostname']}:{kwargs['port']}"
         try:
-            client.connect(**kwargs)
+            self._connect_with_retry(client, kwargs)
         except paramiko.BadHostKeyException as exc:
             raise HostKeyMismatch(self.name, f"host key of {where} does not match {self.ssh.known_hosts} "
                                   f"(got {_fingerprint(exc.key)}): the node was reinstalled or this is not "
@@ -158,6 +158,18 @@ class Node:
         except (OSError, socket.timeout) as exc:
             raise Unreachable(self.name, f"cannot reach {where} within {self.ssh.connect_timeout_s:g} s: "
                               f"{exc or type(exc).__name__}") from None
+
+    def _connect_with_retry(self, client: paramiko.SSHClient, kwargs: dict[str, object], tries: int = 3) -> None:
+        """A loaded node can drop the banner exchange: retry that, never a refusal or a host-key problem."""
+        for attempt in range(1, tries + 1):
+            try:
+                client.connect(**kwargs)
+                return
+            except paramiko.SSHException as exc:
+                if "banner" not in str(exc) or attempt == tries:
+                    raise
+                client.close()
+                time.sleep(attempt)
 
     def close(self) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export SPARKBOOK_HEADLESS := 1
 
-.PHONY: setup lab runbook test unit
+.PHONY: setup lab runbook test unit bench
 setup: $(BIN)/sparkbook
 $(BIN)/sparkbook: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,4 +24,7 @@ unit: setup
 	$(BIN)/pytest tests/unit
 
 test: lab
-	$(BIN)/pytest tests notebooks --nbval-lax
+	$(BIN)/pytest tests notebooks --nbval-lax -m "not benchmark"
+
+bench: lab
+	$(BIN)/pytest tests -m benchmark -s

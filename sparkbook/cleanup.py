@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .docker_ssh import docker_client
+from .docker_ssh import docker_client, unavailable
 from .nodes import Cluster, Node, Outcome, shell
 from .params import CleanupTargets
 from .record import Alternative, Decision
@@ -121,7 +121,7 @@ def _containers(node: Node) -> tuple[list[Container], str]:
         version = client.version()["Version"]
         rows = client.api.containers(all=True)
     except Exception as exc:  # no daemon is a fact about the node, not a failure of the inventory
-        return [], f"unavailable: {exc}"
+        return [], unavailable(exc)
     out = []
     for r in rows:
         labels = r.get("Labels") or {}

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .docker_ssh import docker_client
+from .docker_ssh import docker_client, unavailable
 from .modelinfo import GIB, FitRow, NodeMemory
 from .nodes import Cluster, Node, Outcome, shell
 from .params import ModelSpec, NodeSpec, Params
@@ -186,7 +186,12 @@ echo ==gpu==; nvidia-smi --query-gpu=name,compute_cap,driver_version --format=cs
 echo ==cuda==; nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p'
 echo ==gpumem==; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null
 echo ==hasgpu==; command -v nvidia-smi || echo none
+if command -v ip >/dev/null; then
 echo ==net==; ip -o -4 addr show dev {netdev} 2>&1; echo ==link==; ip -o link show dev {netdev} 2>&1
+else  # no iproute2: the host's local IPv4 addresses (not per device) and the device's sysfs entries
+echo ==net==; awk '/\/32 host LOCAL/ {{print "0: ip-absent inet " p "/32"}} {{p=$2}}' /proc/net/fib_trie 2>/dev/null | sort -u
+echo ==link==; echo "0: {netdev}: mtu $(cat /sys/class/net/{netdev}/mtu 2>/dev/null) state $(tr a-z A-Z </sys/class/net/{netdev}/operstate 2>/dev/null)"
+fi
 echo ==roce==; if command -v ibdev2netdev >/dev/null; then ibdev2netdev; else echo "ibdev2netdev not present"; fi
 echo ==meminfo==; cat /proc/meminfo
 """
@@ -212,7 +217,7 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
     try:
         docker = f"Docker {docker_client(node, timeout=PROBE_TIMEOUT_S).version()['Version']}"
     except Exception as exc:  # absence of Docker is a fact of the node
-        docker = f"unavailable: {exc}"
+        docker = unavailable(exc)
     cuda = (s.get("cuda") or ["?"])[0] or "?"
     gpus = [Gpu(*[p.strip() for p in line.split(",")][:3], cuda) for line in s.get("gpu", []) if line.count(",") >= 2]
     has_gpu = s.get("hasgpu", ["none"])[0] != "none"
@@ -332,6 +337,11 @@ def node_findings(facts: dict[str, Outcome[NodeFacts]], params: Params) -> list[
         if not o.ok:
             continue
         f, spec = o.value, params.node(n)
+        if spec.fabric_ip.is_loopback:
+            out.append(Finding("warning", "fabric", f"{n}: fabric_ip {spec.fabric_ip} is a loopback address: Ray "
+                                                    "reports the host's own address instead (04's gate) and vLLM's "
+                                                    "placement group asks for node:<VLLM_HOST_IP>; name the host's "
+                                                    "address, even on a single box"))
         if str(spec.fabric_ip) not in f.fabric_ip_found:
             out.append(Finding("blocker", "fabric", f"{n}: {spec.fabric_ip} is not on {f.fabric_netdev} "
                                                     f"(found {f.fabric_ip_found or 'no IPv4'})"))
@@ -377,8 +387,11 @@ def fit_findings(rows: list[FitRow]) -> list[Finding]:
             for r in rows if not r.fits]
 
 
-def image_finding(probe: RegistryProbe) -> Finding:
-    """The seed's first discovery: does the installed image's vLLM know the model's architecture?"""
+def image_finding(probe: RegistryProbe | None, reason: str = "") -> Finding:
+    """The seed's first discovery: does the installed image's vLLM know the model's architecture?
+    (None: there is no installed image, for `reason`.)"""
+    if probe is None:
+        return Finding("fact", "image", f"installed image not probed: {reason or 'none in params'}")
     image, arch, version = probe.image, probe.architecture, probe.vllm_version
     if probe.error:
         return Finding("blocker", "image", f"{image}: the registry probe failed: {probe.error}")
@@ -390,7 +403,10 @@ def image_finding(probe: RegistryProbe) -> Finding:
                                        f"deployment's image cannot serve this model{fallback}")
 
 
-def question_for_03(probe: RegistryProbe) -> str:
+def question_for_03(probe: RegistryProbe | None, architecture: str = "") -> str:
+    if probe is None:
+        return (f"Does the runtime's vLLM register {architecture} AND load it (inspection passes, not a grafted "
+                "name), on every node?")
     arch, image = probe.architecture, probe.image
     if probe.registered:
         return (f"{image} registers {arch}; does it really load it (inspection, not just the name), "

@@ -68,6 +68,7 @@ class Distribution:
     copies: list[Copy]
     skipped: list[str]
     ids: dict[str, str | None]
+    note: str = ""  # set where nothing is an image (the Python runtime): what was checked instead
 
     @property
     def verified(self) -> bool:
@@ -75,6 +76,9 @@ class Distribution:
 
     @property
     def message(self) -> str:
+        if self.note:
+            state = "the same on every node" if self.verified else "NOT THE SAME ON EVERY NODE"
+            return f"{self.note}; {self.image_id} {state}"
         if not self.copies:
             return f"every node already holds {self.image} as {self.image_id}: nothing copied"
         copied = ", ".join(f"{c.node} ({c.bytes / 1e9:.2f} GB at {c.mb_s} MB/s)" for c in self.copies)
@@ -86,7 +90,8 @@ class Distribution:
         return [{"node": node, "image id": held, "matches head": held == self.image_id,
                  "action": f"copied {done[node].bytes / 1e9:.2f} GB in {done[node].seconds:.1f} s "
                            f"({done[node].mb_s} MB/s)" + (f": {done[node].error}" if done[node].error else "")
-                 if node in done else "already held: skipped"} for node, held in self.ids.items()]
+                 if node in done else ("its own environment: nothing to copy" if self.note else "already held: skipped")}
+                for node, held in self.ids.items()]
 
 
 def image_info(node: Node, ref: str) -> tuple[str, int] | None:
@@ -183,8 +188,29 @@ def _save(head: Node, ref: str, write_fd: int, timeout: float, saved: list[Resul
         pass
 
 
+_VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
+
+
+def environment_check(run: Run, python: str) -> Distribution:
+    """The Python runtime has no image to copy: each node runs its own environment. Check instead that every
+    node's interpreter holds the head's vLLM version (the `ids` are those versions)."""
+    from .runtime import runtime_for
+
+    rt = runtime_for(run.params)
+    outcomes = run.cluster.fan_out(
+        lambda n: rt.one_off(n, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None,
+        timeout=ID_TIMEOUT_S + 60)
+    ids = {name: o.value if o.ok else None for name, o in outcomes.items()}
+    head = ids.get(run.cluster.head.name) or "no vLLM on the head"
+    return Distribution(python, head, [], list(ids), ids,
+                        note=f"runtime python: no image to distribute (nothing copied); each node runs {python}")
+
+
 def distribute(run: Run, ref: str) -> Distribution:
-    """Copy `ref` from the head to every node lacking its ID (one at a time), then verify every node's ID."""
+    """Copy `ref` from the head to every node lacking its ID (one at a time), then verify every node's ID.
+    For the Python runtime nothing is copied: `environment_check` compares every node's vLLM version."""
+    if run.params.runtime.kind == "python":
+        return environment_check(run, ref)
     p = plan(run, ref)
     copies = [copy_image(run, ref, run.cluster.nodes[name], p.size_bytes) for name in p.to_copy]
     skipped = [name for name in p.held if name not in p.to_copy]

@@ -7,6 +7,17 @@ from docker.transport import SSHHTTPAdapter
 from .nodes import LocalNode, Node
 
 MIN_API = "1.24"
+# what a node without Docker answers: no socket locally; no `docker` CLI or no daemon over SSH
+NO_DOCKER = ("No such file or directory", "docker: not found", "command not found",
+             "Cannot connect to the Docker daemon", "Is the docker daemon running")
+
+
+def unavailable(exc: Exception) -> str:
+    """How a node's Docker failed to answer, as a fact: "no Docker daemon on this node" where there is none."""
+    text = str(exc)
+    if any(s in text for s in NO_DOCKER):
+        return f"no Docker daemon on this node ({text[:160]})"
+    return f"unavailable: {text}"
 
 
 class _NodeSSHAdapter(SSHHTTPAdapter):

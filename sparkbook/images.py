@@ -114,6 +114,21 @@ def probe_registry(run: Run, image: str, architecture: str, node: Node | None = 
         duration_s=round(time.monotonic() - t0, 2), error=error or doc.get("error", ""))
 
 
+def probe_installed(run: Run, architecture: str) -> RegistryProbe | None:
+    """The registry probe of the old deployment's image (runtime.installed_image); None where there is none:
+    a Python runtime has no installed image, and a Docker runtime may name none."""
+    installed = getattr(run.params.runtime, "installed_image", None)
+    return probe_registry(run, installed, architecture) if installed else None
+
+
+def no_installed_reason(run: Run) -> str:
+    spec = run.params.runtime
+    if spec.kind == "python":
+        return (f"runtime python: vLLM runs in the environment of {spec.python} on each node, there is no installed "
+                "image to probe; 03 asks that environment's own vLLM (registry and inspection)")
+    return "runtime.installed_image is not set: no old deployment's image to probe; 03 probes the candidates"
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0][:400] if text.strip() else ""
 
@@ -282,12 +297,14 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
         status = FAILS_INSPECTION
         summary = f"registers {arch} ({registry.module}) but fails inspection: {inspection.cause or inspection.error_line}"
     else:
-        status, summary = NOT_REGISTERED, f"vLLM {facts.vllm_version} does not register {arch}: {inspection.error_line}"
+        status, summary = NOT_REGISTERED, (
+            f"vLLM {facts.vllm_version} does not register {arch}: {inspection.error_line}" if facts.vllm_version
+            else f"vLLM not found in {image}: {registry.error or inspection.error_line or facts.error}")
     if registry.transformers_backend or (status != LOADS and inspection.transformers_knows):
         flags.append(f"Transformers fallback: with `--model-impl auto` vLLM would serve {arch} through its "
                      "Transformers backend (it may report ready and fail on the first request); not counted as support")
     if executor == "ray" and not facts.ray_version:
-        blocking.append("no Ray in the image, and serve.executor is ray: install Ray in it or use the mp executor")
+        blocking.append("no Ray in the image (or environment), and serve.executor is ray: install Ray in it or use the mp executor")
     for node, caps in capabilities.items():
         missing = [c for c in caps if not arch_covers(facts.cuda_archs, c)]
         if missing and facts.cuda_archs:

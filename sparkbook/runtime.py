@@ -170,6 +170,10 @@ class DockerNodes:
         self._clients.clear()
 
 
+# commands the stages start by name, as modules of the Python runtime's interpreter
+MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
+
+
 class PythonNodes:
     """A Python environment on each node (no Docker): the interpreter named in params runs everything."""
 
@@ -181,7 +185,16 @@ class PythonNodes:
         return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", **self.spec.env, **(extra or {})}
 
     def _argv(self, argv: Sequence[str]) -> list[str]:
-        return [self.spec.python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+        """`python`/`python3` is the params' interpreter; the `ray` and `vllm` commands are its modules, so the
+        environment's own Ray and vLLM run whatever scripts (or none) its bin directory holds."""
+        if not argv:
+            return []
+        head, rest = argv[0], list(argv[1:])
+        if head in ("python", "python3"):
+            return [self.spec.python, *rest]
+        if head in MODULES:
+            return [self.spec.python, "-m", MODULES[head], *rest]
+        return list(argv)
 
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
                 timeout: float = 120) -> Result:

@@ -13,6 +13,7 @@ from .failures import Diagnosis, Remedy, classify, not_ready, remedy
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params, ServeSettings
 from .record import Alternative, Decision
+from .raycluster import address
 from .runtime import Place, Runtime, Spawned
 
 LOG_DIR = "/tmp/sparkbook/logs"
@@ -141,8 +142,11 @@ def plan(params: Params, executor: str, settings: ServeSettings | None = None) -
     """Commands for every node that serves: the head alone for `ray`, one rank per node for `mp`."""
     settings = settings or params.serve
     nodes = serving_nodes(params) if executor == "mp" else [params.head]
+    # the ray executor joins the cluster 04 formed; without RAY_ADDRESS, ray.init() looks for the last
+    # cluster in the default temp dir (not 04's --temp-dir) and may start a private local instance instead
+    joins = {"RAY_ADDRESS": address(params)} if executor == "ray" else {}
     commands = [ServeCommand(spec.name, serve_argv(params, settings, executor, spec, rank, len(nodes)),
-                             {**settings.env, **settings.node_env.get(spec.name, {})})
+                             {**joins, **settings.env, **settings.node_env.get(spec.name, {})})
                 for rank, spec in enumerate(nodes)]
     return ServePlan(executor, settings, commands, f"http://{params.head.fabric_ip}:{settings.port}",
                      params.model.served_name)

@@ -102,9 +102,12 @@ def prompt_pool(target: Target) -> list[int]:
 
 
 def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> LoadResult:
-    """`warmup_requests` full-length requests at min(concurrency, warmup_requests) in flight; not counted."""
-    prompts = make_prompts(pool, plan.warmup_requests, plan.input_len, seed=-concurrency)
-    return run_load(target, prompts, plan.output_len, max(1, min(concurrency, plan.warmup_requests)), timeout_s)
+    """`warmup_requests` full-length requests at min(concurrency, warmup_requests) in flight; not counted.
+    With `warmup_at_concurrency`, max(warmup_requests, concurrency) requests at `concurrency` in flight: the
+    server then compiles what that batch size needs (vLLM's fused-MoE kernels) before the measurement."""
+    n = max(plan.warmup_requests, concurrency) if plan.warmup_at_concurrency else plan.warmup_requests
+    prompts = make_prompts(pool, n, plan.input_len, seed=-concurrency)
+    return run_load(target, prompts, plan.output_len, max(1, min(concurrency, n)), timeout_s)
 
 
 def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,

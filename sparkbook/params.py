@@ -175,6 +175,8 @@ class BenchmarkPlan(Strict):
     num_prompts: int = Field(32, ge=1)
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = [1, 2, 4, 8, 16]
     warmup_requests: int = Field(2, ge=0)
+    warmup_at_concurrency: bool = Field(False, description="warm up each point with at least `concurrency` requests "
+                                        "all in flight (kernels compiled for that batch size before measuring)")
     clients: int = Field(1, ge=1, le=64)
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
 

@@ -18,12 +18,28 @@ exec > >(tee -a "$OUT/console.txt") 2>&1
 write_kernelspec
 
 # the params name an interpreter; if it is not the one that holds torch here, run with a copy that does
+copy="/tmp/run-$(basename "$PARAMS")"; cp "$PARAMS" "$copy"
 want=$("$PY" -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["runtime"]["python"])' "$PARAMS")
 if ! "$want" -c 'import torch' 2>/dev/null; then
   echo "WARNING: runtime.python $want cannot import torch here; using a copy of $PARAMS with $PY"
-  copy="/tmp/$(basename "$PARAMS")"
-  sed "s#^\(  python: \).*#\1$PY#" "$PARAMS" > "$copy"; PARAMS="$copy"
+  sed -i "s#^\(  python: \).*#\1$PY#" "$copy"
 fi
+# Ray never reports a loopback node IP (it resolves 127.0.0.1 to the host's address) and vLLM's placement group
+# asks for node:<VLLM_HOST_IP>: a single box must name its own address. Params that say 127.0.0.1 get this host's
+# (the default route's device and its IPv4 address, read without `ip`).
+if grep -q "fabric_ip: 127.0.0.1" "$copy"; then
+  DEV=$(awk 'NR>1 && $2=="00000000" {print $1; exit}' /proc/net/route)
+  IP=$("$PY" - "$DEV" <<'EOF2'
+import fcntl, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", sys.argv[1].encode()[:15]))[20:24]))
+EOF2
+)
+  echo "WARNING: $PARAMS names 127.0.0.1; running with this host's address $IP on $DEV"
+  sed -i "s/fabric_ip: 127.0.0.1/fabric_ip: $IP/; s/fabric_netdev: lo\b/fabric_netdev: $DEV/" "$copy"
+fi
+cmp -s "$PARAMS" "$copy" && PARAMS_RUN="$PARAMS" || { PARAMS_RUN="$copy"; diff "$PARAMS" "$copy"; }
+PARAMS="$PARAMS_RUN"
 "$PY" -m sparkbook.cli check "$PARAMS" || exit 2
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 cluster=$("$PY" -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["cluster"])' "$PARAMS")

@@ -1,0 +1,64 @@
+"""Side-by-side load for the runbook's server and the plain command (tests/gpu/compare_plain.sh).
+
+  bench_pair.py env PARAMS                      `export K=V` lines of the params' runtime.env (for the plain command)
+  bench_pair.py bench LABEL BASE_URL MODEL OUT  C=1 and C=16 through sparkbook.bench, warm-up at the measured concurrency
+  bench_pair.py table OUT_DIR                   the two JSON files side by side, with the ratio runbook / plain
+Same load for both: the params' input_len / output_len, PAIR_PROMPTS prompts per point (default 32), warm-up of
+max(2, C) requests with C in flight before each point (the fused-MoE kernels compile for that batch size first).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from sparkbook.bench import local_runner, sweep
+from sparkbook.benchclient import Target
+from sparkbook.params import BenchmarkPlan
+
+KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "failed")
+
+
+def env(params_file: str) -> None:
+    p = yaml.safe_load(open(params_file))
+    for k, v in {**p["runtime"].get("env", {}), **p.get("serve", {}).get("env", {})}.items():
+        print(f"export {k}={shlex.quote(str(v))}")
+
+
+def bench(label: str, base_url: str, model: str, out: str, prompts: int, input_len: int, output_len: int) -> None:
+    plan = BenchmarkPlan(input_len=input_len, output_len=output_len, num_prompts=prompts, concurrency=[1, 16],
+                         warmup_requests=2, warmup_at_concurrency=True)
+    target = Target(base_url, model)
+    points = sweep(target, plan, local_runner(target),
+                   on_point=lambda p: print(f"{label} C={p.result['max_concurrency']}: "
+                                            f"{p.result['output_throughput']:.1f} tok/s", flush=True))
+    rows = {str(p.result["max_concurrency"]): {k: p.result.get(k) for k in KEYS} for p in points}
+    Path(out).write_text(json.dumps({"label": label, "base_url": base_url, "plan": plan.model_dump(),
+                                     "points": rows}, indent=1))
+
+
+def table(out_dir: str) -> None:
+    a = json.loads((Path(out_dir) / "pair-runbook.json").read_text())["points"]
+    b = json.loads((Path(out_dir) / "pair-plain.json").read_text())["points"]
+    print("| C | runbook tok/s | plain tok/s | ratio | runbook TTFT p50 ms | plain TTFT p50 ms | runbook TPOT p50 ms | plain TPOT p50 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in a:
+        ra, rb = a[c], b.get(c, {})
+        ratio = ra["output_throughput"] / rb["output_throughput"] if rb.get("output_throughput") else float("nan")
+        print(f"| {c} | {ra['output_throughput']:.1f} | {rb.get('output_throughput', 0):.1f} | {ratio:.3f} | "
+              f"{ra['median_ttft_ms']:.1f} | {rb.get('median_ttft_ms', 0):.1f} | {ra['median_tpot_ms']:.2f} | "
+              f"{rb.get('median_tpot_ms', 0):.2f} |")
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "env":
+        env(*args)
+    elif cmd == "bench":
+        label, url, model, out = args[:4]
+        bench(label, url, model, out, *(int(x) for x in args[4:7]))
+    else:
+        table(*args)

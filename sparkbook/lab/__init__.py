@@ -139,6 +139,9 @@ def params_file(nodes: int = 2) -> Path:
     node_env = (p.get("serve") or {}).get("node_env")
     if isinstance(node_env, dict):
         p["serve"]["node_env"] = {k: v for k, v in node_env.items() if k in names}
+    serve = p.setdefault("serve", {})
+    if serve.get("tensor_parallel_size", 1) * serve.get("pipeline_parallel_size", 1) > nodes:
+        serve["tensor_parallel_size"] = max(1, nodes // serve.get("pipeline_parallel_size", 1))  # one rank per node
     p.setdefault("ssh", {}).update({"key_file": str(cluster.key_file()),
                                     "known_hosts": str(cluster.known_hosts_file())})
     out = lab_home() / "params" / f"lab{cluster._SUFFIX}-{nodes}.yaml"

@@ -15,6 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
+from sparkbook.params import load_params
+
 import sparkbook.lab as sblab
 from sparkbook.lab import cluster, deployment
 
@@ -46,6 +48,7 @@ def test_layout_matches_params():
     if cluster.lab_home() == sblab.DEFAULT_LAB_HOME:
         assert p["ssh"]["key_file"] == str(cluster.key_file())
         assert p["ssh"]["known_hosts"] == str(cluster.known_hosts_file())
+        assert load_params(sblab.params_file(n)).serve.tensor_parallel_size <= n
     assert p["model"]["cache_dir"] == cluster.NODE_MOUNTS["models"]
 
 

@@ -15,10 +15,9 @@ import urllib.request
 import pytest
 import yaml
 
-from sparkbook.params import load_params
-
 import sparkbook.lab as sblab
 from sparkbook.lab import cluster, deployment
+from sparkbook.params import load_params
 
 pytestmark = pytest.mark.lab
 
@@ -48,7 +47,6 @@ def test_layout_matches_params():
     if cluster.lab_home() == sblab.DEFAULT_LAB_HOME:
         assert p["ssh"]["key_file"] == str(cluster.key_file())
         assert p["ssh"]["known_hosts"] == str(cluster.known_hosts_file())
-        assert load_params(sblab.params_file(n)).serve.tensor_parallel_size <= n
     assert p["model"]["cache_dir"] == cluster.NODE_MOUNTS["models"]
 
 
@@ -59,6 +57,7 @@ def test_params_file_for_other_sizes():
         assert [x["role"] for x in p["nodes"]] == ["head"] + ["worker"] * (n - 1)
         assert set(p["serve"]["node_env"]) <= {x["name"] for x in p["nodes"]}
         assert p["ssh"]["known_hosts"] == str(cluster.known_hosts_file())
+        assert load_params(sblab.params_file(n)).serve.tensor_parallel_size <= n
 
 
 def test_ssh_strict_sees_own_ip_and_hostname(lab, node_shells):

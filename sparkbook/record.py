@@ -60,6 +60,13 @@ def to_data(value: Any) -> Any:
     return value
 
 
+def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The run's recorded events (all, or of one kind), oldest first."""
+    path = run_dir / EVENTS
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
 def tail(text: str, lines: int = 20) -> str:
     kept = text.rstrip().splitlines()[-lines:]
     return "\n".join(kept)
@@ -106,16 +113,8 @@ class Run:
         with (self.run_dir / EVENTS).open("a") as fh:
             fh.write(json.dumps(event) + "\n")
 
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        path = self.run_dir / EVENTS
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        return [r for r in rows if kind is None or r["kind"] == kind]
-
-    def log_file(self, name: str) -> Path:
-        return self.run_dir / "logs" / name
-
     def write_log(self, name: str, text: str) -> Path:
-        path = self.log_file(name)
+        path = self.run_dir / "logs" / name
         path.write_text(self.redactor.text(text))
         return path
 

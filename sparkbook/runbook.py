@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 
 from .params import load_params
-from .record import EVENTS, now
+from .record import now, read_events
 from .redact import Redactor
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -164,10 +164,8 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
 
 
 def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:
-    path = run_dir / EVENTS
     stage = notebook.removesuffix(".ipynb")
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r["data"] for r in rows if r["kind"] == "decision" and r["stage"] == stage]
+    return [r["data"] for r in read_events(run_dir, "decision") if r["stage"] == stage]
 
 
 def _scrub(run_dir: Path, redactor: Redactor) -> None:

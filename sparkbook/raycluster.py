@@ -15,6 +15,7 @@ RAY_TEMP_DIR = "/tmp/sparkbook/ray"
 RAY_LOG = "/tmp/sparkbook/logs/ray.log"
 NODE_RESOURCE = "sparkbook_node_{}"
 POLL_S = 2.0
+DAEMON_TIMEOUT_S = 20
 
 # Runs in the head's container: what Ray's GCS knows about nodes and placement groups, as JSON.
 _PROBE = """
@@ -108,11 +109,23 @@ def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list
     return out.stdout.split()
 
 
+def _daemon_answers(node: Node) -> None:
+    """Raise unless the node's Docker daemon answers `docker version` within DAEMON_TIMEOUT_S."""
+    r = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=DAEMON_TIMEOUT_S)
+    if not r.ok:
+        why = f"no answer within {DAEMON_TIMEOUT_S} s" if r.timed_out else (r.stderr or r.stdout).strip()[-300:]
+        raise RayStageError(f"its Docker daemon does not answer ({why}): start it and run 04 again")
+
+
 def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str,
                      image_id: str | None = None) -> list[NodeContainer]:
     """Remove and recreate every node's container (in parallel) from `image`, which every node must already
-    hold (with `image_id` where given: 03 put it there); raise naming each node that failed."""
+    hold (with `image_id` where given: 03 put it there); raise naming each node that failed. Every node's
+    Docker daemon must answer first (nothing is started otherwise); a failed start removes the containers
+    the others got."""
     where = places(params, image)
+    if params.runtime.kind == "docker":
+        _values(cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + params.ssh.connect_timeout_s + 15))
 
     def one(node: Node) -> NodeContainer:
         spec, place = node.spec, where[node.name]
@@ -126,7 +139,11 @@ def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: 
                              str(spec.fabric_ip), spec.fabric_netdev,
                              _netdev_ips(runtime, node, place, spec.fabric_netdev))
 
-    return _values(cluster.fan_out(one))
+    outcomes = cluster.fan_out(one)
+    if any(not o.ok for o in outcomes.values()):
+        started = [cluster.nodes[name] for name, o in outcomes.items() if o.ok]
+        cluster.fan_out(lambda n: runtime.stop(n, where[n.name]), started)
+    return _values(outcomes)
 
 
 def _values(outcomes: dict[str, Any]) -> list[Any]:
@@ -346,6 +363,25 @@ def summary(params: Params, containers: list[NodeContainer], join: Join) -> dict
             "nodes": [{"name": n, "ip": seen[n].ip, "resources": {k: v for k, v in seen[n].resources.items()
                                                                   if k in ("CPU", "GPU", "memory")}}
                       for n in join.joined if n in seen]}
+
+
+def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 45) -> dict[str, str]:
+    """Nodes whose part of 04's Ray cluster is gone, with what was seen: its container is not running, or
+    its `ray start` (the head's: the GCS) exited. Empty when every node's Ray still runs."""
+    where = places(params, "")
+
+    def check(node: Node) -> str:
+        place = where[node.name]
+        if not runtime.alive(node, place):
+            return f"container {place.name} is not running"
+        if runtime.running(node, place, Spawned(node.name, place.name, RAY_LOG)):
+            return ""
+        what = f"the Ray head (GCS at {address(params)})" if node.spec.role == "head" else "its Ray worker"
+        tail = runtime.read(node, place, RAY_LOG, tail_bytes=400).strip().splitlines()
+        return f"{what} is not running" + (f" (last log line: {tail[-1][-200:]})" if tail else "")
+
+    outcomes = cluster.fan_out(check, timeout=timeout_s)
+    return {n: (o.value if o.ok else f"unreachable: {o.error}") for n, o in outcomes.items() if not o.ok or o.value}
 
 
 def stop(params: Params, cluster: Cluster, runtime: Runtime) -> list[str]:

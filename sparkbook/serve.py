@@ -13,7 +13,7 @@ from .failures import Diagnosis, Remedy, classify, not_ready, remedy
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params, ServeSettings
 from .record import Alternative, Decision
-from .raycluster import address
+from .raycluster import address, lost
 from .runtime import Place, Runtime, Spawned
 
 LOG_DIR = "/tmp/sparkbook/logs"
@@ -305,7 +305,12 @@ class BringUp:
 def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
-    serve processes, apply it and try again (at most MAX_REMEDIES times)."""
+    serve processes, apply it and try again (at most MAX_REMEDIES times). Raises ServeError, launching
+    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone)."""
+    gone = lost(params, cluster, runtime)
+    if gone:
+        raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items())
+                         + ": run 04 again to re-form it")
     result, current = BringUp(), serve_plan
     stop_earlier(cluster, runtime, where)
     for attempt in range(1, MAX_REMEDIES + 2):

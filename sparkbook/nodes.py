@@ -7,7 +7,7 @@ import socket
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +16,7 @@ from typing import IO, Callable, Generic, Sequence, TypeVar
 import paramiko
 
 from .params import NodeSpec, Params, SSHSettings
+from .progress import Progress
 
 T = TypeVar("T")
 KILL_GRACE_S = 5
@@ -357,8 +358,9 @@ class Cluster:
         return iter(self.nodes.values())
 
     def fan_out(self, step: Callable[[Node], T], nodes: Sequence[Node] | None = None,
-                timeout: float | None = None) -> dict[str, Outcome[T]]:
-        """Run `step` on every node in parallel; each node's error is kept, none hides another."""
+                timeout: float | None = None, label: str = "nodes answered") -> dict[str, Outcome[T]]:
+        """Run `step` on every node in parallel; each node's error is kept, none hides another.
+        Progress (`label`) counts the nodes as they answer."""
         targets = list(nodes if nodes is not None else self)
         timeout = timeout or self.params.ssh.command_timeout_s + self.params.ssh.connect_timeout_s + 15
 
@@ -370,17 +372,18 @@ class Cluster:
                 return Outcome(node.name, error=exc, duration_s=time.monotonic() - t0)
 
         pool = ThreadPoolExecutor(max_workers=max(1, len(targets)), thread_name_prefix="fan-out")
-        futures = {n.name: pool.submit(one, n) for n in targets}
-        end = time.monotonic() + timeout
-        outcomes = {}
-        for name, fut in futures.items():
+        futures = {pool.submit(one, n): n.name for n in targets}
+        answered: dict[str, Outcome[T]] = {}
+        with Progress(label, total=len(targets)) as bar:
             try:
-                outcomes[name] = fut.result(timeout=max(0.0, end - time.monotonic()))
+                for fut in as_completed(futures, timeout=timeout):
+                    out = answered[futures[fut]] = fut.result()
+                    bar.advance(note=f"{out.node} {'answered' if out.ok else 'failed'} in {out.duration_s:.1f} s")
             except TimeoutError:
-                outcomes[name] = Outcome(name, error=NodeError(name, f"no answer within {timeout:g} s"),
-                                         duration_s=timeout)
+                pass
         pool.shutdown(wait=False, cancel_futures=True)
-        return outcomes
+        return {name: answered.get(name) or Outcome(name, error=NodeError(name, f"no answer within {timeout:g} s"),
+                                                      duration_s=timeout) for name in futures.values()}
 
     def close(self) -> None:
         for node in self:

@@ -1,11 +1,19 @@
-"""Progress for long steps: a live widget in JupyterLab, plain lines under papermill and in terminals."""
+"""Progress for long steps: a live widget in JupyterLab, plain lines under papermill and in terminals.
+
+Headless (SPARKBOOK_HEADLESS set, as the runner, `make` and the tests do; or no kernel) a step prints a
+line at most every `every_s` seconds and one closing line, so an archived notebook holds text, never
+widget JSON. In a kernel with a front end the step shows a progress bar that updates while the cell runs.
+"""
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 HEADLESS_ENV = "SPARKBOOK_HEADLESS"
+WIDGET_CLASS = "sparkbook-progress"  # the CSS class of the widget's box (the browser test looks for it)
+WIDGET_EVERY_S = 0.25  # a bar fed per chunk would flood the front end with comm messages
 
 
 def interactive() -> bool:
@@ -21,21 +29,24 @@ def interactive() -> bool:
 
 
 class Progress:
-    """`with Progress("copy image", total=bytes) as p: p.advance(n)`; lines at most every `every_s` seconds."""
+    """`with Progress("copy image", total=bytes) as p: p.advance(n)`; safe to feed from worker threads."""
 
     def __init__(self, label: str, total: float | None = None, unit: str = "", every_s: float = 5.0):
         self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
         self.done = 0.0
         self.t0 = self._last = time.monotonic()
+        self._printed = False
+        self._lock = threading.Lock()
         self._widget = self._make_widget() if interactive() else None
 
     def _make_widget(self):  # type: ignore[no-untyped-def]
         import ipywidgets as widgets
         from IPython.display import display
 
-        bar = widgets.FloatProgress(min=0, max=self.total or 1, description=self.label[:20])
-        text = widgets.Label()
-        box = widgets.HBox([bar, text])
+        bar = widgets.FloatProgress(min=0, max=self.total or 1, bar_style="info")
+        text = widgets.Label(value=self._status(""))
+        box = widgets.HBox([widgets.Label(value=self.label), bar, text])
+        box.add_class(WIDGET_CLASS)
         display(box)
         return bar, text
 
@@ -46,25 +57,38 @@ class Progress:
         self.finish("failed" if exc[0] else "done")
 
     def advance(self, amount: float = 1, note: str = "") -> None:
-        self.update(self.done + amount, note)
+        with self._lock:
+            done = self.done + amount
+        self.update(done, note)
 
     def update(self, done: float, note: str = "") -> None:
-        self.done = done
-        now = time.monotonic()
-        if self._widget:
-            bar, text = self._widget
-            bar.value = min(done, bar.max)
-            text.value = self._status(note)
-        elif now - self._last >= self.every_s:
+        with self._lock:
+            self.done = done
+            now = time.monotonic()
+            every = WIDGET_EVERY_S if self._widget else self.every_s
+            if now - self._last < every:
+                return
             self._last = now
-            print(f"[{self.label}] {self._status(note)}", file=sys.stdout, flush=True)
+            if self._widget:
+                bar, text = self._widget
+                bar.value = min(done, bar.max)
+                text.value = self._status(note)
+            else:
+                self._printed = True
+                print(f"[{self.label}] {self._status(note)}", file=sys.stdout, flush=True)
 
     def finish(self, outcome: str = "done") -> None:
-        message = f"{outcome} in {time.monotonic() - self.t0:.1f} s"
-        if self._widget:
-            self._widget[1].value = f"{self._status('')} — {message}"
-        else:
-            print(f"[{self.label}] {message} ({self._status('')})", flush=True)
+        """Close the step; headless, a step shorter than `every_s` that printed nothing stays silent."""
+        elapsed = time.monotonic() - self.t0
+        message = f"{outcome} in {elapsed:.1f} s"
+        with self._lock:
+            if self._widget:
+                bar, text = self._widget
+                bar.value = min(self.done, bar.max) if outcome == "done" else bar.value
+                bar.bar_style = "success" if outcome == "done" else "danger"
+                text.value = f"{self._status('')} — {message}"
+            elif self._printed or elapsed >= self.every_s or outcome != "done":
+                print(f"[{self.label}] {message} ({self._status('')})", flush=True)
 
     def _status(self, note: str) -> str:
         elapsed = time.monotonic() - self.t0

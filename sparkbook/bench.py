@@ -7,6 +7,7 @@ started together at an agreed wall-clock instant; their per-request records are 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -14,6 +15,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Protocol
+
+import aiohttp
 
 from .benchclient import LoadResult, Target, make_prompts, metrics, run_load, run_load_on_engine, tokenize
 from .benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
@@ -110,9 +113,24 @@ def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: i
     return run_load(target, prompts, plan.output_len, max(1, min(concurrency, n)), timeout_s)
 
 
+class ServerGone(RuntimeError):
+    """The server stopped answering during the benchmark: the message names it, the point and what was seen."""
+
+
 def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
                   timeout_s: float) -> Point:
-    """Warm up, then run `num_prompts` fresh prompts at `concurrency` between two /metrics scrapes."""
+    """Warm up, then run `num_prompts` fresh prompts at `concurrency` between two /metrics scrapes.
+    Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
+    try:
+        return _measure_point(target, plan, pool, concurrency, runner, timeout_s)
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        raise ServerGone(f"the server at {target.base_url} ({target.model}) stopped answering during the "
+                         f"c={concurrency} point: {type(exc).__name__}: {str(exc)[:200]}: read 05's serve log "
+                         "tails on the head and serve again (05)") from None
+
+
+def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
+                   timeout_s: float) -> Point:
     if plan.warmup_requests:
         warm_up(target, plan, pool, concurrency, timeout_s)
     prompts = make_prompts(pool, plan.num_prompts, plan.input_len, seed=concurrency)

@@ -297,6 +297,9 @@ def model_files(node: Node, model: ModelSpec) -> ModelFiles:
     if not where:
         return ModelFiles(node.name, "", None, None, [], f"{model.hf_id} is not in {model.cache_dir}")
     r = node.run(shell(MODEL_FILES, dir=where), timeout=PROBE_TIMEOUT_S)
+    if r.timed_out:
+        return ModelFiles(node.name, where, None, None, [], f"reading {where} did not return within "
+                                                             f"{PROBE_TIMEOUT_S} s (a hung mount or file?): ended on the node")
     if not r.ok:
         return ModelFiles(node.name, where, None, None, [], f"no config.json in {where}")
     config, _, rest = r.stdout.partition("\n==index==")

@@ -1,4 +1,4 @@
-"""`sparkbook check | run | lab | restore`: the command line over the package."""
+"""`sparkbook check | run | unlock | lab | restore`: the command line over the package."""
 from __future__ import annotations
 
 import argparse
@@ -9,10 +9,11 @@ from typing import Any
 
 import yaml
 
-from . import runbook
+from . import lock, runbook
 from .params import ParamsError, load_params
 
 EXIT_INVALID = 2
+EXIT_LOCKED = 3
 
 
 def _parameter(text: str) -> tuple[str, Any]:
@@ -32,7 +33,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     run_dir, manifest = runbook.run(Path(args.params), out_root=Path(args.outputs), resume=args.resume,
-                                    start=args.start, only=args.only, parameters=dict(args.parameter or []))
+                                    start=args.start, only=args.only, parameters=dict(args.parameter or []),
+                                    break_lock=args.break_lock)
     print(f"run dir: {run_dir}\nindex:   {run_dir / 'index.html'}")
     if args.archive:
         print(f"archive: {runbook.archive(run_dir)}")
@@ -44,6 +46,26 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_unlock(args: argparse.Namespace) -> int:
+    from .nodes import Cluster, NodeError
+
+    params = load_params(args.params)
+    cluster = Cluster(params)
+    try:
+        done = lock.unlock(params, cluster.head, force=args.force)
+    except NodeError as exc:
+        raise lock.LockError(f"cannot reach the run lock on the head: {exc}") from None
+    finally:
+        cluster.close()
+    where = f"{params.run_lock.path} on {params.head.name}"
+    if done.holder is None:
+        print(f"{where}: no lock; nothing to clear")
+    else:
+        print(f"{where}: {'removed' if done.removed else 'could NOT remove'} the lock of {done.holder.describe()}"
+              + (f" (stale: {done.stale})" if done.stale else ""))
+    return 0 if done.holder is None or done.removed else 1
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
@@ -91,7 +113,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run at its first failed notebook")
     run.add_argument("--outputs", default="outputs", help="where run dirs go (default: outputs/)")
     run.add_argument("--archive", action="store_true", help="also write RUN_DIR.tar.gz")
+    run.add_argument("--break-lock", action="store_true",
+                     help="clear a stale run lock (its holder is gone or too old) before taking it")
     run.set_defaults(func=cmd_run)
+
+    unlock = sub.add_parser("unlock", help="clear the run lock on the head node (after a killed run)")
+    unlock.add_argument("params")
+    unlock.add_argument("--force", action="store_true", help="even when its holder still runs on this host")
+    unlock.set_defaults(func=cmd_unlock)
 
     lab = sub.add_parser("lab", help="the local multi-node test cluster")
     lab.add_argument("action", choices=["up", "down", "status"])
@@ -116,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     except runbook.RunbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    except lock.LockError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
 
 
 if __name__ == "__main__":

@@ -185,6 +185,11 @@ class Fabric(Strict):
     mtu: int = Field(1500, ge=576, le=9216)
 
 
+class RunLockSettings(Strict):
+    path: RemotePath = Field("/tmp/sparkbook/run.lock", description="lock directory on the head node")
+    stale_after_s: float = Field(43200, gt=0, description="a lock older than this is reported as stale")
+
+
 class Params(Strict):
     cluster: Name
     ssh: SSHSettings = SSHSettings()
@@ -197,6 +202,7 @@ class Params(Strict):
     serve: ServeSettings = ServeSettings()
     benchmark: BenchmarkPlan = BenchmarkPlan()
     secrets: list[EnvName] = Field([], description="environment variables holding secrets, by name")
+    run_lock: RunLockSettings = RunLockSettings()
 
     @model_validator(mode="after")
     def _cluster_consistent(self) -> Params:

@@ -9,10 +9,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
-
-from .params import load_params
+from . import lock
+from .nodes import Cluster, NodeError
+from .params import Params, load_params
 from .record import now, read_events
 from .redact import Redactor
 
@@ -100,10 +102,10 @@ def select(names: list[str], start: str | None = None, only: str | None = None) 
 
 def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | None = None, start: str | None = None,
         only: str | None = None, parameters: dict[str, Any] | None = None, folder: Path = NOTEBOOKS,
-        say: Callable[[str], None] = print, cell_timeout_s: int = 1800) -> tuple[Path, Manifest]:
-    """Execute notebooks into a run dir; stop at the first failure; return the run dir and manifest."""
-    import papermill  # slow to import: only when notebooks really run
-
+        say: Callable[[str], None] = print, cell_timeout_s: int = 1800,
+        break_lock: bool = False) -> tuple[Path, Manifest]:
+    """Execute notebooks into a run dir under the cluster's run lock; stop at the first failure; return the
+    run dir and manifest."""
     params_file = params_file.resolve()
     params = load_params(params_file)
     parameters = dict(parameters or {})
@@ -118,13 +120,47 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
             say(f"{run_dir}: every notebook already ran ok; nothing to resume")
             return run_dir, manifest
         parameters = {**manifest.parameters, **parameters}
+        run_id = manifest.run_id
     else:
         run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run_dir = (out_root / params.cluster / run_id).resolve()
-        run_dir.mkdir(parents=True, exist_ok=False)
         todo = select(names, start, only)
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
                             notebooks=[NotebookRun(n) for n in names])
+    with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
+        run_dir.mkdir(parents=True, exist_ok=resume is not None)
+        _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say, cell_timeout_s)
+    return run_dir, Manifest.read(run_dir)
+
+
+@contextmanager
+def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, break_lock: bool,
+              say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the head's run lock while the notebooks run; release it however the run ends (Ctrl-C too)."""
+    cluster = Cluster(params)
+    try:
+        try:
+            held = lock.acquire(params, cluster.head, lock.me(run_id, params_file), params_file=str(params_file),
+                                break_stale=break_lock, same_run=run_id if resumed else None)
+        except NodeError as exc:
+            raise lock.LockError(f"cannot take the run lock on the head: {exc}") from None
+        say(f"run lock: {held.path} on {held.node.name}, run {run_id}")
+        try:
+            yield
+        finally:
+            try:
+                if not held.release():
+                    say(f"run lock: {held.path} on {held.node.name} is no longer ours; left as it is")
+            except NodeError as exc:
+                say(f"run lock NOT released ({exc}): clear it with `sparkbook unlock {params_file}`")
+    finally:
+        cluster.close()
+
+
+def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
+             params_file: Path, folder: Path, say: Callable[[str], None], cell_timeout_s: int) -> None:
+    import papermill  # slow to import: only when notebooks really run
+
     manifest.status, manifest.finished = "running", None
     manifest.write(run_dir)
     os.environ["SPARKBOOK_HEADLESS"] = "1"
@@ -160,7 +196,6 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     manifest.write(run_dir)
     write_index(run_dir, manifest)
     _scrub(run_dir, Redactor.from_env(params.secrets))
-    return run_dir, Manifest.read(run_dir)
 
 
 def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:

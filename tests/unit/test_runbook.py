@@ -37,7 +37,11 @@ def notebooks(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def params_file(base: dict[str, Any], write_params: Callable[..., Path]) -> Path:
+def params_file(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
+    """Nodes on this machine (local transport): the run lock is real, in a directory of this test."""
+    for node in base["nodes"]:
+        node["transport"] = "local"
+    base["run_lock"] = {"path": str(tmp_path / "run.lock")}
     return write_params(base)
 
 

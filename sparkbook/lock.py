@@ -1,0 +1,173 @@
+"""The run lock: one `sparkbook run` per cluster at a time, held as a directory on the head node.
+
+Taking it is one atomic rename on the head (a fresh directory holding `holder.json` becomes the lock
+directory, or the rename fails because a lock is there). A lock whose holder is provably gone (its PID is
+not running on the host it names) or older than `run_lock.stale_after_s` is reported as stale; it is
+cleared only on request: `sparkbook unlock PARAMS` or `sparkbook run PARAMS --break-lock`.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .nodes import Node, shell
+from .params import Params
+
+HOLDER = "holder.json"
+TIMEOUT_S = 30
+_TAKE = ('mkdir -p "$(dirname {path})" || exit 3; t=$(mktemp -d "$(dirname {path})/.lock.XXXXXX") || exit 3; '
+         'printf %s {holder} >"$t"/holder.json || exit 3; mv -T "$t" {path} 2>/dev/null || {{ rm -rf "$t"; exit 17; }}')
+_READ = 'cat {path}/holder.json 2>/dev/null || {{ test -d {path} && echo "{{}}"; }}'
+_REMOVE = 'test -d {path} || exit 1; rm -rf {path}'
+EXISTS = 17
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds the lock: the run, and the process on the machine that started it."""
+
+    run_id: str
+    host: str
+    pid: int
+    user: str
+    started: str
+    params_file: str = ""
+    pid_started: int | None = None  # the process's start time in clock ticks since boot (tells a reused PID)
+
+    def describe(self) -> str:
+        return (f"run {self.run_id} (pid {self.pid} on host {self.host}, user {self.user}, started {self.started}"
+                + (f", params {self.params_file}" if self.params_file else "") + ")")
+
+    def age_s(self) -> float:
+        try:
+            return (datetime.now(timezone.utc) - datetime.fromisoformat(self.started)).total_seconds()
+        except ValueError:
+            return float("inf")
+
+
+def me(run_id: str, params_file: str | Path) -> Holder:
+    pid = os.getpid()
+    return Holder(run_id, socket.gethostname(), pid, getpass.getuser(),
+                  datetime.now(timezone.utc).isoformat(timespec="seconds"), str(params_file), _start_ticks(pid))
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot); None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> str:
+    """Why the lock is stale ('' when its holder may still run): its process is gone, or it is too old."""
+    if not holder.started:
+        return "the lock directory holds no readable holder.json"
+    if holder.host == (host or socket.gethostname()):
+        ticks = _start_ticks(holder.pid)
+        if ticks is None:
+            return f"pid {holder.pid} is not running on {holder.host}"
+        if holder.pid_started is not None and ticks != holder.pid_started:
+            return f"pid {holder.pid} on {holder.host} is now another process (the holder exited)"
+    if holder.age_s() > stale_after_s:
+        return f"it is {holder.age_s() / 3600:.1f} h old, more than run_lock.stale_after_s ({stale_after_s:g} s)"
+    return ""
+
+
+class LockError(Exception):
+    """The run lock could not be taken, read or cleared; the message says what to do."""
+
+
+class LockHeld(LockError):
+    def __init__(self, where: str, holder: Holder, stale: str, params_file: str):
+        self.holder, self.stale = holder, stale
+        clear = f"`sparkbook unlock {params_file}` (or `sparkbook run {params_file} --break-lock`)"
+        if stale:
+            advice = f"The lock is STALE: {stale}. Clear it deliberately with {clear}, then run again."
+        else:
+            advice = (f"That run may still be going: wait for it or stop it. If you know it is gone, clear the "
+                      f"lock with {clear}.")
+        super().__init__(f"the cluster is locked by {holder.describe()}: {where}. {advice}")
+
+
+@dataclass
+class RunLock:
+    """A lock this process holds on the head; `release` removes it only while it is still ours."""
+
+    node: Node
+    path: str
+    holder: Holder
+
+    def release(self) -> bool:
+        current = read(self.node, self.path)
+        if current != self.holder:
+            return False
+        return _remove(self.node, self.path)
+
+
+def _where(node: Node, path: str) -> str:
+    return f"lock {path} on {node.name} ({node.spec.host})"
+
+
+def read(node: Node, path: str) -> Holder | None:
+    """The lock's holder, or None when the head holds no lock."""
+    out = node.run(shell(_READ, path=path), timeout=TIMEOUT_S)
+    if not out.stdout.strip():
+        return None
+    try:
+        data = json.loads(out.stdout)
+        return Holder(**data)
+    except (ValueError, TypeError):
+        return Holder("unknown", "unknown", 0, "unknown", "", "")  # a lock dir nobody could have made: stale by age
+
+
+def _remove(node: Node, path: str) -> bool:
+    return node.run(shell(_REMOVE, path=path), timeout=TIMEOUT_S).ok
+
+
+def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, break_stale: bool = False,
+            same_run: str | None = None) -> RunLock:
+    """Take the lock for `holder`; refuse (LockHeld) while another run holds it. A stale lock is taken over
+    when `break_stale` is set, or when it is `same_run`'s own (a resume after that run was killed)."""
+    path = params.run_lock.path
+    for _ in range(2):
+        took = node.run(shell(_TAKE, path=path, holder=json.dumps(asdict(holder))), timeout=TIMEOUT_S)
+        if took.ok:
+            return RunLock(node, path, holder)
+        if took.exit_code != EXISTS:
+            raise LockError(f"cannot take the {_where(node, path)}: {(took.stderr or took.stdout).strip()[-300:]}")
+        current = read(node, path)
+        if current is None:
+            continue  # released between our attempt and the read: try once more
+        stale = staleness(current, params.run_lock.stale_after_s)
+        if stale and (break_stale or current.run_id == same_run):
+            _remove(node, path)
+            continue
+        raise LockHeld(_where(node, path), current, stale, params_file)
+    raise LockError(f"cannot take the {_where(node, path)}: it changed hands while we tried; run again")
+
+
+@dataclass(frozen=True)
+class Unlocked:
+    holder: Holder | None
+    stale: str
+    removed: bool
+
+
+def unlock(params: Params, node: Node, *, force: bool = False) -> Unlocked:
+    """Clear the lock deliberately; a holder still running on this very host is kept unless `force`."""
+    path = params.run_lock.path
+    current = read(node, path)
+    if current is None:
+        return Unlocked(None, "", False)
+    stale = staleness(current, params.run_lock.stale_after_s)
+    if not stale and current.host == socket.gethostname() and not force:
+        raise LockError(f"{_where(node, path)} is held by {current.describe()}, which is still running on this "
+                        f"host: stop it first (kill {current.pid}), or pass --force")
+    return Unlocked(current, stale, _remove(node, path))

@@ -7,8 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import docker.errors
+
 from .nodes import Cluster, Node, Result
 from .params import NodeSpec, Params
+from .record import Alternative, Decision
 from .runtime import Place, Runtime, Spawned
 
 RAY_TEMP_DIR = "/tmp/sparkbook/ray"
@@ -356,10 +359,11 @@ def check(result: Gate) -> Gate:
     return result
 
 
-def summary(params: Params, containers: list[NodeContainer], join: Join) -> dict[str, Any]:
+def summary(params: Params, containers: list[NodeContainer], join: Join, reused: bool = False) -> dict[str, Any]:
     """What later stages need: the Ray address, each node's container, and what Ray reports per node."""
     seen = join.snapshot.by_name() if join.snapshot else {}
-    return {"address": address(params), "containers": {c.node: c.name for c in containers},
+    return {"address": address(params), "containers": {c.node: c.name for c in containers}, "reused": reused,
+            "container_ids": {c.node: c.id for c in containers},
             "nodes": [{"name": n, "ip": seen[n].ip, "resources": {k: v for k, v in seen[n].resources.items()
                                                                   if k in ("CPU", "GPU", "memory")}}
                       for n in join.joined if n in seen]}
@@ -382,6 +386,79 @@ def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 
 
     outcomes = cluster.fan_out(check, timeout=timeout_s)
     return {n: (o.value if o.ok else f"unreachable: {o.error}") for n, o in outcomes.items() if not o.ok or o.value}
+
+
+# --- reuse on a second run --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reuse:
+    """The Ray cluster found running, and whether it is the one this stage would form: then it is kept."""
+
+    containers: list[NodeContainer]
+    started: dict[str, str]
+    join: Join | None
+    reason: str = ""  # why it cannot be reused ('' when it can)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+    def decision(self, image_id: str) -> Decision:
+        question = "Reuse the running Ray cluster or start a new one?"
+        evidence = [f"{c.node}: container {c.id} of image {image_id[:19]}, running since {self.started[c.node]}"
+                    for c in self.containers]
+        if self.ok:
+            return Decision(question, "reused: the running cluster", "every node's container runs the chosen image "
+                            "with this stage's environment, every node is in Ray and the gate passes: nothing is "
+                            "restarted", [Alternative("start new containers and Ray", "would tear down a healthy "
+                                                      "cluster of the same image only to form it again")], evidence)
+        return Decision(question, "start new containers and Ray", self.reason,
+                        [Alternative("reuse the running cluster", self.reason)], evidence)
+
+
+def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_id: str) -> tuple[NodeContainer, str]:
+    """This node's container as it runs now, checked against what start_containers would make."""
+    try:
+        attrs = runtime.client(node).containers.get(place.name).attrs
+    except docker.errors.NotFound:
+        raise RayStageError(f"has no container {place.name}") from None
+    if attrs["State"]["Status"] != "running":
+        raise RayStageError(f"container {place.name} is {attrs['State']['Status']}")
+    if attrs["Image"] != image_id:
+        raise RayStageError(f"container {place.name} runs image {attrs['Image'][:19]}, not {image_id[:19]}")
+    env = dict(e.split("=", 1) for e in attrs["Config"]["Env"] or [])
+    wanted = {**params.runtime.env, **place.env}
+    differ = sorted(k for k, v in wanted.items() if env.get(k) != v)
+    if differ:
+        raise RayStageError(f"container {place.name} has another environment ({', '.join(differ)})")
+    devices = [d["PathOnHost"] for d in attrs["HostConfig"].get("Devices") or []]
+    spec = node.spec
+    return NodeContainer(node.name, place.name, attrs["Id"][:12], place.image or "", bool(spec.gpus), devices,
+                         place.env, str(spec.fabric_ip), spec.fabric_netdev,
+                         _netdev_ips(runtime, node, place, spec.fabric_netdev)), attrs["State"]["StartedAt"]
+
+
+def reusable(params: Params, cluster: Cluster, runtime: Runtime, image: str, image_id: str) -> Reuse:
+    """Whether the cluster a previous run formed is still right: every node's container runs `image_id` with
+    this stage's environment, its Ray runs, every node is in Ray and the gate passes on it."""
+    if params.runtime.kind != "docker":
+        return Reuse([], {}, None, "the Python runtime keeps no container to compare: Ray is started afresh")
+    where = places(params, image)
+    outcomes = cluster.fan_out(lambda n: _existing(params, runtime, n, where[n.name], image_id))
+    bad = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]
+    found = [o.value for o in outcomes.values() if o.ok]
+    containers, started = [c for c, _ in found], {c.node: at for c, at in found}
+    gone = {} if bad else lost(params, cluster, runtime)
+    bad += [f"{name}: {why}" for name, why in gone.items()]
+    if bad:
+        return Reuse(containers, started, None, "no running cluster to reuse: " + "; ".join(bad))
+    snap = snapshot(params, runtime, cluster.head, where[cluster.head.name])
+    seen = snap.by_name()
+    join = Join([n.name for n in params.nodes if n.name in seen],
+                [n.name for n in params.nodes if n.name not in seen], 0.0, snap)
+    verdict = gate(params, containers, join)
+    if not verdict.ok:
+        return Reuse(containers, started, join, "the running cluster fails the gate: " + "; ".join(verdict.failures))
+    return Reuse(containers, started, join)
 
 
 def stop(params: Params, cluster: Cluster, runtime: Runtime) -> list[str]:

@@ -2,6 +2,7 @@
 readiness wait (health, models, every node's process alive), the smoke test, and one remediated retry."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from .raycluster import address, lost
 from .runtime import Place, Runtime, Spawned
 
 LOG_DIR = "/tmp/sparkbook/logs"
+SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)
 POLL_S = 1.0
 TAIL_BYTES = 6000
 MAX_REMEDIES = 2
@@ -276,6 +278,8 @@ class BringUp:
 
     attempts: list[tuple[Launch, Readiness]] = field(default_factory=list)
     remedies: list[Remedy] = field(default_factory=list)
+    reuse: Decision | None = None  # whether a server already running was kept
+    reused_from: dict[str, object] | None = None  # its record (SERVING) when it was
 
     @property
     def ok(self) -> bool:
@@ -290,10 +294,11 @@ class BringUp:
         return self.attempts[-1][1]
 
     def decisions(self) -> list[Decision]:
-        return [Decision(f"How to retry after {r.cause}?", ", ".join(f"{k}={v}" for k, v in r.change.items()),
-                         r.reason, [Alternative(o, why) for o, why in r.alternatives],
-                         [f"attempt {i + 1}: {self.attempts[i][1].diagnosis.summary()}"])
-                for i, r in enumerate(self.remedies)]
+        retries = [Decision(f"How to retry after {r.cause}?", ", ".join(f"{k}={v}" for k, v in r.change.items()),
+                            r.reason, [Alternative(o, why) for o, why in r.alternatives],
+                            [f"attempt {i + 1}: {self.attempts[i][1].diagnosis.summary()}"])
+                   for i, r in enumerate(self.remedies)]
+        return ([self.reuse] if self.reuse else []) + retries
 
     def table(self) -> list[dict[str, object]]:
         return [{"attempt": launch_.attempt, "ready": r.ok, "seconds": round(r.seconds, 1),
@@ -311,13 +316,17 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
     if gone:
         raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items())
                          + ": run 04 again to re-form it")
-    result, current = BringUp(), serve_plan
+    found, why = find_running(cluster, runtime, where, serve_plan)
+    if found is not None:
+        return found
+    result, current = BringUp(reuse=_start_decision(why)), serve_plan
     stop_earlier(cluster, runtime, where)
     for attempt in range(1, MAX_REMEDIES + 2):
         launched = launch(cluster, runtime, where, current, attempt)
         ready = wait_ready(cluster, runtime, where, launched, params.serve.ready_timeout_s, on_round)
         result.attempts.append((launched, ready))
         if ready.ok:
+            _remember(cluster, runtime, where, serve_plan, result)
             return result
         stop_serving(cluster, runtime, where, launched)
         fix = remedy(ready.diagnosis, current.settings) if params.serve.retry_with_remediation else None
@@ -326,6 +335,73 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
         result.remedies.append(fix)
         current = plan(params, current.executor, fix.settings)
     return result
+
+
+# --- reuse on a second run --------------------------------------------------------------------------
+def _plan_data(p: ServePlan) -> dict[str, object]:
+    return json.loads(json.dumps({"executor": p.executor, "settings": p.settings.model_dump(mode="json"),
+                                  "commands": [dataclasses.asdict(c) for c in p.commands], "base_url": p.base_url,
+                                  "model": p.model}))
+
+
+def _plan_from(data: dict) -> ServePlan:
+    return ServePlan(data["executor"], ServeSettings.model_validate(data["settings"]),
+                     [ServeCommand(**c) for c in data["commands"]], data["base_url"], data["model"])
+
+
+def _remember(cluster: Cluster, runtime: Runtime, where: dict[str, Place], requested: ServePlan,
+              result: BringUp) -> None:
+    """Write what serves now (the plan asked for, the one running after remedies) into the head's container."""
+    head = requested.commands[0].node
+    record = {"requested": _plan_data(requested), "running": _plan_data(result.launched.plan),
+              "attempt": result.launched.attempt, "attempts": len(result.attempts),
+              "ready_s": round(result.readiness.seconds, 1)}
+    runtime.exec(cluster.nodes[head], where[head], ["sh", "-c", 'printf %s "$1" >"$0"', SERVING, json.dumps(record)],
+                 timeout=30).check()
+
+
+def find_running(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
+                 requested: ServePlan) -> tuple[BringUp | None, str]:
+    """The server a previous run started, when it is still right: started from this very plan, every node's
+    `vllm serve` running, /health and /v1/models answering. Otherwise None and why not."""
+    head = requested.commands[0].node
+    if not runtime.alive(cluster.nodes[head], where[head]):
+        return None, f"no container on {head}, so no server to reuse"
+    try:
+        record = json.loads(runtime.read(cluster.nodes[head], where[head], SERVING))
+    except ValueError:
+        return None, f"no record of a server in {head}'s container ({SERVING})"
+    if record["requested"] != _plan_data(requested):
+        old, new = record["requested"], _plan_data(requested)
+        settings = {**old["settings"], **new["settings"]}
+        differ = sorted({f"serve.{k}" for k in settings if old["settings"].get(k) != new["settings"].get(k)}
+                        | {k for k in new if k != "settings" and old.get(k) != new[k]})
+        return None, f"the running server was started from another plan (differs in: {', '.join(differ)})"
+    running = _plan_from(record["running"])
+    spawned = {c.node: Spawned(c.node, where[c.node].name, log_path(record["attempt"])) for c in running.commands}
+    dead = [n for n, sp in spawned.items() if not runtime.running(cluster.nodes[n], where[n], sp)]
+    if dead:
+        return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"
+    with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
+        health, listed = _get(client, f"{running.base_url}/health"), _get(client, f"{running.base_url}/v1/models")
+    models = [m["id"] for m in listed.json().get("data", [])] \
+        if listed is not None and listed.status_code == 200 else []
+    if health is None or health.status_code != 200 or running.model not in models:
+        return None, f"the earlier server does not answer /health with {running.model} listed at {running.base_url}"
+    launched = Launch(running, record["attempt"], spawned, time.monotonic())
+    ready = Readiness(True, 0.0, 0.0, models, _tails(cluster, runtime, where, launched))
+    return BringUp([(launched, ready)], reuse=Decision(
+        "Reuse the running server or start a new one?", "reused: the server already running",
+        "it was started from exactly this plan (same commands, settings and environment), every node's `vllm serve` "
+        "still runs, and it answers /health with the model listed",
+        [Alternative("start vllm serve again", "would stop a healthy server of the same model and configuration")],
+        [f"{running.base_url}/health: 200", f"/v1/models: {', '.join(models)}",
+         f"started by attempt {record['attempt']}, ready then in {record['ready_s']} s"]), reused_from=record), ""
+
+
+def _start_decision(why: str) -> Decision:
+    return Decision("Reuse the running server or start a new one?", "start vllm serve", why,
+                    [Alternative("reuse the running server", why)])
 
 
 def log_tails(result: BringUp) -> dict[str, str]:
@@ -373,4 +449,6 @@ def endpoint(result: BringUp) -> dict[str, object]:
             "commands": {c.node: c.argv for c in launched.plan.commands},
             "env": {c.node: c.env for c in launched.plan.commands},
             "logs": {n: s.log for n, s in launched.spawned.items()},
-            "ready_s": round(result.readiness.seconds, 1), "attempts": len(result.attempts)}
+            "ready_s": result.reused_from["ready_s"] if result.reused_from else round(result.readiness.seconds, 1),
+            "attempts": result.reused_from["attempts"] if result.reused_from else len(result.attempts),
+            "reused": result.reused_from is not None}

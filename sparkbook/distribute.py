@@ -19,7 +19,7 @@ from typing import IO, Callable
 
 import paramiko
 
-from .nodes import Node, NodeError, Result
+from .nodes import LocalNode, Node, NodeError, Result
 from .progress import Progress
 from .record import Run
 
@@ -143,6 +143,8 @@ def copy_image(run: Run, ref: str, node: Node, size_bytes: int) -> Copy:
     """Stream `docker save REF` from the head into `docker load` on `node` over SSH, with progress."""
     head, target = bulk(run.cluster.head), bulk(node)
     try:
+        if not isinstance(target, LocalNode):
+            target.client()  # reach the loading side first: an unread `docker save` runs on for minutes on the head
         return _copy(head, ref, target, size_bytes)
     finally:
         for extra in {head, target} - {run.cluster.head, node}:

@@ -33,7 +33,7 @@ SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]
 
 def _matches(regex: re.Pattern[str], what: str) -> AfterValidator:
     def check(value: str) -> str:
-        if not regex.match(value):
+        if not regex.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid {what} (allowed: {regex.pattern})")
         return value
 
@@ -101,7 +101,7 @@ class NodeSpec(Strict):
         try:
             ipaddress.ip_address(value)
         except ValueError:
-            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$", value):
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", value):
                 raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
         return value
 
@@ -201,7 +201,8 @@ class Params(Strict):
     ray: RaySettings = RaySettings()
     serve: ServeSettings = ServeSettings()
     benchmark: BenchmarkPlan = BenchmarkPlan()
-    secrets: list[EnvName] = Field([], description="environment variables holding secrets, by name")
+    secrets: list[Annotated[EnvName, AfterValidator(_no_secret)]] = Field(
+        [], description="environment variables holding secrets, by name (never the secret itself)")
     run_lock: RunLockSettings = RunLockSettings()
 
     @model_validator(mode="after")
@@ -307,7 +308,8 @@ def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
 def _problems(exc: ValidationError, path: Path, text: str) -> list[Problem]:
     problems = []
     for err in exc.errors():
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in ("docker", "python"))]
+        tagged = err["loc"][:1] == ("runtime",) and err["loc"][1:2] in (("docker",), ("python",))
+        loc = [err["loc"][0], *err["loc"][2:]] if tagged else list(err["loc"])  # drop the runtime's kind tag
         for message in err["msg"].removeprefix("Value error, ").splitlines():
             field = _dotted(loc)
             named = _FIELD_PREFIX.match(message)

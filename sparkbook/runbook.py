@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from . import lock
-from .nodes import Cluster, NodeError
+from .nodes import Cluster, HostKeyMismatch, NodeError
 from .params import Params, load_params
 from .record import now, read_events
 from .redact import Redactor
@@ -139,6 +139,7 @@ def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, 
     """Hold the head's run lock while the notebooks run; release it however the run ends (Ctrl-C too)."""
     cluster = Cluster(params)
     try:
+        verify_host_keys(cluster, params_file)
         try:
             held = lock.acquire(params, cluster.head, lock.me(run_id, params_file), params_file=str(params_file),
                                 break_stale=break_lock, same_run=run_id if resumed else None)
@@ -155,6 +156,17 @@ def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, 
                 say(f"run lock NOT released ({exc}): clear it with `sparkbook unlock {params_file}`")
     finally:
         cluster.close()
+
+
+def verify_host_keys(cluster: Cluster, params_file: Path) -> None:
+    """Before any command: an SSH handshake with every node, so a host key that known_hosts does not vouch
+    for stops the run naming the node. A node that does not answer is left to the stages to report."""
+    ssh = [n for n in cluster if n.spec.transport == "ssh"]
+    outcomes = cluster.fan_out(lambda n: n.client(), ssh, timeout=cluster.params.ssh.connect_timeout_s + 15)
+    bad = [o.error for o in outcomes.values() if isinstance(o.error, HostKeyMismatch)]
+    if bad:
+        raise RunbookError(f"{params_file}: ssh.known_hosts: " + "; ".join(str(e) for e in bad)
+                           + ". Nothing ran on any node.")
 
 
 def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],

@@ -41,6 +41,30 @@ def lab(lab_progress):
     return st
 
 
+@pytest.fixture(scope="session")
+def planted() -> str:
+    """A token-shaped secret that the full run holds in HF_TOKEN (named in params.secrets)."""
+    return "hf_" + "Pl4nted" * 4
+
+
+@pytest.fixture(scope="session")
+def full_run(lab, planted, tmp_path_factory):
+    """One confirmed run of all six notebooks on the active lab, with a planted secret in the environment
+    (session-wide: test_runbook_lab checks it, test_idempotence runs the runbook a second time on top of it)."""
+    import sparkbook.lab as sblab
+    from sparkbook import runbook
+
+    sblab.reset()
+    os.environ["HF_TOKEN"] = planted
+    params = tmp_path_factory.mktemp("params") / "lab.yaml"
+    params.write_text(sblab.params_file(2).read_text().replace("secrets: []", "secrets: [HF_TOKEN]"))
+    try:
+        return runbook.run(params, out_root=tmp_path_factory.mktemp("outputs"), parameters={"confirm_cleanup": True},
+                           say=print)
+    finally:
+        del os.environ["HF_TOKEN"]
+
+
 @dataclass
 class NodeShell:
     """A strict-host-key paramiko connection to one lab node."""

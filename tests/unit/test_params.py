@@ -57,6 +57,31 @@ MALFORMED = [
     ("empty image list", "runtime.images", [], "runtime.images"),
     ("bad secret name", "secrets", ["HF-TOKEN"], "secrets[0]"),
     ("extra arg with backticks", "serve.extra_args", ["--foo", "`id`"], "serve.extra_args[1]"),
+    ("pipeline x tensor exceeds gpus", "serve.pipeline_parallel_size", 2, "serve.tensor_parallel_size"),
+    ("tp zero", "serve.tensor_parallel_size", 0, "serve.tensor_parallel_size"),
+    ("port above 65535", "ssh.port", 70000, "ssh.port"),
+    ("negative gpu index", "nodes.0.gpus", [-1], "nodes[0].gpus[0]"),
+    ("no nodes", "nodes", [], "nodes"),
+    ("no head", "nodes.0.role", "worker", "nodes"),
+    ("unknown host key policy", "ssh.host_key_policy", "yolo", "ssh.host_key_policy"),
+    ("trust on first use without known_hosts", "ssh", {"user": "root", "host_key_policy": "trust_on_first_use"},
+     "ssh.host_key_policy"),
+    ("nodes is a mapping", "nodes", {"a": {"role": "head"}}, "nodes"),
+    ("negative ready timeout", "serve.ready_timeout_s", -5, "serve.ready_timeout_s"),
+    ("concurrency zero", "benchmark", {"concurrency": [1, 0]}, "benchmark.concurrency[1]"),
+    ("mtu too small", "fabric", {"mtu": 100}, "fabric.mtu"),
+    ("shell in ssh user", "ssh.user", "root;id", "ssh.user"),
+    ("substitution in model path", "model", {"path": "/srv/$(id)", "served_name": "m", "cache_dir": "/srv"},
+     "model.path"),
+    ("secret value pasted as a secret name", "secrets", ["hf_abcdefghijklmnopqrstuvwxyz"], "secrets[0]"),
+    ("relative run lock path", "run_lock", {"path": "run.lock"}, "run_lock.path"),
+    ("shell in host", "nodes.0.host", "10.0.0.1;reboot", "nodes[0].host"),
+    ("fabric ip is a name", "nodes.0.fabric_ip", "node-a", "nodes[0].fabric_ip"),
+    ("unknown ssh key", "ssh.password", "hunter2", "ssh.password"),
+    ("pipe in a cleanup pattern", "cleanup", {"containers": ["old-*|id"]}, "cleanup.containers[0]"),
+    ("duplicate fabric ip and name at once", "nodes.1", {"name": "a", "role": "worker", "host": "127.0.0.1",
+                                                       "fabric_ip": "10.9.0.1", "fabric_netdev": "eth0"},
+     "nodes[1].name"),
 ]
 
 
@@ -103,10 +128,11 @@ def test_invalid_yaml_names_the_line(write_params: Callable[..., Path]) -> None:
     assert caught.value.problems[0].line is not None
 
 
-@pytest.mark.parametrize("what,key,value,field", MALFORMED[:20], ids=[m[0] for m in MALFORMED[:20]])
-def test_check_cli_exits_2_without_connecting(what: str, key: str, value: Any, field: str, base: dict[str, Any],
-                                              write_params: Callable[..., Path]) -> None:
-    """`sparkbook check` on a bad file: exit 2, the field named, no traceback, no connection to the node."""
+@pytest.mark.parametrize("what,key,value,field", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_cli_exits_2_without_connecting(what: str, key: str, value: Any, field: str, base: dict[str, Any],
+                                        write_params: Callable[..., Path], tmp_path: Path) -> None:
+    """`sparkbook check` (the first 20 files) and `sparkbook run` (the rest) on a bad file: exit 2, the field
+    named, no traceback, no connection to any node (not even for the run lock), no run dir."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -125,14 +151,17 @@ def test_check_cli_exits_2_without_connecting(what: str, key: str, value: Any, f
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    proc = subprocess.run([sys.executable, "-m", "sparkbook.cli", "check", str(write_params(base))],
+    first_20 = MALFORMED.index((what, key, value, field)) < 20
+    command = ["check"] if first_20 else ["run", "--outputs", str(tmp_path / "o")]
+    proc = subprocess.run([sys.executable, "-m", "sparkbook.cli", command[0], str(write_params(base)), *command[1:]],
                           capture_output=True, text=True, timeout=60)
     watcher.join()
     listener.close()
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert field.split("[")[0].split(".")[0] in proc.stderr
-    assert not accepted, "check must not connect to any node"
+    assert not accepted, f"{command[0]} must not connect to any node"
+    assert not (tmp_path / "o").exists()
 
 
 def test_repo_params_files_validate_except_missing_lab_keys() -> None:

@@ -1,0 +1,120 @@
+"""The whole runbook a second time on top of the first (the session's `full_run`): it succeeds, keeps what
+is already right (image on every node, the Ray cluster, the server) and says so in its records."""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkbook import runbook
+from sparkbook.params import load_params
+from sparkbook.raycluster import container_name
+from sparkbook.record import read_events
+
+pytestmark = pytest.mark.lab
+_INSPECT = "{{.Id}} {{.State.StartedAt}} {{.Image}}"
+
+
+def _node_state(node_shells, params, run_dir: Path) -> dict[str, tuple[str, ...]]:
+    """Per node: its container's ID, start time and image ID, and the PID of its `vllm serve` (if any)."""
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    out = {}
+    for spec in params.nodes:
+        name = container_name(params, spec.name)
+        _, inspect, _ = node_shells[spec.name].run(["docker", "inspect", "-f", _INSPECT, name])
+        log = endpoint["logs"].get(spec.name)
+        pid = node_shells[spec.name].run(["docker", "exec", name, "cat", f"{log}.pid"])[1].strip() if log else "-"
+        out[spec.name] = (*inspect.split(), pid)
+    return out
+
+
+@pytest.fixture(scope="module")
+def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPathFactory):
+    """The node state after the first run, the second run (same params, confirmed, secret planted), the state
+    after it, and its wall time."""
+    first_dir, first = full_run
+    assert first.status == "ok", "the first run must succeed before a second can reuse it"
+    params = load_params(first.params_file)
+    before = _node_state(node_shells, params, first_dir)
+    os.environ["HF_TOKEN"] = planted
+    t0 = time.monotonic()
+    try:
+        run_dir, manifest = runbook.run(Path(first.params_file), out_root=tmp_path_factory.mktemp("second"),
+                                        parameters={"confirm_cleanup": True}, say=print)
+    finally:
+        del os.environ["HF_TOKEN"]
+    seconds = time.monotonic() - t0
+    print(f"second run: {seconds:.0f} s; " + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks))
+    return params, before, run_dir, manifest, _node_state(node_shells, params, run_dir), seconds
+
+
+def _decision(manifest: runbook.Manifest, prefix: str, question: str) -> dict:
+    nb = next(nb for nb in manifest.notebooks if nb.name.startswith(prefix))
+    return next(d for d in nb.decisions if d["question"] == question)
+
+
+def test_second_run_succeeds(second) -> None:
+    _, _, _, manifest, _, _ = second
+    assert [nb.status for nb in manifest.notebooks] == ["ok"] * len(runbook.notebook_names()), \
+        json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
+
+
+def test_same_image_id_on_every_node_and_nothing_copied(full_run, second) -> None:
+    first_dir, _ = full_run
+    _, _, run_dir, _, _, _ = second
+    first_image = json.loads((first_dir / "state.json").read_text())["image"]
+    image = json.loads((run_dir / "state.json").read_text())["image"]
+    assert image["id"] == first_image["id"] and set(image["nodes"].values()) == {image["id"]}
+    copied = [e["data"] for e in read_events(run_dir, "distribution")]
+    assert copied and "nothing copied" in copied[-1]["message"], copied
+
+
+def test_ray_cluster_is_reused_not_recreated(second) -> None:
+    _, before, run_dir, manifest, after, _ = second
+    decision = _decision(manifest, "04", "Reuse the running Ray cluster or start a new one?")
+    assert decision["choice"].startswith("reused"), decision
+    assert json.loads((run_dir / "state.json").read_text())["ray"]["reused"] is True
+    assert {n: v[:3] for n, v in after.items()} == {n: v[:3] for n, v in before.items()}, \
+        "container IDs, start times and images are unchanged"
+    assert "reused: the running cluster" in (run_dir / "04-ray-cluster.ipynb").read_text()
+
+
+def test_server_is_reused_and_still_answers(second) -> None:
+    params, before, run_dir, manifest, after, _ = second
+    decision = _decision(manifest, "05", "Reuse the running server or start a new one?")
+    assert decision["choice"].startswith("reused"), decision
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    assert endpoint["reused"] is True
+    assert {n: v[3] for n, v in after.items()} == {n: v[3] for n, v in before.items()}, "same vllm serve PIDs"
+    assert "reused: the server already running" in (run_dir / "05-serve.ipynb").read_text()
+    reply = httpx.post(f"{endpoint['base_url']}/v1/completions", timeout=120,
+                       json={"model": params.model.served_name, "prompt": "Hello", "max_tokens": 8})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"]
+
+
+def test_first_run_records_that_it_started_afresh(full_run) -> None:
+    _, manifest = full_run
+    assert _decision(manifest, "04", "Reuse the running Ray cluster or start a new one?")["choice"] == \
+        "start new containers and Ray"
+    assert _decision(manifest, "05", "Reuse the running server or start a new one?")["choice"] == "start vllm serve"
+
+
+def test_planted_secret_is_in_nothing_the_second_run_wrote(second, node_shells, planted: str) -> None:
+    """Its run dir and archive (decompressed), and the logs the runs left in the node containers."""
+    params, _, run_dir, _, _, _ = second
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert planted.encode() not in path.read_bytes(), path
+    with tarfile.open(runbook.archive(run_dir)) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                assert planted.encode() not in tar.extractfile(member).read(), member.name
+    for spec in params.nodes:
+        _, logs, _ = node_shells[spec.name].run(["docker", "exec", container_name(params, spec.name), "sh", "-c",
+                                                  "cat /tmp/sparkbook/logs/*"])
+        assert logs and planted not in logs, spec.name

@@ -1,0 +1,103 @@
+"""The run lock on the lab's head: a second `sparkbook run` refuses while a first one runs; a run killed with
+SIGKILL leaves a stale lock that its own --resume takes over, and that `sparkbook unlock` clears for others."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkbook.params import load_params
+
+pytestmark = pytest.mark.lab
+CLI = [sys.executable, "-m", "sparkbook.cli"]
+
+
+@pytest.fixture(scope="module")
+def params_file(lab) -> Path:
+    import sparkbook.lab as sblab
+    return sblab.params_file(2)
+
+
+@pytest.fixture(scope="module")
+def head(params_file: Path, node_shells):
+    shell = node_shells[load_params(params_file).head.name]
+    assert _holder(shell, params_file) is None, "the lab's head holds a run lock from before: sparkbook unlock it"
+    return shell
+
+
+def _holder(head, params_file: Path) -> dict | None:
+    rc, out, _ = head.run(["cat", f"{load_params(params_file).run_lock.path}/holder.json"], check=False)
+    return json.loads(out) if rc == 0 else None
+
+
+def _start(params_file: Path, outputs: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, "run", str(params_file), "--only", "01", "--outputs", str(outputs), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _sparkbook(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def _wait_running(proc: subprocess.Popen, head, params_file: Path, outputs: Path, timeout: float = 120) -> dict:
+    """Until the run holds the lock and its manifest says 01 is running; the holder."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        holder = _holder(head, params_file)
+        manifests = list(outputs.glob("*/*/manifest.json"))
+        if holder and manifests and '"running"' in manifests[0].read_text():
+            return holder
+        time.sleep(0.3)
+    raise AssertionError("the first run did not take the lock")
+
+
+def test_second_run_refuses_while_the_first_holds_the_lock(params_file: Path, head, tmp_path: Path) -> None:
+    first = _start(params_file, tmp_path / "first")
+    holder = _wait_running(first, head, params_file, tmp_path / "first")
+    assert holder["pid"] == first.pid and {"run_id", "host", "user", "started"} <= set(holder)
+    t0 = time.monotonic()
+    second = _sparkbook("run", str(params_file), "--only", "02", "--outputs", str(tmp_path / "second"))
+    print(f"second run refused in {time.monotonic() - t0:.1f} s: {second.stderr.strip()}")
+    assert second.returncode == 3, second.stdout + second.stderr
+    for text in (f"locked by run {holder['run_id']}", f"pid {first.pid}", "sparkbook unlock", "may still be going"):
+        assert text in second.stderr
+    assert not (tmp_path / "second").exists()
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err
+    assert _holder(head, params_file) is None, "released at the end of the first run"
+
+
+def test_killed_run_is_stale_resume_takes_over_unlock_clears(params_file: Path, head, tmp_path: Path) -> None:
+    first = _start(params_file, tmp_path / "out")
+    holder = _wait_running(first, head, params_file, tmp_path / "out")
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert _holder(head, params_file) == holder, "a SIGKILLed run cannot release: the lock stays"
+
+    other = _sparkbook("run", str(params_file), "--only", "01", "--outputs", str(tmp_path / "other"))
+    assert other.returncode == 3 and "STALE" in other.stderr and f"pid {first.pid} is not running" in other.stderr, \
+        other.stderr
+    assert "sparkbook unlock" in other.stderr and "--break-lock" in other.stderr
+
+    run_dir = next((tmp_path / "out").glob("*/*/manifest.json")).parent
+    resumed = _sparkbook("run", str(params_file), "--resume", str(run_dir), "--only", "01")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _holder(head, params_file) is None, "the resumed run took its own stale lock over and released it"
+
+    again = _start(params_file, tmp_path / "again")
+    _wait_running(again, head, params_file, tmp_path / "again")
+    os.kill(again.pid, signal.SIGKILL)
+    again.communicate(timeout=60)
+    cleared = _sparkbook("unlock", str(params_file))
+    assert cleared.returncode == 0 and "removed the lock" in cleared.stdout and "stale" in cleared.stdout, \
+        cleared.stdout + cleared.stderr
+    proceeds = _sparkbook("run", str(params_file), "--only", "01", "--outputs", str(tmp_path / "after"))
+    assert proceeds.returncode == 0, proceeds.stdout + proceeds.stderr
+    assert _holder(head, params_file) is None

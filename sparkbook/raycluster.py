@@ -442,6 +442,9 @@ def reusable(params: Params, cluster: Cluster, runtime: Runtime, image: str, ima
     this stage's environment, its Ray runs, every node is in Ray and the gate passes on it."""
     if params.runtime.kind != "docker":
         return Reuse([], {}, None, "the Python runtime keeps no container to compare: Ray is started afresh")
+    daemons = cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + params.ssh.connect_timeout_s + 15)
+    if any(not o.ok for o in daemons.values()):
+        return Reuse([], {}, None, "; ".join(f"{n}: {o.error}" for n, o in daemons.items() if not o.ok))
     where = places(params, image)
     outcomes = cluster.fan_out(lambda n: _existing(params, runtime, n, where[n.name], image_id))
     bad = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]

@@ -33,7 +33,7 @@ class Progress:
 
     def __init__(self, label: str, total: float | None = None, unit: str = "", every_s: float = 5.0):
         self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
-        self.done = 0.0
+        self.done, self.note = 0.0, ""
         self.t0 = self._last = time.monotonic()
         self._printed = False
         self._lock = threading.Lock()
@@ -63,7 +63,7 @@ class Progress:
 
     def update(self, done: float, note: str = "") -> None:
         with self._lock:
-            self.done = done
+            self.done, self.note = done, note or self.note
             now = time.monotonic()
             every = WIDGET_EVERY_S if self._widget else self.every_s
             if now - self._last < every:
@@ -84,11 +84,11 @@ class Progress:
         with self._lock:
             if self._widget:
                 bar, text = self._widget
-                bar.value = min(self.done, bar.max) if outcome == "done" else bar.value
+                bar.value = min(self.done, bar.max)
                 bar.bar_style = "success" if outcome == "done" else "danger"
-                text.value = f"{self._status('')} — {message}"
+                text.value = f"{self._status(self.note)} — {message}"
             elif self._printed or elapsed >= self.every_s or outcome != "done":
-                print(f"[{self.label}] {message} ({self._status('')})", flush=True)
+                print(f"[{self.label}] {message} ({self._status(self.note)})", flush=True)
 
     def _status(self, note: str) -> str:
         elapsed = time.monotonic() - self.t0

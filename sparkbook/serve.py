@@ -307,11 +307,36 @@ class BringUp:
                  "evidence": r.diagnosis.evidence[-160:] if r.diagnosis else ""} for launch_, r in self.attempts]
 
 
+# Runs in the head's container: bind the serve address as uvicorn does (SO_REUSEADDR); the error if it cannot.
+_BIND = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((sys.argv[1], int(sys.argv[2])))
+except OSError as exc:
+    sys.exit(f"OSError: {exc}")
+"""
+
+
+def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
+               serve_plan: ServePlan) -> Diagnosis | None:
+    """The classified cause when something already listens on the serve address, else None: found before
+    launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
+    head = serve_plan.commands[0].node
+    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
+    r = runtime.exec(cluster.nodes[head], where[head], ["python3", "-c", _BIND, host, port], timeout=30)
+    if r.ok or "Errno 98" not in r.stderr:
+        return None
+    return classify({head: f"{host}:{port}: {r.stderr.strip()}"})
+
+
 def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
     serve processes, apply it and try again (at most MAX_REMEDIES times). Raises ServeError, launching
-    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone)."""
+    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone) or the
+    serve port is taken on the head."""
     gone = lost(params, cluster, runtime)
     if gone:
         raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items())
@@ -321,6 +346,9 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
         return found
     result, current = BringUp(reuse=_start_decision(why)), serve_plan
     stop_earlier(cluster, runtime, where)
+    taken = port_taken(cluster, runtime, where, serve_plan)
+    if taken is not None:
+        raise ServeError(f"serving did not start: {taken.summary()}")
     for attempt in range(1, MAX_REMEDIES + 2):
         launched = launch(cluster, runtime, where, current, attempt)
         ready = wait_ready(cluster, runtime, where, launched, params.serve.ready_timeout_s, on_round)

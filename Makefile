@@ -6,8 +6,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 export SPARKBOOK_HEADLESS := 1
 
+BROWSER := /usr/bin/chromium /usr/bin/chromedriver
+
 .PHONY: setup lab runbook test unit bench
-setup: $(BIN)/sparkbook
+setup: $(BIN)/sparkbook $(BROWSER)
+# Debian's Chromium and chromedriver for the browser test (tests/lab/test_browser.py); no browser downloads
+$(BROWSER) &:
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 $(BIN)/sparkbook: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

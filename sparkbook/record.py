@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,9 +68,17 @@ def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
+LONG_TEXT_LINES = 30  # longer text is shown as its tail, the whole of it in a log file
+TAIL_LINES = 20
+
+
 def tail(text: str, lines: int = 20) -> str:
     kept = text.rstrip().splitlines()[-lines:]
     return "\n".join(kept)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "output"
 
 
 class Run:
@@ -118,6 +127,15 @@ class Run:
         path.write_text(self.redactor.text(text))
         return path
 
+    def _new_log(self, what: str, text: str) -> Path:
+        """Write text to a log of its own (never overwriting another) and return its path."""
+        base = _slug(f"{self.stage}-{what}" if self.stage else what)
+        name, k = f"{base}.log", 1
+        while (self.run_dir / "logs" / name).exists():
+            k += 1
+            name = f"{base}-{k}.log"
+        return self.write_log(name, text)
+
     def decide(self, decision: Decision) -> Decision:
         self.record("decision", decision)
         data = self.redactor.data(to_data(decision))
@@ -129,8 +147,14 @@ class Run:
         rows = []
         for r in results:
             self.record("result", {**to_data(r), "stdout": tail(r.stdout, 200), "stderr": tail(r.stderr, 200)})
-            rows.append({"node": r.node, "command": r.command, "exit": r.exit_code, "seconds": round(r.duration_s, 2),
-                         "output (tail)": tail(r.stdout or r.stderr, 3)})
+            row = {"node": r.node, "command": r.command, "exit": r.exit_code, "seconds": round(r.duration_s, 2),
+                   "output (tail)": tail(r.stdout or r.stderr, 3)}
+            if len((r.stdout + r.stderr).strip().splitlines()) > 3:
+                row["full log"] = str(self._new_log(f"{r.node}-{r.argv[0] if r.argv else 'command'}",
+                                                    f"$ {r.command}\n{r.stdout}\n--- stderr ---\n{r.stderr}"))
+            rows.append(row)
+        if any("full log" in row for row in rows):
+            rows = [{**row, "full log": row.get("full log", "")} for row in rows]
         self.show(rows, title=title)
 
     def show(self, value: Any, title: str = "") -> None:
@@ -142,6 +166,10 @@ class Run:
             _display_table(data)
         elif isinstance(data, dict) and data and all(not isinstance(v, (dict, list)) for v in data.values()):
             _display_table([{"field": k, "value": v} for k, v in data.items()])
+        elif isinstance(data, str) and len(data.splitlines()) > LONG_TEXT_LINES:
+            path = self._new_log(title or "output", data)
+            _display({"text/plain": f"… last {TAIL_LINES} of {len(data.splitlines())} lines; all of them in {path}\n"
+                                    + tail(data, TAIL_LINES)})
         elif isinstance(data, str):
             _display({"text/plain": data})
         else:

@@ -12,7 +12,7 @@ from .docker_ssh import docker_client, unavailable
 from .nodes import Cluster, Node, Outcome, shell
 from .params import CleanupTargets
 from .record import Alternative, Decision
-from .diagnose import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_compute_apps, read_memory
+from .diagnose import FANOUT_TIMEOUT_S, Memory, gpu_apps, meminfo, memory_from, sections
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
 NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")
@@ -130,16 +130,26 @@ def _containers(node: Node) -> tuple[list[Container], str]:
     return sorted(out, key=lambda c: c.name), f"Docker {version}"
 
 
-def _units(node: Node, patterns: list[str]) -> tuple[list[Unit], str]:
-    r = node.run(["systemctl", "list-units", "--type=service", "--all", "--no-legend", "--plain", "--no-pager"],
-                 timeout=PROBE_TIMEOUT_S)
-    if not r.ok:
-        text = (r.stderr or r.stdout).strip()
-        if r.exit_code == 127 or any(s in text for s in NO_SYSTEMD):
+INVENTORY = r"""
+echo ==meminfo==; cat /proc/meminfo
+echo ==gpumem==; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null
+apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits 2>&1); rc=$?
+echo ==gpuapps_rc==; echo $rc; echo ==gpuapps==; echo "$apps"
+units=$(systemctl list-units --type=service --all --no-legend --plain --no-pager 2>&1); rc=$?
+echo ==units_rc==; echo $rc; echo ==units==; echo "$units"
+echo ==ps==; ps -eo pid=,comm=,args=
+"""
+
+
+def _units(node: Node, rc: int, lines: list[str], patterns: list[str]) -> tuple[list[Unit], str]:
+    """`systemctl list-units` as the inventory probe saw it; RequiredBy is asked only for matching units."""
+    if rc != 0:
+        text = "\n".join(lines).strip()
+        if rc == 127 or any(s in text for s in NO_SYSTEMD):
             return [], f"no systemd on this node ({text.splitlines()[0] if text else 'systemctl missing'})"
         return [], f"systemctl failed: {text[-200:]}"
     units = []
-    for line in r.stdout.splitlines():
+    for line in lines:
         name, _, active, *_ = line.split() + ["", "", ""]
         requires: list[str] = []
         if _matching(name, patterns):
@@ -149,12 +159,9 @@ def _units(node: Node, patterns: list[str]) -> tuple[list[Unit], str]:
     return units, "systemd"
 
 
-def _processes(node: Node, patterns: list[str]) -> list[Process]:
-    if not patterns:
-        return []
-    r = node.run(["ps", "-eo", "pid=,comm=,args="], timeout=PROBE_TIMEOUT_S, check=True)
+def _processes(lines: list[str], patterns: list[str]) -> list[Process]:
     out = []
-    for line in r.stdout.splitlines():
+    for line in lines if patterns else []:
         pid, comm, args = (line.split(None, 2) + ["", ""])[:3]
         if _matching(comm, patterns) or _matching(args, patterns):
             out.append(Process(int(pid), comm, args))
@@ -162,12 +169,14 @@ def _processes(node: Node, patterns: list[str]) -> list[Process]:
 
 
 def inventory(node: Node, targets: CleanupTargets) -> Inventory:
-    """Containers, systemd units, processes, GPU compute apps and memory of one node."""
-    memory = read_memory(node)  # first: an unreachable node fails here, once
+    """Containers, systemd units, processes, GPU compute apps and memory of one node: one probe command
+    (an unreachable node fails there, once) plus the node's Docker daemon over the same SSH connection."""
+    s = sections(node.run(shell(INVENTORY), timeout=PROBE_TIMEOUT_S, check=True).stdout)
+    memory = memory_from(meminfo(s["meminfo"]), s.get("gpumem", []))
+    gpu, apps = gpu_apps(int(s["gpuapps_rc"][0]), s.get("gpuapps", []))
+    units, systemd = _units(node, int(s["units_rc"][0]), s.get("units", []), targets.systemd_units)
     containers, docker = _containers(node)
-    units, systemd = _units(node, targets.systemd_units)
-    gpu, apps = gpu_compute_apps(node)
-    return Inventory(node.name, containers, docker, units, systemd, _processes(node, targets.processes),
+    return Inventory(node.name, containers, docker, units, systemd, _processes(s.get("ps", []), targets.processes),
                      gpu, apps, memory)
 
 

@@ -133,9 +133,10 @@ class Finding:
 
 
 # --- memory and GPU apps (also used by cleanup) ----------------------------------------------------
-def _meminfo(text: str) -> dict[str, int]:
+def meminfo(lines: list[str]) -> dict[str, int]:
+    """/proc/meminfo lines -> bytes per key."""
     out = {}
-    for line in text.splitlines():
+    for line in lines:
         key, _, rest = line.partition(":")
         if rest.strip().endswith("kB"):
             out[key] = int(rest.split()[0]) * 1024
@@ -147,30 +148,23 @@ def _mib(value: str) -> int | None:
     return int(float(value)) << 20 if value.replace(".", "", 1).isdigit() else None  # "[N/A]" on GB10
 
 
-def read_memory(node: Node) -> Memory:
-    r = node.run(shell("cat /proc/meminfo; echo ==gpu==; nvidia-smi --query-gpu=memory.total,memory.used "
-                       "--format=csv,noheader,nounits 2>/dev/null; true"), timeout=PROBE_TIMEOUT_S, check=True)
-    mem, _, gpu = r.stdout.partition("==gpu==")
-    return _memory(_meminfo(mem), gpu)
-
-
-def _memory(info: dict[str, int], gpu_csv: str) -> Memory:
-    totals = [[_mib(v) for v in line.split(",")] for line in gpu_csv.splitlines() if line.count(",") == 1]
+def memory_from(info: dict[str, int], gpu_csv: list[str]) -> Memory:
+    """Memory from meminfo and `nvidia-smi --query-gpu=memory.total,memory.used` lines (none: no GPU)."""
+    totals = [[_mib(v) for v in line.split(",")] for line in gpu_csv if line.count(",") == 1]
     known = [t for t in totals if t[0] is not None]
     return Memory(info["MemTotal"], info["MemAvailable"],
                   sum(t[0] for t in known) if known else None,
                   sum(t[1] or 0 for t in known) if known else None)
 
 
-def gpu_compute_apps(node: Node) -> tuple[str, list[GpuApp]]:
-    r = node.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
-                 timeout=PROBE_TIMEOUT_S)
-    if r.exit_code == 127:
+def gpu_apps(rc: int, lines: list[str]) -> tuple[str, list[GpuApp]]:
+    """`nvidia-smi --query-compute-apps` output and exit status -> a fact about the GPU and its processes."""
+    if rc == 127:
         return NO_GPU, []
-    if not r.ok:
-        return f"nvidia-smi failed: {(r.stderr or r.stdout).strip()[-200:]}", []
+    if rc != 0:
+        return f"nvidia-smi failed: {' '.join(lines)[-200:]}", []
     apps = []
-    for line in r.stdout.splitlines():
+    for line in filter(None, lines):
         pid, name, used = (part.strip() for part in line.split(",", 2))
         apps.append(GpuApp(int(pid), name, int(used) if used.isdigit() else None))
     return f"{len(apps)} GPU compute process(es)", apps
@@ -197,7 +191,8 @@ echo ==meminfo==; cat /proc/meminfo
 """
 
 
-def _sections(text: str) -> dict[str, list[str]]:
+def sections(text: str) -> dict[str, list[str]]:
+    """A probe's `==name==`-delimited output -> stripped lines per section."""
     out: dict[str, list[str]] = {}
     key = ""
     for line in text.splitlines():
@@ -213,7 +208,7 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
     """OS, kernel, CPU, memory, disk where models live, Docker, GPU, fabric and RoCE of one node."""
     r = node.run(shell(FACTS, path=params.model.cache_dir, netdev=spec.fabric_netdev), timeout=PROBE_TIMEOUT_S,
                  check=True)
-    s = _sections(r.stdout)
+    s = sections(r.stdout)
     try:
         docker = f"Docker {docker_client(node, timeout=PROBE_TIMEOUT_S).version()['Version']}"
     except Exception as exc:  # absence of Docker is a fact of the node
@@ -229,7 +224,7 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
     ips = [w.split("/")[0] for line in s.get("net", []) if " inet " in f" {line} " for w in line.split()[3:4]]
     cpu = s.get("cpu", ["?", "0"])
     return NodeFacts(node.name, (s.get("os") or ["?"])[0], s["kernel"][0], s["kernel"][1], cpu[0], int(cpu[-1]),
-                     _memory(_meminfo("\n".join(s["meminfo"])), "\n".join(s.get("gpumem", []))),
+                     memory_from(meminfo(s["meminfo"]), s.get("gpumem", [])),
                      int(disk[0]) if disk and disk[0].isdigit() else None, disk[1] if len(disk) > 1 else "?",
                      docker, gpus, gpu, spec.fabric_netdev, ips, int(mtu) if mtu.isdigit() else None, state,
                      "; ".join(s.get("roce", [])) or "-")

@@ -21,18 +21,21 @@ def unavailable(exc: Exception) -> str:
 
 
 class _NodeSSHAdapter(SSHHTTPAdapter):
-    """docker-py's SSH adapter, but connecting like `Node` does (its key, known_hosts, strict policy)."""
+    """docker-py's SSH adapter riding on the node's own SSH connection: no second handshake per client,
+    the same key, known_hosts and strict policy; closing the client leaves the node's connection open."""
 
     def __init__(self, node: Node, timeout: float):
         self._node = node
         super().__init__(f"ssh://{node.spec.host}", timeout=timeout, max_pool_size=4)
 
     def _create_paramiko_client(self, base_url: str) -> None:
-        self.ssh_client = self._node.new_client()
-        self.ssh_params = self._node.connect_kwargs()
+        self.ssh_client = self._node.client()
 
     def _connect(self) -> None:
-        self._node._connect(self.ssh_client)
+        self.ssh_client = self._node.client()  # reconnects the node if its transport has gone
+
+    def close(self) -> None:
+        super(SSHHTTPAdapter, self).close()
 
 
 def docker_client(node: Node, timeout: float = 120) -> docker.DockerClient:

@@ -18,7 +18,8 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from .benchclient import LoadResult, Target, make_prompts, metrics, run_load, run_load_on_engine, tokenize
+from .benchclient import (TEMPERATURE, LoadResult, Target, make_prompts, metrics, run_load, run_load_on_engine,
+                          tokenize)
 from .benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
                          known_bandwidth_gbs, summarize)
 from .nodes import Node
@@ -298,10 +299,10 @@ def summary(results: list[dict[str, Any]], roof: Roofline, bench_dir: Path, earl
 
 def vllm_bench_argv(target: Target, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
                     result_filename: str) -> list[str]:
-    """`vllm bench serve` with the same lengths, prompts, warm-ups and percentiles: the reference to agree with."""
+    """`vllm bench serve` with the same lengths, sampling, warm-ups and percentiles: the reference to agree with."""
     return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,
             "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(plan.input_len),
-            "--random-output-len", str(plan.output_len), "--ignore-eos", "--max-concurrency", str(concurrency),
+            "--random-output-len", str(plan.output_len), "--ignore-eos", "--temperature", str(TEMPERATURE), "--max-concurrency", str(concurrency),
             "--num-prompts", str(plan.num_prompts), "--num-warmups", str(plan.warmup_requests),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--save-result", "--result-dir", result_dir, "--result-filename", result_filename]

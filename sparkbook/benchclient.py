@@ -19,6 +19,7 @@ import aiohttp
 from .benchstats import RequestRecord, prometheus_totals
 
 T = TypeVar("T")
+TEMPERATURE = 0.0  # greedy; `vllm bench serve` no longer defaults to it, so its reference run is told the same
 SEED_TEXT = ("The cluster serves a new model over Ray and every node streams tokens back to the client "
              "while the benchmark measures time to first token, time per output token and throughput. ")
 
@@ -84,7 +85,7 @@ def make_prompts(pool: list[int], count: int, length: int, seed: int) -> list[li
 def request_body(target: Target, prompt: list[int], output_len: int) -> dict[str, Any]:
     """The completion request: fixed output length, streamed with usage and per-chunk token ids."""
     return {"model": target.model, "prompt": prompt, "max_tokens": output_len,
-            "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True,
+            "ignore_eos": True, "temperature": TEMPERATURE, "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
 
 

@@ -171,12 +171,43 @@ def log_path(attempt: int) -> str:
     return f"{LOG_DIR}/serve-{attempt}.log"
 
 
+# Wraps a worker rank (`python3 -c _FOLLOW HOST PORT vllm serve ...`): once the head's API has answered, the
+# rank ends (its whole process group) when the API stops answering, so a head that dies leaves no orphan rank.
+_FOLLOW = """
+import os, signal, socket, subprocess, sys, time
+host, port, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+if argv[0] == "vllm":
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv[1:]]
+child = subprocess.Popen(argv)
+seen = missed = 0
+while child.poll() is None:
+    time.sleep(2)
+    try:
+        socket.create_connection((host, port), 2).close()
+        seen, missed = 1, 0
+    except OSError:
+        missed += seen
+    if missed >= 3:
+        print(f"sparkbook: the head's API at {host}:{port} is gone: ending this rank", flush=True)
+        child.terminate()
+        try:
+            child.wait(15)
+        finally:
+            os.killpg(0, signal.SIGKILL)
+sys.exit(child.wait())
+"""
+
+
 def launch(cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
            attempt: int = 1) -> Launch:
-    """Spawn every node's command in its container (head first), logs to a file per attempt."""
+    """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
+    follow the head's API (they end when it is gone)."""
     t0 = time.monotonic()
-    spawned = {c.node: runtime.spawn(cluster.nodes[c.node], where[c.node], c.argv, log_path(attempt), env=c.env)
-               for c in serve_plan.commands}
+    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
+    spawned = {c.node: runtime.spawn(cluster.nodes[c.node], where[c.node],
+                                     c.argv if rank == 0 else ["python3", "-c", _FOLLOW, host, port, *c.argv],
+                                     log_path(attempt), env=c.env)
+               for rank, c in enumerate(serve_plan.commands)}
     return Launch(serve_plan, attempt, spawned, t0)
 
 

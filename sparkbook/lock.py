@@ -19,7 +19,7 @@ from .nodes import Node, shell
 from .params import Params
 
 HOLDER = "holder.json"
-TIMEOUT_S = 30
+TIMEOUT_S = 60  # a loaded node's login shell can take most of this before the command starts
 _TAKE = ('mkdir -p "$(dirname {path})" || exit 3; t=$(mktemp -d "$(dirname {path})/.lock.XXXXXX") || exit 3; '
          'printf %s {holder} >"$t"/holder.json || exit 3; mv -T "$t" {path} 2>/dev/null || {{ rm -rf "$t"; exit 17; }}')
 _READ = 'cat {path}/holder.json 2>/dev/null || {{ test -d {path} && echo "{{}}"; }}'
@@ -138,10 +138,11 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
     path = params.run_lock.path
     for _ in range(2):
         took = node.run(shell(_TAKE, path=path, holder=json.dumps(asdict(holder))), timeout=TIMEOUT_S)
-        if took.ok:
+        if took.ok or (took.exit_code != EXISTS and read(node, path) == holder):  # a late answer: it did take
             return RunLock(node, path, holder)
         if took.exit_code != EXISTS:
-            raise LockError(f"cannot take the {_where(node, path)}: {(took.stderr or took.stdout).strip()[-300:]}")
+            what = "no answer in time" if took.timed_out else (took.stderr or took.stdout).strip()[-300:]
+            raise LockError(f"cannot take the {_where(node, path)}: {what}")
         current = read(node, path)
         if current is None:
             continue  # released between our attempt and the read: try once more

@@ -71,7 +71,8 @@ def test_same_image_id_on_every_node_and_nothing_copied(full_run, second) -> Non
     image = json.loads((run_dir / "state.json").read_text())["image"]
     assert image["id"] == first_image["id"] and set(image["nodes"].values()) == {image["id"]}
     copied = [e["data"] for e in read_events(run_dir, "distribution")]
-    assert copied and "nothing copied" in copied[-1]["message"], copied
+    assert copied and copied[-1]["copies"] == [] and copied[-1]["ids"] == image["nodes"], copied
+    assert "nothing copied" in (run_dir / "03-image-selection.ipynb").read_text()
 
 
 def test_ray_cluster_is_reused_not_recreated(second) -> None:

@@ -20,6 +20,8 @@ from .progress import Progress
 
 T = TypeVar("T")
 KILL_GRACE_S = 5
+# what paramiko says when the TCP connection opened but sshd never answered (no banner, no key exchange)
+HANDSHAKE_STUCK = ("No existing session", "Error reading SSH protocol banner", "Negotiation timed out")
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,10 @@ class Node:
             if "not found in known_hosts" in str(exc):
                 raise HostKeyMismatch(self.name, f"{where} is not in {self.ssh.known_hosts}: add its host key "
                                       "(ssh-keyscan, verified) or set ssh.host_key_policy: trust_on_first_use") from None
+            if any(s in str(exc) for s in HANDSHAKE_STUCK):
+                raise Unreachable(self.name, f"{where} accepted the connection but its sshd did not complete "
+                                  f"the SSH handshake within {self.ssh.connect_timeout_s:g} s ({exc}): is sshd hung "
+                                  "or stopped?") from None
             raise Unreachable(self.name, f"SSH to {where} failed: {exc}") from None
         except (OSError, socket.timeout) as exc:
             raise Unreachable(self.name, f"cannot reach {where} within {self.ssh.connect_timeout_s:g} s: "

@@ -235,23 +235,28 @@ def facts_all(cluster: Cluster, params: Params) -> dict[str, Outcome[NodeFacts]]
 
 
 # --- fabric links -----------------------------------------------------------------------------------
+# The TCP probe goes to the Ray port: Ray and NCCL need TCP between nodes on ports beyond SSH's. An answer, accepted
+# or refused (a reset from the peer's kernel), proves TCP passes both ways; silence means filtered. A refused port
+# costs the peer no process, where a connection to sshd costs it a fork per peer (N*(N-1) on an N-node fabric).
 LINKS = r"""
 size={size}; port={port}; ips={ips}
 for ip in $ips; do (
   r=$(ping -c 1 -W 1 "$ip" 2>/dev/null | sed -n 's/.*time=\([0-9.]*\).*/\1/p')
   if ping -c 1 -W 1 -M do -s "$size" "$ip" >/dev/null 2>&1; then m=1; else m=0; fi
-  if timeout 3 bash -c "exec 3<>/dev/tcp/$ip/$port" 2>/dev/null; then t=1; else t=0; fi
+  e=$(timeout 3 bash --norc -c "exec 3<>/dev/tcp/$ip/$port" 2>&1); c=$?
+  case "$c $e" in "0 "*|*refused*) t=1;; *) t=0;; esac
   echo "PEER $ip ${{r:-none}} $m $t"
 ) & done; wait
 """
 
 
 def links(node: Node, params: Params) -> list[Link]:
-    """From this node to every other on its fabric IP: ping, a no-fragment ping at the fabric MTU, TCP."""
+    """From this node to every other on its fabric IP: ping, a no-fragment ping at the fabric MTU, TCP to the
+    Ray port."""
     peers = {str(p.fabric_ip): p.name for p in params.nodes if p.name != node.name}
     if not peers:
         return []
-    r = node.run(shell(LINKS, size=params.fabric.mtu - 28, port=params.ssh.port, ips=" ".join(peers)),
+    r = node.run(shell(LINKS, size=params.fabric.mtu - 28, port=params.ray.port, ips=" ".join(peers)),
                  timeout=PROBE_TIMEOUT_S, check=True)
     out = []
     for line in r.stdout.splitlines():
@@ -364,7 +369,8 @@ def link_findings(results: dict[str, Outcome[list[Link]]], params: Params) -> li
                 out.append(Finding("warning", "fabric", f"{to}: a {params.fabric.mtu}-byte packet does not pass "
                                                         "unfragmented: the path MTU is below the fabric's"))
             if link.reachable and not link.tcp_ok:
-                out.append(Finding("blocker", "fabric", f"{to}: TCP port {params.ssh.port} refused or filtered"))
+                out.append(Finding("blocker", "fabric", f"{to}: TCP to port {params.ray.port} gets no answer: a "
+                                                       "firewall filters it (Ray and NCCL need TCP between nodes)"))
     return out
 
 

@@ -9,7 +9,7 @@ export SPARKBOOK_HEADLESS := 1
 BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 
 .PHONY: setup lab runbook test unit bench
-setup: $(BIN)/sparkbook $(BROWSER)
+setup: $(BIN)/sparkbook
 # Debian's Chromium and chromedriver for the browser test (tests/lab/test_browser.py); no browser downloads
 $(BROWSER) &:
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -29,7 +29,7 @@ runbook: lab
 unit: setup
 	$(BIN)/pytest tests/unit
 
-test: lab
+test: lab $(BROWSER)
 	$(BIN)/pytest tests notebooks --nbval-lax -m "not benchmark"
 
 bench: lab

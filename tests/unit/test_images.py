@@ -177,6 +177,10 @@ class FakeNode:
 
     def __init__(self, name: str, payload: bytes = b""):
         self.name, self.payload, self.received = name, payload, bytearray()
+        self.connected = False
+
+    def client(self) -> None:
+        self.connected = True
 
     def stream(self, argv, *, source=None, sink=None, timeout=None, on_bytes=None):  # type: ignore[no-untyped-def]
         if sink is not None:
@@ -197,6 +201,7 @@ def test_copy_image_streams_the_head_save_into_the_node_load(monkeypatch: pytest
     head, worker = FakeNode("h", payload), FakeNode("w")
     run = SimpleNamespace(cluster=SimpleNamespace(head=head))
     copy = distribute.copy_image(run, "img:1", worker, len(payload))
+    assert worker.connected, "the loading side is reached before the head's docker save starts"
     assert bytes(worker.received) == payload and copy.bytes == len(payload) and not copy.error
     assert copy.loaded == "Loaded image: img:1" and copy.mb_s > 0
 

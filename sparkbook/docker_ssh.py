@@ -34,6 +34,15 @@ class _NodeSSHAdapter(SSHHTTPAdapter):
     def _connect(self) -> None:
         self.ssh_client = self._node.client()  # reconnects the node if its transport has gone
 
+    def get_connection(self, url, proxies=None):  # type: ignore[no-untyped-def]
+        """A pool on a live transport: the node's connection may have been closed (its run closed) or dropped
+        since this client was made; pools made on the old transport would answer "Socket is closed"."""
+        transport = self.ssh_client.get_transport() if self.ssh_client else None
+        if transport is None or not transport.is_active():
+            self._connect()
+            self.pools.clear()
+        return super().get_connection(url, proxies)
+
     def close(self) -> None:
         super(SSHHTTPAdapter, self).close()
 

@@ -67,15 +67,25 @@ def full_run(lab, planted, tmp_path_factory):
 
 @dataclass
 class NodeShell:
-    """A strict-host-key paramiko connection to one lab node."""
+    """A strict-host-key paramiko connection to one lab node; reconnects when the lab was taken down and up
+    again since (test_cluster.py does that), with the same strict known_hosts."""
     name: str
     ip: str
     client: object
+    known_hosts: str = ""
+    key_file: str = ""
 
     def run(self, cmd, timeout: float = 120, check: bool = True) -> tuple[int, str, str]:
         if not isinstance(cmd, str):
             cmd = shlex.join(cmd)
-        _, out, err = self.client.exec_command(cmd, timeout=timeout)
+        import paramiko
+        try:
+            _, out, err = self.client.exec_command(cmd, timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError):  # the node's sshd of before a lab down/up
+            if not self.known_hosts:
+                raise
+            self.client = connect(self.ip, known_hosts=self.known_hosts, key_file=self.key_file)
+            _, out, err = self.client.exec_command(cmd, timeout=timeout)
         o, e = out.read().decode(), err.read().decode()
         rc = out.channel.recv_exit_status()
         if check and rc != 0:
@@ -119,7 +129,8 @@ def node_shells(lab):
     """name -> NodeShell for every node of the session's lab."""
     shells = {}
     for n in lab.nodes:
-        shells[n.name] = NodeShell(n.name, n.ip, connect(n.ip, known_hosts=lab.known_hosts, key_file=lab.key_file))
+        shells[n.name] = NodeShell(n.name, n.ip, connect(n.ip, known_hosts=lab.known_hosts, key_file=lab.key_file),
+                                   str(lab.known_hosts), str(lab.key_file))
     yield shells
     for s in shells.values():
         s.client.close()

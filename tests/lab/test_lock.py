@@ -62,9 +62,13 @@ def test_second_run_refuses_while_the_first_holds_the_lock(params_file: Path, he
     first = _start(params_file, tmp_path / "first")
     holder = _wait_running(first, head, params_file, tmp_path / "first")
     assert holder["pid"] == first.pid and {"run_id", "host", "user", "started"} <= set(holder)
-    t0 = time.monotonic()
-    second = _sparkbook("run", str(params_file), "--only", "02", "--outputs", str(tmp_path / "second"))
-    print(f"second run refused in {time.monotonic() - t0:.1f} s: {second.stderr.strip()}")
+    os.kill(first.pid, signal.SIGSTOP)  # holds the lock however long the second run takes to start on a loaded machine
+    try:
+        t0 = time.monotonic()
+        second = _sparkbook("run", str(params_file), "--only", "02", "--outputs", str(tmp_path / "second"))
+        print(f"second run refused in {time.monotonic() - t0:.1f} s: {second.stderr.strip()}")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 3, second.stdout + second.stderr
     for text in (f"locked by run {holder['run_id']}", f"pid {first.pid}", "sparkbook unlock", "may still be going"):
         assert text in second.stderr

@@ -112,6 +112,11 @@ def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list
     return out.stdout.split()
 
 
+def _daemons(params: Params, cluster: Cluster) -> dict[str, Any]:
+    """Every node's Docker daemon asked in parallel (`_daemon_answers`); the outcomes by node."""
+    return cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + params.ssh.connect_timeout_s + 15)
+
+
 def _daemon_answers(node: Node) -> None:
     """Raise unless the node's Docker daemon answers `docker version` within DAEMON_TIMEOUT_S."""
     r = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=DAEMON_TIMEOUT_S)
@@ -128,7 +133,7 @@ def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: 
     the others got."""
     where = places(params, image)
     if params.runtime.kind == "docker":
-        _values(cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + params.ssh.connect_timeout_s + 15))
+        _values(_daemons(params, cluster))
 
     def one(node: Node) -> NodeContainer:
         spec, place = node.spec, where[node.name]
@@ -442,7 +447,7 @@ def reusable(params: Params, cluster: Cluster, runtime: Runtime, image: str, ima
     this stage's environment, its Ray runs, every node is in Ray and the gate passes on it."""
     if params.runtime.kind != "docker":
         return Reuse([], {}, None, "the Python runtime keeps no container to compare: Ray is started afresh")
-    daemons = cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + params.ssh.connect_timeout_s + 15)
+    daemons = _daemons(params, cluster)
     if any(not o.ok for o in daemons.values()):
         return Reuse([], {}, None, "; ".join(f"{n}: {o.error}" for n, o in daemons.items() if not o.ok))
     where = places(params, image)

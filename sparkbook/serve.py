@@ -198,12 +198,18 @@ sys.exit(child.wait())
 """
 
 
+def _host_port(serve_plan: ServePlan) -> tuple[str, str]:
+    """The serve address of the plan's base URL, as (host, port)."""
+    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
+    return host, port
+
+
 def launch(cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
            attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
     follow the head's API (they end when it is gone)."""
     t0 = time.monotonic()
-    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
+    host, port = _host_port(serve_plan)
     spawned = {c.node: runtime.spawn(cluster.nodes[c.node], where[c.node],
                                      c.argv if rank == 0 else ["python3", "-c", _FOLLOW, host, port, *c.argv],
                                      log_path(attempt), env=c.env)
@@ -355,7 +361,7 @@ def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
     """The classified cause when something already listens on the serve address, else None: found before
     launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
     head = serve_plan.commands[0].node
-    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
+    host, port = _host_port(serve_plan)
     r = runtime.exec(cluster.nodes[head], where[head], ["python3", "-c", _BIND, host, port], timeout=30)
     if r.ok or "Errno 98" not in r.stderr:
         return None

@@ -12,7 +12,7 @@ from .docker_ssh import docker_client, unavailable
 from .nodes import Cluster, Node, Outcome, shell
 from .params import CleanupTargets
 from .record import Alternative, Decision
-from .diagnose import FANOUT_TIMEOUT_S, Memory, gpu_apps, meminfo, memory_from, sections
+from .diagnose import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
 NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")

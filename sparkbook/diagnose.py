@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .docker_ssh import docker_client, unavailable
 from .modelinfo import GIB, FitRow, NodeMemory
-from .nodes import Cluster, Node, Outcome, shell
+from .nodes import Cluster, Node, Outcome, bash, shell
 from .params import ModelSpec, NodeSpec, Params
 
 if TYPE_CHECKING:
@@ -238,14 +238,16 @@ def facts_all(cluster: Cluster, params: Params) -> dict[str, Outcome[NodeFacts]]
 # The TCP probe goes to the Ray port: Ray and NCCL need TCP between nodes on ports beyond SSH's. An answer, accepted
 # or refused (a reset from the peer's kernel), proves TCP passes both ways; silence means filtered. A refused port
 # costs the peer no process, where a connection to sshd costs it a fork per peer (N*(N-1) on an N-node fabric).
+# The RTT is the fabric-MTU ping's; a plain ping runs only when that one fails (unreachable, or the MTU is smaller).
+# Three programs per peer (ping, timeout, bash): on a lab of N nodes on one machine, N*(N-1) of each run at once.
 LINKS = r"""
 size={size}; port={port}; ips={ips}
 for ip in $ips; do (
-  r=$(ping -c 1 -W 1 "$ip" 2>/dev/null | sed -n 's/.*time=\([0-9.]*\).*/\1/p')
-  if ping -c 1 -W 1 -M do -s "$size" "$ip" >/dev/null 2>&1; then m=1; else m=0; fi
-  e=$(timeout 3 bash --norc -c "exec 3<>/dev/tcp/$ip/$port" 2>&1); c=$?
-  case "$c $e" in "0 "*|*refused*) t=1;; *) t=0;; esac
-  echo "PEER $ip ${{r:-none}} $m $t"
+  if p=$(ping -c 1 -W 1 -M do -s "$size" "$ip" 2>&1); then m=1; else m=0; p=$(ping -c 1 -W 1 "$ip" 2>&1); fi
+  [[ $p =~ time=([0-9.]+) ]] && r=${{BASH_REMATCH[1]}} || r=none
+  e=$(timeout 3 bash --norc --noprofile -c "exec 3<>/dev/tcp/$ip/$port" 2>&1); c=$?
+  [[ $c == 0 || $e == *refused* ]] && t=1 || t=0
+  echo "PEER $ip $r $m $t"
 ) & done; wait
 """
 
@@ -256,7 +258,7 @@ def links(node: Node, params: Params) -> list[Link]:
     peers = {str(p.fabric_ip): p.name for p in params.nodes if p.name != node.name}
     if not peers:
         return []
-    r = node.run(shell(LINKS, size=params.fabric.mtu - 28, port=params.ray.port, ips=" ".join(peers)),
+    r = node.run(bash(LINKS, size=params.fabric.mtu - 28, port=params.ray.port, ips=" ".join(peers)),
                  timeout=PROBE_TIMEOUT_S, check=True)
     out = []
     for line in r.stdout.splitlines():

@@ -1,6 +1,9 @@
 """docker-py clients for nodes: `ssh://` over paramiko with the cluster's key and host-key policy."""
 from __future__ import annotations
 
+import threading
+import weakref
+
 import docker
 from docker.transport import SSHHTTPAdapter
 
@@ -47,8 +50,21 @@ class _NodeSSHAdapter(SSHHTTPAdapter):
         super(SSHHTTPAdapter, self).close()
 
 
+_clients: weakref.WeakKeyDictionary[Node, dict[float, docker.DockerClient]] = weakref.WeakKeyDictionary()
+_clients_lock = threading.Lock()
+
+
 def docker_client(node: Node, timeout: float = 120) -> docker.DockerClient:
-    """A DockerClient for the node's own daemon (reached through `docker system dial-stdio` over SSH)."""
+    """A DockerClient for the node's own daemon (reached through `docker system dial-stdio` over SSH), one per
+    node and timeout for as long as the node lives: the steps of a run share its `dial-stdio` connection."""
+    with _clients_lock:
+        per_node = _clients.setdefault(node, {})
+    if timeout not in per_node:
+        per_node[timeout] = _new_client(node, timeout)
+    return per_node[timeout]
+
+
+def _new_client(node: Node, timeout: float) -> docker.DockerClient:
     if isinstance(node, LocalNode):
         return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=int(timeout))
     api = docker.APIClient(base_url="tcp://127.0.0.1:9", version=MIN_API, timeout=int(timeout))

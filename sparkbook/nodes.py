@@ -81,8 +81,16 @@ class CommandFailed(NodeError):
 
 def shell(template: str, **values: str | int) -> list[str]:
     """argv for `sh -c TEMPLATE` with every value shell-quoted: the only way params reach a shell."""
-    quoted = {k: shlex.quote(str(v)) for k, v in values.items()}
-    return ["sh", "-c", template.format(**quoted)]
+    return ["sh", "-c", _filled(template, values)]
+
+
+def bash(template: str, **values: str | int) -> list[str]:
+    """shell() for scripts that need bash (regex matches, /dev/tcp), without the node's rc files."""
+    return ["bash", "--norc", "--noprofile", "-c", _filled(template, values)]
+
+
+def _filled(template: str, values: dict[str, str | int]) -> str:
+    return template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
 
 
 def _remote_argv(argv: Sequence[str], env: dict[str, str] | None, timeout: float) -> list[str]:
@@ -208,7 +216,7 @@ class Node:
             _drain(channel, out, err)
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 break
-            time.sleep(0.02)
+            channel.status_event.wait(0.02)  # wakes at once when the exit status arrives
         code = channel.recv_exit_status() if channel.exit_status_ready() else None
         _drain(channel, out, err)
         channel.close()

@@ -119,7 +119,7 @@ def test_02_diagnosis_in_jupyterlab(lab, browser, shots: Path, tmp_path: Path) -
         click_menu(browser, "File", "Save Notebook")
         print(f"Run All: {elapsed:.1f} s; prompts {current}")
 
-        assert not errors, f"cells wrote errors / stderr:\n" + "\n---\n".join(errors)
+        assert not errors, "cells wrote errors / stderr:\n" + "\n---\n".join(errors)
         assert len(current) == n_code and all(p[1:-2].strip().isdigit() for p in current), \
             f"not every code cell ran within {RUN_ALL_TIMEOUT_S} s: {current}"
         assert widget_seen_running, "no progress widget appeared while a cell was running"

@@ -4,20 +4,22 @@ from __future__ import annotations
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from sparkbook.nodes import _remote_argv, shell
+from sparkbook.nodes import _remote_argv, bash, shell
 from sparkbook.redact import MASK, Redactor
 
 HOSTILE = ["; touch {p}", "$(touch {p})", "`touch {p}`", "a' ; touch {p} ; '", '"; touch {p}; "', "x\ntouch {p}",
            "| touch {p}", "&& touch {p}", "$((1+1))", "*"]
 
 
+@pytest.mark.parametrize("template", [shell, bash])
 @pytest.mark.parametrize("value", HOSTILE)
-def test_shell_template_quotes_values(value: str, tmp_path: Path) -> None:
+def test_shell_template_quotes_values(template: Callable[..., list[str]], value: str, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    argv = shell("echo {v}", v=value.format(p=marker))
+    argv = template("echo {v}", v=value.format(p=marker))
     out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
     assert not marker.exists()
     assert out.rstrip("\n") == value.format(p=marker)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from .benchclient import (TEMPERATURE, LoadResult, Target, make_prompts, metrics, run_load, run_load_on_engine,
+from .benchclient import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load, run_load_on_engine, text_prompts,
                           tokenize)
 from .benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
                          known_bandwidth_gbs, summarize)
@@ -41,7 +41,7 @@ class Point:
 
 
 class LoadRunner(Protocol):
-    def __call__(self, prompts: list[list[int]], output_len: int, concurrency: int,
+    def __call__(self, prompts: list[Prompt], output_len: int, concurrency: int,
                  timeout_s: float) -> list[LoadResult]: ...
 
 
@@ -52,7 +52,7 @@ def split(total: int, parts: int) -> list[int]:
 
 def local_runner(target: Target) -> LoadRunner:
     """The load from this process (one client)."""
-    def run(prompts: list[list[int]], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
+    def run(prompts: list[Prompt], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
         return [run_load(target, prompts, output_len, concurrency, timeout_s)]
     return run
 
@@ -82,7 +82,7 @@ class Engines:
 
     def runner(self, target: Target, start_delay_s: float = 2.0) -> LoadRunner:
         """Each engine runs its share of prompts and concurrency, all starting at the same instant."""
-        def run(prompts: list[list[int]], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
+        def run(prompts: list[Prompt], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
             start_at = time.time() + start_delay_s
             shares, sizes = split(concurrency, self.count), split(len(prompts), self.count)
             jobs, offset = [], 0
@@ -110,7 +110,7 @@ def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: i
     With `warmup_at_concurrency`, max(warmup_requests, concurrency) requests at `concurrency` in flight: the
     server then compiles what that batch size needs (vLLM's fused-MoE kernels) before the measurement."""
     n = max(plan.warmup_requests, concurrency) if plan.warmup_at_concurrency else plan.warmup_requests
-    prompts = make_prompts(pool, n, plan.input_len, seed=-concurrency)
+    prompts = text_prompts(target, pool, n, plan.input_len, seed=-concurrency)
     return run_load(target, prompts, plan.output_len, max(1, min(concurrency, n)), timeout_s)
 
 
@@ -134,7 +134,7 @@ def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurr
                    timeout_s: float) -> Point:
     if plan.warmup_requests:
         warm_up(target, plan, pool, concurrency, timeout_s)
-    prompts = make_prompts(pool, plan.num_prompts, plan.input_len, seed=concurrency)
+    prompts = text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=concurrency)
     before = metrics(target)
     loads = runner(prompts, plan.output_len, concurrency, timeout_s)
     after = metrics(target)
@@ -302,7 +302,8 @@ def vllm_bench_argv(target: Target, plan: BenchmarkPlan, concurrency: int, token
     """`vllm bench serve` with the same lengths, sampling, warm-ups and percentiles: the reference to agree with."""
     return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,
             "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(plan.input_len),
-            "--random-output-len", str(plan.output_len), "--ignore-eos", "--temperature", str(TEMPERATURE), "--max-concurrency", str(concurrency),
+            "--random-output-len", str(plan.output_len), "--ignore-eos", "--temperature", str(TEMPERATURE),
+            "--max-concurrency", str(concurrency),
             "--num-prompts", str(plan.num_prompts), "--num-warmups", str(plan.warmup_requests),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--save-result", "--result-dir", result_dir, "--result-filename", result_filename]

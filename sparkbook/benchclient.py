@@ -1,7 +1,9 @@
 """sparkbook's own streaming load client for an OpenAI-compatible /v1/completions server (vLLM).
 
-Prompts are token-id lists (exact input length); output length is fixed with max_tokens + ignore_eos;
-usage comes from the stream (`stream_options.include_usage`). Timing follows `vllm bench serve`'s
+Prompts are text of an exact token count (random token ids decoded, re-encoded and adjusted by the server's
+own tokenizer, as `vllm bench serve`'s random dataset does: the server's tokenization is part of TTFT, as it is
+for a user's text); output length is fixed with max_tokens + ignore_eos; usage comes from the stream
+(`stream_options.include_usage`). Timing follows `vllm bench serve`'s
 request function; see sparkbook.benchstats for the definitions. Every call has a timeout.
 """
 from __future__ import annotations
@@ -19,7 +21,9 @@ import aiohttp
 from .benchstats import RequestRecord, prometheus_totals
 
 T = TypeVar("T")
+Prompt = str | list[int]  # text of a fixed token count, or the token ids where no text has that count
 TEMPERATURE = 0.0  # greedy; `vllm bench serve` no longer defaults to it, so its reference run is told the same
+FIT_TRIES = 10  # decode/re-encode rounds before a prompt is sent as its token ids
 SEED_TEXT = ("The cluster serves a new model over Ray and every node streams tokens back to the client "
              "while the benchmark measures time to first token, time per output token and throughput. ")
 
@@ -60,8 +64,37 @@ async def _json(session: aiohttp.ClientSession, target: Target, method: str, pat
 
 async def _tokenize(target: Target, text: str) -> list[int]:
     async with aiohttp.ClientSession() as session:
-        body = {"model": target.model, "prompt": text, "add_special_tokens": False}
-        return list((await _json(session, target, "POST", "/tokenize", body))["tokens"])
+        return await _token_ids(session, target, text)
+
+
+async def _detokenize(session: aiohttp.ClientSession, target: Target, ids: list[int]) -> str:
+    return (await _json(session, target, "POST", "/detokenize", {"model": target.model, "tokens": ids}))["prompt"]
+
+
+async def _token_ids(session: aiohttp.ClientSession, target: Target, text: str) -> list[int]:
+    body = {"model": target.model, "prompt": text, "add_special_tokens": False}
+    return list((await _json(session, target, "POST", "/tokenize", body))["tokens"])
+
+
+async def _fit_text(session: aiohttp.ClientSession, target: Target, ids: list[int], pool: list[int],
+                    rng: random.Random) -> Prompt:
+    """Text that the server tokenizes to exactly len(ids) tokens: decode, re-encode, truncate or pad, repeat.
+    Where the tokenizer does not settle within FIT_TRIES, the ids themselves (the length is what is fixed)."""
+    length, first = len(ids), ids
+    for _ in range(FIT_TRIES):
+        text = await _detokenize(session, target, ids)
+        again = await _token_ids(session, target, text)
+        if len(again) == length:
+            return text
+        ids = again[:length] + [pool[rng.randrange(len(pool))] for _ in range(length - len(again))]
+    return first
+
+
+async def _text_prompts(target: Target, id_prompts: list[list[int]], pool: list[int],
+                        seed: int) -> list[Prompt]:
+    rng = random.Random(seed)
+    async with aiohttp.ClientSession() as session:
+        return [await _fit_text(session, target, ids, pool, rng) for ids in id_prompts]
 
 
 async def _metrics(target: Target) -> dict[str, float]:
@@ -82,14 +115,14 @@ def make_prompts(pool: list[int], count: int, length: int, seed: int) -> list[li
     return [[pool[rng.randrange(len(pool))] for _ in range(length)] for _ in range(count)]
 
 
-def request_body(target: Target, prompt: list[int], output_len: int) -> dict[str, Any]:
+def request_body(target: Target, prompt: Prompt, output_len: int) -> dict[str, Any]:
     """The completion request: fixed output length, streamed with usage and per-chunk token ids."""
     return {"model": target.model, "prompt": prompt, "max_tokens": output_len,
             "ignore_eos": True, "temperature": TEMPERATURE, "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
 
 
-async def one_request(session: aiohttp.ClientSession, target: Target, prompt: list[int],
+async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Prompt,
                       output_len: int) -> RequestRecord:
     """Send one streamed completion; time every chunk (vLLM's way: TTFT at the first chunk with choices)."""
     sent_at, t0 = time.time(), time.perf_counter()
@@ -126,7 +159,7 @@ async def one_request(session: aiohttp.ClientSession, target: Target, prompt: li
                          int(usage.get("completion_tokens") or len(gaps) + 1))
 
 
-async def _load(target: Target, prompts: list[list[int]], output_len: int, concurrency: int,
+async def _load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
                 start_at: float | None) -> LoadResult:
     if start_at is not None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -134,7 +167,7 @@ async def _load(target: Target, prompts: list[list[int]], output_len: int, concu
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def limited(prompt: list[int]) -> RequestRecord:
+        async def limited(prompt: Prompt) -> RequestRecord:
             async with limit:
                 return await one_request(session, target, prompt, output_len)
 
@@ -155,6 +188,11 @@ def tokenize(target: Target, text: str = SEED_TEXT * 8) -> list[int]:
     return _run(_tokenize(target, text), 60)
 
 
+def text_prompts(target: Target, pool: list[int], count: int, length: int, seed: int) -> list[Prompt]:
+    """`count` prompts of exactly `length` tokens by the server's tokenizer, from random ids of `pool`."""
+    return _run(_text_prompts(target, make_prompts(pool, count, length, seed), pool, seed), 60 + count)
+
+
 def metrics(target: Target) -> dict[str, float]:
     """The server's Prometheus counters (GET /metrics), summed over labels."""
     return _run(_metrics(target), 60)
@@ -165,13 +203,13 @@ def served_models(target: Target) -> list[str]:
     return _run(_models(target), 60)
 
 
-def run_load(target: Target, prompts: list[list[int]], output_len: int, concurrency: int,
+def run_load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
              timeout_s: float, start_at: float | None = None) -> LoadResult:
     """Send every prompt, at most `concurrency` in flight; the whole batch is bounded by `timeout_s`."""
     return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
 
 
-def run_load_on_engine(target: dict[str, Any], prompts: list[list[int]], output_len: int, concurrency: int,
+def run_load_on_engine(target: dict[str, Any], prompts: list[Prompt], output_len: int, concurrency: int,
                        timeout_s: float, start_at: float) -> dict[str, Any]:
     """run_load for an ipyparallel engine: plain data in and out."""
     return asdict(run_load(Target(**target), prompts, output_len, concurrency, timeout_s, start_at))

@@ -3,6 +3,8 @@
   bench_pair.py env PARAMS                      `export K=V` lines of the params' runtime.env (for the plain command)
   bench_pair.py bench LABEL BASE_URL MODEL OUT  C=1 and C=16 through sparkbook.bench, warm-up at the measured concurrency
   bench_pair.py table OUT_DIR                   the two JSON files side by side, with the ratio runbook / plain
+  bench_pair.py agree BASE_URL MODEL TOKENIZER OUT ROUNDS  sparkbook's client and `vllm bench serve` alternating on
+                                                one server at C=1 and C=8, ROUNDS times; medians side by side (issue 6)
 Same load for both: the params' input_len / output_len, PAIR_PROMPTS prompts per point (default 32), warm-up of
 max(2, C) requests with C in flight before each point (the fused-MoE kernels compile for that batch size first).
 """
@@ -10,12 +12,14 @@ from __future__ import annotations
 
 import json
 import shlex
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from sparkbook.bench import local_runner, sweep
+from sparkbook.bench import local_runner, sweep, vllm_bench_argv
 from sparkbook.benchclient import Target
 from sparkbook.params import BenchmarkPlan
 
@@ -53,6 +57,39 @@ def table(out_dir: str) -> None:
               f"{rb.get('median_tpot_ms', 0):.2f} |")
 
 
+AGREE = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+
+
+def agree(base_url: str, model: str, tokenizer: str, out: str, rounds: int) -> None:
+    """Alternate the two clients on one server; each round: sparkbook C=1 and C=8, then vllm bench C=1 and C=8."""
+    plan = BenchmarkPlan(input_len=64, output_len=128, num_prompts=32, concurrency=[1, 8], warmup_requests=2,
+                         warmup_at_concurrency=True)
+    target, folder = Target(base_url, model), Path(out)
+    runs: dict[str, dict[int, list[dict]]] = {"sparkbook": {1: [], 8: []}, "vllm": {1: [], 8: []}}
+    for r in range(rounds):
+        for point in sweep(target, plan, local_runner(target)):
+            runs["sparkbook"][point.result["max_concurrency"]].append(point.result)
+        for c in (1, 8):
+            name = f"vllm-r{r}-c{c}.json"
+            argv = vllm_bench_argv(target, plan, c, tokenizer, str(folder), name)
+            subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", *argv[1:]], check=True,
+                           capture_output=True, timeout=300)
+            runs["vllm"][c].append(json.loads((folder / name).read_text()))
+        print(f"round {r}: " + "; ".join(f"{who} C={c} {runs[who][c][-1]['output_throughput']:.1f} tok/s"
+                                         for who in runs for c in (1, 8)), flush=True)
+    (folder / "agreement-runs.json").write_text(json.dumps(
+        {who: {c: [{k: x[k] for k in AGREE} for x in v] for c, v in by_c.items()} for who, by_c in runs.items()},
+        indent=1))
+    print("| C | metric | sparkbook median | vllm bench median | diff % | sparkbook runs | vllm bench runs |")
+    print("|---|---|---|---|---|---|---|")
+    for c in (1, 8):
+        for k in AGREE:
+            ours, ref = ([x[k] for x in runs[who][c]] for who in ("sparkbook", "vllm"))
+            a, b = statistics.median(ours), statistics.median(ref)
+            print(f"| {c} | {k} | {a:.2f} | {b:.2f} | {100 * (a - b) / b:+.1f} | "
+                  f"{', '.join(f'{x:.1f}' for x in ours)} | {', '.join(f'{x:.1f}' for x in ref)} |")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "env":
@@ -60,5 +97,7 @@ if __name__ == "__main__":
     elif cmd == "bench":
         label, url, model, out = args[:4]
         bench(label, url, model, out, *(int(x) for x in args[4:7]))
+    elif cmd == "agree":
+        agree(*args[:4], int(args[4]))
     else:
         table(*args)

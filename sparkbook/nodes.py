@@ -178,7 +178,7 @@ class Node:
         """A loaded node can drop the banner exchange: retry that, never a refusal or a host-key problem."""
         for attempt in range(1, tries + 1):
             try:
-                client.connect(**kwargs)
+                client.connect(**kwargs, sock=_tcp_nodelay(kwargs))
                 return
             except paramiko.SSHException as exc:
                 if "banner" not in str(exc) or attempt == tries:
@@ -265,6 +265,15 @@ class Node:
 
     def read_text(self, remote: str) -> str:
         return self.run(["cat", remote], check=True).stdout
+
+
+def _tcp_nodelay(kwargs: dict[str, object]) -> socket.socket:
+    """The TCP connection for SSH, with Nagle off: small SSH packets (channel open, exec, exit status) otherwise
+    wait out the peer's delayed ACK, 40 ms per command round trip (measured: `true` 49 ms with Nagle, 8 ms without)."""
+    sock = socket.create_connection((str(kwargs["hostname"]), int(kwargs["port"])),  # type: ignore[call-overload]
+                                    timeout=float(kwargs["timeout"]))  # type: ignore[arg-type]
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class LocalNode(Node):

@@ -205,9 +205,24 @@ def _wait_head(params: Params, runtime: Runtime, head: Node, place: Place, spawn
     raise RayStageError(f"{head.name}: the Ray head did not answer within {params.ray.join_timeout_s:g} s")
 
 
-def status(params: Params, runtime: Runtime, head: Node, place: Place) -> Result:
-    """`ray status` inside the head's container, against this cluster's address only."""
-    return runtime.exec(head, place, ["ray", "status", "--address", address(params)], timeout=60)
+def status(params: Params, runtime: Runtime, head: Node, place: Place, settle_s: float = 20.0) -> Result:
+    """`ray status` inside the head's container, against this cluster's address only. Its report comes from the
+    autoscaler, which lags the node table the gate reads by a few seconds: asked again (for up to `settle_s`)
+    until it lists every params node as active, so the evidence agrees with the gate."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        result = runtime.exec(head, place, ["ray", "status", "--address", address(params)], timeout=60)
+        if active_nodes(result.stdout) >= len(params.nodes) or time.monotonic() > deadline:
+            return result
+        time.sleep(POLL_S)
+
+
+def active_nodes(report: str) -> int:
+    """How many nodes `ray status` lists under "Active:"."""
+    lines = report.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip() == "Active:"), len(lines))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    return sum("node_" in line for line in lines[start:end])
 
 
 # --- join wait and gate ----------------------------------------------------------------------------

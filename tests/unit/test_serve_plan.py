@@ -140,3 +140,23 @@ def test_gate_expects_gpus_where_params_list_them(duo):
     g = rc.gate(duo, _containers(duo), _join(duo))
     assert [r.expected for r in g.rows] == ["1 GPU", "1 GPU"]
     assert not g.ok and "offers 0 GPU, needs 1" in g.failures[0]
+
+
+RAY_STATUS = """======== Autoscaler status: 2026-11-30 15:10:30.391643 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_30ade49ad212d75e95c7a6b2491199367802a13a1f3d1642e32eb277
+ 1 node_636b92a81a45da52666d6c7a6470304e0b877d78509d4727149b1f45
+Pending:
+ 1 node_999
+Recent failures:
+ (no failures)
+"""
+
+
+@pytest.mark.parametrize("report, count", [(RAY_STATUS, 2), (RAY_STATUS.replace(
+    " 1 node_636b92a81a45da52666d6c7a6470304e0b877d78509d4727149b1f45\n", ""), 1),
+    ("Active:\n (no active nodes)\nPending:\n 1 node_x\n", 0), ("", 0)])
+def test_ray_status_active_nodes_counts_only_the_active_section(report: str, count: int):
+    assert rc.active_nodes(report) == count

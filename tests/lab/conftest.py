@@ -30,12 +30,14 @@ def lab_progress():
 
 @pytest.fixture(scope="session")
 def lab(lab_progress):
-    """The 2-node lab, up (a LabStatus). Left up after the session."""
+    """The 2-node lab, up and in its initial state (a LabStatus). Left up after the session."""
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     import sparkbook.lab as sblab
     t0 = time.monotonic()
     st = sblab.up(2, progress=lab_progress)
+    if not st.actions:  # it was up already, as an earlier session left it (old deployment stopped, runs' containers)
+        st = sblab.reset(progress=lab_progress)
     lab_progress(f"lab up took {time.monotonic() - t0:.1f}s; changed: {st.actions or 'nothing'}")
     assert st.healthy, st.render()
     return st

@@ -67,15 +67,13 @@ class DockerNodes:
 
     def __init__(self, spec: DockerRuntime, model_cache: str):
         self.spec, self.model_cache = spec, model_cache
-        self._clients: dict[str, docker.DockerClient] = {}
 
     def client(self, node: Node) -> docker.DockerClient:
-        if node.name not in self._clients:
-            try:
-                self._clients[node.name] = docker_client(node)
-            except docker.errors.DockerException as exc:
-                raise NodeError(node.name, f"its Docker daemon does not answer: {exc}") from None
-        return self._clients[node.name]
+        """The node's Docker client (docker_ssh keeps one per node, shared with the run's other steps)."""
+        try:
+            return docker_client(node)
+        except docker.errors.DockerException as exc:
+            raise NodeError(node.name, f"its Docker daemon does not answer: {exc}") from None
 
     def one_off(self, node: Node, image: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
                 timeout: float = 120) -> Result:
@@ -165,9 +163,7 @@ class DockerNodes:
             return False
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
+        """Nothing of its own to close: the Docker clients ride on the nodes' SSH connections, closed with the run."""
 
 
 # commands the stages start by name, as modules of the Python runtime's interpreter

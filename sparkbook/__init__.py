@@ -1,6 +1,6 @@
 """sparkbook: a notebook runbook from an old GPU deployment to vLLM over Ray, benchmarked."""
-from .nodes import Result, shell
-from .params import ParamsError, load_params
-from .record import Alternative, Decision, Run, open_run
+from .core.nodes import Result, shell
+from .core.params import ParamsError, load_params
+from .core.record import Alternative, Decision, Run, open_run
 
 __all__ = ["Alternative", "Decision", "ParamsError", "Result", "Run", "load_params", "open_run", "shell"]

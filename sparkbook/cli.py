@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from . import lock, runbook
-from .params import ParamsError, load_params
+from .core import lock, runbook
+from .core.params import ParamsError, load_params
 
 EXIT_INVALID = 2
 EXIT_LOCKED = 3
@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from .nodes import Cluster, NodeError
+    from .core.nodes import Cluster, NodeError
 
     params = load_params(args.params)
     cluster = Cluster(params)
@@ -82,7 +82,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from . import cleanup
-    from .record import open_run
+    from .core.record import open_run
 
     plan_file = Path(args.run_dir) / cleanup.RESTORE_FILE
     if not plan_file.is_file():

@@ -54,7 +54,7 @@ def full_run(lab, planted, tmp_path_factory):
     """One confirmed run of all six notebooks on the active lab, with a planted secret in the environment
     (session-wide: test_runbook_lab checks it, test_idempotence runs the runbook a second time on top of it)."""
     import sparkbook.lab as sblab
-    from sparkbook import runbook
+    from sparkbook.core import runbook
 
     sblab.reset()
     os.environ["HF_TOKEN"] = planted

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import sparkbook.lab as sblab
-from sparkbook import cli, runbook
+from sparkbook import cli
+from sparkbook.core import runbook
 
 pytestmark = pytest.mark.lab
 OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}

@@ -14,7 +14,9 @@ import pytest
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook import distribute, images
+from sparkbook.core.imageprobes import probe_registry
+from sparkbook.core.runtime import image_info
+from sparkbook.stages import distribute, images
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +42,7 @@ def run(lab, tmp_path):  # type: ignore[no-untyped-def]
 
 def test_registry_probe_tells_the_three_images_apart(run) -> None:  # type: ignore[no-untyped-def]
     arch = images.model_target(run).architecture
-    probes = {ref: images.probe_registry(run, ref, arch) for ref in (OLD, GRAFT, NEW)}
+    probes = {ref: probe_registry(run, ref, arch) for ref in (OLD, GRAFT, NEW)}
     report("registry_probe_s", {ref: p.duration_s for ref, p in probes.items()})
     assert not probes[OLD].registered and probes[OLD].n_architectures > 300
     assert probes[GRAFT].registered and probes[GRAFT].module == "vllm.models.hy_v4"
@@ -116,13 +118,13 @@ def images_rows(run_dir: Path) -> list[dict]:
 def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) -> None:  # type: ignore[no-untyped-def]
     """The same image both ways, back to back (the grafted one: nothing else on the worker uses it)."""
     worker = run.cluster.workers[0]
-    assert distribute.image_info(worker, GRAFT) is None
-    size = distribute.image_info(run.cluster.head, GRAFT)[1]
+    assert image_info(worker, GRAFT) is None
+    size = image_info(run.cluster.head, GRAFT)[1]
     try:
         seconds = plain_pipe(GRAFT, run.cluster.head.spec.host, worker.spec.host)
         rmi(worker.spec.host, GRAFT)
         copy = distribute.copy_image(run, GRAFT, worker, size)
-        assert not copy.error and distribute.image_info(worker, GRAFT)[0] == distribute.image_info(run.cluster.head, GRAFT)[0]
+        assert not copy.error and image_info(worker, GRAFT)[0] == image_info(run.cluster.head, GRAFT)[0]
         plain_mb_s = copy.bytes / 1e6 / seconds
         report("copy_mb_s_graft", {"streamed": copy.mb_s, "plain ssh pipe": round(plain_mb_s, 1),
                                    "ratio": round(copy.mb_s / plain_mb_s, 2)})

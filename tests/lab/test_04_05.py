@@ -13,8 +13,9 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook import distribute, raycluster, serve
-from sparkbook.runtime import runtime_for
+from sparkbook.stages import distribute, raycluster, serve
+from sparkbook.core import topology
+from sparkbook.core.runtime import runtime_for
 
 pytestmark = pytest.mark.lab
 LAB_PARAMS = sblab.params_file(2)  # the active lab's (SPARKBOOK_LAB_ID)
@@ -75,7 +76,7 @@ def ray_cluster(env):
     containers, join, gate = _ray_up(run, runtime, image_id)
     raycluster.check(gate)
     assert [r.ray_ip for r in gate.rows] == [str(n.fabric_ip) for n in run.params.nodes]
-    return raycluster.places(run.params, IMAGE)
+    return topology.places(run.params, IMAGE)
 
 
 def test_ray_cluster_of_two_nodes_passes_the_gate(env, ray_cluster):

@@ -23,11 +23,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook import bench, open_run
-from sparkbook.benchclient import Target
-from sparkbook.benchstats import agreement
+from sparkbook import open_run
+
+from sparkbook.stages.bench import sweep as bench
+from sparkbook.stages.bench.client import Target
+from sparkbook.core.benchstats import agreement
 from sparkbook.lab.builder import builder_docker_host
-from sparkbook.modelinfo import model_facts
+from sparkbook.core.modelinfo import model_facts
 
 pytestmark = pytest.mark.lab
 

@@ -16,9 +16,9 @@ import nbformat
 import pytest
 
 import sparkbook.lab as sblab
-from sparkbook import runbook
-from sparkbook.params import load_params
-from sparkbook.progress import WIDGET_CLASS
+from sparkbook.core import runbook
+from sparkbook.core.params import load_params
+from sparkbook.core.progress import WIDGET_CLASS
 
 from lab_browser import CHROMEDRIVER, CHROMIUM, chromium, start_lab, widgets_extension_active
 

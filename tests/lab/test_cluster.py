@@ -17,7 +17,7 @@ import yaml
 
 import sparkbook.lab as sblab
 from sparkbook.lab import cluster, deployment
-from sparkbook.params import load_params
+from sparkbook.core.params import load_params
 
 pytestmark = pytest.mark.lab
 

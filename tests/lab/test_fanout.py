@@ -21,7 +21,7 @@ import pytest
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook import cleanup, diagnose
+from sparkbook.stages import cleanup, diagnose
 
 pytestmark = [pytest.mark.lab, pytest.mark.benchmark]
 REPO = Path(__file__).resolve().parents[2]

@@ -18,10 +18,12 @@ import pytest
 import yaml
 
 import sparkbook.lab as sblab
-from sparkbook import bench, cleanup, diagnose, distribute, raycluster, serve
-from sparkbook.benchclient import Target
-from sparkbook.record import open_run
-from sparkbook.runtime import runtime_for
+from sparkbook.stages import cleanup, diagnose, distribute, raycluster, serve
+from sparkbook.stages.bench import sweep as bench
+from sparkbook.stages.bench.client import Target
+from sparkbook.core import record, topology
+from sparkbook.core.record import open_run
+from sparkbook.core.runtime import runtime_for
 
 import faults
 from faults import Row
@@ -141,7 +143,7 @@ def test_worker_sshd_stopped(nodes, runs, copy_started, watch, report):
         t0 = time.monotonic()
         inv = faults.bounded(lambda: cleanup.inventory_all(run.cluster, run.params.cleanup), HANG_S)  # 01
         facts = faults.bounded(lambda: diagnose.facts_all(run.cluster, run.params), HANG_S)  # 02
-    found = [f.text for f in diagnose.unreachable(inv.value) + diagnose.unreachable(facts.value)]
+    found = [f.text for f in record.unreachable(inv.value) + record.unreachable(facts.value)]
     assert inv.value["lab-0"].ok and facts.value["lab-0"].ok
     assert len(found) == 2 and all(t.startswith("lab-1: ") for t in found), found
     assert inv.value["lab-1"].duration_s < 30 and facts.value["lab-1"].duration_s < 30, "issue 4: named within 30 s"
@@ -221,7 +223,7 @@ def cluster(copied, runs):
     run = runs("04-05-06")
     runtime = runtime_for(run.params)
     _form(run, runtime)
-    where = raycluster.places(run.params, IMAGE)
+    where = topology.places(run.params, IMAGE)
     platform = serve.detect_platform(runtime, run.cluster.head, where["lab-0"])
     executor, _ = serve.choose_executor(run.params, platform)
     yield run, runtime, where, serve.plan(run.params, executor)
@@ -303,12 +305,12 @@ def test_ray_head_killed_after_the_cluster_formed(cluster, node_shells, watch, r
     run, runtime, where, plan = cluster
     _form(run, runtime)  # the worker fault took lab-1's container: 04 again
     before = watch.seen()
-    _in(node_shells, where, "lab-0", KILL_GROUP, raycluster.RAY_LOG + ".pid")
+    _in(node_shells, where, "lab-0", KILL_GROUP, topology.RAY_LOG + ".pid")
     t0 = time.monotonic()
     call = faults.bounded(lambda: serve.bring_up(run.params, run.cluster, runtime, where, plan), HANG_S)
     assert isinstance(call.error, serve.ServeError), call.error or call.value.table()
     _check(report, Row("Ray head killed after the cluster formed", "lab-0", call.returned_at - t0, str(call.error),
-                       watch.left(before), "serve.bring_up (raycluster.lost)"), ("lab-0", "Ray head"))
+                       watch.left(before), "serve.bring_up (topology.lost)"), ("lab-0", "Ray head"))
 
 
 def test_nothing_left_after_the_suite(cluster, watch, at_start):

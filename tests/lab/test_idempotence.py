@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkbook import runbook
-from sparkbook.params import load_params
-from sparkbook.raycluster import container_name
-from sparkbook.record import read_events
+from sparkbook.core import runbook
+from sparkbook.core.params import load_params
+from sparkbook.core.topology import container_name
+from sparkbook.core.record import read_events
 
 pytestmark = pytest.mark.lab
 _INSPECT = "{{.Id}} {{.State.StartedAt}} {{.Image}}"

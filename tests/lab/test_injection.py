@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook import runbook
-from sparkbook.nodes import Cluster
-from sparkbook.params import load_params
-from sparkbook.runtime import Place, runtime_for
+from sparkbook.core import runbook
+from sparkbook.core.nodes import Cluster
+from sparkbook.core.params import load_params
+from sparkbook.core.runtime import Place, runtime_for
 
 pytestmark = pytest.mark.lab
 HOSTILE = ["; touch /tmp/pwned-semi", "$(touch /tmp/pwned-subst)", "`touch /tmp/pwned-tick`", "| touch /tmp/pwned-pipe",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.params import load_params
+from sparkbook.core.params import load_params
 
 pytestmark = pytest.mark.lab
 CLI = [sys.executable, "-m", "sparkbook.cli"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkbook import runbook
-from sparkbook.params import load_params
+from sparkbook.core import runbook
+from sparkbook.core.params import load_params
 
 pytestmark = pytest.mark.lab
 

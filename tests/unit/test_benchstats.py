@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.bench import earlier_run, split
-from sparkbook.benchstats import (RequestRecord, agreement, client_load, compare, cross_check, describe_ms,
+from sparkbook.stages.bench.sweep import earlier_run, split
+from sparkbook.core.benchstats import (RequestRecord, agreement, client_load, compare, cross_check, describe_ms,
                                   known_bandwidth_gbs, prometheus_totals, roofline, served_bytes_per_param,
                                   summarize, token_gaps, tpot_s)
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from sparkbook.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan, Action
-from sparkbook.diagnose import Memory
-from sparkbook.params import CleanupTargets
+from sparkbook.stages.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan, Action
+from sparkbook.core.hostfacts import Memory
+from sparkbook.core.params import CleanupTargets
 
 MEM = Memory(100 << 30, 10 << 30)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.failures import TIMEOUT, UNKNOWN, classify, not_ready, remedy
-from sparkbook.params import ServeSettings
+from sparkbook.core.failures import TIMEOUT, UNKNOWN, classify, not_ready, remedy
+from sparkbook.core.params import ServeSettings
 
 SAMPLES = {
     "architecture not supported":

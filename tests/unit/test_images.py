@@ -12,10 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkbook import distribute, images, probes
-from sparkbook.images import (FAILS_INSPECTION, LOADS, NOT_REGISTERED, Candidate, ImageFacts, InspectionProbe,
+from sparkbook.core import probes
+
+from sparkbook.stages import distribute, images
+from sparkbook.stages.images import (FAILS_INSPECTION, LOADS, NOT_REGISTERED, Candidate, ImageFacts, InspectionProbe,
                               ModelTarget, RegistryProbe, arch_covers, choose, classify)
-from sparkbook.nodes import Result
+from sparkbook.core.nodes import Result
 
 REGISTRY = '''
 import os

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.modelinfo import (GIB, NodeMemory, estimate_params, kv_bytes_per_token, memory_fit, model_facts,
+from sparkbook.core.modelinfo import (GIB, NodeMemory, estimate_params, kv_bytes_per_token, memory_fit, model_facts,
                                  quantization, ranks_per_node)
-from sparkbook.params import load_params
+from sparkbook.core.params import load_params
 
 QWEN3_30B_A3B = {  # published: 30.5B total, 3.3B active
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "torch_dtype": "bfloat16",

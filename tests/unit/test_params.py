@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from sparkbook.params import ParamsError, load_params
+from sparkbook.core.params import ParamsError, load_params
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:

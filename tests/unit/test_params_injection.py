@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 from pydantic import BaseModel
 
-from sparkbook.params import ParamsError, Params, load_params
+from sparkbook.core.params import ParamsError, Params, load_params
 
 HOSTILE = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "| touch /tmp/pwned",
            "&& touch /tmp/pwned", "x\ntouch /tmp/pwned", "ok\n", "> /tmp/pwned"]

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import pytest
 
-from sparkbook import lock, runbook
-from sparkbook.nodes import Cluster
-from sparkbook.params import Params, load_params
+from sparkbook.core import lock, runbook
+from sparkbook.core.nodes import Cluster
+from sparkbook.core.params import Params, load_params
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import nbformat
 import pytest
 
-from sparkbook import runbook
+from sparkbook.core import runbook
 
 TOKEN = "hf_" + "Zq8" * 10
 

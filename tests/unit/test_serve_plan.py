@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook import raycluster as rc
-from sparkbook import serve
-from sparkbook.params import load_params
+from sparkbook.core import topology
+from sparkbook.stages import raycluster as rc
+from sparkbook.stages import serve
+from sparkbook.core.params import load_params
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 CPU = serve.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
@@ -80,19 +81,19 @@ def test_a_world_smaller_than_the_cluster_uses_the_head_only(write_params, base)
 
 
 def test_container_env_follows_the_anchors(duo):
-    env = rc.fabric_env(duo, duo.head)
+    env = topology.fabric_env(duo, duo.head)
     assert env["VLLM_HOST_IP"] == env["RAY_NODE_IP_ADDRESS"] == "192.168.200.12"
     for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
                 "OMPI_MCA_btl_tcp_if_include"):
         assert env[key] == "enp1s0f1np1"
     assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
-    assert "NCCL_IB_HCA" not in rc.fabric_env(duo, duo.workers[0])
+    assert "NCCL_IB_HCA" not in topology.fabric_env(duo, duo.workers[0])
 
 
 def test_ray_start_argv_head_and_worker(lab):
     head, worker = (rc.ray_argv(lab, n) for n in lab.nodes)
     assert head[:3] == ["ray", "start", "--block"] and "--head" in head
-    assert head[head.index("--temp-dir") + 1] == rc.RAY_TEMP_DIR
+    assert head[head.index("--temp-dir") + 1] == topology.RAY_TEMP_DIR
     assert head[head.index("--node-ip-address") + 1] == "10.77.0.10"
     assert worker[worker.index("--address") + 1] == "10.77.0.10:6379"
     assert worker[worker.index("--node-ip-address") + 1] == "10.77.0.11"
@@ -101,7 +102,7 @@ def test_ray_start_argv_head_and_worker(lab):
 
 def _containers(params, ips=None):
     ips = ips or {}
-    return [rc.NodeContainer(n.name, rc.container_name(params, n.name), "x", "img", False, [], {},
+    return [rc.NodeContainer(n.name, topology.container_name(params, n.name), "x", "img", False, [], {},
                              str(n.fabric_ip), n.fabric_netdev, [ips.get(n.name, str(n.fabric_ip))])
             for n in params.nodes]
 
@@ -109,7 +110,7 @@ def _containers(params, ips=None):
 def _join(params, ray_ips=None, pgs=(), cpus=2.0):
     ray_ips = ray_ips or {}
     nodes = [rc.RayNode(ray_ips.get(n.name, str(n.fabric_ip)), True, n.name,
-                        {"CPU": cpus, rc.NODE_RESOURCE.format(n.name): 1.0}) for n in params.nodes
+                        {"CPU": cpus, topology.NODE_RESOURCE.format(n.name): 1.0}) for n in params.nodes
              if ray_ips.get(n.name) != "absent"]
     snap = rc.Snapshot(nodes, list(pgs))
     return rc.Join([n.name() for n in nodes], [], 1.0, snap)

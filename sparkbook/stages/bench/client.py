@@ -18,7 +18,7 @@ from typing import Any, Coroutine, TypeVar
 
 import aiohttp
 
-from .benchstats import RequestRecord, prometheus_totals
+from ...core.benchstats import RequestRecord, prometheus_totals
 
 T = TypeVar("T")
 Prompt = str | list[int]  # text of a fixed token count, or the token ids where no text has that count

@@ -23,6 +23,7 @@ from .nodes import KILL_GRACE_S, Node, NodeError, Result
 from .params import DockerRuntime, Params, PythonRuntime
 
 LABEL = "org.sparkbook.run"
+ID_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,16 @@ _KILL = ('p=$(cat "$0" 2>/dev/null) || exit 0; kill -TERM -"$p" 2>/dev/null; i=0
 
 def _timeout_argv(argv: Sequence[str], timeout: float) -> list[str]:
     return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *argv]
+
+
+def image_info(node: Node, ref: str) -> tuple[str, int] | None:
+    """(ID, size in bytes) of `ref` in the node's daemon, None where it has no such image."""
+    result = node.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
+    if not result.ok or len(result.stdout.split()) != 2:
+        return None
+    image_id, size = result.stdout.split()
+    return image_id, int(size)
+
 
 
 class DockerNodes:

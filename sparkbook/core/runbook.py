@@ -18,7 +18,7 @@ from .params import Params, load_params
 from .record import now, read_events
 from .redact import Redactor
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 MANIFEST = "manifest.json"
 
 

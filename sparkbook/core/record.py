@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from .nodes import Cluster, Result
+from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .redact import Redactor
 
@@ -44,6 +44,19 @@ class Decision:
         if self.evidence:
             lines += ["", "Evidence: " + "; ".join(self.evidence)]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # blocker | warning | fact
+    topic: str
+    text: str
+
+
+def unreachable(outcomes: dict[str, Outcome[Any]]) -> list[Finding]:
+    """Each node that failed, by name (NodeError messages already start with it)."""
+    return [Finding("blocker", "node", str(o.error) if str(o.error).startswith(f"{n}:") else f"{n}: {o.error}")
+            for n, o in outcomes.items() if not o.ok]
 
 
 def to_data(value: Any) -> Any:

@@ -18,13 +18,13 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from .benchclient import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load, run_load_on_engine, text_prompts,
+from .client import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load, run_load_on_engine, text_prompts,
                           tokenize)
-from .benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
+from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
                          known_bandwidth_gbs, summarize)
-from .nodes import Node
-from .params import BenchmarkPlan
-from .record import Decision
+from ...core.nodes import Node
+from ...core.params import BenchmarkPlan
+from ...core.record import Decision
 
 BENCH_DIR = "bench"
 COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}

@@ -10,12 +10,12 @@ from typing import Callable
 
 import httpx
 
-from .failures import Diagnosis, Remedy, classify, not_ready, remedy
-from .nodes import Cluster, Node
-from .params import NodeSpec, Params, ServeSettings
-from .record import Alternative, Decision
-from .raycluster import address, lost
-from .runtime import Place, Runtime, Spawned
+from ..core.failures import Diagnosis, Remedy, classify, not_ready, remedy
+from ..core.nodes import Cluster, Node
+from ..core.params import NodeSpec, Params, ServeSettings
+from ..core.record import Alternative, Decision
+from ..core.runtime import Place, Runtime, Spawned
+from ..core.topology import address, lost
 
 LOG_DIR = "/tmp/sparkbook/logs"
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)

@@ -9,14 +9,12 @@ from typing import Any, Callable
 
 import docker.errors
 
-from .nodes import Cluster, Node, Result
-from .params import NodeSpec, Params
-from .record import Alternative, Decision
-from .runtime import Place, Runtime, Spawned
+from ..core.nodes import Cluster, Node, Result
+from ..core.params import NodeSpec, Params
+from ..core.record import Alternative, Decision
+from ..core.runtime import Place, Runtime, Spawned
+from ..core.topology import NODE_RESOURCE, RAY_LOG, RAY_TEMP_DIR, address, lost, places
 
-RAY_TEMP_DIR = "/tmp/sparkbook/ray"
-RAY_LOG = "/tmp/sparkbook/logs/ray.log"
-NODE_RESOURCE = "sparkbook_node_{}"
 POLL_S = 2.0
 DAEMON_TIMEOUT_S = 20
 
@@ -30,30 +28,6 @@ nodes = [{"ip": n["NodeManagerAddress"], "alive": n["Alive"], "hostname": n["Nod
 pgs = [{"id": k, "state": v["state"], "name": v.get("name", "")} for k, v in placement_group_table().items()]
 print("SPARKBOOK " + json.dumps({"nodes": nodes, "placement_groups": pgs}))
 """
-
-
-def container_name(params: Params, node: str) -> str:
-    return f"sparkbook-{params.cluster}-{node}"
-
-
-def fabric_env(params: Params, spec: NodeSpec) -> dict[str, str]:
-    """Per-node env of the anchors: this node's fabric IP and netdev for vLLM, Ray, NCCL, Gloo, TP, UCX, MPI."""
-    dev = spec.fabric_netdev
-    env = {"VLLM_HOST_IP": str(spec.fabric_ip), "RAY_NODE_IP_ADDRESS": str(spec.fabric_ip),
-           "NCCL_SOCKET_IFNAME": dev, "GLOO_SOCKET_IFNAME": dev, "TP_SOCKET_IFNAME": dev, "UCX_NET_DEVICES": dev,
-           "OMPI_MCA_btl_tcp_if_include": dev}
-    if spec.roce_hcas:
-        env["NCCL_IB_HCA"] = ",".join(spec.roce_hcas)
-    return {**env, **params.ray.env}
-
-
-def places(params: Params, image: str) -> dict[str, Place]:
-    """The node containers of this stage (05 serves in the same ones)."""
-    return {n.name: Place(n.name, container_name(params, n.name), image, fabric_env(params, n)) for n in params.nodes}
-
-
-def address(params: Params) -> str:
-    return f"{params.head.fabric_ip}:{params.ray.port}"
 
 
 def ray_argv(params: Params, spec: NodeSpec) -> list[str]:
@@ -387,25 +361,6 @@ def summary(params: Params, containers: list[NodeContainer], join: Join, reused:
             "nodes": [{"name": n, "ip": seen[n].ip, "resources": {k: v for k, v in seen[n].resources.items()
                                                                   if k in ("CPU", "GPU", "memory")}}
                       for n in join.joined if n in seen]}
-
-
-def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 45) -> dict[str, str]:
-    """Nodes whose part of 04's Ray cluster is gone, with what was seen: its container is not running, or
-    its `ray start` (the head's: the GCS) exited. Empty when every node's Ray still runs."""
-    where = places(params, "")
-
-    def check(node: Node) -> str:
-        place = where[node.name]
-        if not runtime.alive(node, place):
-            return f"container {place.name} is not running"
-        if runtime.running(node, place, Spawned(node.name, place.name, RAY_LOG)):
-            return ""
-        what = f"the Ray head (GCS at {address(params)})" if node.spec.role == "head" else "its Ray worker"
-        tail = runtime.read(node, place, RAY_LOG, tail_bytes=400).strip().splitlines()
-        return f"{what} is not running" + (f" (last log line: {tail[-1][-200:]})" if tail else "")
-
-    outcomes = cluster.fan_out(check, timeout=timeout_s)
-    return {n: (o.value if o.ok else f"unreachable: {o.error}") for n, o in outcomes.items() if not o.ok or o.value}
 
 
 # --- reuse on a second run --------------------------------------------------------------------------

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .docker_ssh import docker_client, unavailable
-from .nodes import Cluster, Node, Outcome, shell
-from .params import CleanupTargets
-from .record import Alternative, Decision
-from .diagnose import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
+from ..core.docker_ssh import docker_client, unavailable
+from ..core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
+from ..core.nodes import Cluster, Node, Outcome, shell
+from ..core.params import CleanupTargets
+from ..core.record import Alternative, Decision
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
 NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")

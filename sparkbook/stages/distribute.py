@@ -1,6 +1,5 @@
 """Put one image on every node with the same image ID: `docker save` on the head streamed into `docker load`.
 
-    image_info(node, ref) -> (id, size) | None       what one node's daemon holds under `ref`
     image_ids(run, ref) -> {node: id | None}         the same, for every node
     plan(run, ref) -> CopyPlan                       which nodes need the image (the head is the source)
     copy_image(run, ref, node, size_bytes) -> Copy   one streamed copy over SSH, with progress and MB/s
@@ -19,11 +18,11 @@ from typing import IO, Callable
 
 import paramiko
 
-from .nodes import LocalNode, Node, NodeError, Result
-from .progress import Progress
-from .record import Run
+from ..core.nodes import LocalNode, Node, NodeError, Result
+from ..core.progress import Progress
+from ..core.record import Run
+from ..core.runtime import ID_TIMEOUT_S, image_info, runtime_for
 
-ID_TIMEOUT_S = 30
 PIPE_BYTES = 1 << 20
 MIN_RATE_BPS = 10e6  # the copy's timeout assumes at least this rate, plus COPY_SLACK_S
 COPY_SLACK_S = 120
@@ -92,15 +91,6 @@ class Distribution:
                            f"({done[node].mb_s} MB/s)" + (f": {done[node].error}" if done[node].error else "")
                  if node in done else ("its own environment: nothing to copy" if self.note else "already held: skipped")}
                 for node, held in self.ids.items()]
-
-
-def image_info(node: Node, ref: str) -> tuple[str, int] | None:
-    """(ID, size in bytes) of `ref` in the node's daemon, None where it has no such image."""
-    result = node.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
-    if not result.ok or len(result.stdout.split()) != 2:
-        return None
-    image_id, size = result.stdout.split()
-    return image_id, int(size)
 
 
 def image_ids(run: Run, ref: str) -> dict[str, str | None]:
@@ -196,8 +186,6 @@ _VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm
 def environment_check(run: Run, python: str) -> Distribution:
     """The Python runtime has no image to copy: each node runs its own environment. Check instead that every
     node's interpreter holds the head's vLLM version (the `ids` are those versions)."""
-    from .runtime import runtime_for
-
     rt = runtime_for(run.params)
     outcomes = run.cluster.fan_out(
         lambda n: rt.one_off(n, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None,

@@ -1,0 +1,103 @@
+"""Host facts read from probe output on a node: sectioned output, /proc/meminfo, nvidia-smi memory and apps.
+
+Parsers shared by 01 (cleanup's inventory) and 02 (diagnosis's node facts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .modelinfo import GIB, NodeMemory
+
+FANOUT_TIMEOUT_S = 25  # a node that has not answered by then is reported by name, not waited on
+NO_GPU = "no GPU (nvidia-smi not present)"
+
+
+@dataclass(frozen=True)
+class GpuApp:
+    pid: int
+    name: str
+    used_mib: int | None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """System memory, and GPU memory where the GPU reports it (GB10's unified memory reports N/A)."""
+
+    mem_total: int
+    mem_available: int
+    gpu_total: int | None = None
+    gpu_used: int | None = None
+
+    @property
+    def source(self) -> str:
+        return "GPU" if self.gpu_total is not None else "MemTotal/MemAvailable"
+
+    def describe(self) -> str:
+        text = f"MemTotal {self.mem_total / GIB:.2f} GiB, MemAvailable {self.mem_available / GIB:.2f} GiB"
+        if self.gpu_total is not None:
+            text += f"; GPU {self.gpu_used or 0:,} of {self.gpu_total:,} bytes used"
+        return text
+
+    def delta(self, after: Memory) -> dict[str, object]:
+        rise = after.mem_available - self.mem_available
+        row: dict[str, object] = {"MemAvailable before GiB": round(self.mem_available / GIB, 3),
+                                  "after GiB": round(after.mem_available / GIB, 3),
+                                  "rise MiB": round(rise / (1 << 20), 1)}
+        if self.gpu_used is not None and after.gpu_used is not None:
+            row["GPU freed MiB"] = round((self.gpu_used - after.gpu_used) / (1 << 20), 1)
+        return row
+
+    def for_fit(self, node: str) -> NodeMemory:
+        if self.gpu_total is not None:
+            return NodeMemory(node, self.gpu_total, self.gpu_total - (self.gpu_used or 0), "GPU")
+        return NodeMemory(node, self.mem_total, self.mem_available, "MemTotal/MemAvailable")
+
+
+def meminfo(lines: list[str]) -> dict[str, int]:
+    """/proc/meminfo lines -> bytes per key."""
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _mib(value: str) -> int | None:
+    value = value.strip()
+    return int(float(value)) << 20 if value.replace(".", "", 1).isdigit() else None  # "[N/A]" on GB10
+
+
+def memory_from(info: dict[str, int], gpu_csv: list[str]) -> Memory:
+    """Memory from meminfo and `nvidia-smi --query-gpu=memory.total,memory.used` lines (none: no GPU)."""
+    totals = [[_mib(v) for v in line.split(",")] for line in gpu_csv if line.count(",") == 1]
+    known = [t for t in totals if t[0] is not None]
+    return Memory(info["MemTotal"], info["MemAvailable"],
+                  sum(t[0] for t in known) if known else None,
+                  sum(t[1] or 0 for t in known) if known else None)
+
+
+def gpu_apps(rc: int, lines: list[str]) -> tuple[str, list[GpuApp]]:
+    """`nvidia-smi --query-compute-apps` output and exit status -> a fact about the GPU and its processes."""
+    if rc == 127:
+        return NO_GPU, []
+    if rc != 0:
+        return f"nvidia-smi failed: {' '.join(lines)[-200:]}", []
+    apps = []
+    for line in filter(None, lines):
+        pid, name, used = (part.strip() for part in line.split(",", 2))
+        apps.append(GpuApp(int(pid), name, int(used) if used.isdigit() else None))
+    return f"{len(apps)} GPU compute process(es)", apps
+
+
+def sections(text: str) -> dict[str, list[str]]:
+    """A probe's `==name==`-delimited output -> stripped lines per section."""
+    out: dict[str, list[str]] = {}
+    key = ""
+    for line in text.splitlines():
+        if line.startswith("==") and line.endswith("==") and len(line) > 4:
+            key = line.strip("=")
+            out[key] = []
+        elif key:
+            out[key].append(line.strip())
+    return out

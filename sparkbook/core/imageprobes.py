@@ -1,0 +1,100 @@
+"""Probes that run inside an image (or the Python environment): one JSON document each, from `probes/`.
+
+Shared by 02 (is the model registered in the installed image?) and 03 (every candidate).
+    run_probe(run, image, name, args) -> (document, error)   a probe script in a fresh container of the image
+    probe_registry(run, image, architecture) -> RegistryProbe   static parse of the registry, no vLLM import
+    probe_installed(run, architecture) -> RegistryProbe | None  the old deployment's image
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from . import probes
+from .nodes import Node, NodeError, Result
+from .record import Run
+from .runtime import LABEL, runtime_for
+
+REGISTRY_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class RegistryProbe:
+    """Whether an image's vLLM registers an architecture, read from its registry.py without importing vLLM."""
+
+    image: str
+    architecture: str
+    vllm_version: str | None
+    registered: bool
+    module: str | None
+    class_name: str | None
+    table: str | None
+    module_present: bool | None
+    transformers_backend: bool
+    n_architectures: int
+    duration_s: float
+    error: str = ""
+
+
+def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | None = None,
+              env: dict[str, str] | None = None, timeout: float) -> tuple[dict, str]:
+    """Run probe script `name` in a fresh container of `image`; (its JSON document, or an error)."""
+    node = node or run.cluster.head
+    try:
+        result = in_image(run, node, image, ["python3", "-c", probes.source(name), *args], env or {}, timeout)
+    except NodeError as exc:
+        return {}, _first_line(str(exc))
+    if result.timed_out:
+        return {}, f"timed out after {timeout:g} s"
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1]), ""
+    except (json.JSONDecodeError, IndexError):
+        return {}, f"exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
+
+
+def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
+    """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed.
+
+    For Docker this is the node's own `docker run --rm` in one SSH call: a probe costs about a second less
+    than the runtime's docker-py round trips, which keeps the registry probe within its 3 s. The command
+    inside carries its own timeout, so the daemon removes the container even if the CLI is killed."""
+    spec = run.params.runtime
+    if spec.kind != "docker":
+        return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout)
+    cache = run.params.model.cache_dir
+    flags = [a for k, v in {**spec.env, **env}.items() for a in ("-e", f"{k}={v}")]
+    return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label", f"{LABEL}=one-off",
+                     "-v", f"{cache}:{cache}:ro", *flags, image,
+                     "timeout", "-k", "5", f"{timeout:g}", *argv], timeout=timeout + 30)
+
+
+def probe_registry(run: Run, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:
+    """Is `architecture` registered in `image`'s vLLM? Parses registry.py in the image (no vLLM import)."""
+    t0 = time.monotonic()
+    doc, error = run_probe(run, image, "registry", [architecture], node=node, timeout=REGISTRY_TIMEOUT_S)
+    return RegistryProbe(
+        image=image, architecture=architecture, vllm_version=doc.get("vllm_version"),
+        registered=bool(doc.get("registered")), module=doc.get("module"), class_name=doc.get("class_name"),
+        table=doc.get("table"), module_present=doc.get("module_present"),
+        transformers_backend=bool(doc.get("transformers_backend")), n_architectures=doc.get("n_architectures", 0),
+        duration_s=round(time.monotonic() - t0, 2), error=error or doc.get("error", ""))
+
+
+def probe_installed(run: Run, architecture: str) -> RegistryProbe | None:
+    """The registry probe of the old deployment's image (runtime.installed_image); None where there is none:
+    a Python runtime has no installed image, and a Docker runtime may name none."""
+    installed = getattr(run.params.runtime, "installed_image", None)
+    return probe_registry(run, installed, architecture) if installed else None
+
+
+def no_installed_reason(run: Run) -> str:
+    spec = run.params.runtime
+    if spec.kind == "python":
+        return (f"runtime python: vLLM runs in the environment of {spec.python} on each node, there is no installed "
+                "image to probe; 03 asks that environment's own vLLM (registry and inspection)")
+    return "runtime.installed_image is not set: no old deployment's image to probe; 03 probes the candidates"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:400] if text.strip() else ""

@@ -1,0 +1,1 @@
+"""The stages, one per notebook: each imports the core, never another stage."""

@@ -114,7 +114,7 @@ def classify(logs: dict[str, str], observed: dict[str, str] | None = None) -> Di
         return Diagnosis(died.cause, node, fact, died.remediation, also)
     node = next(iter(logs), "")
     last = next((ln.strip() for ln in reversed((logs.get(node) or "").splitlines()) if ln.strip()), "")
-    return Diagnosis(UNKNOWN, node, last, "read the log tails; add the signature to sparkbook.failures")
+    return Diagnosis(UNKNOWN, node, last, "read the log tails; add the signature to sparkbook.core.failures")
 
 
 def not_ready(logs: dict[str, str], node: str, seconds: float) -> Diagnosis:

@@ -1,7 +1,7 @@
 """Side-by-side load for the runbook's server and the plain command (tests/gpu/compare_plain.sh).
 
   bench_pair.py env PARAMS                      `export K=V` lines of the params' runtime.env (for the plain command)
-  bench_pair.py bench LABEL BASE_URL MODEL OUT  C=1 and C=16 through sparkbook.bench, warm-up at the measured concurrency
+  bench_pair.py bench LABEL BASE_URL MODEL OUT  C=1 and C=16 through sparkbook.stages.bench.sweep, warm-up at the measured concurrency
   bench_pair.py table OUT_DIR                   the two JSON files side by side, with the ratio runbook / plain
   bench_pair.py agree BASE_URL MODEL TOKENIZER OUT ROUNDS  sparkbook's client and `vllm bench serve` alternating on
                                                 one server at C=1 and C=8, ROUNDS times; medians side by side (issue 6)

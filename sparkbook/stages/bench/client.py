@@ -4,7 +4,7 @@ Prompts are text of an exact token count (random token ids decoded, re-encoded a
 own tokenizer, as `vllm bench serve`'s random dataset does: the server's tokenization is part of TTFT, as it is
 for a user's text); output length is fixed with max_tokens + ignore_eos; usage comes from the stream
 (`stream_options.include_usage`). Timing follows `vllm bench serve`'s
-request function; see sparkbook.benchstats for the definitions. Every call has a timeout.
+request function; see sparkbook.core.benchstats for the definitions. Every call has a timeout.
 """
 from __future__ import annotations
 

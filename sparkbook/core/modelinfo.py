@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .params import Params
+from .state import Handoff
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0,
@@ -13,9 +14,11 @@ DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "h
 VLLM_DEFAULT_UTILIZATION = 0.9
 
 
-@dataclass(frozen=True)
-class ModelFacts:
+class ModelFacts(Handoff):
     """The model as its config and weight files describe it (parameter counts are estimates)."""
+
+    key = "model"
+    notebook = "02-diagnosis"
 
     architectures: list[str]
     model_type: str

@@ -9,13 +9,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import state
 from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .redact import Redactor
+from .state import H
 
 DECISION_MIME = "application/vnd.sparkbook.decision+json"
 EVENTS = "events.jsonl"
-STATE = "state.json"
 
 
 def now() -> str:
@@ -113,21 +114,14 @@ class Run:
         self.record("host_key_trusted", {"host": host, "fingerprint": fingerprint})
 
     # --- state carried between notebooks ------------------------------------------------------
-    @property
-    def state(self) -> dict[str, Any]:
-        path = self.run_dir / STATE
-        return json.loads(path.read_text()) if path.exists() else {}
+    def remember(self, value: H) -> H:
+        """Store a hand-off in state.json under its key (redacted) for the notebooks after this one."""
+        state.store(self.run_dir, value, self.redactor.data, self.stage)
+        return value
 
-    def remember(self, key: str, value: Any) -> None:
-        state = self.state
-        state[key] = self.redactor.data(to_data(value))
-        (self.run_dir / STATE).write_text(json.dumps(state, indent=2, sort_keys=True))
-
-    def recall(self, key: str) -> Any:
-        state = self.state
-        if key not in state:
-            raise KeyError(f"{key!r} is not in {self.run_dir / STATE}: run the notebook that sets it first")
-        return state[key]
+    def recall(self, kind: type[H]) -> H:
+        """The hand-off of type `kind` an earlier notebook stored, validated (StateError when it cannot be)."""
+        return state.load(self.run_dir, kind, self.stage)
 
     # --- evidence -----------------------------------------------------------------------------
     def record(self, kind: str, payload: Any) -> None:

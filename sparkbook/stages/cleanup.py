@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.docker_ssh import docker_client, unavailable
+from ..core.handoff import Action, CleanupOutcome
 from ..core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
 from ..core.nodes import Cluster, Node, Outcome, shell
 from ..core.params import CleanupTargets
@@ -82,16 +83,6 @@ class Plan:
         return [{"step": i, "node": t.node, "kind": t.kind, "name": t.name, "matched": t.pattern,
                  "depends on": ", ".join(t.depends_on), "stop": t.stop,
                  "restore": t.restore or f"(none: {t.restore_note})"} for i, t in enumerate(self.targets, 1)]
-
-
-@dataclass(frozen=True)
-class Action:
-    node: str
-    name: str
-    command: str
-    ok: bool
-    detail: str
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -356,6 +347,11 @@ def write_restore_plan(run_dir: Path, params_file: Path, p: Plan, actions: list[
                for s in steps]
     (run_dir / "restore.sh").write_text("\n".join(script) + "\n")
     return path
+
+
+def outcome(actions: list[Action], restore_plan: Path) -> CleanupOutcome:
+    """What 01 leaves in the run state: the stops that succeeded and where their restore plan is."""
+    return CleanupOutcome(stopped=[a for a in actions if a.ok], restore_plan=str(restore_plan))
 
 
 def _restore_one(node: Node, step: dict[str, str]) -> str:

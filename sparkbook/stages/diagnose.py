@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.docker_ssh import docker_client, unavailable
+from ..core.handoff import Diagnosis
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
 from ..core.modelinfo import GIB, FitRow
@@ -312,3 +313,8 @@ def question_for_03(probe: RegistryProbe | None, architecture: str = "") -> str:
                 "or is another candidate image needed?")
     return (f"Which candidate image's vLLM registers {arch} AND loads it (inspection passes, not a grafted name), "
             f"since the installed {image} does not — and is that image (same ID) on every node?")
+
+
+def diagnosis(findings: list[Finding], probe: RegistryProbe | None, architecture: str) -> Diagnosis:
+    """What 02 leaves in the run state: every finding, the question 03 must answer, the installed image's probe."""
+    return Diagnosis(findings=findings, question_for_03=question_for_03(probe, architecture), installed_image=probe)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from ..core.handoff import ImageChoice
 from ..core.imageprobes import RegistryProbe, probe_registry, run_probe
+from ..core.modelinfo import ModelFacts
 from ..core.nodes import Node
 from ..core.record import Alternative, Decision, Run
 from ..core.runtime import image_info
@@ -33,9 +35,9 @@ class ModelTarget:
 def model_target(run: Run) -> ModelTarget:
     """The model as 02-diagnosis recorded it; when the state lacks it, read config.json on the head."""
     try:
-        model = run.recall("model")
-        return ModelTarget(model["architectures"][0], model.get("model_type", ""),
-                           model.get("dir_on_nodes") or _model_dir(run), "state (02-diagnosis)")
+        model = run.recall(ModelFacts)
+        return ModelTarget(model.architectures[0], model.model_type, model.dir_on_nodes or _model_dir(run),
+                           "state (02-diagnosis)")
     except KeyError:
         head = run.cluster.head
         config = json.loads(head.read_text(f"{_model_dir(run)}/config.json"))
@@ -313,11 +315,11 @@ def _version(text: str | None) -> Version:
         return Version("0")
 
 
-def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, str | None]) -> dict[str, object]:
-    """What 04/05 read from state["image"]: the chosen ref, its ID, versions, and every node's ID."""
+def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, str | None]) -> ImageChoice:
+    """What 04/05 read from the run state: the chosen ref, its ID, versions, and every node's ID."""
     c = next(c for c in candidates if c.image == decision.choice)
-    return {"ref": c.image, "id": c.facts.image_id, "vllm_version": c.facts.vllm_version,
-            "ray_version": c.facts.ray_version, "nodes": ids}
+    return ImageChoice(ref=c.image, id=c.facts.image_id, vllm_version=c.facts.vllm_version,
+                       ray_version=c.facts.ray_version, nodes=ids)
 
 
 def summary(candidates: list[Candidate], decision: Decision, copied: str) -> str:

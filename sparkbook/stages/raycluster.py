@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import docker.errors
 
+from ..core.handoff import JoinedNode, RayCluster
 from ..core.nodes import Cluster, Node, Result
 from ..core.params import NodeSpec, Params
 from ..core.record import Alternative, Decision
@@ -353,14 +354,14 @@ def check(result: Gate) -> Gate:
     return result
 
 
-def summary(params: Params, containers: list[NodeContainer], join: Join, reused: bool = False) -> dict[str, Any]:
+def summary(params: Params, containers: list[NodeContainer], join: Join, reused: bool = False) -> RayCluster:
     """What later stages need: the Ray address, each node's container, and what Ray reports per node."""
     seen = join.snapshot.by_name() if join.snapshot else {}
-    return {"address": address(params), "containers": {c.node: c.name for c in containers}, "reused": reused,
-            "container_ids": {c.node: c.id for c in containers},
-            "nodes": [{"name": n, "ip": seen[n].ip, "resources": {k: v for k, v in seen[n].resources.items()
-                                                                  if k in ("CPU", "GPU", "memory")}}
-                      for n in join.joined if n in seen]}
+    return RayCluster(address=address(params), containers={c.node: c.name for c in containers}, reused=reused,
+                      container_ids={c.node: c.id for c in containers},
+                      nodes=[JoinedNode(name=n, ip=seen[n].ip, resources={k: v for k, v in seen[n].resources.items()
+                                                                         if k in ("CPU", "GPU", "memory")})
+                             for n in join.joined if n in seen])
 
 
 # --- reuse on a second run --------------------------------------------------------------------------

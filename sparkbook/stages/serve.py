@@ -11,6 +11,7 @@ from typing import Callable
 import httpx
 
 from ..core.failures import Diagnosis, Remedy, classify, not_ready, remedy
+from ..core.handoff import Endpoint
 from ..core.nodes import Cluster, Node
 from ..core.params import NodeSpec, Params, ServeSettings
 from ..core.record import Alternative, Decision
@@ -507,13 +508,14 @@ def smoke_test(base_url: str, model: str, timeout_s: float = 180, max_tokens: in
     return out
 
 
-def endpoint(result: BringUp) -> dict[str, object]:
+def endpoint(result: BringUp) -> Endpoint:
     """What 06 needs: where to send requests, and exactly what was started where."""
     launched = result.launched
-    return {"base_url": launched.plan.base_url, "model": launched.plan.model, "executor": launched.plan.executor,
-            "commands": {c.node: c.argv for c in launched.plan.commands},
-            "env": {c.node: c.env for c in launched.plan.commands},
-            "logs": {n: s.log for n, s in launched.spawned.items()},
-            "ready_s": result.reused_from["ready_s"] if result.reused_from else round(result.readiness.seconds, 1),
-            "attempts": result.reused_from["attempts"] if result.reused_from else len(result.attempts),
-            "reused": result.reused_from is not None}
+    return Endpoint(base_url=launched.plan.base_url, model=launched.plan.model, executor=launched.plan.executor,
+                    commands={c.node: c.argv for c in launched.plan.commands},
+                    env={c.node: c.env for c in launched.plan.commands},
+                    logs={n: s.log for n, s in launched.spawned.items()},
+                    ready_s=result.reused_from["ready_s"] if result.reused_from
+                    else round(result.readiness.seconds, 1),
+                    attempts=result.reused_from["attempts"] if result.reused_from else len(result.attempts),
+                    reused=result.reused_from is not None)

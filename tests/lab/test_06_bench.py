@@ -29,7 +29,8 @@ from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import Target
 from sparkbook.core.benchstats import agreement
 from sparkbook.lab.builder import builder_docker_host
-from sparkbook.core.modelinfo import model_facts
+from sparkbook.core.handoff import BenchmarkSummary, Endpoint
+from sparkbook.core.modelinfo import ModelFacts, model_facts
 
 pytestmark = pytest.mark.lab
 
@@ -93,12 +94,12 @@ def client_core():
     os.sched_setaffinity(0, before)
 
 
-def model_state() -> dict:
+def model_state() -> ModelFacts:
     """What 02 records, from the real config.json and weight file sizes."""
     folder = MODELS / MODEL
     config = json.loads((folder / "config.json").read_text())
     sizes = [p.stat().st_size for p in folder.glob("*.safetensors")]
-    return model_facts(config, None, sizes, f"/models/{MODEL}").__dict__
+    return model_facts(config, None, sizes, f"/models/{MODEL}")
 
 
 def vllm_bench(target: Target, plan, concurrency: int, out: Path, tag: str = "") -> dict:
@@ -129,8 +130,9 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
     data["benchmark"]["num_prompts"] = NUM_PROMPTS
     params.write_text(yaml.safe_dump(data))
     run = open_run(params, run_dir, stage="test")
-    run.remember("endpoint", {"base_url": server.base_url, "model": server.model})
-    run.remember("model", model_state())
+    run.remember(Endpoint(base_url=server.base_url, model=server.model, executor="uni", commands={}, env={}, logs={},
+                          ready_s=0.0, attempts=0, reused=False))  # the test's own server, not one 05 started
+    run.remember(model_state())
 
     # two load generators (ipyparallel engines) at concurrency 8: the "earlier run" the notebook compares with
     plan2 = run.params.benchmark.model_copy(update={"clients": 2, "concurrency": [8]})
@@ -171,8 +173,8 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
         assert all(c["agrees"] for c in r["sparkbook"]["server_cross_check"]), r["sparkbook"]["server_cross_check"]
     assert (run_dir / "bench" / "throughput.png").stat().st_size > 10_000
     assert (run_dir / "bench" / "latency.png").stat().st_size > 10_000
-    summary = run.recall("benchmark")
-    assert summary["compared_with"] == str(earlier_dir) and summary["roofline_ceiling_tok_s"] > 0
+    summary = run.recall(BenchmarkSummary)
+    assert summary.compared_with == str(earlier_dir) and summary.roofline_ceiling_tok_s > 0
 
     for c in (1, 8):
         ours[c].insert(0, bench.at_concurrency(results, c))

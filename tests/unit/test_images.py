@@ -157,15 +157,15 @@ def test_choose_prefers_the_newest_of_several_and_fails_without_any() -> None:
 
 
 def test_model_target_from_state_else_from_config_on_the_head() -> None:
-    def recall(key: str) -> dict:
-        raise KeyError(key)
+    def recall(kind: type) -> object:
+        raise KeyError(kind.key)
 
     head = SimpleNamespace(name="h", read_text=lambda path: json.dumps(
         {"architectures": ["HYV4ForCausalLM"], "model_type": "hy_v4"}) if path == "/m/config.json" else "")
     run = SimpleNamespace(recall=recall, cluster=SimpleNamespace(head=head),
                           params=SimpleNamespace(model=SimpleNamespace(path="/m")))
     assert images.model_target(run) == ModelTarget("HYV4ForCausalLM", "hy_v4", "/m", "config.json on h")
-    run.recall = lambda key: {"architectures": ["A"], "model_type": "t", "dir_on_nodes": "/d"}
+    run.recall = lambda kind: SimpleNamespace(architectures=["A"], model_type="t", dir_on_nodes="/d")
     assert images.model_target(run).source == "state (02-diagnosis)"
 
 

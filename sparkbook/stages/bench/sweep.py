@@ -22,6 +22,7 @@ from .client import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load,
                           tokenize)
 from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
                          known_bandwidth_gbs, summarize)
+from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
@@ -278,23 +279,21 @@ def at_concurrency(results: list[dict[str, Any]], concurrency: int) -> dict[str,
 
 
 def summary(results: list[dict[str, Any]], roof: Roofline, bench_dir: Path, earlier: Path | None,
-            deltas: list[Delta]) -> dict[str, Any]:
+            deltas: list[Delta]) -> BenchmarkSummary:
     """What later readers need: single stream, peak, roofline share, regressions (for state.json)."""
     single = at_concurrency(results, 1)
     peak = max(results, key=lambda r: r["output_throughput"] or 0)
-    return {
-        "single_stream_output_tok_s": single and single["output_throughput"],
-        "single_stream_median_tpot_ms": single and single["median_tpot_ms"],
-        "single_stream_median_ttft_ms": single and single["median_ttft_ms"],
-        "peak_output_tok_s": peak["output_throughput"], "peak_at_concurrency": peak["max_concurrency"],
-        "failed_requests": sum(r["failed"] for r in results),
-        "roofline_ceiling_tok_s": roof.ceiling_tok_s, "roofline_percent": roof.percent_of_ceiling,
-        "bench_dir": str(bench_dir), "compared_with": str(earlier) if earlier else None,
-        "worse_than_earlier": [f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
-        "points": [{k: r[k] for k in ("max_concurrency", "completed", "failed", "output_throughput",
-                                      "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")}
-                   for r in results],
-    }
+    return BenchmarkSummary(
+        single_stream_output_tok_s=single and single["output_throughput"],
+        single_stream_median_tpot_ms=single and single["median_tpot_ms"],
+        single_stream_median_ttft_ms=single and single["median_ttft_ms"],
+        peak_output_tok_s=peak["output_throughput"], peak_at_concurrency=peak["max_concurrency"],
+        failed_requests=sum(r["failed"] for r in results),
+        roofline_ceiling_tok_s=roof.ceiling_tok_s, roofline_percent=roof.percent_of_ceiling,
+        bench_dir=str(bench_dir), compared_with=str(earlier) if earlier else None,
+        worse_than_earlier=[f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
+        points=[BenchPoint(**{k: r[k] for k in BenchPoint.model_fields}) for r in results],
+    )
 
 
 def vllm_bench_argv(target: Target, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,

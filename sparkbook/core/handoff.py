@@ -1,0 +1,124 @@
+"""What each notebook leaves in state.json for the ones after it, one typed model per hand-off.
+
+    01-cleanup          CleanupOutcome  "cleanup"    what was stopped and where the restore plan is
+    02-diagnosis        ModelFacts      "model"      (core.modelinfo) the model as its config and files describe it
+    02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe
+    03-image-selection  ImageChoice     "image"      the chosen image and its ID on every node
+    04-ray-cluster      RayCluster      "ray"        the Ray address, each node's container, what Ray reports
+    05-serve            Endpoint        "endpoint"   where to send requests and what was started where
+    06-benchmark        BenchmarkSummary "benchmark" single stream, peak, roofline share, regressions
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from .imageprobes import RegistryProbe
+from .record import Finding
+from .state import Handoff
+
+
+@dataclass(frozen=True)
+class Action:
+    """One stop (or restore) cleanup did on a node, and how it went."""
+
+    node: str
+    name: str
+    command: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+class CleanupOutcome(Handoff):
+    key = "cleanup"
+    notebook = "01-cleanup"
+
+    stopped: list[Action]
+    restore_plan: str
+
+
+class Diagnosis(Handoff):
+    key = "diagnosis"
+    notebook = "02-diagnosis"
+
+    findings: list[Finding]
+    question_for_03: str
+    installed_image: RegistryProbe | None
+
+
+class ImageChoice(Handoff):
+    key = "image"
+    notebook = "03-image-selection"
+
+    ref: str
+    id: str | None
+    vllm_version: str | None
+    ray_version: str | None
+    nodes: dict[str, str | None]  # node -> the image ID it holds
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JoinedNode(_Part):
+    name: str
+    ip: str
+    resources: dict[str, float]  # CPU, GPU, memory
+
+
+class RayCluster(Handoff):
+    key = "ray"
+    notebook = "04-ray-cluster"
+
+    address: str
+    containers: dict[str, str]  # node -> container name
+    reused: bool
+    container_ids: dict[str, str]
+    nodes: list[JoinedNode]
+
+
+class Endpoint(Handoff):
+    key = "endpoint"
+    notebook = "05-serve"
+
+    base_url: str
+    model: str
+    executor: str
+    commands: dict[str, list[str]]  # node -> `vllm serve` argv
+    env: dict[str, dict[str, str]]
+    logs: dict[str, str]
+    ready_s: float
+    attempts: int
+    reused: bool
+
+
+class BenchPoint(_Part):
+    max_concurrency: int
+    completed: int
+    failed: int
+    output_throughput: float | None
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    median_tpot_ms: float | None
+    p99_tpot_ms: float | None
+
+
+class BenchmarkSummary(Handoff):
+    key = "benchmark"
+    notebook = "06-benchmark"
+
+    single_stream_output_tok_s: float | None
+    single_stream_median_tpot_ms: float | None
+    single_stream_median_ttft_ms: float | None
+    peak_output_tok_s: float | None
+    peak_at_concurrency: int
+    failed_requests: int
+    roofline_ceiling_tok_s: float
+    roofline_percent: float | None
+    bench_dir: str
+    compared_with: str | None
+    worse_than_earlier: list[str]
+    points: list[BenchPoint]

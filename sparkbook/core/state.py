@@ -1,0 +1,80 @@
+"""The run's state.json: the typed values one notebook hands the next, each under its key, with a schema version."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import SparkbookError
+
+STATE = "state.json"
+VERSION_KEY = "schema_version"
+VERSION = 2  # 1: untyped values and no schema_version (before the hand-offs were typed)
+
+
+class Handoff(BaseModel):
+    """A value one notebook leaves for the next: stored under `key` by `notebook`, validated when read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    key: ClassVar[str]
+    notebook: ClassVar[str]  # the notebook that writes it
+
+
+H = TypeVar("H", bound=Handoff)
+
+
+class StateError(SparkbookError):
+    """state.json cannot give a value: another schema version wrote it, or the value fails its schema."""
+
+
+class MissingState(StateError, KeyError):
+    """No notebook of this run has stored the value yet (a KeyError too, for callers that fall back)."""
+
+    def __str__(self) -> str:  # the message itself, not KeyError's repr of it
+        return str(self.args[0])
+
+
+def load(run_dir: Path, kind: type[H], stage: str | None = None) -> H:
+    """The value of type `kind` stored in the run dir, validated."""
+    data = _read(run_dir, kind, stage)
+    rerun = f"run {kind.notebook} (it writes {kind.key!r}) in this run dir"
+    if kind.key not in data:
+        raise MissingState(f"{kind.key!r} is not in {run_dir / STATE}: run the notebook that sets it first "
+                           f"({kind.notebook})", stage=stage, remediation=rerun)
+    try:
+        return kind.model_validate(data[kind.key])
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:3])
+        raise StateError(f"{run_dir / STATE}: {kind.key!r} does not match its schema ({problems}): {rerun} again",
+                         stage=stage, remediation=f"{rerun} again") from None
+
+
+def store(run_dir: Path, value: Handoff, redact: Callable[[Any], Any], stage: str | None = None) -> None:
+    """Write `value` under its key, keeping the others; `redact` cleans the data before it is written."""
+    data = _read(run_dir, type(value), stage)
+    data[value.key] = redact(value.model_dump(mode="json"))
+    data[VERSION_KEY] = VERSION
+    (run_dir / STATE).write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _read(run_dir: Path, kind: type[Handoff], stage: str | None) -> dict[str, Any]:
+    """The whole state ({} before the first value); a StateError when it is not this schema version's."""
+    path = run_dir / STATE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        problem = f"is not JSON ({exc})"
+    else:
+        version = data.get(VERSION_KEY) if isinstance(data, dict) else None
+        if version == VERSION:
+            return data
+        problem = ("was written by an older sparkbook (no schema_version)" if version is None
+                   else f"has schema_version {version!r}") + f", this sparkbook reads schema_version {VERSION}"
+    remediation = (f"start a new run dir (sparkbook run PARAMS), or move {path} aside and run {kind.notebook} "
+                   f"(it writes {kind.key!r}) and the notebooks after it again")
+    raise StateError(f"{path} {problem}: {kind.key!r} cannot be trusted: {remediation}", stage=stage,
+                     remediation=remediation)

@@ -95,82 +95,63 @@ class Runtime(Protocol):
 
     def candidates(self) -> list[str]:
         """What 03 chooses among: the image refs of params, or the interpreter of the Python environment."""
-        ...
 
     def image(self, node: Node, ref: str) -> tuple[str, int] | None:
         """(ID, size in bytes) of image `ref` on the node; None where it holds none (nothing is pulled)."""
-        ...
 
     def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str:
         """Why the node cannot start a place of `ref` (holding `image_id` where given), as a fact; '' if it can."""
-        ...
 
     def identity(self, node: Node, ref: str) -> str | None:
         """What must be the same on every node for `ref`; None where the node has none."""
-        ...
 
     def installed(self) -> str | None:
         """The old deployment's image, to probe; None where there is none."""
-        ...
 
     def no_installed_reason(self) -> str:
         """Why there is no installed image to probe."""
-        ...
 
     def preflight(self, cluster: Cluster) -> FanOut[None]:
         """Every node asked in parallel whether it can start places; a failed outcome says why."""
-        ...
 
     def devices(self, node: Node) -> list[str]:
         """The host devices a place on the node gets."""
-        ...
 
     def existing(self, node: Node, place: Place) -> Existing | None:
         """The place as a previous run left it; None where there is none."""
-        ...
 
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
                 timeout: float = 120) -> Result:
         """argv in a fresh container of `image` (or the environment): no network, model cache read-only."""
-        ...
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
         """(Re)create the place; its ID."""
-        ...
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
              env: dict[str, str] | None = None) -> Result:
         """argv in the place, with a node-side timeout."""
-        ...
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
               env: dict[str, str] | None = None) -> Spawned:
         """argv in the background in its own session, stdout and stderr to `log`."""
-        ...
 
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
         """Whether the spawned process still runs."""
-        ...
 
     def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
         """End the spawned process and its whole session, TERM then KILL."""
-        ...
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         """A file as the place sees it (its last `tail_bytes` where given)."""
-        ...
 
     def alive(self, node: Node, place: Place) -> bool:
         """Whether the place stands (its container runs / a process it spawned lives)."""
-        ...
 
     def stop(self, node: Node, place: Place) -> bool:
         """Remove the place and everything spawned in it; True if there was one."""
-        ...
 
     def close(self) -> None:
         """Release what the runtime holds of its own."""
-        ...
 
 
 class DockerNodes:
@@ -194,7 +175,7 @@ class DockerNodes:
         return image_id, int(size)
 
     def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str:
-        held = (self.image(node, ref) or (None,))[0]
+        held = self.identity(node, ref)
         if held is None or (image_id and held != image_id):
             return (f"holds {'no' if held is None else 'another'} {ref} ({held or 'absent'}; "
                     f"expected {image_id or 'any'})")
@@ -202,7 +183,8 @@ class DockerNodes:
 
     def identity(self, node: Node, ref: str) -> str | None:
         """The image ID of `ref` on the node."""
-        return (self.image(node, ref) or (None,))[0]
+        held = self.image(node, ref)
+        return held[0] if held else None
 
     def installed(self) -> str | None:
         return self.spec.installed_image

@@ -7,7 +7,7 @@ import weakref
 import docker
 from docker.transport import SSHHTTPAdapter
 
-from .nodes import LocalNode, Node
+from .nodes import Node, SSHNode
 
 MIN_API = "1.24"
 # what a node without Docker answers: no socket locally; no `docker` CLI or no daemon over SSH
@@ -27,7 +27,7 @@ class _NodeSSHAdapter(SSHHTTPAdapter):
     """docker-py's SSH adapter riding on the node's own SSH connection: no second handshake per client,
     the same key, known_hosts and strict policy; closing the client leaves the node's connection open."""
 
-    def __init__(self, node: Node, timeout: float):
+    def __init__(self, node: SSHNode, timeout: float):
         self._node = node
         super().__init__(f"ssh://{node.spec.host}", timeout=timeout, max_pool_size=4)
 
@@ -65,7 +65,7 @@ def docker_client(node: Node, timeout: float = 120) -> docker.DockerClient:
 
 
 def _new_client(node: Node, timeout: float) -> docker.DockerClient:
-    if isinstance(node, LocalNode):
+    if node.local:
         return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=int(timeout))
     api = docker.APIClient(base_url="tcp://127.0.0.1:9", version=MIN_API, timeout=int(timeout))
     adapter = _NodeSSHAdapter(node, timeout)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import probes
 from .nodes import Node, NodeError, Result
 from .record import Run
-from .runtime import LABEL, runtime_for
+from .runtime import runtime_for
 
 REGISTRY_TIMEOUT_S = 30
 
@@ -54,19 +54,9 @@ def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | 
 
 
 def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
-    """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed.
-
-    For Docker this is the node's own `docker run --rm` in one SSH call: a probe costs about a second less
-    than the runtime's docker-py round trips, which keeps the registry probe within its 3 s. The command
-    inside carries its own timeout, so the daemon removes the container even if the CLI is killed."""
-    spec = run.params.runtime
-    if spec.kind != "docker":
-        return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout)
-    cache = run.params.model.cache_dir
-    flags = [a for k, v in {**spec.env, **env}.items() for a in ("-e", f"{k}={v}")]
-    return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label", f"{LABEL}=one-off",
-                     "-v", f"{cache}:{cache}:ro", *flags, image,
-                     "timeout", "-k", "5", f"{timeout:g}", *argv], timeout=timeout + 30)
+    """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed
+    (the runtime's `one_off`: for Docker the node's own `docker run --rm`, in one SSH call)."""
+    return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout)
 
 
 def probe_registry(run: Run, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:
@@ -84,16 +74,12 @@ def probe_registry(run: Run, image: str, architecture: str, node: Node | None = 
 def probe_installed(run: Run, architecture: str) -> RegistryProbe | None:
     """The registry probe of the old deployment's image (runtime.installed_image); None where there is none:
     a Python runtime has no installed image, and a Docker runtime may name none."""
-    installed = getattr(run.params.runtime, "installed_image", None)
+    installed = runtime_for(run.params).installed()
     return probe_registry(run, installed, architecture) if installed else None
 
 
 def no_installed_reason(run: Run) -> str:
-    spec = run.params.runtime
-    if spec.kind == "python":
-        return (f"runtime python: vLLM runs in the environment of {spec.python} on each node, there is no installed "
-                "image to probe; 03 asks that environment's own vLLM (registry and inspection)")
-    return "runtime.installed_image is not set: no old deployment's image to probe; 03 probes the candidates"
+    return runtime_for(run.params).no_installed_reason()
 
 
 def _first_line(text: str) -> str:

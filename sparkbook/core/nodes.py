@@ -7,6 +7,7 @@ import socket
 import subprocess
 import threading
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -15,6 +16,7 @@ from typing import IO, Callable, Generic, Sequence, TypeVar
 
 import paramiko
 
+from .errors import SparkbookError
 from .params import NodeSpec, Params, SSHSettings
 from .progress import Progress
 
@@ -99,13 +101,66 @@ def _remote_argv(argv: Sequence[str], env: dict[str, str] | None, timeout: float
     return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *prefix, *argv]
 
 
-class Node:
-    """One cluster node reached over SSH; commands are argv lists, never strings built from params."""
+class Node(ABC):
+    """One cluster node, whatever reaches it: argv commands with a node-side timeout (`run`), byte streams
+    (`stream`), files (`put`/`get`/`read_text`). SSHNode and LocalNode are its two transports; callers ask the
+    node (`local`, `connect`, `streaming`) and never test which one it is."""
+
+    local = False  # True where commands run on this machine itself, without SSH
 
     def __init__(self, spec: NodeSpec, ssh: SSHSettings, on_trust: Callable[[str, str], None] | None = None):
         self.spec, self.ssh = spec, ssh
         self.name = spec.name
         self._on_trust = on_trust
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Reach the node now (an SSH handshake), so a refusal names it before any command runs."""
+
+    def streaming(self) -> Node:
+        """The node over a connection for one long byte stream (the caller closes it unless it is this node)."""
+        return self
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, env: dict[str, str] | None = None,
+            stdin: bytes | None = None, check: bool = False) -> Result:
+        """Run argv on the node; the node kills it after `timeout` seconds (default from params)."""
+        timeout = timeout or self.ssh.command_timeout_s
+        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        out, err, code = self._exec(_remote_argv(argv, env, timeout), timeout + KILL_GRACE_S + 5, stdin)
+        timed_out = code in (124, 137) or code is None
+        result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, timed_out)
+        return result.check() if check else result
+
+    @abstractmethod
+    def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
+        """argv as given (already wrapped in its timeout): (stdout, stderr, exit code or None if cut off)."""
+
+    @abstractmethod
+    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: IO[bytes] | None = None,
+               timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
+        """Run argv with stdin fed from `source` or stdout copied to `sink`, in chunks (for image streams)."""
+
+    @abstractmethod
+    def put(self, local: Path, remote: str) -> None:
+        """Copy a local file to the node."""
+
+    @abstractmethod
+    def get(self, remote: str, local: Path) -> None:
+        """Copy a file of the node here."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the connection (a later command opens a new one)."""
+
+    def read_text(self, remote: str) -> str:
+        return self.run(["cat", remote], check=True).stdout
+
+
+class SSHNode(Node):
+    """One cluster node reached over SSH; commands are argv lists, never strings built from params."""
+
+    def __init__(self, spec: NodeSpec, ssh: SSHSettings, on_trust: Callable[[str, str], None] | None = None):
+        super().__init__(spec, ssh, on_trust)
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
 
@@ -148,6 +203,18 @@ class Node:
                 self._connect(client)
                 self._client = client
             return self._client
+
+    def connect(self) -> None:
+        self.client()
+
+    def streaming(self) -> Node:
+        """A second connection with AES-GCM where the node offers one, else this node's usual connection."""
+        fast = BulkNode(self.spec, self.ssh)
+        try:
+            fast.connect()
+        except NodeError:
+            return self
+        return fast
 
     def _connect(self, client: paramiko.SSHClient) -> None:
         kwargs = self.connect_kwargs()
@@ -193,16 +260,6 @@ class Node:
             self._client = None
 
     # --- commands ---------------------------------------------------------------------------
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, env: dict[str, str] | None = None,
-            stdin: bytes | None = None, check: bool = False) -> Result:
-        """Run argv on the node; the node kills it after `timeout` seconds (default from params)."""
-        timeout = timeout or self.ssh.command_timeout_s
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
-        out, err, code = self._exec(_remote_argv(argv, env, timeout), timeout + KILL_GRACE_S + 5, stdin)
-        timed_out = code in (124, 137) or code is None
-        result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, timed_out)
-        return result.check() if check else result
-
     def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
         channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         channel.settimeout(1.0)
@@ -263,9 +320,6 @@ class Node:
             sftp.get_channel().settimeout(self.ssh.command_timeout_s)
             sftp.get(remote, str(local))
 
-    def read_text(self, remote: str) -> str:
-        return self.run(["cat", remote], check=True).stdout
-
 
 def _tcp_nodelay(kwargs: dict[str, object]) -> socket.socket:
     """The TCP connection for SSH, with Nagle off: small SSH packets (channel open, exec, exit status) otherwise
@@ -276,11 +330,22 @@ def _tcp_nodelay(kwargs: dict[str, object]) -> socket.socket:
     return sock
 
 
+class BulkNode(SSHNode):
+    """A second SSH connection to a node for one image stream, with AES-GCM: paramiko's default
+    aes-ctr + hmac-sha2-256 costs about a fifth more CPU per byte, which a busy 2-core node feels."""
+
+    def connect_kwargs(self) -> dict[str, object]:
+        ciphers = [c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c]
+        return {**super().connect_kwargs(), "disabled_algorithms": {"ciphers": ciphers}}
+
+
 class LocalNode(Node):
     """The machine the notebooks run on, reached without SSH (a single box running its own runbook)."""
 
-    def client(self) -> paramiko.SSHClient:
-        raise NodeError(self.name, "is a local node: it has no SSH client")
+    local = True
+
+    def connect(self) -> None:
+        """Nothing to reach: commands run here."""
 
     def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
         try:
@@ -357,6 +422,30 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
+class FanOut(dict[str, Outcome[T]], Generic[T]):
+    """A fan-out's outcomes by node name (a dict, in the order the nodes were given), with the failed and the
+    succeeded ones apart and every failure told at once: none hides another."""
+
+    @property
+    def failed(self) -> FanOut[T]:
+        return FanOut({name: o for name, o in self.items() if not o.ok})
+
+    @property
+    def succeeded(self) -> FanOut[T]:
+        return FanOut({name: o for name, o in self.items() if o.ok})
+
+    def errors(self) -> str:
+        """Every failed node with its error, "; "-joined (an error that already names its node is not prefixed)."""
+        return "; ".join(str(o.error) if str(o.error).startswith(f"{name}:") else f"{name}: {o.error}"
+                         for name, o in self.failed.items())
+
+    def values_or_raise(self, error: Callable[[str], Exception] = SparkbookError) -> list[T]:
+        """Every node's value, in order; or one `error` naming every failed node with its error."""
+        if self.failed:
+            raise error(self.errors())
+        return [o.value for o in self.values()]  # type: ignore[misc]
+
+
 @dataclass
 class Cluster:
     """The nodes of one params file, connected lazily."""
@@ -366,7 +455,7 @@ class Cluster:
     nodes: dict[str, Node] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.nodes = {s.name: (LocalNode if s.transport == "local" else Node)(s, self.params.ssh, self.on_trust)
+        self.nodes = {s.name: (LocalNode if s.transport == "local" else SSHNode)(s, self.params.ssh, self.on_trust)
                       for s in self.params.nodes}
 
     @property
@@ -381,7 +470,7 @@ class Cluster:
         return iter(self.nodes.values())
 
     def fan_out(self, step: Callable[[Node], T], nodes: Sequence[Node] | None = None,
-                timeout: float | None = None, label: str = "nodes answered") -> dict[str, Outcome[T]]:
+                timeout: float | None = None, label: str = "nodes answered") -> FanOut[T]:
         """Run `step` on every node in parallel; each node's error is kept, none hides another.
         Progress (`label`) counts the nodes as they answer."""
         targets = list(nodes if nodes is not None else self)
@@ -405,8 +494,9 @@ class Cluster:
             except TimeoutError:
                 pass
         pool.shutdown(wait=False, cancel_futures=True)
-        return {name: answered.get(name) or Outcome(name, error=NodeError(name, f"no answer within {timeout:g} s"),
-                                                      duration_s=timeout) for name in futures.values()}
+        got = {name: answered.get(name) or Outcome(name, error=NodeError(name, f"no answer within {timeout:g} s"),
+                                                   duration_s=timeout) for name in futures.values()}
+        return FanOut(got)
 
     def close(self) -> None:
         for node in self:

@@ -162,7 +162,7 @@ def verify_host_keys(cluster: Cluster, params_file: Path) -> None:
     """Before any command: an SSH handshake with every node, so a host key that known_hosts does not vouch
     for stops the run naming the node. A node that does not answer is left to the stages to report."""
     ssh = [n for n in cluster if n.spec.transport == "ssh"]
-    outcomes = cluster.fan_out(lambda n: n.client(), ssh, timeout=cluster.params.ssh.connect_timeout_s + 15)
+    outcomes = cluster.fan_out(lambda n: n.connect(), ssh, timeout=cluster.params.ssh.connect_timeout_s + 15)
     bad = [o.error for o in outcomes.values() if isinstance(o.error, HostKeyMismatch)]
     if bad:
         raise RunbookError(f"{params_file}: ssh.known_hosts: " + "; ".join(str(e) for e in bad)

@@ -1,6 +1,16 @@
 """Where vLLM runs on a node: a Docker container (docker-py over SSH) or a Python environment on the host.
 
-Both offer the same verbs, so probes, Ray and serve are written once:
+`Runtime` is the one interface the stages use; DockerNodes and PythonNodes implement it, `runtime_for(params)`
+picks one, and no stage asks which it got. Its verbs:
+  candidates()                    what 03 may choose from (image refs / the interpreter)
+  image(node, ref)                (ID, size) of an image the node holds; None where it holds none (or no images)
+  lacks(node, ref, image_id)      why the node cannot start a place of `ref`, as a fact ('' where it can)
+  identity(node, ref)             what must be the same on every node (the image ID / the environment's vLLM)
+  copies_images                   whether 03 copies images to the nodes (False: each node has its own env)
+  installed() / no_installed_reason()    the old deployment's image to probe, or why there is none
+  preflight(cluster)              every node can start places (its Docker daemon answers) -> FanOut
+  devices(node)                   host devices a place gets (InfiniBand, unless privileged)
+  existing(node, place) / not_reusable   a place a previous run left, as it stands now / why none is reused
   one_off(node, image, argv)      a short command in a fresh container / in the environment
   start(node, image, name, env)   a long-lived place to exec in (a container; nothing for a Python env)
   exec(node, name, argv)          a command in that place, with a node-side timeout
@@ -13,17 +23,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import docker
 import docker.errors
 
 from .docker_ssh import docker_client
-from .nodes import KILL_GRACE_S, Node, NodeError, Result
+from .nodes import KILL_GRACE_S, Cluster, FanOut, Node, NodeError, Result
 from .params import DockerRuntime, Params, PythonRuntime
 
 LABEL = "org.sparkbook.run"
 ID_TIMEOUT_S = 30
+DAEMON_TIMEOUT_S = 20
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,18 @@ class Place:
     name: str
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A place as a previous run left it on a node: what 04 compares with the place it would start."""
+
+    id: str
+    status: str
+    image_id: str
+    env: dict[str, str]
+    devices: list[str]
+    started_at: str
 
 
 @dataclass(frozen=True)
@@ -63,21 +86,131 @@ def _timeout_argv(argv: Sequence[str], timeout: float) -> list[str]:
     return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *argv]
 
 
-def image_info(node: Node, ref: str) -> tuple[str, int] | None:
-    """(ID, size in bytes) of `ref` in the node's daemon, None where it has no such image."""
-    result = node.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
-    if not result.ok or len(result.stdout.split()) != 2:
-        return None
-    image_id, size = result.stdout.split()
-    return image_id, int(size)
+@runtime_checkable
+class Runtime(Protocol):
+    """Where the stages run vLLM on a node, whatever it is (see the module's docstring for the verbs)."""
 
+    copies_images: bool  # whether 03 copies an image to every node (else each node runs its own environment)
+    not_reusable: str  # why a running cluster a previous run left is never reused ('' where it may be)
+
+    def candidates(self) -> list[str]:
+        """What 03 chooses among: the image refs of params, or the interpreter of the Python environment."""
+
+    def image(self, node: Node, ref: str) -> tuple[str, int] | None:
+        """(ID, size in bytes) of image `ref` on the node; None where it holds none (nothing is pulled)."""
+
+    def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str:
+        """Why the node cannot start a place of `ref` (holding `image_id` where given), as a fact; '' if it can."""
+
+    def identity(self, node: Node, ref: str) -> str | None:
+        """What must be the same on every node for `ref`; None where the node has none."""
+
+    def installed(self) -> str | None:
+        """The old deployment's image, to probe; None where there is none."""
+
+    def no_installed_reason(self) -> str:
+        """Why there is no installed image to probe."""
+
+    def preflight(self, cluster: Cluster) -> FanOut[None]:
+        """Every node asked in parallel whether it can start places; a failed outcome says why."""
+
+    def devices(self, node: Node) -> list[str]:
+        """The host devices a place on the node gets."""
+
+    def existing(self, node: Node, place: Place) -> Existing | None:
+        """The place as a previous run left it; None where there is none."""
+
+    def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                timeout: float = 120) -> Result:
+        """argv in a fresh container of `image` (or the environment): no network, model cache read-only."""
+
+    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
+        """(Re)create the place; its ID."""
+
+    def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        """argv in the place, with a node-side timeout."""
+
+    def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
+              env: dict[str, str] | None = None) -> Spawned:
+        """argv in the background in its own session, stdout and stderr to `log`."""
+
+    def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
+        """Whether the spawned process still runs."""
+
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
+        """End the spawned process and its whole session, TERM then KILL."""
+
+    def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
+        """A file as the place sees it (its last `tail_bytes` where given)."""
+
+    def alive(self, node: Node, place: Place) -> bool:
+        """Whether the place stands (its container runs / a process it spawned lives)."""
+
+    def stop(self, node: Node, place: Place) -> bool:
+        """Remove the place and everything spawned in it; True if there was one."""
+
+    def close(self) -> None:
+        """Release what the runtime holds of its own."""
 
 
 class DockerNodes:
     """Containers from the run's image on each node, through each node's own Docker daemon."""
 
+    copies_images = True
+    not_reusable = ""
+
     def __init__(self, spec: DockerRuntime, model_cache: str):
         self.spec, self.model_cache = spec, model_cache
+
+    def candidates(self) -> list[str]:
+        return list(self.spec.images)
+
+    def image(self, node: Node, ref: str) -> tuple[str, int] | None:
+        """(ID, size in bytes) of `ref` in the node's daemon, None where it has no such image."""
+        result = node.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
+        if not result.ok or len(result.stdout.split()) != 2:
+            return None
+        image_id, size = result.stdout.split()
+        return image_id, int(size)
+
+    def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str:
+        held = self.identity(node, ref)
+        if held is None or (image_id and held != image_id):
+            return (f"holds {'no' if held is None else 'another'} {ref} ({held or 'absent'}; "
+                    f"expected {image_id or 'any'})")
+        return ""
+
+    def identity(self, node: Node, ref: str) -> str | None:
+        """The image ID of `ref` on the node."""
+        held = self.image(node, ref)
+        return held[0] if held else None
+
+    def installed(self) -> str | None:
+        return self.spec.installed_image
+
+    def no_installed_reason(self) -> str:
+        return "runtime.installed_image is not set: no old deployment's image to probe; 03 probes the candidates"
+
+    def preflight(self, cluster: Cluster) -> FanOut[None]:
+        """Every node's Docker daemon asked in parallel (`_daemon_answers`)."""
+        return cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + cluster.params.ssh.connect_timeout_s + 15)
+
+    def devices(self, node: Node) -> list[str]:
+        """/dev/infiniband where the node has it (a privileged container sees every device anyway)."""
+        if self.spec.privileged:
+            return []
+        return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
+
+    def existing(self, node: Node, place: Place) -> Existing | None:
+        try:
+            attrs = self.client(node).containers.get(place.name).attrs
+        except docker.errors.NotFound:
+            return None
+        return Existing(attrs["Id"], attrs["State"]["Status"], attrs["Image"],
+                        dict(e.split("=", 1) for e in attrs["Config"]["Env"] or []),
+                        [d["PathOnHost"] for d in attrs["HostConfig"].get("Devices") or []],
+                        attrs["State"]["StartedAt"])
 
     def client(self, node: Node) -> docker.DockerClient:
         """The node's Docker client (docker_ssh keeps one per node, shared with the run's other steps)."""
@@ -86,31 +219,18 @@ class DockerNodes:
         except docker.errors.DockerException as exc:
             raise NodeError(node.name, f"its Docker daemon does not answer: {exc}") from None
 
-    def one_off(self, node: Node, image: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
+    def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
                 timeout: float = 120) -> Result:
-        """Run argv in a fresh container of `image` (model cache mounted read-only); always removed."""
-        api = self.client(node).api
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
-        container = api.create_container(
-            image, _timeout_argv(argv, timeout), environment={**self.spec.env, **(env or {})},
-            labels={LABEL: "one-off"},
-            host_config=api.create_host_config(network_mode="host",
-                                               binds={self.model_cache: {"bind": self.model_cache, "mode": "ro"}}))
-        try:
-            api.start(container)
-            code = api.wait(container, timeout=timeout + KILL_GRACE_S + 10)["StatusCode"]
-            out = api.logs(container, stdout=True, stderr=False).decode(errors="replace")
-            err = api.logs(container, stdout=False, stderr=True).decode(errors="replace")
-        finally:
-            api.remove_container(container, force=True)
-        return Result(node.name, tuple(argv), code, out, err, started, time.monotonic() - t0, code in (124, 137))
+        """argv in a fresh container of `image`: no network, model cache read-only, removed.
 
-    def image_id(self, node: Node, ref: str) -> str | None:
-        """The ID of `ref` in the node's daemon, or None where it does not hold it (nothing is pulled)."""
-        try:
-            return self.client(node).images.get(ref).id
-        except docker.errors.ImageNotFound:
-            return None
+        This is the node's own `docker run --rm` in one SSH call: a probe costs about a second less than
+        docker-py's round trips, which keeps the registry probe within its 3 s. The command inside carries
+        its own timeout, so the daemon removes the container even if the CLI is killed."""
+        cache = self.model_cache
+        flags = [a for k, v in {**self.spec.env, **(env or {})}.items() for a in ("-e", f"{k}={v}")]
+        return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label",
+                         f"{LABEL}=one-off", "-v", f"{cache}:{cache}:ro", *flags, str(image),
+                         *_timeout_argv(argv, timeout)], timeout=timeout + 30)
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
         """(Re)create the place's container: host network, shm, model cache, env, an init that reaps orphans
@@ -177,15 +297,59 @@ class DockerNodes:
         """Nothing of its own to close: the Docker clients ride on the nodes' SSH connections, closed with the run."""
 
 
+def _daemon_answers(node: Node) -> None:
+    """Raise unless the node's Docker daemon answers `docker version` within DAEMON_TIMEOUT_S."""
+    r = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=DAEMON_TIMEOUT_S)
+    if not r.ok:
+        why = f"no answer within {DAEMON_TIMEOUT_S} s" if r.timed_out else (r.stderr or r.stdout).strip()[-300:]
+        raise NodeError(node.name, f"its Docker daemon does not answer ({why}): start it and run 04 again")
+
+
 # commands the stages start by name, as modules of the Python runtime's interpreter
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
+_VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
 
 
 class PythonNodes:
     """A Python environment on each node (no Docker): the interpreter named in params runs everything."""
 
+    copies_images = False
+    not_reusable = "the Python runtime keeps no container to compare: Ray is started afresh"
+
     def __init__(self, spec: PythonRuntime):
         self.spec = spec
+
+    def candidates(self) -> list[str]:
+        return [self.spec.python]
+
+    def image(self, node: Node, ref: str) -> tuple[str, int] | None:
+        """A Python environment has no image."""
+        return None
+
+    def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str:
+        """Nothing to hold: each node runs its own environment."""
+        return ""
+
+    def identity(self, node: Node, ref: str) -> str | None:
+        """The vLLM version of the node's interpreter ("vLLM X.Y.Z"); None where it has no vLLM."""
+        return self.one_off(node, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None
+
+    def installed(self) -> str | None:
+        return None
+
+    def no_installed_reason(self) -> str:
+        return (f"runtime python: vLLM runs in the environment of {self.spec.python} on each node, there is no "
+                "installed image to probe; 03 asks that environment's own vLLM (registry and inspection)")
+
+    def preflight(self, cluster: Cluster) -> FanOut[None]:
+        """Nothing to ask: the interpreter runs where the node's commands run."""
+        return FanOut()
+
+    def devices(self, node: Node) -> list[str]:
+        return []
+
+    def existing(self, node: Node, place: Place) -> Existing | None:
+        return None
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         bindir = self.spec.python.rsplit("/", 1)[0]
@@ -206,10 +370,6 @@ class PythonNodes:
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
                 timeout: float = 120) -> Result:
         return node.run(self._argv(argv), env=self._env(env), timeout=timeout)
-
-    def image_id(self, node: Node, ref: str | None) -> str | None:
-        """A Python environment has no image: always "" (present)."""
-        return ""
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
         self.stop(node, place)
@@ -261,9 +421,6 @@ class PythonNodes:
 
     def close(self) -> None:
         pass
-
-
-Runtime = DockerNodes | PythonNodes
 
 
 def runtime_for(params: Params) -> Runtime:

@@ -1,6 +1,6 @@
 """Put one image on every node with the same image ID: `docker save` on the head streamed into `docker load`.
 
-    image_ids(run, ref) -> {node: id | None}         the same, for every node
+    image_ids(run, ref) -> {node: id | None}         what must match on every node (the image ID), per node
     plan(run, ref) -> CopyPlan                       which nodes need the image (the head is the source)
     copy_image(run, ref, node, size_bytes) -> Copy   one streamed copy over SSH, with progress and MB/s
     distribute(run, ref) -> Distribution             plan, copy where needed, verify every ID
@@ -18,10 +18,10 @@ from typing import IO, Callable
 
 import paramiko
 
-from ..core.nodes import LocalNode, Node, NodeError, Result
+from ..core.nodes import Node, NodeError, Result
 from ..core.progress import Progress
 from ..core.record import Run
-from ..core.runtime import ID_TIMEOUT_S, image_info, runtime_for
+from ..core.runtime import ID_TIMEOUT_S, runtime_for
 
 PIPE_BYTES = 1 << 20
 MIN_RATE_BPS = 10e6  # the copy's timeout assumes at least this rate, plus COPY_SLACK_S
@@ -93,48 +93,27 @@ class Distribution:
                 for node, held in self.ids.items()]
 
 
-def image_ids(run: Run, ref: str) -> dict[str, str | None]:
-    outcomes = run.cluster.fan_out(lambda n: image_info(n, ref), timeout=ID_TIMEOUT_S + 30)
-    return {name: o.value[0] if o.value else None for name, o in outcomes.items()}
+def image_ids(run: Run, ref: str, timeout: float = ID_TIMEOUT_S + 30) -> dict[str, str | None]:
+    rt = runtime_for(run.params)
+    outcomes = run.cluster.fan_out(lambda n: rt.identity(n, ref), timeout=timeout)
+    return {name: o.value if o.ok else None for name, o in outcomes.items()}
 
 
 def plan(run: Run, ref: str) -> CopyPlan:
     """Which nodes lack `ref` with the head's ID; fails when the head itself does not hold it."""
     head = run.cluster.head
-    source = image_info(head, ref)
+    source = runtime_for(run.params).image(head, ref)
     if source is None:
         raise NodeError(head.name, f"does not hold {ref}: sparkbook copies images from the head and never pulls "
                                    "(load it there first)")
     return CopyPlan(ref, head.name, *source, image_ids(run, ref))
 
 
-class BulkNode(Node):
-    """A second SSH connection to a node for one image stream, with AES-GCM: paramiko's default
-    aes-ctr + hmac-sha2-256 costs about a fifth more CPU per byte, which a busy 2-core node feels."""
-
-    def connect_kwargs(self) -> dict[str, object]:
-        ciphers = [c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c]
-        return {**super().connect_kwargs(), "disabled_algorithms": {"ciphers": ciphers}}
-
-
-def bulk(node: Node) -> Node:
-    """The node over a GCM connection where it offers one, else the node's usual connection."""
-    if type(node) is not Node:  # a local node (no SSH) or a stand-in
-        return node
-    fast = BulkNode(node.spec, node.ssh)
-    try:
-        fast.client()
-    except NodeError:
-        return node
-    return fast
-
-
 def copy_image(run: Run, ref: str, node: Node, size_bytes: int) -> Copy:
     """Stream `docker save REF` from the head into `docker load` on `node` over SSH, with progress."""
-    head, target = bulk(run.cluster.head), bulk(node)
+    head, target = run.cluster.head.streaming(), node.streaming()
     try:
-        if not isinstance(target, LocalNode):
-            target.client()  # reach the loading side first: an unread `docker save` runs on for minutes on the head
+        target.connect()  # reach the loading side first: an unread `docker save` runs on for minutes on the head
         return _copy(head, ref, target, size_bytes)
     finally:
         for extra in {head, target} - {run.cluster.head, node}:
@@ -180,17 +159,10 @@ def _save(head: Node, ref: str, write_fd: int, timeout: float, saved: list[Resul
         pass
 
 
-_VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
-
-
 def environment_check(run: Run, python: str) -> Distribution:
     """The Python runtime has no image to copy: each node runs its own environment. Check instead that every
-    node's interpreter holds the head's vLLM version (the `ids` are those versions)."""
-    rt = runtime_for(run.params)
-    outcomes = run.cluster.fan_out(
-        lambda n: rt.one_off(n, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None,
-        timeout=ID_TIMEOUT_S + 60)
-    ids = {name: o.value if o.ok else None for name, o in outcomes.items()}
+    node's interpreter holds the head's vLLM version (the `ids` are those versions: the runtime's identity)."""
+    ids = image_ids(run, python, timeout=ID_TIMEOUT_S + 60)
     head = ids.get(run.cluster.head.name) or "no vLLM on the head"
     return Distribution(python, head, [], list(ids), ids,
                         note=f"runtime python: no image to distribute (nothing copied); each node runs {python}")
@@ -199,7 +171,7 @@ def environment_check(run: Run, python: str) -> Distribution:
 def distribute(run: Run, ref: str) -> Distribution:
     """Copy `ref` from the head to every node lacking its ID (one at a time), then verify every node's ID.
     For the Python runtime nothing is copied: `environment_check` compares every node's vLLM version."""
-    if run.params.runtime.kind == "python":
+    if not runtime_for(run.params).copies_images:
         return environment_check(run, ref)
     p = plan(run, ref)
     copies = [copy_image(run, ref, run.cluster.nodes[name], p.size_bytes) for name in p.to_copy]

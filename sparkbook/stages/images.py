@@ -20,7 +20,7 @@ from ..core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ..core.modelinfo import ModelFacts
 from ..core.nodes import Node
 from ..core.record import Alternative, Decision, Run
-from ..core.runtime import image_info
+from ..core.runtime import runtime_for
 
 @dataclass(frozen=True)
 class ModelTarget:
@@ -131,15 +131,14 @@ GRAFT_EXPLANATION = (
 
 def candidate_refs(run: Run) -> list[str]:
     """The candidate images from params (the Python runtime has one candidate: its interpreter's env)."""
-    spec = run.params.runtime
-    return list(spec.images) if spec.kind == "docker" else [spec.python]
+    return runtime_for(run.params).candidates()
 
 
 def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
     """Versions in `image` on `node` (default: the head), with its image ID and size there."""
     node = node or run.cluster.head
     t0 = time.monotonic()
-    image_id, size = _local_image(run, node, image)
+    image_id, size = runtime_for(run.params).image(node, image) or (None, None)
     doc, error = run_probe(run, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
     return ImageFacts(
         image=image, image_id=image_id, size_bytes=size, python=doc.get("python"),
@@ -147,13 +146,6 @@ def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
         torch_cuda=doc.get("torch_cuda"), ray_version=doc.get("ray_version"),
         transformers_version=doc.get("transformers_version"), cuda_archs=doc.get("cuda_archs", []),
         cuda_archs_source=doc.get("cuda_archs_source", ""), duration_s=round(time.monotonic() - t0, 2), error=error)
-
-
-def _local_image(run: Run, node: Node, image: str) -> tuple[str | None, int | None]:
-    """(image ID, size) of `image` in the node's daemon; (None, None) where it is absent or not Docker."""
-    if run.params.runtime.kind != "docker":
-        return None, None
-    return image_info(node, image) or (None, None)
 
 
 def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | None = None,

@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import docker.errors
-
 from ..core.handoff import JoinedNode, RayCluster
 from ..core.nodes import Cluster, Node, Result
 from ..core.params import NodeSpec, Params
@@ -17,7 +15,6 @@ from ..core.runtime import Place, Runtime, Spawned
 from ..core.topology import NODE_RESOURCE, RAY_LOG, RAY_TEMP_DIR, address, lost, places
 
 POLL_S = 2.0
-DAEMON_TIMEOUT_S = 20
 
 # Runs in the head's container: what Ray's GCS knows about nodes and placement groups, as JSON.
 _PROBE = """
@@ -70,10 +67,6 @@ class NodeContainer:
                 "env": " ".join(f"{k}={v}" for k, v in self.env.items())}
 
 
-def _infiniband(node: Node) -> list[str]:
-    return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
-
-
 def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list[str]:
     """IPv4 addresses of `netdev` as the container (host network) sees them, from /proc (no `ip` needed)."""
     script = ("import fcntl, socket, struct, sys\n"
@@ -87,19 +80,6 @@ def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list
     return out.stdout.split()
 
 
-def _daemons(params: Params, cluster: Cluster) -> dict[str, Any]:
-    """Every node's Docker daemon asked in parallel (`_daemon_answers`); the outcomes by node."""
-    return cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + params.ssh.connect_timeout_s + 15)
-
-
-def _daemon_answers(node: Node) -> None:
-    """Raise unless the node's Docker daemon answers `docker version` within DAEMON_TIMEOUT_S."""
-    r = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=DAEMON_TIMEOUT_S)
-    if not r.ok:
-        why = f"no answer within {DAEMON_TIMEOUT_S} s" if r.timed_out else (r.stderr or r.stdout).strip()[-300:]
-        raise RayStageError(f"its Docker daemon does not answer ({why}): start it and run 04 again")
-
-
 def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str,
                      image_id: str | None = None) -> list[NodeContainer]:
     """Remove and recreate every node's container (in parallel) from `image`, which every node must already
@@ -107,33 +87,23 @@ def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: 
     Docker daemon must answer first (nothing is started otherwise); a failed start removes the containers
     the others got."""
     where = places(params, image)
-    if params.runtime.kind == "docker":
-        _values(_daemons(params, cluster))
+    runtime.preflight(cluster).values_or_raise(RayStageError)
 
     def one(node: Node) -> NodeContainer:
         spec, place = node.spec, where[node.name]
-        held = runtime.image_id(node, image)
-        if held is None or (image_id and held and held != image_id):
-            raise RayStageError(f"holds {'no' if held is None else 'another'} {image} "
-                                f"({held or 'absent'}; expected {image_id or 'any'}): run 03 to distribute it")
-        devices = [] if params.runtime.kind != "docker" or params.runtime.privileged else _infiniband(node)
+        lacking = runtime.lacks(node, image, image_id)
+        if lacking:
+            raise RayStageError(f"{lacking}: run 03 to distribute it")
+        devices = runtime.devices(node)
         cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
         return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
                              str(spec.fabric_ip), spec.fabric_netdev,
                              _netdev_ips(runtime, node, place, spec.fabric_netdev))
 
     outcomes = cluster.fan_out(one)
-    if any(not o.ok for o in outcomes.values()):
-        started = [cluster.nodes[name] for name, o in outcomes.items() if o.ok]
-        cluster.fan_out(lambda n: runtime.stop(n, where[n.name]), started)
-    return _values(outcomes)
-
-
-def _values(outcomes: dict[str, Any]) -> list[Any]:
-    errors = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]
-    if errors:
-        raise RayStageError("; ".join(errors))
-    return [o.value for o in outcomes.values()]
+    if outcomes.failed:
+        cluster.fan_out(lambda n: runtime.stop(n, where[n.name]), [cluster.nodes[name] for name in outcomes.succeeded])
+    return outcomes.values_or_raise(RayStageError)
 
 
 class RayStageError(Exception):
@@ -393,34 +363,31 @@ class Reuse:
 
 def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_id: str) -> tuple[NodeContainer, str]:
     """This node's container as it runs now, checked against what start_containers would make."""
-    try:
-        attrs = runtime.client(node).containers.get(place.name).attrs
-    except docker.errors.NotFound:
-        raise RayStageError(f"has no container {place.name}") from None
-    if attrs["State"]["Status"] != "running":
-        raise RayStageError(f"container {place.name} is {attrs['State']['Status']}")
-    if attrs["Image"] != image_id:
-        raise RayStageError(f"container {place.name} runs image {attrs['Image'][:19]}, not {image_id[:19]}")
-    env = dict(e.split("=", 1) for e in attrs["Config"]["Env"] or [])
+    found = runtime.existing(node, place)
+    if found is None:
+        raise RayStageError(f"has no container {place.name}")
+    if found.status != "running":
+        raise RayStageError(f"container {place.name} is {found.status}")
+    if found.image_id != image_id:
+        raise RayStageError(f"container {place.name} runs image {found.image_id[:19]}, not {image_id[:19]}")
     wanted = {**params.runtime.env, **place.env}
-    differ = sorted(k for k, v in wanted.items() if env.get(k) != v)
+    differ = sorted(k for k, v in wanted.items() if found.env.get(k) != v)
     if differ:
         raise RayStageError(f"container {place.name} has another environment ({', '.join(differ)})")
-    devices = [d["PathOnHost"] for d in attrs["HostConfig"].get("Devices") or []]
     spec = node.spec
-    return NodeContainer(node.name, place.name, attrs["Id"][:12], place.image or "", bool(spec.gpus), devices,
+    return NodeContainer(node.name, place.name, found.id[:12], place.image or "", bool(spec.gpus), found.devices,
                          place.env, str(spec.fabric_ip), spec.fabric_netdev,
-                         _netdev_ips(runtime, node, place, spec.fabric_netdev)), attrs["State"]["StartedAt"]
+                         _netdev_ips(runtime, node, place, spec.fabric_netdev)), found.started_at
 
 
 def reusable(params: Params, cluster: Cluster, runtime: Runtime, image: str, image_id: str) -> Reuse:
     """Whether the cluster a previous run formed is still right: every node's container runs `image_id` with
     this stage's environment, its Ray runs, every node is in Ray and the gate passes on it."""
-    if params.runtime.kind != "docker":
-        return Reuse([], {}, None, "the Python runtime keeps no container to compare: Ray is started afresh")
-    daemons = _daemons(params, cluster)
-    if any(not o.ok for o in daemons.values()):
-        return Reuse([], {}, None, "; ".join(f"{n}: {o.error}" for n, o in daemons.items() if not o.ok))
+    if runtime.not_reusable:
+        return Reuse([], {}, None, runtime.not_reusable)
+    daemons = runtime.preflight(cluster)
+    if daemons.failed:
+        return Reuse([], {}, None, daemons.errors())
     where = places(params, image)
     outcomes = cluster.fan_out(lambda n: _existing(params, runtime, n, where[n.name], image_id))
     bad = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]

@@ -15,7 +15,7 @@ import pytest
 import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.imageprobes import probe_registry
-from sparkbook.core.runtime import image_info
+from sparkbook.core.runtime import runtime_for
 from sparkbook.stages import distribute, images
 
 pytestmark = pytest.mark.lab
@@ -117,7 +117,7 @@ def images_rows(run_dir: Path) -> list[dict]:
 @pytest.mark.benchmark
 def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) -> None:  # type: ignore[no-untyped-def]
     """The same image both ways, back to back (the grafted one: nothing else on the worker uses it)."""
-    worker = run.cluster.workers[0]
+    worker, image_info = run.cluster.workers[0], runtime_for(run.params).image
     assert image_info(worker, GRAFT) is None
     size = image_info(run.cluster.head, GRAFT)[1]
     try:

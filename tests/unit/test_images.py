@@ -181,8 +181,11 @@ class FakeNode:
         self.name, self.payload, self.received = name, payload, bytearray()
         self.connected = False
 
-    def client(self) -> None:
+    def connect(self) -> None:
         self.connected = True
+
+    def streaming(self) -> FakeNode:
+        return self
 
     def stream(self, argv, *, source=None, sink=None, timeout=None, on_bytes=None):  # type: ignore[no-untyped-def]
         if sink is not None:

@@ -1,0 +1,146 @@
+"""The Runtime interface and the fan-out result, on `transport: local` nodes running real commands here:
+both runtimes implement every verb, the Python runtime's verbs work end to end, the Docker runtime's CLI verbs
+read a stand-in `docker`, and a fan-out names every node that failed."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from sparkbook.core.errors import SparkbookError
+from sparkbook.core.nodes import Cluster, FanOut, LocalNode, Node
+from sparkbook.core.params import load_params
+from sparkbook.core.runtime import DockerNodes, Place, PythonNodes, Runtime, runtime_for
+
+# a stand-in `docker`: one image is held, the daemon never answers, `run` prints its argv one per line
+FAKE_DOCKER = """#!/bin/sh
+case "$1" in
+  image) if [ "$5" = held:1 ]; then echo "sha256:abc 1234"; else echo "Error: No such image: $5" >&2; exit 1; fi ;;
+  version) echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock" >&2; exit 1 ;;
+  run) printf '%s\\n' "$@" ;;
+esac
+"""
+
+
+@pytest.fixture
+def local(write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any],
+          monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, Any]], Cluster]:
+    """A cluster of `transport: local` nodes (a, b, c) with the given runtime; closed at the end."""
+    monkeypatch.setenv("SPARKBOOK_HEADLESS", "1")
+    base["nodes"] = [{**n, "transport": "local"} for n in base["nodes"]]
+    base["nodes"].append({**base["nodes"][1], "name": "c", "fabric_ip": "10.9.0.3"})
+    clusters: list[Cluster] = []
+
+    def make(runtime: dict[str, Any]) -> Cluster:
+        clusters.append(Cluster(load_params(write_params({**base, "runtime": runtime}))))
+        return clusters[-1]
+
+    yield make
+    for c in clusters:
+        c.close()
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text(FAKE_DOCKER)
+    (bindir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+
+def test_both_runtimes_implement_the_protocol_and_nodes_one_interface(local) -> None:  # type: ignore[no-untyped-def]
+    docker_cluster = local({"kind": "docker", "images": ["example/vllm:0.17"]})
+    python_cluster = local({"kind": "python", "python": sys.executable})
+    docker_rt, python_rt = runtime_for(docker_cluster.params), runtime_for(python_cluster.params)
+    assert isinstance(docker_rt, DockerNodes) and isinstance(python_rt, PythonNodes)
+    assert isinstance(docker_rt, Runtime) and isinstance(python_rt, Runtime)
+    node = python_cluster.head
+    assert isinstance(node, LocalNode) and isinstance(node, Node) and node.local
+    node.connect()
+    assert node.streaming() is node
+
+
+def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no-untyped-def]
+    cluster = local({"kind": "python", "python": sys.executable})
+    rt, node = runtime_for(cluster.params), cluster.head
+    assert rt.candidates() == [sys.executable] and not rt.copies_images and "Python runtime" in rt.not_reusable
+    assert rt.image(node, sys.executable) is None and rt.lacks(node, sys.executable, None) == ""
+    assert rt.installed() is None and "runtime python" in rt.no_installed_reason()
+    assert rt.devices(node) == [] and rt.existing(node, Place(node.name, "x")) is None
+    preflight = rt.preflight(cluster)
+    assert preflight == {} and not preflight.failed and preflight.values_or_raise() == []
+    out = rt.one_off(node, None, ["python", "-c", "import sys; print(sys.executable)"], timeout=30)
+    assert out.ok and out.stdout.strip() == sys.executable, out
+    assert rt.identity(node, sys.executable) is None  # no vLLM in this interpreter
+
+    place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}", None, {"SB_UNIT": "x y"})
+    log = f"/tmp/sparkbook/{place.name}/out.log"
+    rt.start(node, place, gpus=False, devices=rt.devices(node))
+    try:
+        assert rt.exec(node, place, ["sh", "-c", 'printf %s "$SB_UNIT"'], timeout=30).stdout == "x y"
+        spawned = rt.spawn(node, place, ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"], log)
+        end = time.monotonic() + 20
+        while "up" not in rt.read(node, place, log) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert rt.read(node, place, log).strip() == "up" and rt.running(node, place, spawned)
+        assert rt.alive(node, place)
+        rt.kill(node, place, spawned, grace_s=2)
+        assert not rt.running(node, place, spawned)
+    finally:
+        assert rt.stop(node, place)
+    assert not rt.alive(node, place)
+
+
+def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> None:  # type: ignore[no-untyped-def]
+    cluster = local({"kind": "docker", "images": ["held:1", "other:2"], "env": {"E": "v w"}})
+    rt, node = runtime_for(cluster.params), cluster.head
+    assert rt.candidates() == ["held:1", "other:2"] and rt.copies_images and rt.not_reusable == ""
+    assert rt.image(node, "held:1") == ("sha256:abc", 1234) and rt.image(node, "other:2") is None
+    assert rt.identity(node, "held:1") == "sha256:abc" and rt.identity(node, "other:2") is None
+    assert rt.lacks(node, "held:1") == "" and rt.lacks(node, "held:1", "sha256:abc") == ""
+    assert rt.lacks(node, "held:1", "sha256:def") == "holds another held:1 (sha256:abc; expected sha256:def)"
+    assert rt.lacks(node, "other:2") == "holds no other:2 (absent; expected any)"
+    assert rt.installed() is None and "installed_image is not set" in rt.no_installed_reason()
+    argv = rt.one_off(node, "held:1", ["python3", "-c", "x"], env={"F": "1"}, timeout=7).stdout.splitlines()
+    assert argv == ["run", "--rm", "--pull", "never", "--network", "none", "--label", "org.sparkbook.run=one-off",
+                    "-v", "/srv/models:/srv/models:ro", "-e", "E=v w", "-e", "F=1", "held:1",
+                    "timeout", "-k", "5", "7", "python3", "-c", "x"]
+    preflight = rt.preflight(cluster)
+    assert list(preflight.failed) == ["a", "b", "c"] and not preflight.succeeded
+    with pytest.raises(SparkbookError) as raised:
+        preflight.values_or_raise()
+    for name in ("a", "b", "c"):
+        assert f"{name}: its Docker daemon does not answer (Cannot connect to the Docker daemon" in str(raised.value)
+
+
+def test_fan_out_result_is_the_dict_and_names_every_failed_node(local) -> None:  # type: ignore[no-untyped-def]
+    cluster = local({"kind": "python", "python": sys.executable})
+
+    def step(node: Node) -> str:
+        if node.name == "c":
+            raise ValueError("no such thing")
+        return node.run(["sh", "-c", f'echo {node.name}; [ "{node.name}" = a ]'], check=True).stdout.strip()
+
+    result = cluster.fan_out(step)
+    assert isinstance(result, FanOut) and list(result) == ["a", "b", "c"]
+    assert [o.ok for o in result.values()] == [True, False, False] and result["a"].value == "a"
+    assert list(result.failed) == ["b", "c"] and list(result.succeeded) == ["a"]
+    assert [name for name, o in result.items() if not o.ok] == list(result.failed)
+    with pytest.raises(SparkbookError) as raised:
+        result.values_or_raise()
+    message = str(raised.value)
+    assert message.startswith("b: `sh -c") and "exited 1" in message and message.endswith("; c: no such thing")
+    assert "b: b:" not in message
+
+    class StageError(Exception):
+        pass
+
+    with pytest.raises(StageError, match="c: no such thing"):
+        result.values_or_raise(StageError)
+    assert result.succeeded.values_or_raise() == ["a"]

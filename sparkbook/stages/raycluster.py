@@ -5,7 +5,7 @@ import json
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ..core.handoff import JoinedNode, RayCluster
 from ..core.nodes import Cluster, Node, Result

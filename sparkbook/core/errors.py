@@ -3,12 +3,18 @@ from __future__ import annotations
 
 
 class SparkbookError(Exception):
-    """An expected failure: `node` and `stage` say where, `remediation` what the engineer should do."""
+    """An expected failure: `node` and `stage` say where, `remediation` what the engineer should do.
+
+    The text is the message, then ": remediation" where one is given. A stage's error class names its stage
+    once, as the class attribute `stage`."""
+
+    stage: str | None = None
 
     def __init__(self, message: str, *, node: str | None = None, stage: str | None = None,
                  remediation: str | None = None):
-        self.node, self.stage, self.remediation = node, stage, remediation
-        super().__init__(message)
+        self.message, self.node, self.remediation = message, node, remediation
+        self.stage = stage or self.stage
+        super().__init__(f"{message}: {remediation}" if remediation else message)
 
 
 class ProbeOutputError(SparkbookError):
@@ -18,3 +24,9 @@ class ProbeOutputError(SparkbookError):
         self.probe, self.missing, self.received_bytes = probe, missing, received_bytes
         super().__init__(f"{node}: {probe}: the probe's output has no {missing} ({received_bytes} bytes received)",
                          node=node, remediation="run the step again; if it repeats, run the probe by hand on the node")
+
+
+class StateMissing(SparkbookError, KeyError):
+    """The run state lacks a value an earlier notebook sets (still a KeyError to callers that test for one)."""
+
+    __str__ = Exception.__str__  # KeyError's own would quote the message

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from .errors import StateMissing
 from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .redact import Redactor
@@ -126,7 +127,8 @@ class Run:
     def recall(self, key: str) -> Any:
         state = self.state
         if key not in state:
-            raise KeyError(f"{key!r} is not in {self.run_dir / STATE}: run the notebook that sets it first")
+            raise StateMissing(f"{key!r} is not in {self.run_dir / STATE}",
+                               remediation="run the notebook that sets it first")
         return state[key]
 
     # --- evidence -----------------------------------------------------------------------------

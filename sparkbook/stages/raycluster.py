@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import docker.errors
 
+from ..core.errors import SparkbookError
 from ..core.nodes import Cluster, Node, Result
 from ..core.params import NodeSpec, Params
 from ..core.record import Alternative, Decision
@@ -96,7 +97,8 @@ def _daemon_answers(node: Node) -> None:
     r = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=DAEMON_TIMEOUT_S)
     if not r.ok:
         why = f"no answer within {DAEMON_TIMEOUT_S} s" if r.timed_out else (r.stderr or r.stdout).strip()[-300:]
-        raise RayStageError(f"its Docker daemon does not answer ({why}): start it and run 04 again")
+        raise RayStageError(f"its Docker daemon does not answer ({why})", node=node.name,
+                            remediation="start it and run 04 again")
 
 
 def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str,
@@ -114,7 +116,8 @@ def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: 
         held = runtime.image_id(node, image)
         if held is None or (image_id and held and held != image_id):
             raise RayStageError(f"holds {'no' if held is None else 'another'} {image} "
-                                f"({held or 'absent'}; expected {image_id or 'any'}): run 03 to distribute it")
+                                f"({held or 'absent'}; expected {image_id or 'any'})", node=node.name,
+                                remediation="run 03 to distribute it")
         devices = [] if params.runtime.kind != "docker" or params.runtime.privileged else _infiniband(node)
         cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
         return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
@@ -135,8 +138,10 @@ def _values(outcomes: dict[str, Any]) -> list[Any]:
     return [o.value for o in outcomes.values()]
 
 
-class RayStageError(Exception):
+class RayStageError(SparkbookError):
     """The Ray stage could not go on; the message names the node(s)."""
+
+    stage = "04-ray-cluster"
 
 
 # --- Ray -------------------------------------------------------------------------------------------

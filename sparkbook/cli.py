@@ -1,4 +1,11 @@
-"""`sparkbook check | run | unlock | lab | restore`: the command line over the package."""
+"""`sparkbook check | run | unlock | lab | restore`: the command line over the package.
+
+Exit codes: 0 done; 1 a notebook, a restore step or a command on a node failed (and any other expected
+failure); 2 invalid params or run request (unknown parameter, notebook selection, host key not vouched for);
+3 the run lock is held, or cannot be taken or cleared; 4 a node cannot be reached or used (SSH, host key, its
+Docker daemon); 130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
+to do; invalid params: one line per problem), never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,10 +17,25 @@ from typing import Any
 import yaml
 
 from .core import lock, runbook
+from .core.errors import SparkbookError
+from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
 
+EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_LOCKED = 3
+EXIT_NODE = 4
+EXIT_INTERRUPTED = 130
+
+# Each kind of expected failure: its exit code and the word its line starts with (most specific first).
+EXITS: tuple[tuple[type[SparkbookError], int, str], ...] = (
+    (ParamsError, EXIT_INVALID, "invalid params"),
+    (runbook.RunbookError, EXIT_INVALID, "error"),
+    (lock.LockError, EXIT_LOCKED, "refused"),
+    (CommandFailed, EXIT_FAILED, "error"),
+    (NodeError, EXIT_NODE, "node unusable"),
+    (SparkbookError, EXIT_FAILED, "error"),
+)
 
 
 def _parameter(text: str) -> tuple[str, Any]:
@@ -49,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from .core.nodes import Cluster, NodeError
+    from .core.nodes import Cluster
 
     params = load_params(args.params)
     cluster = Cluster(params)
@@ -71,18 +93,21 @@ def cmd_unlock(args: argparse.Namespace) -> int:
 def cmd_lab(args: argparse.Namespace) -> int:
     from . import lab
 
-    if args.action == "up":
-        print(lab.up(nodes=args.nodes, progress=print))
-    elif args.action == "down":
-        lab.down(progress=print)
-    else:
-        print(lab.status())
+    try:
+        if args.action == "up":
+            print(lab.up(nodes=args.nodes, progress=print))
+        elif args.action == "down":
+            lab.down(progress=print)
+        else:
+            print(lab.status())
+    except lab.LabError as exc:  # the lab keeps its own root; here it is one more expected failure
+        raise SparkbookError(str(exc), stage="lab") from None
     return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from . import cleanup
     from .core.record import open_run
+    from .stages import cleanup
 
     plan_file = Path(args.run_dir) / cleanup.RESTORE_FILE
     if not plan_file.is_file():
@@ -133,21 +158,26 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def failure(exc: SparkbookError) -> tuple[int, str]:
+    """The exit code of an expected failure and what to print: one line (a params file: one per problem)."""
+    code, word = next((code, word) for kind, code, word in EXITS if isinstance(exc, kind))
+    if isinstance(exc, ParamsError):
+        return code, "\n".join([f"{word} ({len(exc.problems)} problem(s)):", *(f"  {p}" for p in exc.problems)])
+    where = f" ({exc.stage})" if exc.stage else ""
+    return code, f"{word}{where}: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except ParamsError as exc:
-        print(f"invalid params ({len(exc.problems)} problem(s)):", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return EXIT_INVALID
-    except runbook.RunbookError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except lock.LockError as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return EXIT_LOCKED
+    except SparkbookError as exc:
+        code, text = failure(exc)
+        print(text, file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -3,12 +3,18 @@ from __future__ import annotations
 
 
 class SparkbookError(Exception):
-    """An expected failure: `node` and `stage` say where, `remediation` what the engineer should do."""
+    """An expected failure: `node` and `stage` say where, `remediation` what the engineer should do.
+
+    The text is the message, then ": remediation" where one is given. A stage's error class names its stage
+    once, as the class attribute `stage`."""
+
+    stage: str | None = None
 
     def __init__(self, message: str, *, node: str | None = None, stage: str | None = None,
                  remediation: str | None = None):
-        self.node, self.stage, self.remediation = node, stage, remediation
-        super().__init__(message)
+        self.message, self.node, self.remediation = message, node, remediation
+        self.stage = stage or self.stage
+        super().__init__(f"{message}: {remediation}" if remediation else message)
 
 
 class ProbeOutputError(SparkbookError):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .errors import SparkbookError
 from .nodes import Node, shell
 from .params import Params
 
@@ -80,7 +81,7 @@ def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> 
     return ""
 
 
-class LockError(Exception):
+class LockError(SparkbookError):
     """The run lock could not be taken, read or cleared; the message says what to do."""
 
 
@@ -170,5 +171,5 @@ def unlock(params: Params, node: Node, *, force: bool = False) -> Unlocked:
     stale = staleness(current, params.run_lock.stale_after_s)
     if not stale and current.host == socket.gethostname() and not force:
         raise LockError(f"{_where(node, path)} is held by {current.describe()}, which is still running on this "
-                        f"host: stop it first (kill {current.pid}), or pass --force")
+                        "host", remediation=f"stop it first (kill {current.pid}), or pass --force")
     return Unlocked(current, stale, _remove(node, path))

@@ -53,12 +53,12 @@ class Result:
         return self
 
 
-class NodeError(Exception):
+class NodeError(SparkbookError):
     """A node could not be used; the message names it and says what to do."""
 
-    def __init__(self, node: str, reason: str):
-        self.node, self.reason = node, reason
-        super().__init__(f"{node}: {reason}")
+    def __init__(self, node: str, reason: str, *, remediation: str | None = None):
+        self.reason = reason
+        super().__init__(f"{node}: {reason}", node=node, remediation=remediation)
 
 
 class Unreachable(NodeError):
@@ -223,15 +223,16 @@ class SSHNode(Node):
             self._connect_with_retry(client, kwargs)
         except paramiko.BadHostKeyException as exc:
             raise HostKeyMismatch(self.name, f"host key of {where} does not match {self.ssh.known_hosts} "
-                                  f"(got {_fingerprint(exc.key)}): the node was reinstalled or this is not "
-                                  "the node you think; verify, then update known_hosts") from None
+                                  f"(got {_fingerprint(exc.key)})", remediation="the node was reinstalled or this "
+                                  "is not the node you think; verify, then update known_hosts") from None
         except paramiko.AuthenticationException:
-            raise AuthRefused(self.name, f"{where} refused key {self.ssh.key_file}: "
-                              "add its public key to the node's authorized_keys") from None
+            raise AuthRefused(self.name, f"{where} refused key {self.ssh.key_file}",
+                              remediation="add its public key to the node's authorized_keys") from None
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
-                raise HostKeyMismatch(self.name, f"{where} is not in {self.ssh.known_hosts}: add its host key "
-                                      "(ssh-keyscan, verified) or set ssh.host_key_policy: trust_on_first_use") from None
+                raise HostKeyMismatch(self.name, f"{where} is not in {self.ssh.known_hosts}",
+                                      remediation="add its host key (ssh-keyscan, verified) or set "
+                                                  "ssh.host_key_policy: trust_on_first_use") from None
             if any(s in str(exc) for s in HANDSHAKE_STUCK):
                 raise Unreachable(self.name, f"{where} accepted the connection but its sshd did not complete "
                                   f"the SSH handshake within {self.ssh.connect_timeout_s:g} s ({exc}): is sshd hung "

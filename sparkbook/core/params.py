@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from .errors import SparkbookError
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _PATTERN = re.compile(r"^[A-Za-z0-9._@*?\[\]-]{1,128}$")
 _PATH = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
@@ -260,7 +262,7 @@ class Problem:
         return f"{where}: {self.field or '(file)'}: {self.message}"
 
 
-class ParamsError(Exception):
+class ParamsError(SparkbookError):
     """Every problem found in a params file; raised before anything touches a node."""
 
     def __init__(self, problems: list[Problem]):

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from . import lock
+from .errors import SparkbookError
 from .nodes import Cluster, HostKeyMismatch, NodeError
 from .params import Params, load_params
 from .record import now, read_events
@@ -22,8 +23,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 MANIFEST = "manifest.json"
 
 
-class RunbookError(Exception):
-    pass
+class RunbookError(SparkbookError):
+    """The run cannot start as asked (parameters, notebook selection, host keys); nothing ran."""
 
 
 @dataclass

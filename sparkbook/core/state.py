@@ -32,23 +32,22 @@ class StateError(SparkbookError):
 class MissingState(StateError, KeyError):
     """No notebook of this run has stored the value yet (a KeyError too, for callers that fall back)."""
 
-    def __str__(self) -> str:  # the message itself, not KeyError's repr of it
-        return str(self.args[0])
+    __str__ = Exception.__str__  # KeyError's own would quote the message
 
 
 def load(run_dir: Path, kind: type[H], stage: str | None = None) -> H:
     """The value of type `kind` stored in the run dir, validated."""
     data = _read(run_dir, kind, stage)
-    rerun = f"run {kind.notebook} (it writes {kind.key!r}) in this run dir"
+    rerun = f"run {kind.notebook} (it writes {kind.key!r}) in this run dir again"
     if kind.key not in data:
-        raise MissingState(f"{kind.key!r} is not in {run_dir / STATE}: run the notebook that sets it first "
-                           f"({kind.notebook})", stage=stage, remediation=rerun)
+        raise MissingState(f"{kind.key!r} is not in {run_dir / STATE}", stage=stage,
+                           remediation=f"run the notebook that sets it first ({kind.notebook})")
     try:
         return kind.model_validate(data[kind.key])
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:3])
-        raise StateError(f"{run_dir / STATE}: {kind.key!r} does not match its schema ({problems}): {rerun} again",
-                         stage=stage, remediation=f"{rerun} again") from None
+        raise StateError(f"{run_dir / STATE}: {kind.key!r} does not match its schema ({problems})",
+                         stage=stage, remediation=rerun) from None
 
 
 def store(run_dir: Path, value: Handoff, redact: Callable[[Any], Any], stage: str | None = None) -> None:
@@ -76,5 +75,4 @@ def _read(run_dir: Path, kind: type[Handoff], stage: str | None) -> dict[str, An
                    else f"has schema_version {version!r}") + f", this sparkbook reads schema_version {VERSION}"
     remediation = (f"start a new run dir (sparkbook run PARAMS), or move {path} aside and run {kind.notebook} "
                    f"(it writes {kind.key!r}) and the notebooks after it again")
-    raise StateError(f"{path} {problem}: {kind.key!r} cannot be trusted: {remediation}", stage=stage,
-                     remediation=remediation)
+    raise StateError(f"{path} {problem}: {kind.key!r} cannot be trusted", stage=stage, remediation=remediation)

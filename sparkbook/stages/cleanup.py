@@ -10,6 +10,7 @@ from typing import Callable
 
 from ..core.docker_ssh import docker_client, unavailable
 from ..core.handoff import Action, CleanupOutcome
+from ..core.errors import SparkbookError
 from ..core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
 from ..core.nodes import Cluster, Node, Outcome, shell
 from ..core.params import CleanupTargets
@@ -103,6 +104,12 @@ class Verification:
                 + (f"; touched outside the allow-lists: {self.untouched_changes}" if self.untouched_changes
                    else "; nothing outside the allow-lists was stopped")
                 + (f"; meanwhile, not by cleanup: {self.not_ours}" if self.not_ours else ""))
+
+
+class CleanupError(SparkbookError):
+    """A cleanup or restore step cannot be done; the message says which and why."""
+
+    stage = "01-cleanup"
 
 
 # --- inventory ---------------------------------------------------------------------------------
@@ -360,7 +367,7 @@ def _restore_one(node: Node, step: dict[str, str]) -> str:
         return "started"
     if step["kind"] == "unit":
         return node.run(["systemctl", "start", step["name"]], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
-    raise RuntimeError(step["note"] or "no restore command is known")
+    raise CleanupError(step["note"] or "no restore command is known", node=node.name)
 
 
 def restore(cluster: Cluster, plan_file: Path) -> list[Action]:

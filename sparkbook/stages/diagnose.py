@@ -8,6 +8,7 @@ from typing import Any
 
 from ..core.docker_ssh import docker_client, unavailable
 from ..core.handoff import Diagnosis
+from ..core.errors import SparkbookError
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
 from ..core.modelinfo import GIB, FitRow
@@ -81,6 +82,12 @@ class ModelFiles:
     def config_sha(self) -> str:
         return hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:12] if self.config \
             else "-"
+
+
+class DiagnosisError(SparkbookError):
+    """The diagnosis cannot go on; the message names what no node has."""
+
+    stage = "02-diagnosis"
 
 
 # --- node facts -------------------------------------------------------------------------------------
@@ -218,7 +225,7 @@ def model_source(files: dict[str, Outcome[ModelFiles]], head: str) -> ModelFiles
     """The head's copy of the model files, else the first node that has a config.json."""
     have = [o.value for n, o in sorted(files.items(), key=lambda i: i[0] != head) if o.ok and o.value.config]
     if not have:
-        raise RuntimeError("no node has the model's config.json: " + "; ".join(
+        raise DiagnosisError("no node has the model's config.json: " + "; ".join(
             f"{n}: {o.value.error if o.ok else o.error}" for n, o in files.items()))
     return have[0]
 

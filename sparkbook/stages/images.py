@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from ..core.handoff import ImageChoice
+from ..core.errors import SparkbookError
+from ..core.state import MissingState
 from ..core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ..core.modelinfo import ModelFacts
 from ..core.nodes import Node
@@ -47,7 +49,8 @@ def model_target(run: Run) -> ModelTarget:
 
 def _model_dir(run: Run) -> str:
     if run.params.model.path is None:
-        raise KeyError("model.path is not set and 02-diagnosis has not recorded the model's directory: run 02 first")
+        raise MissingState("model.path is not set and 02-diagnosis has not recorded the model's directory",
+                           stage="03-image-selection", remediation="run 02 first")
     return run.params.model.path
 
 
@@ -234,8 +237,10 @@ def evaluate(run: Run, image: str, target: ModelTarget, capabilities: dict[str, 
     return Candidate(facts, registry, inspection, verdict)
 
 
-class NoUsableImage(Exception):
+class NoUsableImage(SparkbookError):
     """No candidate loads the model natively without a blocking finding."""
+
+    stage = "03-image-selection"
 
 
 def rows(candidates: list[Candidate]) -> list[dict[str, object]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..core.handoff import JoinedNode, RayCluster
+from ..core.errors import SparkbookError
 from ..core.nodes import Cluster, Node, Result
 from ..core.params import NodeSpec, Params
 from ..core.record import Alternative, Decision
@@ -93,7 +94,7 @@ def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: 
         spec, place = node.spec, where[node.name]
         lacking = runtime.lacks(node, image, image_id)
         if lacking:
-            raise RayStageError(f"{lacking}: run 03 to distribute it")
+            raise RayStageError(lacking, node=node.name, remediation="run 03 to distribute it")
         devices = runtime.devices(node)
         cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
         return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
@@ -106,8 +107,10 @@ def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: 
     return outcomes.values_or_raise(RayStageError)
 
 
-class RayStageError(Exception):
+class RayStageError(SparkbookError):
     """The Ray stage could not go on; the message names the node(s)."""
+
+    stage = "04-ray-cluster"
 
 
 # --- Ray -------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Callable
 
 import httpx
 
+from ..core.errors import SparkbookError
 from ..core.failures import Diagnosis, Remedy, classify, not_ready, remedy
 from ..core.handoff import Endpoint
 from ..core.nodes import Cluster, Node
@@ -58,7 +59,8 @@ def detect_platform(runtime: Runtime, node: Node, place: Place) -> Platform:
     out = runtime.exec(node, place, ["python3", "-c", _PLATFORM], timeout=120)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("SPARKBOOK ")), None)
     if line is None:
-        raise ServeError(f"{node.name}: cannot tell the image's platform: {(out.stderr or out.stdout)[-800:]}")
+        raise ServeError(f"{node.name}: cannot tell the image's platform: {(out.stderr or out.stdout)[-800:]}",
+                         node=node.name)
     data = json.loads(line.removeprefix("SPARKBOOK "))
     cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
     return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"])
@@ -156,8 +158,10 @@ def plan(params: Params, executor: str, settings: ServeSettings | None = None) -
 
 
 # --- launch and readiness --------------------------------------------------------------------------
-class ServeError(Exception):
+class ServeError(SparkbookError):
     """Serving could not start; the message names the node and the classified cause."""
+
+    stage = "05-serve"
 
 
 @dataclass(frozen=True)
@@ -377,8 +381,8 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
     serve port is taken on the head."""
     gone = lost(params, cluster, runtime)
     if gone:
-        raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items())
-                         + ": run 04 again to re-form it")
+        raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
+                         remediation="run 04 again to re-form it")
     found, why = find_running(cluster, runtime, where, serve_plan)
     if found is not None:
         return found

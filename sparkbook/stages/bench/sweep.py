@@ -23,6 +23,7 @@ from .client import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load,
 from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
                          known_bandwidth_gbs, summarize)
 from ...core.handoff import BenchmarkSummary, BenchPoint
+from ...core.errors import SparkbookError
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
@@ -115,7 +116,13 @@ def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: i
     return run_load(target, prompts, plan.output_len, max(1, min(concurrency, n)), timeout_s)
 
 
-class ServerGone(RuntimeError):
+class BenchmarkError(SparkbookError):
+    """The benchmark could not go on; the message says why."""
+
+    stage = "06-benchmark"
+
+
+class ServerGone(BenchmarkError):
     """The server stopped answering during the benchmark: the message names it, the point and what was seen."""
 
 
@@ -127,8 +134,8 @@ def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurre
         return _measure_point(target, plan, pool, concurrency, runner, timeout_s)
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         raise ServerGone(f"the server at {target.base_url} ({target.model}) stopped answering during the "
-                         f"c={concurrency} point: {type(exc).__name__}: {str(exc)[:200]}: read 05's serve log "
-                         "tails on the head and serve again (05)") from None
+                         f"c={concurrency} point: {type(exc).__name__}: {str(exc)[:200]}",
+                         remediation="read 05's serve log tails on the head and serve again (05)") from None
 
 
 def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
@@ -175,7 +182,8 @@ def memory_bandwidth(plan: BenchmarkPlan, head: Node) -> tuple[float, str]:
     name = head.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30).stdout.strip()
     known = known_bandwidth_gbs(name)
     if known is None:
-        raise ValueError(f"no known memory bandwidth for GPU {name!r}: set benchmark.memory_bandwidth_gbs in params")
+        raise BenchmarkError(f"no known memory bandwidth for GPU {name!r}", node=head.name,
+                             remediation="set benchmark.memory_bandwidth_gbs in params")
     return known, f"known value for {name.splitlines()[0]}"
 
 

@@ -227,12 +227,15 @@ class Node:
         channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         channel.settimeout(timeout)
         channel.exec_command(shlex.join(_remote_argv(argv, None, timeout)))
+        out = bytearray()
 
-        def to_sink(chunk: bytes) -> None:
-            if sink is not None:
-                sink.write(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
+        def on_stdout(chunk: bytes) -> None:
+            if sink is None:
+                out.extend(chunk)
+                return
+            sink.write(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
 
         try:
             if source is not None:
@@ -241,8 +244,7 @@ class Node:
                     if on_bytes:
                         on_bytes(len(chunk))
                 channel.shutdown_write()
-            out = bytearray()
-            err, code = _reply(channel, t0 + timeout + KILL_GRACE_S, to_sink if sink is not None else out.extend)
+            err, code = _reply(channel, t0 + timeout + KILL_GRACE_S, on_stdout)
         finally:
             channel.close()  # a broken sink or source ends the remote side at once, not at its timeout
         return Result(self.name, tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"),
@@ -297,9 +299,7 @@ class LocalNode(Node):
                 pipe_to.write(chunk)
                 if on_bytes:
                     on_bytes(len(chunk))
-            if source:
-                proc.stdin.close()
-            try:
+            try:  # communicate() closes stdin after the source (closing it here first made it raise)
                 out, _ = proc.communicate(timeout=max(0.0, t0 + timeout + KILL_GRACE_S - time.monotonic()))
                 code = proc.returncode
             except subprocess.TimeoutExpired:  # a reply that ends at the deadline is cut: timed out, not complete

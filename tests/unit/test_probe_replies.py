@@ -126,3 +126,8 @@ def test_local_stream_to_a_sink_reads_stderr_too(params: Params) -> None:
 def test_local_reply_ending_at_the_deadline_is_timed_out(params: Params) -> None:
     r = LocalNode(params.nodes[0], params.ssh).run(shell("echo partial; sleep 30"), timeout=1)
     assert r.timed_out and not r.ok
+
+
+def test_local_stream_from_a_source(params: Params) -> None:
+    r = LocalNode(params.nodes[0], params.ssh).stream(["wc", "-c"], source=io.BytesIO(b"x" * 3_000_000), timeout=30)
+    assert r.ok and r.stdout.split() == ["3000000"]

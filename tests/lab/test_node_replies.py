@@ -2,12 +2,14 @@
 printing a known amount to stdout and stderr and exiting at once, read through sparkbook's own `Node.run` and
 compared byte for byte.
 
-The 8 nodes are a separate lab (SPARKBOOK_LAB_ID, default 1) beside the shared default one, brought up bare: the
-nodes' namespaces, sshd and dockerd only (`cluster.start`), no images, models or old deployment, since the test
-needs nothing but SSH. It is taken down afterwards unless it was up before the test.
+The 8 nodes are a separate lab beside the suite's own (SPARKBOOK_STRESS_LAB_ID, default SPARKBOOK_LAB_ID + 1),
+brought up bare: the nodes' namespaces, sshd and dockerd only (`cluster.start`), no images, models or old
+deployment, since the test needs nothing but SSH (about 1.5 s up and 1.5 s down on an idle machine). It is taken
+down afterwards unless it was up before the test.
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -21,7 +23,8 @@ from sparkbook.core.nodes import Cluster, Node, shell
 from sparkbook.core.params import load_params
 
 pytestmark = pytest.mark.lab
-LAB_ID = os.environ.get("SPARKBOOK_STRESS_LAB_ID", "1")
+# the lab beside the suite's own (SPARKBOOK_LAB_ID, default 0): by default the next id
+LAB_ID = os.environ.get("SPARKBOOK_STRESS_LAB_ID", str(int(os.environ.get("SPARKBOOK_LAB_ID", "0")) + 1))
 NODES = 8
 PER_NODE = 16   # commands at once on each node
 SIZES = (2_000, 20_000, 120_000, 300_000)  # `seq 1 N` lines: 8.9 KB, 109 KB, 786 KB, 2.1 MB
@@ -54,6 +57,7 @@ def stress_lab(lab_progress):
         lab_progress(f"lab {LAB_ID}: down in {time.monotonic() - t0:.1f} s")
 
 
+@functools.cache
 def _expected(n: int) -> str:
     return "".join(f"{i}\n" for i in range(1, n + 1))
 

@@ -5,11 +5,14 @@ Parsers shared by 01 (cleanup's inventory) and 02 (diagnosis's node facts).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+from .errors import ProbeOutputError
 from .modelinfo import GIB, NodeMemory
 
 FANOUT_TIMEOUT_S = 25  # a node that has not answered by then is reported by name, not waited on
 NO_GPU = "no GPU (nvidia-smi not present)"
+END = "end"  # the last section of every sectioned probe (`echo ==end==`): without it the reply was cut
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,10 @@ def gpu_apps(rc: int, lines: list[str]) -> tuple[str, list[GpuApp]]:
     return f"{len(apps)} GPU compute process(es)", apps
 
 
-def sections(text: str) -> dict[str, list[str]]:
-    """A probe's `==name==`-delimited output -> stripped lines per section."""
+def sections(text: str, node: str, probe: str, required: Sequence[str] = ()) -> dict[str, list[str]]:
+    """A probe's `==name==`-delimited output -> stripped lines per section. The probe's last line is `echo ==end==`:
+    output without that end section, or without a non-empty section named in `required`, is not whole and raises
+    ProbeOutputError naming the node, the probe and what is missing."""
     out: dict[str, list[str]] = {}
     key = ""
     for line in text.splitlines():
@@ -100,4 +105,9 @@ def sections(text: str) -> dict[str, list[str]]:
             out[key] = []
         elif key:
             out[key].append(line.strip())
+    missing = [f"{name} section" for name in required if not out.get(name)]
+    if END not in out:
+        missing.append("end marker")
+    if missing:
+        raise ProbeOutputError(node, probe, " or ".join(missing), len(text.encode()))
     return out

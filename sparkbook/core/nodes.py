@@ -1,10 +1,12 @@
 """Nodes: run argv-quoted commands over SSH (paramiko) or locally, with timeouts; fan out over nodes."""
 from __future__ import annotations
 
+import select
 import shlex
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -263,21 +265,16 @@ class SSHNode(Node):
     # --- commands ---------------------------------------------------------------------------
     def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
         channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
-        channel.settimeout(1.0)
-        channel.exec_command(shlex.join(argv))
-        if stdin:
-            channel.sendall(stdin)
-        channel.shutdown_write()
-        out, err = bytearray(), bytearray()
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            _drain(channel, out, err)
-            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                break
-            channel.status_event.wait(0.02)  # wakes at once when the exit status arrives
-        code = channel.recv_exit_status() if channel.exit_status_ready() else None
-        _drain(channel, out, err)
-        channel.close()
+        try:
+            channel.settimeout(self.ssh.connect_timeout_s)
+            channel.exec_command(shlex.join(argv))
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            out = bytearray()
+            err, code = _reply(channel, time.monotonic() + deadline_s, out.extend)
+        finally:
+            channel.close()
         return out.decode(errors="replace"), err.decode(errors="replace"), code
 
     def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: IO[bytes] | None = None,
@@ -288,7 +285,16 @@ class SSHNode(Node):
         channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         channel.settimeout(timeout)
         channel.exec_command(shlex.join(_remote_argv(argv, None, timeout)))
-        out, err = bytearray(), bytearray()
+        out = bytearray()
+
+        def on_stdout(chunk: bytes) -> None:
+            if sink is None:
+                out.extend(chunk)
+                return
+            sink.write(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+
         try:
             if source is not None:
                 while chunk := source.read(1 << 20):
@@ -296,16 +302,7 @@ class SSHNode(Node):
                     if on_bytes:
                         on_bytes(len(chunk))
                 channel.shutdown_write()
-            elif sink is not None:
-                while chunk := channel.recv(1 << 20):
-                    sink.write(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-            while not channel.exit_status_ready() and time.monotonic() - t0 < timeout + KILL_GRACE_S:
-                _drain(channel, out, err)
-                time.sleep(0.05)
-            _drain(channel, out, err)
-            code = channel.recv_exit_status() if channel.exit_status_ready() else None
+            err, code = _reply(channel, t0 + timeout + KILL_GRACE_S, on_stdout)
         finally:
             channel.close()  # a broken sink or source ends the remote side at once, not at its timeout
         return Result(self.name, tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"),
@@ -359,18 +356,25 @@ class LocalNode(Node):
                timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
         timeout = timeout or self.ssh.command_timeout_s
         started, t0 = datetime.now(timezone.utc), time.monotonic()
-        with subprocess.Popen(_remote_argv(argv, None, timeout), stdin=subprocess.PIPE if source else None,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        # stderr goes to a file: a pipe nobody reads while stdout is copied would stop the process when it fills
+        with tempfile.TemporaryFile() as err_file, \
+                subprocess.Popen(_remote_argv(argv, None, timeout), stdin=subprocess.PIPE if source else None,
+                                 stdout=subprocess.PIPE, stderr=err_file) as proc:
             pipe_from, pipe_to = (source, proc.stdin) if source else (proc.stdout, sink)
             while pipe_to is not None and (chunk := pipe_from.read(1 << 20)):
                 pipe_to.write(chunk)
                 if on_bytes:
                     on_bytes(len(chunk))
-            if source:
-                proc.stdin.close()
-            out, err = proc.communicate(timeout=timeout + KILL_GRACE_S)
-        return Result(self.name, tuple(argv), proc.returncode, (out or b"").decode(errors="replace"),
-                      err.decode(errors="replace"), started, time.monotonic() - t0, proc.returncode in (124, 137))
+            try:  # communicate() closes stdin after the source (closing it here first made it raise)
+                out, _ = proc.communicate(timeout=max(0.0, t0 + timeout + KILL_GRACE_S - time.monotonic()))
+                code = proc.returncode
+            except subprocess.TimeoutExpired:  # a reply that ends at the deadline is cut: timed out, not complete
+                proc.kill()
+                out, code = b"", None
+            err_file.seek(0)
+            err = err_file.read()
+        return Result(self.name, tuple(argv), code, (out or b"").decode(errors="replace"),
+                      err.decode(errors="replace"), started, time.monotonic() - t0, code in (124, 137) or code is None)
 
     def put(self, local: Path, remote: str) -> None:
         shutil.copyfile(local, remote)
@@ -402,11 +406,26 @@ def _fingerprint(key: paramiko.PKey) -> str:
         else key.get_name()
 
 
-def _drain(channel: paramiko.Channel, out: bytearray, err: bytearray) -> None:
-    while channel.recv_ready():
-        out += channel.recv(1 << 16)
-    while channel.recv_stderr_ready():
-        err += channel.recv_stderr(1 << 16)
+def _reply(channel: paramiko.Channel, end: float, on_stdout: Callable[[bytes], None]) -> tuple[bytes, int | None]:
+    """Read stdout (to `on_stdout`) and stderr until the channel's EOF, then its exit status; wakes on data.
+    The exit status arrives apart from the output (an SSH server may send it first): only EOF ends the output.
+    Returns (stderr, exit status); the status is None when `end` (monotonic) came first: the reply may be cut."""
+    err = bytearray()
+    poll = select.poll()
+    poll.register(channel.fileno(), select.POLLIN)  # readable while either stream has data, and after EOF
+    while True:
+        ended = channel.eof_received or channel.closed  # read before draining: all data precedes the EOF
+        while channel.recv_ready():
+            on_stdout(channel.recv(1 << 20))
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(1 << 20)
+        left = end - time.monotonic()
+        if ended or left <= 0:
+            break
+        poll.poll(left * 1000)
+    if not ended or not channel.status_event.wait(max(0.0, end - time.monotonic())):
+        return bytes(err), None
+    return bytes(err), channel.exit_status
 
 
 @dataclass

@@ -136,6 +136,7 @@ echo ==gpuapps_rc==; echo $rc; echo ==gpuapps==; echo "$apps"
 units=$(systemctl list-units --type=service --all --no-legend --plain --no-pager 2>&1); rc=$?
 echo ==units_rc==; echo $rc; echo ==units==; echo "$units"
 echo ==ps==; ps -eo pid=,comm=,args=
+echo ==end==
 """
 
 
@@ -169,7 +170,8 @@ def _processes(lines: list[str], patterns: list[str]) -> list[Process]:
 def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     """Containers, systemd units, processes, GPU compute apps and memory of one node: one probe command
     (an unreachable node fails there, once) plus the node's Docker daemon over the same SSH connection."""
-    s = sections(node.run(shell(INVENTORY), timeout=PROBE_TIMEOUT_S, check=True).stdout)
+    s = sections(node.run(shell(INVENTORY), timeout=PROBE_TIMEOUT_S, check=True).stdout, node.name, "inventory",
+                 ("meminfo", "gpuapps_rc", "units_rc"))
     memory = memory_from(meminfo(s["meminfo"]), s.get("gpumem", []))
     gpu, apps = gpu_apps(int(s["gpuapps_rc"][0]), s.get("gpuapps", []))
     units, systemd = _units(node, int(s["units_rc"][0]), s.get("units", []), targets.systemd_units)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.docker_ssh import docker_client, unavailable
+from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.handoff import Diagnosis
-from ..core.errors import SparkbookError
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
 from ..core.modelinfo import GIB, FitRow
@@ -108,6 +108,7 @@ echo ==link==; echo "0: {netdev}: mtu $(cat /sys/class/net/{netdev}/mtu 2>/dev/n
 fi
 echo ==roce==; if command -v ibdev2netdev >/dev/null; then ibdev2netdev; else echo "ibdev2netdev not present"; fi
 echo ==meminfo==; cat /proc/meminfo
+echo ==end==
 """
 
 
@@ -115,7 +116,7 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
     """OS, kernel, CPU, memory, disk where models live, Docker, GPU, fabric and RoCE of one node."""
     r = node.run(shell(FACTS, path=params.model.cache_dir, netdev=spec.fabric_netdev), timeout=PROBE_TIMEOUT_S,
                  check=True)
-    s = sections(r.stdout)
+    s = sections(r.stdout, node.name, "node facts", ("kernel", "meminfo"))
     try:
         docker = f"Docker {docker_client(node, timeout=PROBE_TIMEOUT_S).version()['Version']}"
     except Exception as exc:  # absence of Docker is a fact of the node
@@ -149,6 +150,7 @@ def facts_all(cluster: Cluster, params: Params) -> dict[str, Outcome[NodeFacts]]
 # Three programs per peer (ping, timeout, bash): on a lab of N nodes on one machine, N*(N-1) of each run at once.
 LINKS = r"""
 size={size}; port={port}; ips={ips}
+echo ==peers==
 for ip in $ips; do (
   if p=$(ping -c 1 -W 1 -M do -s "$size" "$ip" 2>&1); then m=1; else m=0; p=$(ping -c 1 -W 1 "$ip" 2>&1); fi
   [[ $p =~ time=([0-9.]+) ]] && r=${{BASH_REMATCH[1]}} || r=none
@@ -156,6 +158,7 @@ for ip in $ips; do (
   [[ $c == 0 || $e == *refused* ]] && t=1 || t=0
   echo "PEER $ip $r $m $t"
 ) & done; wait
+echo ==end==
 """
 
 
@@ -167,11 +170,18 @@ def links(node: Node, params: Params) -> list[Link]:
         return []
     r = node.run(bash(LINKS, size=params.fabric.mtu - 28, port=params.ray.port, ips=" ".join(peers)),
                  timeout=PROBE_TIMEOUT_S, check=True)
-    out = []
-    for line in r.stdout.splitlines():
-        _, ip, rtt, mtu_ok, tcp_ok = line.split()
-        out.append(Link(node.name, peers[ip], ip, rtt != "none", None if rtt == "none" else float(rtt),
-                        mtu_ok == "1", tcp_ok == "1"))
+    return _links(node.name, peers, r.stdout)
+
+
+def _links(node: str, peers: dict[str, str], text: str) -> list[Link]:
+    """The links probe's output (`PEER ip rtt mtu_ok tcp_ok` per peer) -> one Link per peer, each peer required."""
+    rows = {f[1]: f for f in map(str.split, sections(text, node, "links").get("peers", []))
+            if len(f) == 5 and f[0] == "PEER" and f[1] in peers}
+    missing = [name for ip, name in peers.items() if ip not in rows]
+    if missing:
+        raise ProbeOutputError(node, "links", f"line for {', '.join(missing)}", len(text.encode()))
+    out = [Link(node, peers[ip], ip, rtt != "none", None if rtt == "none" else float(rtt), mtu_ok == "1",
+                tcp_ok == "1") for ip, (_, _, rtt, mtu_ok, tcp_ok) in rows.items()]
     return sorted(out, key=lambda link: link.dst)
 
 
@@ -187,8 +197,10 @@ done
 ls -d {cache}/hub/{repo}/snapshots/* {cache}/{repo}/snapshots/* 2>/dev/null | tail -1
 """
 MODEL_FILES = r"""
-d={dir}; cat "$d/config.json" || exit 3; echo; echo ==index==; cat "$d/model.safetensors.index.json" 2>/dev/null
-echo; echo ==sizes==; for f in "$d"/*.safetensors; do [ -e "$f" ] && stat -L -c %s "$f"; done; true
+d={dir}; echo ==config==; cat "$d/config.json" || exit 3; echo
+echo ==index==; cat "$d/model.safetensors.index.json" 2>/dev/null; echo
+echo ==sizes==; for f in "$d"/*.safetensors; do [ -e "$f" ] && stat -L -c %s "$f"; done
+echo ==end==
 """
 
 
@@ -211,10 +223,19 @@ def model_files(node: Node, model: ModelSpec) -> ModelFiles:
                                                              f"{PROBE_TIMEOUT_S} s (a hung mount or file?): ended on the node")
     if not r.ok:
         return ModelFiles(node.name, where, None, None, [], f"no config.json in {where}")
-    config, _, rest = r.stdout.partition("\n==index==")
-    index, _, sizes = rest.partition("==sizes==")
-    return ModelFiles(node.name, where, json.loads(config), json.loads(index) if index.strip() else None,
-                      [int(x) for x in sizes.split()])
+    return _model_files(node.name, where, r.stdout)
+
+
+def _model_files(node: str, where: str, text: str) -> ModelFiles:
+    """The model-files probe's output (config.json, the index, the weight files' sizes) -> ModelFiles."""
+    s = sections(text, node, "model files", ("config",))
+    config, index = ("\n".join(s.get(name, [])).strip() for name in ("config", "index"))
+    try:
+        return ModelFiles(node, where, json.loads(config), json.loads(index) if index else None,
+                          [int(x) for x in s.get("sizes", [])])
+    except ValueError as exc:  # the reply is whole (it has its end marker): the file itself is broken
+        return ModelFiles(node, where, None, None, [], f"config.json or the safetensors index in {where} "
+                                                       f"is not valid JSON: {exc}")
 
 
 def model_files_all(cluster: Cluster, model: ModelSpec) -> dict[str, Outcome[ModelFiles]]:

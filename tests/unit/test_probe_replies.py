@@ -89,8 +89,9 @@ def test_cut_before_meminfo_names_it(node: CutNode, params: Params) -> None:
     whole = _whole(node, params, "node facts")
     node.keep = whole.index("==meminfo==")
     with pytest.raises(ProbeOutputError, match=r"^a: node facts: the probe's output has no meminfo section or end "
-                                               rf"marker \({node.keep} bytes received\)$"):
+                                               rf"marker \({node.keep} bytes received\): run the step again") as caught:
         diagnose.node_facts(node, params.nodes[0], params)
+    assert caught.value.node == "a" and caught.value.remediation
 
 
 def test_links_without_a_peer_line_names_the_peer(node: CutNode, params: Params) -> None:

@@ -11,16 +11,16 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Callable, Generic, Sequence, TypeVar
+from typing import IO, Any, Callable, Generic, Sequence, TypeVar
 
 import paramiko
 
 from .errors import SparkbookError
 from .params import NodeSpec, Params, SSHSettings
-from .progress import Progress
 
 T = TypeVar("T")
 KILL_GRACE_S = 5
@@ -472,6 +472,8 @@ class Cluster:
 
     params: Params
     on_trust: Callable[[str, str], None] | None = None
+    # how fan-out shows nodes answering: (label, total) -> a context with advance(note=...); None shows nothing
+    progress: Callable[[str, int], AbstractContextManager[Any]] | None = None
     nodes: dict[str, Node] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -492,7 +494,7 @@ class Cluster:
     def fan_out(self, step: Callable[[Node], T], nodes: Sequence[Node] | None = None,
                 timeout: float | None = None, label: str = "nodes answered") -> FanOut[T]:
         """Run `step` on every node in parallel; each node's error is kept, none hides another.
-        Progress (`label`) counts the nodes as they answer."""
+        The cluster's progress (`label`) counts the nodes as they answer."""
         targets = list(nodes if nodes is not None else self)
         timeout = timeout or self.params.ssh.command_timeout_s + self.params.ssh.connect_timeout_s + 15
 
@@ -506,11 +508,12 @@ class Cluster:
         pool = ThreadPoolExecutor(max_workers=max(1, len(targets)), thread_name_prefix="fan-out")
         futures = {pool.submit(one, n): n.name for n in targets}
         answered: dict[str, Outcome[T]] = {}
-        with Progress(label, total=len(targets)) as bar:
+        with self.progress(label, len(targets)) if self.progress else nullcontext() as bar:
             try:
                 for fut in as_completed(futures, timeout=timeout):
                     out = answered[futures[fut]] = fut.result()
-                    bar.advance(note=f"{out.node} {'answered' if out.ok else 'failed'} in {out.duration_s:.1f} s")
+                    if bar:
+                        bar.advance(note=f"{out.node} {'answered' if out.ok else 'failed'} in {out.duration_s:.1f} s")
             except TimeoutError:
                 pass
         pool.shutdown(wait=False, cancel_futures=True)

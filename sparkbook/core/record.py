@@ -12,6 +12,7 @@ from typing import Any, Iterable
 from . import state
 from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
+from .progress import Progress
 from .redact import Redactor
 from .state import H
 
@@ -107,7 +108,7 @@ class Run:
     @property
     def cluster(self) -> Cluster:
         if self._cluster is None:
-            self._cluster = Cluster(self.params, on_trust=self._trusted)
+            self._cluster = Cluster(self.params, on_trust=self._trusted, progress=Progress)
         return self._cluster
 
     def _trusted(self, host: str, fingerprint: str) -> None:

@@ -16,6 +16,7 @@ from . import lock
 from .errors import SparkbookError
 from .nodes import Cluster, HostKeyMismatch, NodeError
 from .params import Params, load_params
+from .progress import Progress
 from .record import now, read_events
 from .redact import Redactor
 
@@ -138,7 +139,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
 def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, break_lock: bool,
               say: Callable[[str], None]) -> Iterator[None]:
     """Hold the head's run lock while the notebooks run; release it however the run ends (Ctrl-C too)."""
-    cluster = Cluster(params)
+    cluster = Cluster(params, progress=Progress)
     try:
         verify_host_keys(cluster, params_file)
         try:

@@ -11,11 +11,11 @@ Statistics use numpy's mean, median, population std and linearly interpolated pe
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 METRICS = ("ttft", "tpot", "itl", "itl_per_token", "e2el")
 STATS = ("mean", "median", "std", "p90", "p99")
@@ -114,19 +114,13 @@ def table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # --- server-side cross-check ------------------------------------------------------------------
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def prometheus_totals(text: str) -> dict[str, float]:
-    """Each metric name of a Prometheus text page summed over its label sets."""
+    """Each sample name of a Prometheus text page (e.g. `vllm:e2e_request_latency_seconds_sum`, a counter's
+    `..._total`) summed over its label sets."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and not line.startswith("#"):
-            try:
-                totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
-            except ValueError:
-                continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
 
 

@@ -1,4 +1,4 @@
-"""Probes that run inside an image (or the Python environment): one JSON document each, from `probes/`.
+"""Probes that run inside an image (or the Python environment): one JSON document each (`probes.parse`).
 
 Shared by 02 (is the model registered in the installed image?) and 03 (every candidate).
     run_probe(run, image, name, args) -> (document, error)   a probe script in a fresh container of the image
@@ -7,11 +7,11 @@ Shared by 02 (is the model registered in the installed image?) and 03 (every can
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 from . import probes
+from .errors import ProbeOutputError
 from .nodes import Node, NodeError, Result
 from .record import Run
 from .runtime import runtime_for
@@ -48,9 +48,9 @@ def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | 
     if result.timed_out:
         return {}, f"timed out after {timeout:g} s"
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1]), ""
-    except (json.JSONDecodeError, IndexError):
-        return {}, f"exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
+        return probes.parse(result, node=node.name, probe=name), ""
+    except ProbeOutputError as exc:
+        return {}, f"{exc}; exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
 
 
 def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
+
 from .errors import SparkbookError
 from .nodes import Node, shell
 from .params import Params
@@ -137,7 +139,9 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
     """Take the lock for `holder`; refuse (LockHeld) while another run holds it. A stale lock is taken over
     when `break_stale` is set, or when it is `same_run`'s own (a resume after that run was killed)."""
     path = params.run_lock.path
-    for _ in range(2):
+
+    def take() -> RunLock | None:
+        """The lock, or None when it is worth one more try (released meanwhile, or a stale one removed)."""
         took = node.run(shell(_TAKE, path=path, holder=json.dumps(asdict(holder))), timeout=TIMEOUT_S)
         if took.ok or (took.exit_code != EXISTS and read(node, path) == holder):  # a late answer: it did take
             return RunLock(node, path, holder)
@@ -146,13 +150,18 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
             raise LockError(f"cannot take the {_where(node, path)}: {what}")
         current = read(node, path)
         if current is None:
-            continue  # released between our attempt and the read: try once more
+            return None  # released between our attempt and the read: try once more
         stale = staleness(current, params.run_lock.stale_after_s)
         if stale and (break_stale or current.run_id == same_run):
             _remove(node, path)
-            continue
+            return None
         raise LockHeld(_where(node, path), current, stale, params_file)
-    raise LockError(f"cannot take the {_where(node, path)}: it changed hands while we tried; run again")
+
+    def changed_hands(state: RetryCallState) -> RunLock:
+        raise LockError(f"cannot take the {_where(node, path)}: it changed hands while we tried; run again")
+
+    return Retrying(stop=stop_after_attempt(2), retry=retry_if_result(lambda held: held is None),
+                    retry_error_callback=changed_hands)(take)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Generic, Sequence, TypeVar
 
 import paramiko
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
 
 from .errors import SparkbookError
 from .params import NodeSpec, Params, SSHSettings
@@ -245,16 +246,12 @@ class SSHNode(Node):
                               f"{exc or type(exc).__name__}") from None
 
     def _connect_with_retry(self, client: paramiko.SSHClient, kwargs: dict[str, object], tries: int = 3) -> None:
-        """A loaded node can drop the banner exchange: retry that, never a refusal or a host-key problem."""
-        for attempt in range(1, tries + 1):
-            try:
-                client.connect(**kwargs, sock=_tcp_nodelay(kwargs))
-                return
-            except paramiko.SSHException as exc:
-                if "banner" not in str(exc) or attempt == tries:
-                    raise
-                client.close()
-                time.sleep(attempt)
+        """A loaded node can drop the banner exchange: retry that (after 1 s, 2 s, ...), never a refusal or a
+        host-key problem."""
+        Retrying(stop=stop_after_attempt(tries), wait=wait_incrementing(start=1, increment=1),
+                 retry=retry_if_exception(lambda exc: isinstance(exc, paramiko.SSHException) and "banner" in str(exc)),
+                 before_sleep=lambda state: client.close(), reraise=True)(
+            lambda: client.connect(**kwargs, sock=_tcp_nodelay(kwargs)))
 
     def close(self) -> None:
         with self._lock:

@@ -72,15 +72,20 @@ def notebook_names(folder: Path = NOTEBOOKS) -> list[str]:
 
 
 def declared_parameters(notebook: Path) -> set[str]:
-    """Names assigned in the notebook's `parameters` cell (what papermill may inject)."""
-    import nbformat
+    """The names the notebook's `parameters` cell declares, as papermill reads them (what it may inject)."""
+    import papermill  # slow to import: only when notebooks are checked or run
 
-    nb = nbformat.read(notebook, as_version=4)
-    cell = next((c for c in nb.cells if "parameters" in c.metadata.get("tags", [])), None)
-    if cell is None:
-        raise RunbookError(f"{notebook.name} has no cell tagged `parameters`")
-    return {line.split("=", 1)[0].strip() for line in cell.source.splitlines()
-            if "=" in line and not line.lstrip().startswith("#")}
+    declared = set(papermill.inspect_notebook(str(notebook)))
+    if not declared:
+        raise RunbookError(f"{notebook.name} declares no parameters (no cell tagged `parameters`, or it assigns "
+                           "nothing)")
+    return declared
+
+
+def parameters_for(notebook: Path, parameters: dict[str, Any]) -> dict[str, Any]:
+    """Of `parameters`, those `notebook` declares: papermill is passed no other (it warns of unknown ones)."""
+    declared = declared_parameters(notebook)
+    return {name: value for name, value in parameters.items() if name in declared}
 
 
 def check_parameters(parameters: dict[str, Any], folder: Path = NOTEBOOKS) -> None:
@@ -188,7 +193,8 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
         try:
             papermill.execute_notebook(
                 str(folder / name), str(run_dir / name), kernel_name="python3", cwd=str(folder),
-                parameters={"params_file": str(params_file), "run_dir": str(run_dir), **parameters},
+                parameters=parameters_for(folder / name, {"params_file": str(params_file), "run_dir": str(run_dir),
+                                                          **parameters}),
                 progress_bar=False, execution_timeout=cell_timeout_s, report_mode=False)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:

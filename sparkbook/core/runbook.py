@@ -36,6 +36,8 @@ class NotebookRun:
     duration_s: float | None = None
     exception: dict[str, Any] | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    cell_limit_s: int | None = None  # papermill's limit for each of its cells (cell_limit)
+    cell_limit_reason: str = ""
 
 
 @dataclass
@@ -109,8 +111,7 @@ def select(names: list[str], start: str | None = None, only: str | None = None) 
 
 def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | None = None, start: str | None = None,
         only: str | None = None, parameters: dict[str, Any] | None = None, folder: Path = NOTEBOOKS,
-        say: Callable[[str], None] = print, cell_timeout_s: int = 1800,
-        break_lock: bool = False) -> tuple[Path, Manifest]:
+        say: Callable[[str], None] = print, break_lock: bool = False) -> tuple[Path, Manifest]:
     """Execute notebooks into a run dir under the cluster's run lock; stop at the first failure; return the
     run dir and manifest."""
     params_file = params_file.resolve()
@@ -136,7 +137,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
                             notebooks=[NotebookRun(n) for n in names])
     with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
         run_dir.mkdir(parents=True, exist_ok=resume is not None)
-        _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say, cell_timeout_s)
+        _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say)
     return run_dir, Manifest.read(run_dir)
 
 
@@ -176,8 +177,27 @@ def verify_host_keys(cluster: Cluster, params_file: Path) -> None:
                            + ". Nothing ran on any node.")
 
 
+BASE_CELL_S = 1800  # a cell without a long wait of its own
+CELL_SLACK_S = 600  # what a waiting cell does besides its waits (launches, log tails, smoke test)
+
+
+def cell_limit(params: Params, notebook: str) -> tuple[int, str]:
+    """papermill's per-cell limit for a notebook and why: the longest wait one of its cells may make under params
+    (05: every serve attempt's ready wait; 04: the Ray join wait) plus slack, never under BASE_CELL_S. A load that
+    takes long is then ended by sparkbook's own timeout, named and remediated, not by papermill's."""
+    s = params.serve
+    waits = {"04": (params.ray.join_timeout_s, f"ray.join_timeout_s {params.ray.join_timeout_s:g} s"),
+             "05": ((s.max_remedies + 1) * s.ready_timeout_s,
+                    f"{s.max_remedies + 1} attempts (serve.max_remedies {s.max_remedies} + 1) x serve.ready_timeout_s "
+                    f"{s.ready_timeout_s:g} s")}
+    wait, why = waits.get(notebook[:2], (0.0, ""))
+    if wait + CELL_SLACK_S <= BASE_CELL_S:
+        return BASE_CELL_S, f"the default {BASE_CELL_S} s" + (f" (longest wait: {why})" if why else "")
+    return int(wait + CELL_SLACK_S), f"{why} + {CELL_SLACK_S} s"
+
+
 def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
-             params_file: Path, folder: Path, say: Callable[[str], None], cell_timeout_s: int) -> None:
+             params_file: Path, folder: Path, say: Callable[[str], None]) -> None:
     import papermill  # slow to import: only when notebooks really run
 
     manifest.status, manifest.finished = "running", None
@@ -186,7 +206,8 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
     by_name = {nb.name: nb for nb in manifest.notebooks}
     for i, name in enumerate(todo, 1):
         entry = by_name[name]
-        say(f"[{i}/{len(todo)}] {name} …")
+        entry.cell_limit_s, entry.cell_limit_reason = cell_limit(params, name)
+        say(f"[{i}/{len(todo)}] {name} … (a cell may run {entry.cell_limit_s} s: {entry.cell_limit_reason})")
         entry.started, t0 = now(), time.monotonic()
         entry.status, entry.exception = "running", None
         manifest.write(run_dir)
@@ -195,7 +216,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
                 str(folder / name), str(run_dir / name), kernel_name="python3", cwd=str(folder),
                 parameters=parameters_for(folder / name, {"params_file": str(params_file), "run_dir": str(run_dir),
                                                           **parameters}),
-                progress_bar=False, execution_timeout=cell_timeout_s, report_mode=False)
+                progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:
             entry.status = "failed"
@@ -245,6 +266,8 @@ def write_index(run_dir: Path, manifest: Manifest) -> Path:
             f"<li><b>{html.escape(d['question'])}</b>: {html.escape(d['choice'])} — {html.escape(d['reason'])}</li>"
             for d in nb.decisions)
         duration = f"{nb.duration_s:.0f} s" if nb.duration_s is not None else ""
+        if nb.cell_limit_s:
+            duration += f"<br><small>cell limit {nb.cell_limit_s} s: {html.escape(nb.cell_limit_reason)}</small>"
         rows.append(f'<tr class="{nb.status}"><td>{link}</td><td>{nb.status}</td><td>{duration}</td>'
                     f"<td>{err}</td><td><ul>{decisions}</ul></td></tr>")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sparkbook {html.escape(manifest.cluster)}

@@ -25,7 +25,6 @@ LOG_DIR = "/tmp/sparkbook/logs"
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)
 POLL_S = 1.0
 TAIL_BYTES = 6000
-MAX_REMEDIES = 2
 
 
 # --- platform and executor -------------------------------------------------------------------------
@@ -235,10 +234,10 @@ def _dead(cluster: Cluster, runtime: Runtime, where: dict[str, Place], launched:
             if not o.ok or o.value}
 
 
-def stop_earlier(cluster: Cluster, runtime: Runtime, where: dict[str, Place]) -> None:
+def stop_earlier(cluster: Cluster, runtime: Runtime, where: dict[str, Place], attempts: int) -> None:
     """End serve processes an earlier run of this stage left in the containers (by their recorded IDs)."""
     def kill_all(node: Node) -> None:
-        for attempt in range(1, MAX_REMEDIES + 2):
+        for attempt in range(1, attempts + 1):
             runtime.kill(node, where[node.name], Spawned(node.name, where[node.name].name, log_path(attempt)))
 
     cluster.fan_out(kill_all, [cluster.nodes[n] for n in where])
@@ -338,7 +337,7 @@ def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
 def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
-    serve processes, apply it and try again (at most MAX_REMEDIES times). Raises ServeError, launching
+    serve processes, apply it and try again (at most serve.max_remedies times). Raises ServeError, launching
     nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone) or the
     serve port is taken on the head."""
     gone = lost(params, cluster, runtime)
@@ -349,11 +348,11 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
     if found is not None:
         return found
     result, current = BringUp(reuse=_start_decision(why)), serve_plan
-    stop_earlier(cluster, runtime, where)
+    stop_earlier(cluster, runtime, where, params.serve.max_remedies + 1)
     taken = port_taken(cluster, runtime, where, serve_plan)
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
-    for attempt in range(1, MAX_REMEDIES + 2):
+    for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(cluster, runtime, where, current, attempt)
         ready = wait_ready(cluster, runtime, where, launched, params.serve.ready_timeout_s, on_round)
         result.attempts.append((launched, ready))
@@ -362,7 +361,7 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
             return result
         stop_serving(cluster, runtime, where, launched)
         fix = remedy(ready.diagnosis, current.settings) if params.serve.retry_with_remediation else None
-        if fix is None or attempt > MAX_REMEDIES:
+        if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)
         current = plan(params, current.executor, fix.settings)

@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 from sparkbook.core import runbook
+from sparkbook.core.params import load_params
 
 TOKEN = "hf_" + "Zq8" * 10
 
@@ -111,3 +112,23 @@ def test_each_notebook_is_passed_only_the_parameters_it_declares() -> None:
     assert runbook.parameters_for(runbook.NOTEBOOKS / "01-cleanup.ipynb", given) == given
     assert runbook.parameters_for(runbook.NOTEBOOKS / "02-diagnosis.ipynb", given) == {"params_file": "p.yaml",
                                                                                        "run_dir": "r"}
+
+
+def test_a_ready_wait_longer_than_30_minutes_gets_a_cell_limit_above_it(base: dict[str, Any],
+                                                                      write_params: Callable[..., Path]) -> None:
+    """05's cells may wait every serve attempt's ready_timeout_s: papermill must not end them first (issue 23)."""
+    base["serve"] = {**base.get("serve", {}), "ready_timeout_s": 2400, "max_remedies": 2}
+    base["ray"] = {**base.get("ray", {}), "join_timeout_s": 3000}
+    params = load_params(write_params(base))
+    limit, why = runbook.cell_limit(params, "05-serve.ipynb")
+    assert limit >= 3 * 2400, (limit, why)
+    assert "3 attempts" in why and "2400" in why
+    assert runbook.cell_limit(params, "04-ray-cluster.ipynb")[0] >= 3000
+    assert runbook.cell_limit(params, "02-diagnosis.ipynb") == (runbook.BASE_CELL_S, f"the default {runbook.BASE_CELL_S} s")
+
+
+def test_the_cell_limit_is_in_the_manifest_and_the_index(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    run_dir, manifest = runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
+    written = json.loads((run_dir / "manifest.json").read_text())["notebooks"][0]
+    assert written["cell_limit_s"] == runbook.BASE_CELL_S and written["cell_limit_reason"]
+    assert f"cell limit {runbook.BASE_CELL_S} s" in (run_dir / "index.html").read_text()

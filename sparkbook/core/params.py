@@ -103,6 +103,8 @@ class NodeSpec(Strict):
         try:
             ipaddress.ip_address(value)
         except ValueError:
+            if re.fullmatch(r"[0-9.]+", value):  # shaped like an IPv4 address, but not one (999.1.1.1)
+                raise ValueError(f"{value!r} is not a valid IPv4 address (each of the four parts is 0-255)") from None
             if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", value):
                 raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
         return value

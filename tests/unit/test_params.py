@@ -82,6 +82,7 @@ MALFORMED = [
     ("duplicate fabric ip and name at once", "nodes.1", {"name": "a", "role": "worker", "host": "127.0.0.1",
                                                        "fabric_ip": "10.9.0.1", "fabric_netdev": "eth0"},
      "nodes[1].name"),
+    ("host shaped like an IPv4 address but not one", "nodes.0.host", "999.1.1.1", "nodes[0].host"),
 ]
 
 

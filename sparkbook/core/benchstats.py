@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
+
+from .params import BenchmarkPlan
 from prometheus_client.parser import text_string_to_metric_families
 
 METRICS = ("ttft", "tpot", "itl", "itl_per_token", "e2el")
@@ -98,6 +100,18 @@ def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: 
     for name in METRICS:
         result.update(describe_ms(series[name], name))
     return result
+
+
+SLOWEST_DECODE_TOK_S = 5.0  # per sequence: a point's timeout allows decode this slow (GB10 single stream: ~27)
+POINT_SLACK_S = 120.0
+
+
+def point_timeout_s(plan: BenchmarkPlan, concurrency: int) -> float:
+    """How long one point (warm-up, then `num_prompts` requests `concurrency` at a time) may take: its rounds of
+    requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the plan, so a slow
+    node serving long outputs (32 x 1024 tokens at 27 tok/s) is measured, not cut off at a fixed limit."""
+    rounds = math.ceil(plan.num_prompts / concurrency) + math.ceil(plan.warmup_requests / concurrency)
+    return POINT_SLACK_S + rounds * plan.output_len / SLOWEST_DECODE_TOK_S
 
 
 def table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 from . import lock
 from .errors import SparkbookError
 from .nodes import Cluster, HostKeyMismatch, NodeError
+from .benchstats import point_timeout_s
 from .params import Params, load_params
 from .progress import Progress
 from .record import now, read_events
@@ -183,13 +184,15 @@ CELL_SLACK_S = 600  # what a waiting cell does besides its waits (launches, log 
 
 def cell_limit(params: Params, notebook: str) -> tuple[int, str]:
     """papermill's per-cell limit for a notebook and why: the longest wait one of its cells may make under params
-    (05: every serve attempt's ready wait; 04: the Ray join wait) plus slack, never under BASE_CELL_S. A load that
+    (05: every serve attempt's ready wait; 04: the Ray join wait; 06: the sweep's points) plus slack, never under BASE_CELL_S. A load that
     takes long is then ended by sparkbook's own timeout, named and remediated, not by papermill's."""
     s = params.serve
     waits = {"04": (params.ray.join_timeout_s, f"ray.join_timeout_s {params.ray.join_timeout_s:g} s"),
              "05": ((s.max_remedies + 1) * s.ready_timeout_s,
                     f"{s.max_remedies + 1} attempts (serve.max_remedies {s.max_remedies} + 1) x serve.ready_timeout_s "
                     f"{s.ready_timeout_s:g} s")}
+    sweep = sum(point_timeout_s(params.benchmark, c) for c in params.benchmark.concurrency)
+    waits["06"] = (sweep, f"the sweep's point timeouts, {sweep:.0f} s in all")
     wait, why = waits.get(notebook[:2], (0.0, ""))
     if wait + CELL_SLACK_S <= BASE_CELL_S:
         return BASE_CELL_S, f"the default {BASE_CELL_S} s" + (f" (longest wait: {why})" if why else "")

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from sparkbook.core.params import BenchmarkPlan
 from sparkbook.stages.bench.sweep import earlier_run, split
 from sparkbook.core.benchstats import (RequestRecord, agreement, client_load, compare, cross_check, describe_ms,
-                                  known_bandwidth_gbs, prometheus_totals, roofline, served_bytes_per_param,
+                                  known_bandwidth_gbs, point_timeout_s, prometheus_totals, roofline, served_bytes_per_param,
                                   summarize, token_gaps, tpot_s)
 
 
@@ -176,3 +177,13 @@ def test_earlier_run_is_newest_sibling_with_results(tmp_path):
     current.mkdir()
     assert earlier_run(current) == tmp_path / "20260102T000000Z"
     assert earlier_run(tmp_path / "20260102T000000Z") == tmp_path / "20260101T000000Z"
+
+
+def test_a_point_timeout_scales_with_the_plan() -> None:
+    """06 at the seed's single-stream rate (27 tok/s): 32 prompts x 1024 tokens one at a time take ~1,200 s, more
+    than a fixed 600 s; the timeout allows rounds of requests at SLOWEST_DECODE_TOK_S (issue 22, item 6)."""
+    seed = BenchmarkPlan(input_len=1024, output_len=1024, num_prompts=32, warmup_requests=2, concurrency=[1, 16])
+    single = point_timeout_s(seed, 1)
+    assert single > 32 * 1024 / 27 and single == pytest.approx(120 + 34 * 1024 / 5)
+    assert point_timeout_s(seed, 16) == pytest.approx(120 + 3 * 1024 / 5), "two rounds of 16 and one warm-up round"
+    assert point_timeout_s(BenchmarkPlan(), 8) < point_timeout_s(BenchmarkPlan(output_len=1024), 8)

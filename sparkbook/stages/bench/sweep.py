@@ -21,7 +21,7 @@ import aiohttp
 from .client import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load, run_load_on_engine, text_prompts,
                           tokenize)
 from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
-                         known_bandwidth_gbs, summarize)
+                                known_bandwidth_gbs, point_timeout_s, summarize)
 from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.errors import SparkbookError
 from ...core.nodes import Node
@@ -155,13 +155,13 @@ def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurr
     return Point(result, checks, clients, records)
 
 
-def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner, point_timeout_s: float = 600.0,
+def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner,
           on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """Every concurrency of the plan, in order; `on_point` is told after each (progress)."""
+    """Every concurrency of the plan, in order, each within its point_timeout_s; `on_point` is told after each."""
     pool = prompt_pool(target)
     points = []
     for concurrency in plan.concurrency:
-        points.append(measure_point(target, plan, pool, concurrency, runner, point_timeout_s))
+        points.append(measure_point(target, plan, pool, concurrency, runner, point_timeout_s(plan, concurrency)))
         if on_point:
             on_point(points[-1])
     return points

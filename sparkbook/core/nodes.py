@@ -21,7 +21,9 @@ import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
 
 from .errors import SparkbookError
+from . import sshconfig
 from .params import NodeSpec, Params, SSHSettings
+from .sshconfig import SSHTarget
 
 T = TypeVar("T")
 KILL_GRACE_S = 5
@@ -164,35 +166,40 @@ class SSHNode(Node):
 
     def __init__(self, spec: NodeSpec, ssh: SSHSettings, on_trust: Callable[[str, str], None] | None = None):
         super().__init__(spec, ssh, on_trust)
+        self.target = sshconfig.target(spec, ssh)
         self._client: paramiko.SSHClient | None = None
+        self._jumps: list[paramiko.SSHClient] = []  # connections to ProxyJump hosts, closed with the node's
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"Node({self.name}@{self.spec.host})"
+        return f"Node({self.name}@{self.target.where})"
 
     # --- connection -------------------------------------------------------------------------
-    def connect_kwargs(self) -> dict[str, object]:
+    def connect_kwargs(self, target: SSHTarget | None = None) -> dict[str, object]:
+        target = target or self.target
         return dict(
-            hostname=self.spec.host,
-            port=self.spec.ssh_port or self.ssh.port,
-            username=self.spec.ssh_user or self.ssh.user,
-            key_filename=str(self.ssh.key_file) if self.ssh.key_file else None,
+            hostname=target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=list(target.key_files) or None,
             timeout=self.ssh.connect_timeout_s,
             banner_timeout=self.ssh.connect_timeout_s,
             auth_timeout=self.ssh.connect_timeout_s,
-            look_for_keys=self.ssh.key_file is None,
+            look_for_keys=not target.key_files,
             allow_agent=False,
         )
 
-    def new_client(self) -> paramiko.SSHClient:
-        """An unconnected client with this cluster's host-key policy (strict unless params say otherwise)."""
+    def new_client(self, target: SSHTarget | None = None) -> paramiko.SSHClient:
+        """An unconnected client with this cluster's host-key policy (strict unless params say otherwise) and the
+        target's known_hosts (params', else the ssh config's UserKnownHostsFile, else the system's)."""
+        known_hosts = (target or self.target).known_hosts
         client = paramiko.SSHClient()
-        if self.ssh.known_hosts is None:
+        if known_hosts is None:
             client.load_system_host_keys()
-        elif self.ssh.known_hosts.exists():
-            client.load_host_keys(str(self.ssh.known_hosts))
+        elif known_hosts.exists():
+            client.load_host_keys(str(known_hosts))
         if self.ssh.host_key_policy == "trust_on_first_use":
-            client.set_missing_host_key_policy(_TrustOnFirstUse(self.ssh.known_hosts, self._on_trust))
+            client.set_missing_host_key_policy(_TrustOnFirstUse(known_hosts, self._on_trust))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         return client
@@ -219,21 +226,22 @@ class SSHNode(Node):
             return self
         return fast
 
-    def _connect(self, client: paramiko.SSHClient) -> None:
-        kwargs = self.connect_kwargs()
+    def _connect(self, client: paramiko.SSHClient, target: SSHTarget | None = None) -> None:
+        target = target or self.target
+        kwargs = self.connect_kwargs(target)
         where = f"{kwargs['username']}@{kwargs['hostname']}:{kwargs['port']}"
         try:
-            self._connect_with_retry(client, kwargs)
+            self._connect_with_retry(client, kwargs, lambda: self._socket(target, kwargs))
         except paramiko.BadHostKeyException as exc:
-            raise HostKeyMismatch(self.name, f"host key of {where} does not match {self.ssh.known_hosts} "
+            raise HostKeyMismatch(self.name, f"host key of {where} does not match {target.known_hosts} "
                                   f"(got {_fingerprint(exc.key)})", remediation="the node was reinstalled or this "
                                   "is not the node you think; verify, then update known_hosts") from None
         except paramiko.AuthenticationException:
-            raise AuthRefused(self.name, f"{where} refused key {self.ssh.key_file}",
+            raise AuthRefused(self.name, f"{where} refused key {', '.join(target.key_files) or '(none given)'}",
                               remediation="add its public key to the node's authorized_keys") from None
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
-                raise HostKeyMismatch(self.name, f"{where} is not in {self.ssh.known_hosts}",
+                raise HostKeyMismatch(self.name, f"{where} is not in {target.known_hosts}",
                                       remediation="add its host key (ssh-keyscan, verified) or set "
                                                   "ssh.host_key_policy: trust_on_first_use") from None
             if any(s in str(exc) for s in HANDSHAKE_STUCK):
@@ -245,19 +253,31 @@ class SSHNode(Node):
             raise Unreachable(self.name, f"cannot reach {where} within {self.ssh.connect_timeout_s:g} s: "
                               f"{exc or type(exc).__name__}") from None
 
-    def _connect_with_retry(self, client: paramiko.SSHClient, kwargs: dict[str, object], tries: int = 3) -> None:
+    def _socket(self, target: SSHTarget, kwargs: dict[str, object]) -> socket.socket | paramiko.Channel:
+        """The byte stream to the target's sshd: a TCP connection, or a channel through its ProxyJump host (reached
+        with the same host-key policy)."""
+        if target.jump is None:
+            return _tcp_nodelay(kwargs)
+        hop = self.new_client(target.jump)
+        self._connect(hop, target.jump)
+        self._jumps.append(hop)
+        return hop.get_transport().open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
+                                                timeout=self.ssh.connect_timeout_s)
+
+    def _connect_with_retry(self, client: paramiko.SSHClient, kwargs: dict[str, object],
+                            sock: Callable[[], socket.socket | paramiko.Channel], tries: int = 3) -> None:
         """A loaded node can drop the banner exchange: retry that (after 1 s, 2 s, ...), never a refusal or a
         host-key problem."""
         Retrying(stop=stop_after_attempt(tries), wait=wait_incrementing(start=1, increment=1),
                  retry=retry_if_exception(lambda exc: isinstance(exc, paramiko.SSHException) and "banner" in str(exc)),
                  before_sleep=lambda state: client.close(), reraise=True)(
-            lambda: client.connect(**kwargs, sock=_tcp_nodelay(kwargs)))
+            lambda: client.connect(**kwargs, sock=sock()))
 
     def close(self) -> None:
         with self._lock:
-            if self._client:
-                self._client.close()
-            self._client = None
+            for client in filter(None, [self._client, *self._jumps]):
+                client.close()
+            self._client, self._jumps = None, []
 
     # --- commands ---------------------------------------------------------------------------
     def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
@@ -329,9 +349,9 @@ class BulkNode(SSHNode):
     """A second SSH connection to a node for one image stream, with AES-GCM: paramiko's default
     aes-ctr + hmac-sha2-256 costs about a fifth more CPU per byte, which a busy 2-core node feels."""
 
-    def connect_kwargs(self) -> dict[str, object]:
+    def connect_kwargs(self, target: SSHTarget | None = None) -> dict[str, object]:
         ciphers = [c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c]
-        return {**super().connect_kwargs(), "disabled_algorithms": {"ciphers": ciphers}}
+        return {**super().connect_kwargs(target), "disabled_algorithms": {"ciphers": ciphers}}
 
 
 class LocalNode(Node):

@@ -69,12 +69,16 @@ class SSHSettings(Strict):
     port: int = Field(22, ge=1, le=65535)
     key_file: Path | None = None
     known_hosts: Path | None = None
+    config_file: Path | None = Field(None, description="ssh config whose Host entries resolve node hosts given as "
+                                     "aliases (default ~/.ssh/config where it exists)")
     host_key_policy: Literal["strict", "trust_on_first_use"] = "strict"
     connect_timeout_s: float = Field(10, gt=0, le=300)
     command_timeout_s: float = Field(120, gt=0, le=86400)
 
     @model_validator(mode="after")
     def _files_exist(self) -> SSHSettings:
+        if self.config_file is not None and not self.config_file.is_file():
+            raise ValueError(f"config_file: {self.config_file} does not exist")
         if self.key_file is not None and not self.key_file.is_file():
             raise ValueError(f"key_file: {self.key_file} does not exist (for the lab: run `sparkbook lab up`)")
         if self.known_hosts is not None and self.host_key_policy == "strict" and not self.known_hosts.is_file():

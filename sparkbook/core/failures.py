@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from .params import ServeSettings
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-MEMORY_STEP = 0.1
-MIN_GPU_MEMORY_UTILIZATION = 0.3
+GRAPH_OOM = "CUDA out of memory during graph capture"
 
 
 @dataclass(frozen=True)
@@ -39,10 +38,21 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"failed to be inspected", r"Error in inspecting model architecture"),
               "the architecture is registered but its module does not import (grafted or mismatched files): "
               "use an image whose own vLLM ships the model (03)"),
-    Signature("CUDA out of memory during graph capture",
-              (r"CUDA out of memory", r"OutOfMemoryError"),
-              "lower serve.gpu_memory_utilization; if that is not enough, serve with --enforce-eager",
+    Signature(GRAPH_OOM,
+              (r"CUDA out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
+              "lower serve.gpu_memory_utilization to the lowest that still holds weights and KV cache (02's memory "
+              "fit); if that is not enough, serve with --enforce-eager",
               requires=(r"captur\w* .*(cuda ?graph|cudagraph)|cuda ?graph.*captur|cudagraph",)),
+    # vLLM's own texts: vllm/v1/core/kv_cache_utils.py (_check_enough_kv_cache_memory) and, before V1,
+    # vllm/worker/worker.py (raise_if_cache_size_invalid).
+    Signature("no memory left for the KV cache",
+              (r"No available memory for the cache blocks",
+               r"KV cache is needed, which is larger than the available KV cache memory",
+               r"larger than the maximum number of tokens that can be stored in KV cache"),
+              "weights (and activations) leave too little for the KV cache of one max_model_len sequence: lower "
+              "serve.max_model_len (or serve.max_num_seqs), raise serve.gpu_memory_utilization, or spread the "
+              "model over more nodes (serve.tensor_parallel_size / pipeline_parallel_size); 02's memory fit shows "
+              "what each node holds"),
     Signature("placement group not scheduled",
               (r"placement group.*(not|never|cannot|could not).*schedul", r"No available node types can fulfill",
                r"Waiting for creating a placement group"),
@@ -144,22 +154,30 @@ class Remedy:
     alternatives: list[tuple[str, str]] = field(default_factory=list)
 
 
-def remedy(diagnosis: Diagnosis, settings: ServeSettings) -> Remedy | None:
+def remedy(diagnosis: Diagnosis, settings: ServeSettings, floor: float | None = None) -> Remedy | None:
     """The next automatic remediation for `diagnosis` under `settings`, or None where there is none.
 
-    Graph-capture OOM: lower gpu_memory_utilization one step; once at the floor (or already lowered),
-    --enforce-eager. Every other cause needs a person (or an earlier stage)."""
-    if diagnosis.cause != "CUDA out of memory during graph capture" or settings.enforce_eager:
+    Graph-capture OOM: lower gpu_memory_utilization straight to `floor`, the lowest that still holds the
+    weights and the KV cache on every node (`modelinfo.utilization_floor`, from 02's memory fit); when the
+    floor is not below the current value (it was tried, or nothing fits lower) or unknown (None: no fit),
+    --enforce-eager. Each attempt reloads every weight, so the ladder has at most these two steps. Every
+    other cause needs a person (or an earlier stage)."""
+    if diagnosis.cause != GRAPH_OOM or settings.enforce_eager:
         return None
     current = settings.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
-    lower = round(current - MEMORY_STEP, 2)
-    if lower >= MIN_GPU_MEMORY_UTILIZATION:
-        change: dict[str, object] = {"gpu_memory_utilization": lower}
-        reason = (f"graph capture ran out of memory at gpu_memory_utilization {current}: "
-                  f"{lower} leaves {MEMORY_STEP:.0%} more of the GPU to the capture")
-        alts = [("enforce_eager", "costs decode speed; tried only if less memory is not enough")]
+    eager = ("enforce_eager", "costs decode speed; tried only if less memory is not enough")
+    if floor is not None and floor < current:
+        change: dict[str, object] = {"gpu_memory_utilization": floor}
+        reason = (f"graph capture ran out of memory at gpu_memory_utilization {current}: {floor} is the lowest "
+                  "that still holds the weights and the KV cache for max_model_len on every node (02's memory "
+                  f"fit), freeing {current - floor:.0%} more of the GPU for the capture")
+        alts = [eager]
     else:
         change = {"enforce_eager": True}
-        reason = f"gpu_memory_utilization is already at {current}: skip CUDA graph capture"
-        alts = [("lower gpu_memory_utilization further", f"below {MIN_GPU_MEMORY_UTILIZATION} the KV cache is too small")]
+        reason = ("no memory fit from 02 to lower gpu_memory_utilization by" if floor is None
+                  else f"no gpu_memory_utilization holds the weights and the KV cache (02's memory fit needs {floor})"
+                  if floor > 1 else f"gpu_memory_utilization {current} is at or below the memory fit's floor {floor}"
+                  ) + ": skip CUDA graph capture"
+        alts = [("lower gpu_memory_utilization", "below the memory fit's floor the weights and the KV cache for "
+                 "max_model_len no longer fit")]
     return Remedy(diagnosis.cause, change, settings.model_copy(update=change), reason, alts)

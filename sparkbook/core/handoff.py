@@ -2,7 +2,8 @@
 
     01-cleanup          CleanupOutcome  "cleanup"    what was stopped and where the restore plan is
     02-diagnosis        ModelFacts      "model"      (core.modelinfo) the model as its config and files describe it
-    02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe
+    02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe,
+                                                     each node's memory
     03-image-selection  ImageChoice     "image"      the chosen image and its ID on every node
     04-ray-cluster      RayCluster      "ray"        the Ray address, each node's container, what Ray reports
     05-serve            Endpoint        "endpoint"   where to send requests and what was started where
@@ -46,6 +47,7 @@ class Diagnosis(Handoff):
     findings: list[Finding]
     question_for_03: str
     installed_image: RegistryProbe | None
+    node_memory: dict[str, int] = {}  # node -> the bytes its GPU (or system) has, for 05's OOM ladder
 
 
 class ImageChoice(Handoff):

@@ -12,6 +12,11 @@ GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0,
                "float8_e4m3fn": 1.0, "fp8": 1.0}
 VLLM_DEFAULT_UTILIZATION = 0.9
+# Per rank, beside weights and KV cache inside gpu_memory_utilization: the profile run's activation peak, memory
+# outside torch (NCCL, CUDA context) and the CUDA graph pool; vLLM's own startup lines put these at 1-3 GiB on
+# one GPU ("PyTorch activation peak memory takes 2.53GiB", "CUDA graphs can take additional 1~3 GiB memory per
+# GPU"; vllm-project/vllm#11251, #7593), doubled for margin.
+RESERVE_BYTES = 4 * GIB
 
 
 class ModelFacts(Handoff):
@@ -206,10 +211,9 @@ def _size_bytes(size: str) -> int:
     return int(size.rstrip("KMGkmg")) * factor
 
 
-def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> list[FitRow]:
-    """Weights and KV cache per node for the planned split, against what each node can give."""
+def _per_rank(facts: ModelFacts, params: Params) -> tuple[float, float]:
+    """(weight bytes, KV bytes per token) on one rank of the planned TP x PP split, at the serve dtype."""
     serve = params.serve
-    world = serve.tensor_parallel_size * serve.pipeline_parallel_size
     weights = facts.weight_bytes
     if serve.dtype != "auto" and facts.quantization is None:
         weights = int(weights * DTYPE_BYTES[serve.dtype] / facts.bytes_per_param)
@@ -218,6 +222,13 @@ def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory])
     kv_token_rank = kv_token / serve.pipeline_parallel_size
     if not facts.kv_latent:
         kv_token_rank /= serve.tensor_parallel_size
+    return weights / (serve.tensor_parallel_size * serve.pipeline_parallel_size), kv_token_rank
+
+
+def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> list[FitRow]:
+    """Weights and KV cache per node for the planned split, against what each node can give."""
+    serve = params.serve
+    weights_rank, kv_token_rank = _per_rank(facts, params)
     utilization = serve.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
     rows = []
     for name, ranks in ranks_per_node(params).items():
@@ -225,7 +236,7 @@ def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory])
         if ranks == 0 or mem is None:
             continue
         limit = min(utilization * mem.total_bytes, mem.available_bytes)
-        w = weights / world * ranks
+        w = weights_rank * ranks
         kv = (_size_bytes(serve.kv_cache_memory_bytes) * ranks if serve.kv_cache_memory_bytes
               else max(0.0, limit - w))
         tokens = int(kv / (kv_token_rank * ranks)) if kv_token_rank else 0
@@ -237,6 +248,27 @@ def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory])
         rows.append(FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(limit / GIB, 2), round(w / GIB, 3),
                            round(kv / GIB, 3), tokens, needed, fits, why))
     return rows
+
+
+def utilization_floor(facts: ModelFacts, params: Params, memory_bytes: dict[str, int]) -> float | None:
+    """The lowest gpu_memory_utilization at which every serving node still holds its weights, the KV cache of
+    max_num_seqs (or 1) sequences of max_model_len tokens (or serve.kv_cache_memory_bytes) and RESERVE_BYTES
+    per rank, rounded up to 0.01; above 1.0 when a node cannot hold them at all. None where it cannot be
+    known: no max_model_len (the model's own may be far longer) or no memory for a serving node."""
+    serve = params.serve
+    if not serve.max_model_len:
+        return None
+    weights_rank, kv_token_rank = _per_rank(facts, params)
+    kv_rank = (_size_bytes(serve.kv_cache_memory_bytes) if serve.kv_cache_memory_bytes
+               else kv_token_rank * serve.max_model_len * (serve.max_num_seqs or 1))
+    floors = []
+    for name, ranks in ranks_per_node(params).items():
+        if ranks == 0:
+            continue
+        if not memory_bytes.get(name):
+            return None
+        floors.append(ranks * (weights_rank + kv_rank + RESERVE_BYTES) / memory_bytes[name])
+    return math.ceil(round(max(floors) * 100, 6)) / 100 if floors else None
 
 
 def human_params(n: int) -> str:

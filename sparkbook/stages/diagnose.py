@@ -11,7 +11,7 @@ from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.handoff import Diagnosis
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
-from ..core.modelinfo import GIB, FitRow
+from ..core.modelinfo import GIB, FitRow, NodeMemory
 from ..core.nodes import Cluster, Node, Outcome, bash, shell
 from ..core.params import ModelSpec, NodeSpec, Params
 from ..core.record import Finding, unreachable
@@ -343,6 +343,9 @@ def question_for_03(probe: RegistryProbe | None, architecture: str = "") -> str:
             f"since the installed {image} does not — and is that image (same ID) on every node?")
 
 
-def diagnosis(findings: list[Finding], probe: RegistryProbe | None, architecture: str) -> Diagnosis:
-    """What 02 leaves in the run state: every finding, the question 03 must answer, the installed image's probe."""
-    return Diagnosis(findings=findings, question_for_03=question_for_03(probe, architecture), installed_image=probe)
+def diagnosis(findings: list[Finding], probe: RegistryProbe | None, architecture: str,
+              memory: dict[str, NodeMemory]) -> Diagnosis:
+    """What 02 leaves in the run state: every finding, the question 03 must answer, the installed image's probe,
+    and each node's total memory (05 lowers gpu_memory_utilization by it)."""
+    return Diagnosis(findings=findings, question_for_03=question_for_03(probe, architecture), installed_image=probe,
+                     node_memory={n: m.total_bytes for n, m in memory.items()})

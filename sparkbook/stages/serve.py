@@ -335,9 +335,11 @@ def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
 
 
 def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
-             on_round: Callable[[float, str], None] = lambda s, note: None) -> BringUp:
+             on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
-    serve processes, apply it and try again (at most serve.max_remedies times). Raises ServeError, launching
+    serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
+    gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
+    a graph-capture OOM goes straight to --enforce-eager). Raises ServeError, launching
     nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone) or the
     serve port is taken on the head."""
     gone = lost(params, cluster, runtime)
@@ -360,7 +362,7 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
             _remember(cluster, runtime, where, serve_plan, result)
             return result
         stop_serving(cluster, runtime, where, launched)
-        fix = remedy(ready.diagnosis, current.settings) if params.serve.retry_with_remediation else None
+        fix = remedy(ready.diagnosis, current.settings, floor) if params.serve.retry_with_remediation else None
         if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)

@@ -139,5 +139,5 @@ def test_01_and_02_build_their_hand_offs(tmp_path: Path) -> None:
     out = cleanup.outcome(actions, tmp_path / "restore-plan.json")
     assert out.stopped == actions[:1] and out.restore_plan == str(tmp_path / "restore-plan.json")
     probe = SAMPLES[2].installed_image
-    d = diagnose.diagnosis([Finding("fact", "gpu", "x")], probe, "HYV4ForCausalLM")
+    d = diagnose.diagnosis([Finding("fact", "gpu", "x")], probe, "HYV4ForCausalLM", {})
     assert d.installed_image == probe and d.question_for_03 == diagnose.question_for_03(probe, "HYV4ForCausalLM")

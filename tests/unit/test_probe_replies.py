@@ -18,12 +18,20 @@ from sparkbook.stages import cleanup, diagnose
 
 class CutNode(LocalNode):
     """A local node whose replies lose their stdout after `keep` characters, as a reader that stops early
-    loses them (exit status 0 all the same)."""
+    loses them (exit status 0 all the same). Each command's first reply is replayed, so every cut is of the
+    same reply (`ps` and /proc/meminfo change from one call to the next)."""
 
     keep: int | None = None
 
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.replies: dict[tuple[str, ...], tuple[str, str, int | None]] = {}
+
     def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
-        out, err, code = super()._exec(argv, deadline_s, stdin)
+        command = tuple(argv[4:])  # without the node-side `timeout -k GRACE LIMIT` wrapper
+        if command not in self.replies:
+            self.replies[command] = super()._exec(argv, deadline_s, stdin)
+        out, err, code = self.replies[command]
         return out[:self.keep], err, code
 
 

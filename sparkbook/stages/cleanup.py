@@ -25,7 +25,7 @@ RESTORE_FILE = "restore-plan.json"
 STOP_GRACE_S = 10
 PROBE_TIMEOUT_S = 20
 HEALTH_PATH = "/health"  # asked of each port a target listens on; the answering ones are its health URL
-READY_TIMEOUT_S = 300  # a restored target has this long to answer its health check
+READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
 GRACE_S = 15  # then it must still run and answer this much later (the issue's old vLLM died after 11 s)
 MEMORY_BACK_SHARE = 0.5  # a restored target holds at least this share of the memory it held before cleanup
 LOG_TAIL_LINES = 30
@@ -115,6 +115,12 @@ class Target:
     memory_mib: float = 0.0
     gpu_mib: int = 0
 
+    def holds(self) -> str:
+        """What restore checks it gets back: ports (and the health URL that answered), memory."""
+        parts = [f"ports {', '.join(map(str, self.ports))}" if self.ports else "no listening port",
+                 self.health_url or "no health URL answered", f"{self.memory_mib:.0f} MiB"]
+        return "; ".join(parts + ([f"GPU {self.gpu_mib} MiB"] if self.gpu_mib else []))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -124,7 +130,8 @@ class Plan:
     def rows(self) -> list[dict[str, object]]:
         return [{"step": i, "node": t.node, "kind": t.kind, "name": t.name, "matched": t.pattern,
                  "depends on": ", ".join(t.depends_on), "stop": t.stop,
-                 "restore": t.restore or f"(none: {t.restore_note})"} for i, t in enumerate(self.targets, 1)]
+                 "restore": t.restore or f"(none: {t.restore_note})", "holds": t.holds()}
+                for i, t in enumerate(self.targets, 1)]
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,8 @@ echo ==ps==; ps -eo pid=,comm=,args=
 echo ==listen==; ss -Hltnp 2>/dev/null
 echo ==end==
 """
-HEALTH_PROBE = "for u in \"$@\"; do echo \"$u $(curl -s -o /dev/null -m 3 -w '%{http_code}' \"$u\")\"; done"
+HEALTH_PROBE = ("for u in \"$@\"; do "
+                "echo \"$u $(curl -s --noproxy '*' -o /dev/null -m 3 -w '%{http_code}' \"$u\")\"; done")
 
 
 def listeners(lines: list[str]) -> list[Listener]:
@@ -574,13 +582,15 @@ def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple
             continue
         own = _target_pids(inv, s)
         ours = {pid for c in _ours(inv, new) for pid in c.pids}
+        held = {}  # port -> its holders (a port listened on by IPv4 and IPv6 sockets is one conflict)
         for lis in inv.listeners:
-            holders = sorted(set(lis.pids) - own)
-            if lis.port not in s.ports or not holders:
-                continue
+            if lis.port in s.ports and set(lis.pids) - own:
+                held.setdefault(lis.port, set()).update(set(lis.pids) - own)
+        for port, pids in held.items():
+            holders = sorted(pids)
             is_ours = bool(set(holders) & ours)
             who = ", ".join(dict.fromkeys(inv.holder(pid) for pid in holders))
-            out.append(Conflict(s.node, s.name, f"port {lis.port} is held by {who}"
+            out.append(Conflict(s.node, s.name, f"port {port} is held by {who}"
                                 + (" (this run's node container)" if is_ours else ""),
                                 stop_new if is_ours else _clear(s.node, inv, holders), is_ours))
     for node, inv in now.items():
@@ -614,20 +624,20 @@ def _memory_conflicts(steps: list[Step], inv: Inventory, ours: list[Container], 
 
 
 # pure: the verdict on a restored target
-def judge(node: str, s: Step, seen: Seen) -> Check:
+def judge(s: Step, seen: Seen) -> Check:
     """Running after the grace period, its health check answering where one was recorded, its memory back."""
     problems = []
     if s.restore is None:
         problems.append(f"no restore command: {s.note}")
     elif not seen.running:
-        problems.append(f"not running {GRACE_S} s after it answered or its time ran out ({seen.state})")
+        problems.append(f"not running ({seen.state})")
     if seen.health is False:
         problems.append(f"health check not answering: {seen.health_detail}")
     if s.memory_mib >= 1 and seen.memory_mib < MEMORY_BACK_SHARE * s.memory_mib:
         problems.append(f"holds {seen.memory_mib:.0f} MiB; it held {s.memory_mib:.0f} MiB before cleanup")
     health = {None: "(none recorded)", True: f"answers {seen.health_detail}",
               False: f"NOT answering {seen.health_detail}"}[seen.health]
-    return Check(node, s.name, not problems, seen.state, health,
+    return Check(s.node, s.name, not problems, seen.state, health,
                  f"{seen.memory_mib:.0f} MiB (before cleanup: {s.memory_mib:.0f} MiB)", problems,
                  "" if not problems else seen.log_tail)
 
@@ -710,7 +720,7 @@ def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float =
         if pending:
             time.sleep(2)
     time.sleep(grace_s)
-    return [judge(s.node, s, observe(cluster.nodes[s.node], s)) for s in steps]
+    return [judge(s, observe(cluster.nodes[s.node], s)) for s in steps]
 
 
 def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: bool) -> RestoreOutcome:

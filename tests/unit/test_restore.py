@@ -58,6 +58,7 @@ def test_the_plan_and_the_restore_plan_carry_what_each_target_held(tmp_path: Pat
     p = plan([old_head()], CleanupTargets(containers=["old-*"]))
     vllm = next(t for t in p.targets if t.name == "old-vllm")
     assert (vllm.ports, vllm.health_url, vllm.memory_mib) == ([8000], "http://10.77.0.10:8000/health", 1200.0)
+    assert vllm.holds() == "ports 8000; http://10.77.0.10:8000/health; 1200 MiB"
     actions = [Action(t.node, t.name, t.stop, True, "", 0.1) for t in p.targets]
     steps = restore_steps(write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), actions))
     assert steps == [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000],
@@ -89,7 +90,12 @@ def after_new_deployment(memory: Memory = MEM) -> dict[str, Inventory]:
 
 
 def test_the_new_server_on_the_old_port_is_a_conflict_that_stop_new_clears() -> None:
-    (found,) = conflicts(STEPS, after_new_deployment(), NEW, RUN)
+    now = after_new_deployment()
+    head = now["lab-0"]
+    ipv6 = listeners(['LISTEN 0 4096 [::]:8000 [::]:* users:(("vllm",pid=950,fd=21))'])
+    now["lab-0"] = Inventory("lab-0", head.containers, "Docker 28", [], "systemd", [], "no GPU", [], MEM,
+                             head.listeners + ipv6)
+    (found,) = conflicts(STEPS, now, NEW, RUN)
     assert (found.node, found.target, found.ours) == ("lab-0", "old-vllm", True)
     assert found.what == "port 8000 is held by container sparkbook-lab-lab-0 (this run's node container)"
     assert found.clear == f"sparkbook restore {RUN} --stop-new"
@@ -129,17 +135,17 @@ def test_memory_the_targets_held_and_cannot_get_is_a_conflict() -> None:
 
 def test_verdicts_on_restored_targets() -> None:
     vllm = STEPS[0]
-    good = judge("lab-0", vllm, Seen("running", True, True, vllm.health_url, 1100.0, "log"))
+    good = judge(vllm, Seen("running", True, True, vllm.health_url, 1100.0, "log"))
     assert good.ok and good.problems == [] and good.log_tail == "" and good.health.startswith("answers")
-    died = judge("lab-0", vllm, Seen("exited (exit 1)", False, False, vllm.health_url, 0.0,
+    died = judge(vllm, Seen("exited (exit 1)", False, False, vllm.health_url, 0.0,
                                      "OSError: [Errno 98] Address already in use"))
     assert not died.ok and len(died.problems) == 3 and "Errno 98" in died.log_tail
     assert "exited (exit 1)" in died.problems[0] and vllm.health_url in died.problems[1]
-    small = judge("lab-0", vllm, Seen("running", True, True, vllm.health_url, 100.0))
+    small = judge(vllm, Seen("running", True, True, vllm.health_url, 100.0))
     assert small.problems == ["holds 100 MiB; it held 1200 MiB before cleanup"]
-    no_check = judge("lab-1", Step("lab-1", "container", "x", "docker start x"), Seen("running", True, None, "", 0.0))
+    no_check = judge(Step("lab-1", "container", "x", "docker start x"), Seen("running", True, None, "", 0.0))
     assert no_check.ok and no_check.health == "(none recorded)"
-    by_hand = judge("h", Step("h", "process", "llama[42]", None, "restart it by hand"),
+    by_hand = judge(Step("h", "process", "llama[42]", None, "restart it by hand"),
                     Seen("not restorable", False, None, "", 0.0))
     assert by_hand.problems == ["no restore command: restart it by hand"]
 

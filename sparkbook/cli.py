@@ -152,6 +152,8 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
         print(f"{c.node:12} {c.name:24} {'verified' if c.ok else 'NOT BACK'}  {c.state}; health {c.health}; "
               f"memory {c.memory}" + "".join(f"\n    {p}" for p in c.problems)
               + ("\n    log tail:\n      " + c.log_tail.replace("\n", "\n      ") if c.log_tail else ""))
+    if out.checks:
+        print(f"{out.result}: {sum(c.ok for c in out.checks)}/{len(out.checks)} target(s) back and verified")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -729,7 +729,8 @@ def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: b
     if not steps:
         return _done(run, RestoreOutcome("nothing to restore"))
     new = started_by_run(run)
-    found = conflicts(steps, _inventories(run.cluster, targets), new, run.run_dir)
+    now = _inventories(run.cluster, targets)
+    found = conflicts(steps, now, new, run.run_dir)
     run.record("restore_conflicts", found)
     if found and not stop_first:
         return _done(run, RestoreOutcome("refused", found))
@@ -737,16 +738,16 @@ def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: b
     if stop_first:
         stopped = stop_new(run.cluster, new)
         run.record("restore_stop_new", stopped)
-        found = conflicts(steps, _inventories(run.cluster, targets), new, run.run_dir)
+        now = _inventories(run.cluster, targets)
+        found = conflicts(steps, now, new, run.run_dir)
         run.record("restore_conflicts", found)
         if found or not all(a.ok for a in stopped):
             return _done(run, RestoreOutcome("refused", found, stopped))
-    before = _inventories(run.cluster, targets)
     actions = restore(run.cluster, steps)
     run.record("restore", actions)
     checks = verify_restore(run.cluster, steps)
     after = _inventories(run.cluster, targets)
-    memory = [{"node": n, **before[n].memory.delta(after[n].memory)} for n in before if n in after]
+    memory = [{"node": n, **now[n].memory.delta(after[n].memory)} for n in now if n in after]
     ok = all(a.ok for a in actions) and all(c.ok for c in checks)
     return _done(run, RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks, memory))
 

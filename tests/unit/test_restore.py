@@ -190,3 +190,44 @@ def test_the_index_shows_each_restore_with_conflicts_and_verdicts(tmp_path: Path
     section = page[page.index("<h2>Restore</h2>"):]
     assert section.index("refused") < section.index("port 8000 is held by container x") < section.index("failed")
     assert "docker stop x" in section and "NOT BACK" in section and "Errno 98 &lt;Address in use&gt;" in section
+
+
+class FakeRun:
+    """What rollback uses of a Run: its dir, its recorded events, the hand-off 04 left (none here)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.cluster, self.events = run_dir, None, []
+
+    def record(self, kind: str, payload: Any) -> None:
+        self.events.append((kind, payload))
+
+    def recall(self, kind: type) -> Any:
+        from sparkbook.core.handoff import RayCluster
+        assert kind is RayCluster
+        return RayCluster(address="10.77.0.10:6379", containers={n: name for n, (name, _) in NEW.items()},
+                          reused=False, container_ids={n: cid for n, (_, cid) in NEW.items()}, nodes=[])
+
+
+def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkbook.stages import cleanup
+
+    seen = [after_new_deployment()]
+    acted: list[str] = []
+    monkeypatch.setattr(cleanup, "_inventories", lambda cluster, targets: seen[-1])
+    monkeypatch.setattr(cleanup, "restore", lambda cluster, steps: acted.append("restore") or [])
+    monkeypatch.setattr(cleanup, "verify_restore", lambda cluster, steps: [
+        judge(s, Seen("running", True, True, s.health_url, s.memory_mib)) for s in steps])
+
+    def stop(cluster: Any, new: dict[str, tuple[str, str]]) -> list[Action]:
+        acted.append("stop-new")
+        seen.append({n: Inventory(n, [c for c in inv.containers if not c.name.startswith("sparkbook-")], "Docker 28",
+                                  [], "systemd", [], "no GPU", [], MEM, []) for n, inv in seen[-1].items()})
+        return [Action(n, name, f"docker stop {name}", True, f"stopped {cid[:12]}", 1) for n, (name, cid) in new.items()]
+
+    monkeypatch.setattr(cleanup, "stop_new", stop)
+    run = FakeRun(RUN)
+    out = cleanup.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False)  # type: ignore[arg-type]
+    assert out.result == "refused" and [c.target for c in out.conflicts] == ["old-vllm"] and acted == []
+    out = cleanup.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True)  # type: ignore[arg-type]
+    assert out.result == "restored" and acted == ["stop-new", "restore"] and len(out.stopped_new) == 2
+    assert [k for k, _ in run.events].count("restore_outcome") == 2

@@ -222,7 +222,8 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
         acted.append("stop-new")
         seen.append({n: Inventory(n, [c for c in inv.containers if not c.name.startswith("sparkbook-")], "Docker 28",
                                   [], "systemd", [], "no GPU", [], MEM, []) for n, inv in seen[-1].items()})
-        return [Action(n, name, f"docker stop {name}", True, f"stopped {cid[:12]}", 1) for n, (name, cid) in new.items()]
+        return [Action(n, name, f"docker stop {name}", True, f"stopped {cid[:12]}", 1)
+                for n, (name, cid) in new.items()]
 
     monkeypatch.setattr(cleanup, "stop_new", stop)
     run = FakeRun(RUN)

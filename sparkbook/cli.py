@@ -116,18 +116,22 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     plan_file = run_dir / cleanup.RESTORE_FILE
-    if not plan_file.is_file() and not any(e["stage"] == "01-cleanup" for e in read_events(run_dir)):
-        raise runbook.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
+    manifest = run_dir / runbook.MANIFEST
     if plan_file.is_file():
         params_file, steps = json.loads(plan_file.read_text())["params_file"], cleanup.restore_steps(plan_file)
-    else:
+    elif read_events(run_dir, "cleanup_plan"):  # 01 ran here and stopped nothing
+        if not manifest.is_file():  # a notebook's own run dir: nothing to record the restore against
+            _print_restore(run_dir, cleanup.RestoreOutcome("nothing to restore"))
+            return 0
         params_file, steps = runbook.Manifest.read(run_dir).params_file, []
+    else:
+        raise runbook.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
     run = open_run(params_file, run_dir, stage="restore")
     try:
         out = cleanup.rollback(run, steps, run.params.cleanup, args.stop_new)
     finally:
         run.close()
-        if (run_dir / runbook.MANIFEST).is_file():
+        if manifest.is_file():
             runbook.write_index(run_dir, runbook.Manifest.read(run_dir))
     _print_restore(run_dir, out)
     if out.result == "refused":

@@ -82,7 +82,7 @@ class Inventory:
     gpu: str
     gpu_apps: list[GpuApp]
     memory: Memory
-    listeners: list[Listener] = field(default_factory=list)
+    listeners: list[Listener] = field(default_factory=list)  # below the ephemeral port range
     health: dict[int, str] = field(default_factory=dict)  # port -> health URL that answered on the node
 
     def holder(self, pid: int) -> str:
@@ -197,18 +197,19 @@ units=$(systemctl list-units --type=service --all --no-legend --plain --no-pager
 echo ==units_rc==; echo $rc; echo ==units==; echo "$units"
 echo ==ps==; ps -eo pid=,comm=,args=
 echo ==listen==; ss -Hltnp 2>/dev/null
+echo ==portrange==; cat /proc/sys/net/ipv4/ip_local_port_range
 echo ==end==
 """
 HEALTH_PROBE = ("for u in \"$@\"; do "
-                "echo \"$u $(curl -s --noproxy '*' -o /dev/null -m 3 -w '%{http_code}' \"$u\")\"; done")
+                "(echo \"$u $(curl -s --noproxy '*' -o /dev/null -m 3 -w '%{http_code}' \"$u\")\") & done; wait")
 
 
-def listeners(lines: list[str]) -> list[Listener]:
-    """`ss -Hltnp` lines -> listening sockets with the PIDs holding them."""
+def listeners(lines: list[str], below: int = 1 << 16) -> list[Listener]:
+    """`ss -Hltnp` lines -> listening sockets on ports `below` a bound, with the PIDs holding them."""
     out = []
     for line in lines:
         cols = line.split()
-        if len(cols) < 4 or not cols[3].rpartition(":")[2].isdigit():
+        if len(cols) < 4 or not cols[3].rpartition(":")[2].isdigit() or int(cols[3].rpartition(":")[2]) >= below:
             continue
         address, _, port = cols[3].rpartition(":")
         out.append(Listener(address.split("%")[0], int(port), [int(p) for p in re.findall(r"pid=(\d+)", line)]))
@@ -262,6 +263,13 @@ def _processes(lines: list[str], patterns: list[str]) -> list[Process]:
     return out
 
 
+def _ephemeral_from(lines: list[str]) -> int:
+    """The start of the node's ephemeral port range: ports from there on are assigned at random (a server's
+    internal sockets), never a service's own port, so they are neither recorded nor asked for health."""
+    first = lines[0].split() if lines else []
+    return int(first[0]) if first and first[0].isdigit() else 32768
+
+
 def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     """Containers, systemd units, processes, GPU compute apps and memory of one node: one probe command
     (an unreachable node fails there, once) plus the node's Docker daemon over the same SSH connection."""
@@ -272,7 +280,7 @@ def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     units, systemd = _units(node, int(s["units_rc"][0]), s.get("units", []), targets.systemd_units)
     containers, docker = _containers(node)
     processes = _processes(s.get("ps", []), targets.processes)
-    socks = listeners(s.get("listen", []))
+    socks = listeners(s.get("listen", []), _ephemeral_from(s.get("portrange", [])))
     ours = {pid for c in containers if _matching(c.name, targets.containers) for pid in c.pids}
     ours |= {p.pid for p in processes}
     return Inventory(node.name, containers, docker, units, systemd, processes, gpu, apps, memory, socks,

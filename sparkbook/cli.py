@@ -5,6 +5,8 @@ failure); 2 invalid params or run request (unknown parameter, notebook selection
 3 the run lock is held, or cannot be taken or cleared; 4 a node cannot be reached or used (SSH, host key, its
 Docker daemon); 130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
 to do; invalid params: one line per problem), never a traceback.
+`restore` exits 1 when it is refused (each conflict is named; nothing was restored) or a restored target does not
+come back.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -20,6 +22,9 @@ from .core import lock, runbook
 from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
+
+if TYPE_CHECKING:
+    from .stages.cleanup import RestoreOutcome
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -106,19 +111,53 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from .core.record import open_run
+    from .core.record import open_run, read_events
     from .stages import cleanup
 
-    plan_file = Path(args.run_dir) / cleanup.RESTORE_FILE
-    if not plan_file.is_file():
+    run_dir = Path(args.run_dir)
+    plan_file = run_dir / cleanup.RESTORE_FILE
+    manifest = run_dir / runbook.MANIFEST
+    if plan_file.is_file():
+        params_file, steps = json.loads(plan_file.read_text())["params_file"], cleanup.restore_steps(plan_file)
+    elif read_events(run_dir, "cleanup_plan"):  # 01 ran here and stopped nothing
+        if not manifest.is_file():  # a notebook's own run dir: nothing to record the restore against
+            _print_restore(run_dir, cleanup.RestoreOutcome("nothing to restore"))
+            return 0
+        params_file, steps = runbook.Manifest.read(run_dir).params_file, []
+    else:
         raise runbook.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
-    run = open_run(json.loads(plan_file.read_text())["params_file"], args.run_dir, stage="restore")
-    actions = cleanup.restore(run.cluster, plan_file)
-    run.record("restore", actions)
-    for a in actions:
+    run = open_run(params_file, run_dir, stage="restore")
+    try:
+        out = cleanup.rollback(run, steps, run.params.cleanup, args.stop_new)
+    finally:
+        run.close()
+        if manifest.is_file():
+            runbook.write_index(run_dir, runbook.Manifest.read(run_dir))
+    _print_restore(run_dir, out)
+    if out.result == "refused":
+        raise cleanup.RestoreRefused(
+            f"refused, nothing was restored: {'; '.join(c.line() for c in out.conflicts) or 'see the lines above'}",
+            remediation=f"clear each one, or `sparkbook restore {run_dir} --stop-new` to stop this run's node "
+                        "containers first")
+    if not out.ok:
+        bad = [f"{c.node}/{c.name}: {', '.join(c.problems)}" for c in out.checks if not c.ok]
+        raise cleanup.CleanupError(f"restore failed: {'; '.join(bad) or 'a restore step failed'}",
+                                   stage="restore", remediation="see each target's log tail above")
+    return 0
+
+
+def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
+    """What the restore did, step by step, and each target's verdict with the log tail of a failed one."""
+    if out.result == "nothing to restore":
+        print(f"{run_dir}: 01-cleanup stopped nothing in this run: nothing to restore; nothing was changed")
+    for a in [*out.stopped_new, *out.actions]:
         print(f"{a.node:12} {a.name:24} {'ok' if a.ok else 'FAILED'}  {a.command}  {a.detail}")
-    run.close()
-    return 0 if all(a.ok for a in actions) else 1
+    for c in out.checks:
+        print(f"{c.node:12} {c.name:24} {'verified' if c.ok else 'NOT BACK'}  {c.state}; health {c.health}; "
+              f"memory {c.memory}" + "".join(f"\n    {p}" for p in c.problems)
+              + ("\n    log tail:\n      " + c.log_tail.replace("\n", "\n      ") if c.log_tail else ""))
+    if out.checks:
+        print(f"{out.result}: {sum(c.ok for c in out.checks)}/{len(out.checks)} target(s) back and verified")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -154,6 +193,8 @@ def parser() -> argparse.ArgumentParser:
 
     restore = sub.add_parser("restore", help="bring back what 01-cleanup stopped (its run dir's restore plan)")
     restore.add_argument("run_dir")
+    restore.add_argument("--stop-new", action="store_true",
+                         help="first stop the node containers this run started (by name and recorded ID)")
     restore.set_defaults(func=cmd_restore)
     return top
 

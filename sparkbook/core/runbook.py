@@ -280,10 +280,30 @@ def write_index(run_dir: Path, manifest: Manifest) -> Path:
 <p>Status: <b>{manifest.status}</b>; started {manifest.started}, finished {manifest.finished or '—'};
 params <code>{html.escape(manifest.params_file)}</code>; <a href="{MANIFEST}">manifest.json</a></p>
 <table><tr><th>notebook</th><th>status</th><th>duration</th><th>exception</th><th>decisions</th></tr>
-{''.join(rows)}</table></body></html>"""
+{''.join(rows)}</table>{_restore_section(run_dir)}</body></html>"""
     path = run_dir / "index.html"
     path.write_text(page)
     return path
+
+
+def _restore_section(run_dir: Path) -> str:
+    """Each `sparkbook restore` of this run (its recorded outcome): refused with what stood in the way, or
+    what it stopped and restored and each target's verdict."""
+    items = []
+    for event in read_events(run_dir, "restore_outcome"):
+        out = event["data"]
+        lines = [f"{html.escape(c['node'])}: {html.escape(c['target'])}: {html.escape(c['what'])} "
+                 f"(clear it: <code>{html.escape(c['clear'])}</code>)" for c in out["conflicts"]]
+        lines += [f"{html.escape(a['node'])}: {html.escape(a['name'])}: <code>{html.escape(a['command'])}</code> "
+                  f"{'ok' if a['ok'] else 'FAILED: ' + html.escape(a['detail'])}"
+                  for a in out["stopped_new"] + out["actions"]]
+        lines += [f"{html.escape(c['node'])}: {html.escape(c['name'])}: {'verified' if c['ok'] else 'NOT BACK'} — "
+                  f"{html.escape(c['state'])}; health {html.escape(c['health'])}; memory {html.escape(c['memory'])}"
+                  + "".join(f"<br>{html.escape(p)}" for p in c["problems"])
+                  + (f"<pre>{html.escape(c['log_tail'])}</pre>" if c["log_tail"] else "") for c in out["checks"]]
+        items.append(f'<li class="{html.escape(out["result"])}"><b>{html.escape(out["result"])}</b> at '
+                     f"{html.escape(event['at'])}<ul>{''.join(f'<li>{line}</li>' for line in lines)}</ul></li>")
+    return f"<h2>Restore</h2><ul>{''.join(items)}</ul>" if items else ""
 
 
 def archive(run_dir: Path) -> Path:

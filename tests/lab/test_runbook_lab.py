@@ -8,10 +8,22 @@ from pathlib import Path
 import httpx
 import pytest
 
+import sparkbook.lab as sblab
+from sparkbook import cli
 from sparkbook.core import runbook
 from sparkbook.core.params import load_params
+from sparkbook.core.record import read_events
+from sparkbook.core.topology import container_name
 
-pytestmark = pytest.mark.lab
+# The old deployment answers (the old vLLM too) before the run's 01 inventories it, as the issue's cluster did:
+# a session fixture, so that it comes before full_run.
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("old_deployment_answers")]
+OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}
+
+
+@pytest.fixture(scope="session")
+def old_deployment_answers(lab, lab_progress) -> dict[str, float]:
+    return sblab.wait_old_deployment(progress=lab_progress)
 
 
 def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, runbook.Manifest]) -> None:
@@ -50,3 +62,56 @@ def test_planted_secret_is_in_no_written_file(full_run: tuple[Path, runbook.Mani
         assert len(members) == len([p for p in run_dir.rglob("*") if p.is_file()])
         for member in members:
             assert planted.encode() not in tar.extractfile(member).read(), member.name
+
+
+# --- `sparkbook restore` of the whole run (issue 21); after the tests above: they need the new server serving ---
+def lab_containers() -> dict[str, str]:
+    """node/name -> state of every container of the lab."""
+    return {f"{n.name}/{c['name']}": c["state"] for n in sblab.status().nodes for c in n.containers}
+
+
+def test_restore_while_the_new_server_holds_the_port_is_refused(full_run: tuple[Path, runbook.Manifest],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, manifest = full_run
+    before = lab_containers()
+    assert not {name for name, st in before.items() if st == "running" and name.split("/")[1] in OLD}
+    assert cli.main(["restore", str(run_dir)]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    head = container_name(load_params(manifest.params_file), "lab-0")
+    assert err.startswith("error (restore): refused") and err.count("\n") == 1, err
+    assert f"lab-0: old-vllm: port 8000 is held by container {head} (this run's node container)" in err, err
+    assert "--stop-new" in err
+    assert lab_containers() == before, "a refused restore changes nothing"
+    (outcome,) = [e["data"] for e in read_events(run_dir, "restore_outcome")]
+    assert outcome["result"] == "refused" and not outcome["actions"]
+    assert "refused" in (run_dir / "index.html").read_text().split("<h2>Restore</h2>")[1]
+
+
+def test_stop_new_then_restore_brings_the_old_services_back(full_run: tuple[Path, runbook.Manifest],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, manifest = full_run
+    params = load_params(manifest.params_file)
+    code = cli.main(["restore", str(run_dir), "--stop-new"])
+    out = capsys.readouterr()
+    print(out.out, out.err)
+    assert code == 0, out.out + out.err
+    containers = {c["name"]: c for n in sblab.status().nodes for c in n.containers}
+    assert {name: containers[name].get("answers") for name in OLD} == dict.fromkeys(OLD, True)
+    assert all(containers[container_name(params, n.name)]["state"] != "running" for n in params.nodes)
+    outcome = [e["data"] for e in read_events(run_dir, "restore_outcome")][-1]
+    assert outcome["result"] == "restored" and len(outcome["stopped_new"]) == len(params.nodes)
+    assert {c["name"] for c in outcome["checks"] if c["ok"]} == OLD
+    vllm = next(c for c in outcome["checks"] if c["name"] == "old-vllm")
+    assert vllm["health"] == "answers http://10.77.0.10:8000/health", vllm
+    assert "restored" in (run_dir / "index.html").read_text().split("<h2>Restore</h2>")[1]
+
+
+def test_restore_of_a_run_whose_cleanup_stopped_nothing_changes_nothing(lab, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, manifest = runbook.run(sblab.REPO_PARAMS, out_root=tmp_path, only="01")
+    assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
+    before = lab_containers()
+    assert cli.main(["restore", str(run_dir)]) == 0
+    assert "nothing to restore; nothing was changed" in capsys.readouterr().out
+    assert lab_containers() == before
+    assert [e["data"]["result"] for e in read_events(run_dir, "restore_outcome")] == ["nothing to restore"]

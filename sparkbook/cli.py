@@ -24,7 +24,7 @@ from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
 
 if TYPE_CHECKING:
-    from .stages.cleanup import RestoreOutcome
+    from .stages.cleanup.restore import RestoreOutcome
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -112,36 +112,36 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from .core.record import open_run, read_events
-    from .stages import cleanup
+    from .stages.cleanup import RESTORE_FILE, CleanupError, restore
 
     run_dir = Path(args.run_dir)
-    plan_file = run_dir / cleanup.RESTORE_FILE
+    plan_file = run_dir / RESTORE_FILE
     manifest = run_dir / runbook.MANIFEST
     if plan_file.is_file():
-        params_file, steps = json.loads(plan_file.read_text())["params_file"], cleanup.restore_steps(plan_file)
+        params_file, steps = json.loads(plan_file.read_text())["params_file"], restore.restore_steps(plan_file)
     elif read_events(run_dir, "cleanup_plan"):  # 01 ran here and stopped nothing
         if not manifest.is_file():  # a notebook's own run dir: nothing to record the restore against
-            _print_restore(run_dir, cleanup.RestoreOutcome("nothing to restore"))
+            _print_restore(run_dir, restore.RestoreOutcome("nothing to restore"))
             return 0
         params_file, steps = runbook.Manifest.read(run_dir).params_file, []
     else:
         raise runbook.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
     run = open_run(params_file, run_dir, stage="restore")
     try:
-        out = cleanup.rollback(run, steps, run.params.cleanup, args.stop_new)
+        out = restore.rollback(run, steps, run.params.cleanup, args.stop_new)
     finally:
         run.close()
         if manifest.is_file():
             runbook.write_index(run_dir, runbook.Manifest.read(run_dir))
     _print_restore(run_dir, out)
     if out.result == "refused":
-        raise cleanup.RestoreRefused(
+        raise restore.RestoreRefused(
             f"refused, nothing was restored: {'; '.join(c.line() for c in out.conflicts) or 'see the lines above'}",
             remediation=f"clear each one, or `sparkbook restore {run_dir} --stop-new` to stop this run's node "
                         "containers first")
     if not out.ok:
         bad = [f"{c.node}/{c.name}: {', '.join(c.problems)}" for c in out.checks if not c.ok]
-        raise cleanup.CleanupError(f"restore failed: {'; '.join(bad) or 'a restore step failed'}",
+        raise CleanupError(f"restore failed: {'; '.join(bad) or 'a restore step failed'}",
                                    stage="restore", remediation="see each target's log tail above")
     return 0
 

@@ -16,8 +16,9 @@ from sparkbook.core.handoff import Action
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.params import CleanupTargets
 from sparkbook.core.record import open_run, read_events
-from sparkbook.stages.cleanup import (Container, Inventory, Listener, Plan, Seen, Step, answering, conflicts, judge,
-                                      listeners, plan, restore_steps, write_restore_plan)
+from sparkbook.stages.cleanup import (Container, Inventory, Listener, Plan, Step, answering, listeners, plan,
+                                      write_restore_plan)
+from sparkbook.stages.cleanup.restore import Seen, conflicts, judge, restore_steps
 
 MEM = Memory(100 << 30, 10 << 30)
 RUN = Path("/runs/lab/1")
@@ -210,13 +211,13 @@ class FakeRun:
 
 
 def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkbook.stages import cleanup
+    from sparkbook.stages.cleanup import restore
 
     seen = [after_new_deployment()]
     acted: list[str] = []
-    monkeypatch.setattr(cleanup, "_inventories", lambda cluster, targets: seen[-1])
-    monkeypatch.setattr(cleanup, "restore", lambda cluster, steps: acted.append("restore") or [])
-    monkeypatch.setattr(cleanup, "verify_restore", lambda cluster, steps: [
+    monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: seen[-1])
+    monkeypatch.setattr(restore, "bring_back", lambda cluster, steps: acted.append("restore") or [])
+    monkeypatch.setattr(restore, "verify_restore", lambda cluster, steps: [
         judge(s, Seen("running", True, True, s.health_url, s.memory_mib)) for s in steps])
 
     def stop(cluster: Any, new: dict[str, tuple[str, str]]) -> list[Action]:
@@ -226,10 +227,10 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
         return [Action(n, name, f"docker stop {name}", True, f"stopped {cid[:12]}", 1)
                 for n, (name, cid) in new.items()]
 
-    monkeypatch.setattr(cleanup, "stop_new", stop)
+    monkeypatch.setattr(restore, "stop_new", stop)
     run = FakeRun(RUN)
-    out = cleanup.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False)  # type: ignore[arg-type]
+    out = restore.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False)  # type: ignore[arg-type]
     assert out.result == "refused" and [c.target for c in out.conflicts] == ["old-vllm"] and acted == []
-    out = cleanup.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True)  # type: ignore[arg-type]
+    out = restore.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True)  # type: ignore[arg-type]
     assert out.result == "restored" and acted == ["stop-new", "restore"] and len(out.stopped_new) == 2
     assert [k for k, _ in run.events].count("restore_outcome") == 2

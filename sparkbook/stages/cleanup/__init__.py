@@ -1,5 +1,5 @@
-"""Cleanup: inventory what the old deployment holds, plan its stop (dependents first), act, verify, restore
-(after finding what stands in the way of each target, and verifying what came back)."""
+"""01: inventory what the old deployment holds, plan its stop (dependents first), act, verify, and write the
+restore plan (`restore` brings it back: `sparkbook restore`)."""
 from __future__ import annotations
 
 import fnmatch
@@ -10,14 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..core.docker_ssh import docker_client, unavailable
-from ..core.handoff import Action, CleanupOutcome, RayCluster
-from ..core.errors import SparkbookError
-from ..core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
-from ..core.nodes import Cluster, Node, Outcome, shell
-from ..core.params import CleanupTargets
-from ..core.record import Alternative, Decision, Run, tail
-from ..core.state import MissingState
+from ...core.docker_ssh import docker_client, unavailable
+from ...core.handoff import Action, CleanupOutcome
+from ...core.errors import SparkbookError
+from ...core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
+from ...core.nodes import Cluster, Node, Outcome, shell
+from ...core.params import CleanupTargets
+from ...core.record import Alternative, Decision
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
 NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")
@@ -25,10 +24,6 @@ RESTORE_FILE = "restore-plan.json"
 STOP_GRACE_S = 10
 PROBE_TIMEOUT_S = 20
 HEALTH_PATH = "/health"  # asked of each port a target listens on; the answering ones are its health URL
-READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
-GRACE_S = 15  # then it must still run and answer this much later (the issue's old vLLM died after 11 s)
-MEMORY_BACK_SHARE = 0.5  # a restored target holds at least this share of the memory it held before cleanup
-LOG_TAIL_LINES = 30
 
 
 @dataclass(frozen=True)
@@ -172,12 +167,12 @@ def _containers(node: Node) -> tuple[list[Container], str]:
     for r in rows:
         labels = r.get("Labels") or {}
         deps = [d.split(":")[0] for key in DEPENDS_LABELS for d in labels.get(key, "").split(",") if d]
-        pids, rss = _top(client, r["Id"]) if r["State"] == "running" else ([], 0.0)
+        pids, rss = container_top(client, r["Id"]) if r["State"] == "running" else ([], 0.0)
         out.append(Container(r["Names"][0].lstrip("/"), r["Id"][:12], r["Image"], r["State"], deps, pids, rss))
     return sorted(out, key=lambda c: c.name), f"Docker {version}"
 
 
-def _top(client: object, container_id: str) -> tuple[list[int], float]:
+def container_top(client: object, container_id: str) -> tuple[list[int], float]:
     """A running container's processes (node PIDs) and their summed RSS in MiB; none when it just exited."""
     try:
         top = client.api.top(container_id, ps_args="-eo pid,rss")  # type: ignore[attr-defined]
@@ -407,10 +402,11 @@ def _stop_one(node: Node, t: Target) -> str:
 
 def stop(cluster: Cluster, p: Plan) -> list[Action]:
     """Stop every target in plan order; a failure is recorded and the rest still run."""
-    return [_act(cluster.nodes[t.node], t.name, t.stop, lambda n, t=t: _stop_one(n, t)) for t in p.targets]
+    return [act(cluster.nodes[t.node], t.name, t.stop, lambda n, t=t: _stop_one(n, t)) for t in p.targets]
 
 
-def _act(node: Node, name: str, command: str, do: Callable[[Node], str]) -> Action:
+def act(node: Node, name: str, command: str, do: Callable[[Node], str]) -> Action:
+    """`do` on the node as one recorded Action (stop or restore): how it went and how long it took."""
     t0 = time.monotonic()
     try:
         return Action(node.name, name, command, True, do(node).strip()[-200:], round(time.monotonic() - t0, 2))
@@ -466,68 +462,6 @@ class Step:
     gpu_mib: int = 0
 
 
-@dataclass(frozen=True)
-class Conflict:
-    """Something that stands in the way of a restore step, and the command that clears it."""
-
-    node: str
-    target: str
-    what: str
-    clear: str
-    ours: bool  # held by what this run started: `--stop-new` clears it
-
-    def line(self) -> str:
-        return f"{self.node}: {self.target}: {self.what} (clear it: {self.clear})"
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A restored target as observed on its node."""
-
-    state: str
-    running: bool
-    health: bool | None  # None: no health check recorded for it
-    health_detail: str
-    memory_mib: float
-    log_tail: str = ""
-
-
-@dataclass(frozen=True)
-class Check:
-    """The verdict on one restored target."""
-
-    node: str
-    name: str
-    ok: bool
-    state: str
-    health: str
-    memory: str
-    problems: list[str]
-    log_tail: str
-
-
-@dataclass(frozen=True)
-class RestoreOutcome:
-    """What `sparkbook restore` did: refused (conflicts), or stopped the new deployment, restored and checked."""
-
-    result: str  # refused | nothing to restore | restored | failed
-    conflicts: list[Conflict] = field(default_factory=list)
-    stopped_new: list[Action] = field(default_factory=list)
-    actions: list[Action] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-    memory: list[dict[str, object]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.result in ("restored", "nothing to restore")
-
-
-class RestoreRefused(CleanupError):
-    """Something stands in the way of the restore; nothing was restored."""
-
-    stage = "restore"
-
-
 def write_restore_plan(run_dir: Path, params_file: Path, p: Plan, actions: list[Action]) -> Path:
     """The commands that bring back what was stopped, in reverse order, with what each target held (ports,
     health URL, memory), as JSON beside a readable script."""
@@ -543,231 +477,6 @@ def write_restore_plan(run_dir: Path, params_file: Path, p: Plan, actions: list[
     return path
 
 
-def restore_steps(plan_file: Path) -> list[Step]:
-    return [Step(**s) for s in json.loads(plan_file.read_text())["steps"]]
-
-
 def outcome(actions: list[Action], restore_plan: Path) -> CleanupOutcome:
     """What 01 leaves in the run state: the stops that succeeded and where their restore plan is."""
     return CleanupOutcome(stopped=[a for a in actions if a.ok], restore_plan=str(restore_plan))
-
-
-def started_by_run(run: Run) -> dict[str, tuple[str, str]]:
-    """node -> (container name, ID) of the node containers this run started (04 recorded them); {} if none."""
-    try:
-        ray = run.recall(RayCluster)
-    except MissingState:
-        return {}
-    return {node: (name, ray.container_ids.get(node, "")) for node, name in ray.containers.items()}
-
-
-# pure: what stands in the way
-def _target_running(inv: Inventory, s: Step) -> bool:
-    if s.kind == "container":
-        return any(c.name == s.name and c.state == "running" for c in inv.containers)
-    return s.kind == "unit" and any(u.name == s.name and u.active == "active" for u in inv.units)
-
-
-def _target_pids(inv: Inventory, s: Step) -> set[int]:
-    return {pid for c in inv.containers if c.name == s.name for pid in c.pids}
-
-
-def _ours(inv: Inventory, new: dict[str, tuple[str, str]]) -> list[Container]:
-    name = new.get(inv.node, ("", ""))[0]
-    return [c for c in inv.containers if c.name == name and c.state == "running"]
-
-
-def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple[str, str]],
-              run_dir: Path) -> list[Conflict]:
-    """Per target not running now: each process listening on a port it held, and per node, the memory
-    (GPU memory where the GPU reports it) the targets held that is not available now. `new`: this run's
-    node containers (`started_by_run`); what they hold is cleared by `--stop-new`."""
-    stop_new = f"sparkbook restore {run_dir} --stop-new"
-    out: list[Conflict] = []
-    for s in steps:
-        inv = now.get(s.node)
-        if inv is None or _target_running(inv, s):
-            continue
-        own = _target_pids(inv, s)
-        ours = {pid for c in _ours(inv, new) for pid in c.pids}
-        held = {}  # port -> its holders (a port listened on by IPv4 and IPv6 sockets is one conflict)
-        for lis in inv.listeners:
-            if lis.port in s.ports and set(lis.pids) - own:
-                held.setdefault(lis.port, set()).update(set(lis.pids) - own)
-        for port, pids in held.items():
-            holders = sorted(pids)
-            is_ours = bool(set(holders) & ours)
-            who = ", ".join(dict.fromkeys(inv.holder(pid) for pid in holders))
-            out.append(Conflict(s.node, s.name, f"port {port} is held by {who}"
-                                + (" (this run's node container)" if is_ours else ""),
-                                stop_new if is_ours else _clear(s.node, inv, holders), is_ours))
-    for node, inv in now.items():
-        out += _memory_conflicts([s for s in steps if s.node == node and not _target_running(inv, s)], inv,
-                                 _ours(inv, new), stop_new)
-    return out
-
-
-def _clear(node: str, inv: Inventory, pids: list[int]) -> str:
-    names = sorted({c.name for c in inv.containers for pid in pids if pid in c.pids})
-    return f"ssh {node} docker stop {' '.join(names)}" if names else f"ssh {node} kill {' '.join(map(str, pids))}"
-
-
-def _memory_conflicts(steps: list[Step], inv: Inventory, ours: list[Container], stop_new: str) -> list[Conflict]:
-    names = ", ".join(s.name for s in steps)
-    held_by = f"; this run's {', '.join(c.name for c in ours)} holds {sum(c.rss_mib for c in ours):.0f} MiB" \
-        if ours else ""
-    clear = stop_new if ours else f"free memory on {inv.node}"
-    out = []
-    need = sum(s.memory_mib for s in steps)
-    if need > inv.memory.mem_available / (1 << 20):
-        out.append(Conflict(inv.node, names, f"they held {need:.0f} MiB, {inv.memory.mem_available >> 20} MiB is "
-                                             f"available{held_by}", clear, bool(ours)))
-    gpu_need = sum(s.gpu_mib for s in steps)
-    if gpu_need and inv.memory.gpu_total is not None:
-        free = (inv.memory.gpu_total - (inv.memory.gpu_used or 0)) >> 20
-        if gpu_need > free:
-            out.append(Conflict(inv.node, names, f"they held {gpu_need} MiB of GPU memory, {free} MiB is free",
-                                clear, bool(ours)))
-    return out
-
-
-# pure: the verdict on a restored target
-def judge(s: Step, seen: Seen) -> Check:
-    """Running after the grace period, its health check answering where one was recorded, its memory back."""
-    problems = []
-    if s.restore is None:
-        problems.append(f"no restore command: {s.note}")
-    elif not seen.running:
-        problems.append(f"not running ({seen.state})")
-    if seen.health is False:
-        problems.append(f"health check not answering: {seen.health_detail}")
-    if s.memory_mib >= 1 and seen.memory_mib < MEMORY_BACK_SHARE * s.memory_mib:
-        problems.append(f"holds {seen.memory_mib:.0f} MiB; it held {s.memory_mib:.0f} MiB before cleanup")
-    health = {None: "(none recorded)", True: f"answers {seen.health_detail}",
-              False: f"NOT answering {seen.health_detail}"}[seen.health]
-    return Check(s.node, s.name, not problems, seen.state, health,
-                 f"{seen.memory_mib:.0f} MiB (before cleanup: {s.memory_mib:.0f} MiB)", problems,
-                 "" if not problems else seen.log_tail)
-
-
-# acting
-def _restore_one(node: Node, step: Step) -> str:
-    if step.kind == "container":
-        docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step.name).start()
-        return "started"
-    if step.kind == "unit":
-        return node.run(["systemctl", "start", step.name], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
-    raise CleanupError(step.note or "no restore command is known", node=node.name)
-
-
-def restore(cluster: Cluster, steps: list[Step]) -> list[Action]:
-    """Run the restore plan written by `write_restore_plan`, step by step."""
-    return [_act(cluster.nodes[s.node], s.name, s.restore or "-", lambda n, s=s: _restore_one(n, s)) for s in steps]
-
-
-def _stop_container(node: Node, name: str, recorded_id: str) -> str:
-    c = docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S).containers.get(name)
-    if not recorded_id or not c.id.startswith(recorded_id[:12]):
-        raise CleanupError(f"{name} is now container {c.id[:12]}, not {recorded_id[:12] or '?'} that this run "
-                           "started: not stopped", node=node.name)
-    c.stop(timeout=STOP_GRACE_S)
-    return f"stopped {c.id[:12]}"
-
-
-def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
-    """Stop exactly the node containers this run started, by name, checked against their recorded IDs."""
-    return [_act(cluster.nodes[node], name, f"docker stop {name}", lambda n, c=(name, cid): _stop_container(n, *c))
-            for node, (name, cid) in new.items() if node in cluster.nodes]
-
-
-def observe(node: Node, s: Step) -> Seen:
-    """A target's state, health (its recorded URL; else a listener on its ports), memory and log tail."""
-    running, state, memory, log = _observe_container(node, s) if s.kind == "container" else _observe_unit(node, s)
-    health: bool | None = None
-    detail = ""
-    if s.health_url:
-        health, detail = probe_health(node, [s.health_url])[s.health_url], s.health_url
-    elif s.ports:
-        socks = listeners(node.run(["ss", "-Hltnp"], timeout=PROBE_TIMEOUT_S).stdout.splitlines())
-        missing = sorted(set(s.ports) - {lis.port for lis in socks})
-        health, detail = not missing, f"ports {s.ports} listening" + (f" (not: {missing})" if missing else "")
-    return Seen(state, running, health, detail, memory, log)
-
-
-def _observe_container(node: Node, s: Step) -> tuple[bool, str, float, str]:
-    client = docker_client(node, timeout=PROBE_TIMEOUT_S)
-    try:
-        c = client.containers.get(s.name)
-    except Exception as exc:  # gone: that is the observation
-        return False, f"gone ({type(exc).__name__})", 0.0, ""
-    state = c.attrs["State"]
-    rss = _top(client, c.id)[1] if c.status == "running" else 0.0
-    text = c.logs(tail=LOG_TAIL_LINES).decode(errors="replace")
-    described = c.status if c.status == "running" else f"{c.status} (exit {state.get('ExitCode')})"
-    return c.status == "running", described, rss, tail(text, LOG_TAIL_LINES)
-
-
-def _observe_unit(node: Node, s: Step) -> tuple[bool, str, float, str]:
-    if s.kind != "unit":
-        return False, "not restorable", 0.0, ""
-    active = node.run(["systemctl", "is-active", s.name], timeout=PROBE_TIMEOUT_S).stdout.strip()
-    mem = node.run(["systemctl", "show", "-p", "MemoryCurrent", "--value", s.name], timeout=PROBE_TIMEOUT_S)
-    log = node.run(["journalctl", "-u", s.name, "-n", str(LOG_TAIL_LINES), "--no-pager"], timeout=PROBE_TIMEOUT_S)
-    rss = int(mem.stdout.strip()) / (1 << 20) if mem.stdout.strip().isdigit() else 0.0
-    return active == "active", active, round(rss, 1), tail(log.stdout, LOG_TAIL_LINES)
-
-
-def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float = READY_TIMEOUT_S,
-                   grace_s: float = GRACE_S) -> list[Check]:
-    """Wait until each target answers (or has exited), then a grace period, then judge each one."""
-    pending = [s for s in steps if s.restore]
-    deadline = time.monotonic() + ready_timeout_s
-    while pending and time.monotonic() < deadline:
-        seen = {(s.node, s.name): observe(cluster.nodes[s.node], s) for s in pending}
-        pending = [s for s in pending if seen[(s.node, s.name)].running and seen[(s.node, s.name)].health is False]
-        if pending:
-            time.sleep(2)
-    time.sleep(grace_s)
-    return [judge(s, observe(cluster.nodes[s.node], s)) for s in steps]
-
-
-def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: bool) -> RestoreOutcome:
-    """`sparkbook restore`: refuse while something stands in the way (unless `stop_first`: stop this run's node
-    containers first), restore in plan order, verify each target; every step is recorded in the run dir."""
-    if not steps:
-        return _done(run, RestoreOutcome("nothing to restore"))
-    new = started_by_run(run)
-    now = _inventories(run.cluster, targets)
-    found = conflicts(steps, now, new, run.run_dir)
-    run.record("restore_conflicts", found)
-    if found and not stop_first:
-        return _done(run, RestoreOutcome("refused", found))
-    stopped: list[Action] = []
-    if stop_first:
-        stopped = stop_new(run.cluster, new)
-        run.record("restore_stop_new", stopped)
-        now = _inventories(run.cluster, targets)
-        found = conflicts(steps, now, new, run.run_dir)
-        run.record("restore_conflicts", found)
-        if found or not all(a.ok for a in stopped):
-            return _done(run, RestoreOutcome("refused", found, stopped))
-    actions = restore(run.cluster, steps)
-    run.record("restore", actions)
-    checks = verify_restore(run.cluster, steps)
-    after = _inventories(run.cluster, targets)
-    memory = [{"node": n, **now[n].memory.delta(after[n].memory)} for n in now if n in after]
-    ok = all(a.ok for a in actions) and all(c.ok for c in checks)
-    return _done(run, RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks, memory))
-
-
-def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Inventory]:
-    """Every node's inventory now; a node that cannot be seen refuses the restore (its conflicts are unknown)."""
-    def unseen(errors: str) -> CleanupError:
-        return CleanupError(f"cannot see what stands in the way: {errors}",
-                            remediation="make every node reachable, then run `sparkbook restore` again")
-    return {inv.node: inv for inv in inventory_all(cluster, targets).values_or_raise(unseen)}
-
-
-def _done(run: Run, out: RestoreOutcome) -> RestoreOutcome:
-    run.record("restore_outcome", out)
-    return out

@@ -1,0 +1,315 @@
+"""`sparkbook restore`: bring back what 01 stopped, after finding what stands in the way of each target (the
+new deployment holding its ports, memory or GPUs), and verify what came back (running after a grace period, its
+health check answering, its memory back in use)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from ...core.docker_ssh import docker_client
+from ...core.handoff import Action, RayCluster
+from ...core.nodes import Cluster, Node
+from ...core.params import CleanupTargets
+from ...core.record import Run, tail
+from ...core.state import MissingState
+from . import (PROBE_TIMEOUT_S, STOP_GRACE_S, CleanupError, Container, Inventory, Step, act, container_top,
+               inventory_all, listeners, probe_health)
+
+READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
+GRACE_S = 15  # then it must still run and answer this much later (the issue's old vLLM died after 11 s)
+MEMORY_BACK_SHARE = 0.5  # a restored target holds at least this share of the memory it held before cleanup
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Something that stands in the way of a restore step, and the command that clears it."""
+
+    node: str
+    target: str
+    what: str
+    clear: str
+    ours: bool  # held by what this run started: `--stop-new` clears it
+
+    def line(self) -> str:
+        return f"{self.node}: {self.target}: {self.what} (clear it: {self.clear})"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A restored target as observed on its node."""
+
+    state: str
+    running: bool
+    health: bool | None  # None: no health check recorded for it
+    health_detail: str
+    memory_mib: float
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    """The verdict on one restored target."""
+
+    node: str
+    name: str
+    ok: bool
+    state: str
+    health: str
+    memory: str
+    problems: list[str]
+    log_tail: str
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    """What `sparkbook restore` did: refused (conflicts), or stopped the new deployment, restored and checked."""
+
+    result: str  # refused | nothing to restore | restored | failed
+    conflicts: list[Conflict] = field(default_factory=list)
+    stopped_new: list[Action] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    memory: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("restored", "nothing to restore")
+
+
+class RestoreRefused(CleanupError):
+    """Something stands in the way of the restore; nothing was restored."""
+
+    stage = "restore"
+
+
+def restore_steps(plan_file: Path) -> list[Step]:
+    return [Step(**s) for s in json.loads(plan_file.read_text())["steps"]]
+
+
+def started_by_run(run: Run) -> dict[str, tuple[str, str]]:
+    """node -> (container name, ID) of the node containers this run started (04 recorded them); {} if none."""
+    try:
+        ray = run.recall(RayCluster)
+    except MissingState:
+        return {}
+    return {node: (name, ray.container_ids.get(node, "")) for node, name in ray.containers.items()}
+
+
+# pure: what stands in the way
+def _target_running(inv: Inventory, s: Step) -> bool:
+    if s.kind == "container":
+        return any(c.name == s.name and c.state == "running" for c in inv.containers)
+    return s.kind == "unit" and any(u.name == s.name and u.active == "active" for u in inv.units)
+
+
+def _target_pids(inv: Inventory, s: Step) -> set[int]:
+    return {pid for c in inv.containers if c.name == s.name for pid in c.pids}
+
+
+def _ours(inv: Inventory, new: dict[str, tuple[str, str]]) -> list[Container]:
+    name = new.get(inv.node, ("", ""))[0]
+    return [c for c in inv.containers if c.name == name and c.state == "running"]
+
+
+def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple[str, str]],
+              run_dir: Path) -> list[Conflict]:
+    """Per target not running now: each process listening on a port it held, and per node, the memory
+    (GPU memory where the GPU reports it) the targets held that is not available now. `new`: this run's
+    node containers (`started_by_run`); what they hold is cleared by `--stop-new`."""
+    stop_new = f"sparkbook restore {run_dir} --stop-new"
+    out: list[Conflict] = []
+    for s in steps:
+        inv = now.get(s.node)
+        if inv is None or _target_running(inv, s):
+            continue
+        own = _target_pids(inv, s)
+        ours = {pid for c in _ours(inv, new) for pid in c.pids}
+        held = {}  # port -> its holders (a port listened on by IPv4 and IPv6 sockets is one conflict)
+        for lis in inv.listeners:
+            if lis.port in s.ports and set(lis.pids) - own:
+                held.setdefault(lis.port, set()).update(set(lis.pids) - own)
+        for port, pids in held.items():
+            holders = sorted(pids)
+            is_ours = bool(set(holders) & ours)
+            who = ", ".join(dict.fromkeys(inv.holder(pid) for pid in holders))
+            out.append(Conflict(s.node, s.name, f"port {port} is held by {who}"
+                                + (" (this run's node container)" if is_ours else ""),
+                                stop_new if is_ours else _clear(s.node, inv, holders), is_ours))
+    for node, inv in now.items():
+        out += _memory_conflicts([s for s in steps if s.node == node and not _target_running(inv, s)], inv,
+                                 _ours(inv, new), stop_new)
+    return out
+
+
+def _clear(node: str, inv: Inventory, pids: list[int]) -> str:
+    names = sorted({c.name for c in inv.containers for pid in pids if pid in c.pids})
+    return f"ssh {node} docker stop {' '.join(names)}" if names else f"ssh {node} kill {' '.join(map(str, pids))}"
+
+
+def _memory_conflicts(steps: list[Step], inv: Inventory, ours: list[Container], stop_new: str) -> list[Conflict]:
+    names = ", ".join(s.name for s in steps)
+    held_by = f"; this run's {', '.join(c.name for c in ours)} holds {sum(c.rss_mib for c in ours):.0f} MiB" \
+        if ours else ""
+    clear = stop_new if ours else f"free memory on {inv.node}"
+    out = []
+    need = sum(s.memory_mib for s in steps)
+    if need > inv.memory.mem_available / (1 << 20):
+        out.append(Conflict(inv.node, names, f"they held {need:.0f} MiB, {inv.memory.mem_available >> 20} MiB is "
+                                             f"available{held_by}", clear, bool(ours)))
+    gpu_need = sum(s.gpu_mib for s in steps)
+    if gpu_need and inv.memory.gpu_total is not None:
+        free = (inv.memory.gpu_total - (inv.memory.gpu_used or 0)) >> 20
+        if gpu_need > free:
+            out.append(Conflict(inv.node, names, f"they held {gpu_need} MiB of GPU memory, {free} MiB is free",
+                                clear, bool(ours)))
+    return out
+
+
+# pure: the verdict on a restored target
+def judge(s: Step, seen: Seen) -> Check:
+    """Running after the grace period, its health check answering where one was recorded, its memory back."""
+    problems = []
+    if s.restore is None:
+        problems.append(f"no restore command: {s.note}")
+    elif not seen.running:
+        problems.append(f"not running ({seen.state})")
+    if seen.health is False:
+        problems.append(f"health check not answering: {seen.health_detail}")
+    if s.memory_mib >= 1 and seen.memory_mib < MEMORY_BACK_SHARE * s.memory_mib:
+        problems.append(f"holds {seen.memory_mib:.0f} MiB; it held {s.memory_mib:.0f} MiB before cleanup")
+    health = {None: "(none recorded)", True: f"answers {seen.health_detail}",
+              False: f"NOT answering {seen.health_detail}"}[seen.health]
+    return Check(s.node, s.name, not problems, seen.state, health,
+                 f"{seen.memory_mib:.0f} MiB (before cleanup: {s.memory_mib:.0f} MiB)", problems,
+                 "" if not problems else seen.log_tail)
+
+
+# acting
+def _restore_one(node: Node, step: Step) -> str:
+    if step.kind == "container":
+        docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step.name).start()
+        return "started"
+    if step.kind == "unit":
+        return node.run(["systemctl", "start", step.name], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
+    raise CleanupError(step.note or "no restore command is known", node=node.name)
+
+
+def bring_back(cluster: Cluster, steps: list[Step]) -> list[Action]:
+    """Run the restore plan written by `write_restore_plan`, step by step."""
+    return [act(cluster.nodes[s.node], s.name, s.restore or "-", lambda n, s=s: _restore_one(n, s)) for s in steps]
+
+
+def _stop_container(node: Node, name: str, recorded_id: str) -> str:
+    c = docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S).containers.get(name)
+    if not recorded_id or not c.id.startswith(recorded_id[:12]):
+        raise CleanupError(f"{name} is now container {c.id[:12]}, not {recorded_id[:12] or '?'} that this run "
+                           "started: not stopped", node=node.name)
+    c.stop(timeout=STOP_GRACE_S)
+    return f"stopped {c.id[:12]}"
+
+
+def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
+    """Stop exactly the node containers this run started, by name, checked against their recorded IDs."""
+    return [act(cluster.nodes[node], name, f"docker stop {name}", lambda n, c=(name, cid): _stop_container(n, *c))
+            for node, (name, cid) in new.items() if node in cluster.nodes]
+
+
+def observe(node: Node, s: Step) -> Seen:
+    """A target's state, health (its recorded URL; else a listener on its ports), memory and log tail."""
+    running, state, memory, log = _observe_container(node, s) if s.kind == "container" else _observe_unit(node, s)
+    health: bool | None = None
+    detail = ""
+    if s.health_url:
+        health, detail = probe_health(node, [s.health_url])[s.health_url], s.health_url
+    elif s.ports:
+        socks = listeners(node.run(["ss", "-Hltnp"], timeout=PROBE_TIMEOUT_S).stdout.splitlines())
+        missing = sorted(set(s.ports) - {lis.port for lis in socks})
+        health, detail = not missing, f"ports {s.ports} listening" + (f" (not: {missing})" if missing else "")
+    return Seen(state, running, health, detail, memory, log)
+
+
+def _observe_container(node: Node, s: Step) -> tuple[bool, str, float, str]:
+    client = docker_client(node, timeout=PROBE_TIMEOUT_S)
+    try:
+        c = client.containers.get(s.name)
+    except Exception as exc:  # gone: that is the observation
+        return False, f"gone ({type(exc).__name__})", 0.0, ""
+    state = c.attrs["State"]
+    rss = container_top(client, c.id)[1] if c.status == "running" else 0.0
+    text = c.logs(tail=LOG_TAIL_LINES).decode(errors="replace")
+    described = c.status if c.status == "running" else f"{c.status} (exit {state.get('ExitCode')})"
+    return c.status == "running", described, rss, tail(text, LOG_TAIL_LINES)
+
+
+def _observe_unit(node: Node, s: Step) -> tuple[bool, str, float, str]:
+    if s.kind != "unit":
+        return False, "not restorable", 0.0, ""
+    active = node.run(["systemctl", "is-active", s.name], timeout=PROBE_TIMEOUT_S).stdout.strip()
+    mem = node.run(["systemctl", "show", "-p", "MemoryCurrent", "--value", s.name], timeout=PROBE_TIMEOUT_S)
+    log = node.run(["journalctl", "-u", s.name, "-n", str(LOG_TAIL_LINES), "--no-pager"], timeout=PROBE_TIMEOUT_S)
+    rss = int(mem.stdout.strip()) / (1 << 20) if mem.stdout.strip().isdigit() else 0.0
+    return active == "active", active, round(rss, 1), tail(log.stdout, LOG_TAIL_LINES)
+
+
+def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float = READY_TIMEOUT_S,
+                   grace_s: float = GRACE_S) -> list[Check]:
+    """Wait until each target answers (or has exited), then a grace period, then judge each one."""
+    pending = [s for s in steps if s.restore]
+
+    def still_starting() -> list[Step]:
+        """The targets that run but whose health check does not answer yet."""
+        pending[:] = [s for s in pending
+                      if (seen := observe(cluster.nodes[s.node], s)).running and seen.health is False]
+        return pending
+
+    Retrying(stop=stop_after_delay(ready_timeout_s), wait=wait_fixed(2), retry=retry_if_result(bool),
+             retry_error_callback=lambda state: state.outcome.result())(still_starting)
+    time.sleep(grace_s)
+    return [judge(s, observe(cluster.nodes[s.node], s)) for s in steps]
+
+
+def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: bool) -> RestoreOutcome:
+    """`sparkbook restore`: refuse while something stands in the way (unless `stop_first`: stop this run's node
+    containers first), restore in plan order, verify each target; every step is recorded in the run dir."""
+    if not steps:
+        return _done(run, RestoreOutcome("nothing to restore"))
+    new = started_by_run(run)
+    now = _inventories(run.cluster, targets)
+    found = conflicts(steps, now, new, run.run_dir)
+    run.record("restore_conflicts", found)
+    if found and not stop_first:
+        return _done(run, RestoreOutcome("refused", found))
+    stopped: list[Action] = []
+    if stop_first:
+        stopped = stop_new(run.cluster, new)
+        run.record("restore_stop_new", stopped)
+        now = _inventories(run.cluster, targets)
+        found = conflicts(steps, now, new, run.run_dir)
+        run.record("restore_conflicts", found)
+        if found or not all(a.ok for a in stopped):
+            return _done(run, RestoreOutcome("refused", found, stopped))
+    actions = bring_back(run.cluster, steps)
+    run.record("restore", actions)
+    checks = verify_restore(run.cluster, steps)
+    after = _inventories(run.cluster, targets)
+    memory = [{"node": n, **now[n].memory.delta(after[n].memory)} for n in now if n in after]
+    ok = all(a.ok for a in actions) and all(c.ok for c in checks)
+    return _done(run, RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks, memory))
+
+
+def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Inventory]:
+    """Every node's inventory now; a node that cannot be seen refuses the restore (its conflicts are unknown)."""
+    def unseen(errors: str) -> CleanupError:
+        return CleanupError(f"cannot see what stands in the way: {errors}",
+                            remediation="make every node reachable, then run `sparkbook restore` again")
+    return {inv.node: inv for inv in inventory_all(cluster, targets).values_or_raise(unseen)}
+
+
+def _done(run: Run, out: RestoreOutcome) -> RestoreOutcome:
+    run.record("restore_outcome", out)
+    return out

@@ -50,13 +50,16 @@ def planted() -> str:
 
 
 @pytest.fixture(scope="session")
-def full_run(lab, planted, tmp_path_factory):
+def full_run(lab, lab_progress, planted, tmp_path_factory):
     """One confirmed run of all six notebooks on the active lab, with a planted secret in the environment
-    (session-wide: test_runbook_lab checks it, test_idempotence runs the runbook a second time on top of it)."""
+    (session-wide: test_runbook_lab checks it, test_idempotence runs the runbook a second time on top of it).
+    The old deployment (the old vLLM too) answers before 01 inventories it, as the issue's cluster did, so 01
+    records every port and health URL that restore checks."""
     import sparkbook.lab as sblab
     from sparkbook.core import runbook
 
     sblab.reset()
+    sblab.wait_old_deployment(progress=lab_progress)
     os.environ["HF_TOKEN"] = planted
     params = tmp_path_factory.mktemp("params") / "lab.yaml"
     params.write_text(sblab.params_file(2).read_text().replace("secrets: []", "secrets: [HF_TOKEN]"))

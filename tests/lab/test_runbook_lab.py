@@ -15,15 +15,8 @@ from sparkbook.core.params import load_params
 from sparkbook.core.record import read_events
 from sparkbook.core.topology import container_name
 
-# The old deployment answers (the old vLLM too) before the run's 01 inventories it, as the cluster did:
-# a session fixture, so that it comes before full_run.
-pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("old_deployment_answers")]
+pytestmark = pytest.mark.lab
 OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}
-
-
-@pytest.fixture(scope="session")
-def old_deployment_answers(lab, lab_progress) -> dict[str, float]:
-    return sblab.wait_old_deployment(progress=lab_progress)
 
 
 def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, runbook.Manifest]) -> None:

@@ -19,6 +19,16 @@ pytestmark = pytest.mark.lab
 OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def old_deployment_stopped_afterwards(lab, tmp_path_factory):
+    """The restore tests bring the old deployment back; what comes after this module (nbval over the notebooks)
+    finds the lab as a confirmed run leaves it: the old deployment stopped, by 01 itself."""
+    yield
+    _, manifest = runbook.run(sblab.params_file(2), out_root=tmp_path_factory.mktemp("stop-old"), only="01",
+                              parameters={"confirm_cleanup": True}, say=print)
+    assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
+
+
 def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, runbook.Manifest]) -> None:
     run_dir, manifest = full_run
     assert [(nb.name, nb.status) for nb in manifest.notebooks] == [(n, "ok") for n in runbook.notebook_names()], \

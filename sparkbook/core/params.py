@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,9 @@ class ModelSpec(Strict):
     path: RemotePath | None = Field(None, description="model directory on every node")
     hf_id: Annotated[str, _matches(_HF_ID, "Hugging Face model id")] | None = None
     served_name: Name
-    cache_dir: RemotePath = Field(description="where nodes keep models (mounted into containers)")
+    cache_dir: RemotePath = Field(description="where nodes keep models (mounted into containers at the same path); "
+                                              "for hf_id: the Hugging Face cache (HF_HOME or its hub/ dir)")
+    offline: bool = Field(True, description="hf_id: serve with HF_HUB_OFFLINE=1, from what the nodes' cache holds")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -213,6 +216,10 @@ class Params(Strict):
     secrets: list[Annotated[EnvName, AfterValidator(_no_secret)]] = Field(
         [], description="environment variables holding secrets, by name (never the secret itself)")
     run_lock: RunLockSettings = RunLockSettings()
+
+    def secret_values(self) -> dict[str, str]:
+        """The named secrets as this controller's environment holds them (those it lacks are left out)."""
+        return {name: os.environ[name] for name in self.secrets if os.environ.get(name)}
 
     @model_validator(mode="after")
     def _cluster_consistent(self) -> Params:

@@ -160,8 +160,8 @@ class DockerNodes:
     copies_images = True
     not_reusable = ""
 
-    def __init__(self, spec: DockerRuntime, model_cache: str):
-        self.spec, self.model_cache = spec, model_cache
+    def __init__(self, spec: DockerRuntime, model_cache: str, secrets: dict[str, str] | None = None):
+        self.spec, self.model_cache, self.secrets = spec, model_cache, secrets or {}
 
     def candidates(self) -> list[str]:
         return list(self.spec.images)
@@ -225,21 +225,26 @@ class DockerNodes:
 
         This is the node's own `docker run --rm` in one SSH call: a probe costs about a second less than
         docker-py's round trips, which keeps the registry probe within its 3 s. The command inside carries
-        its own timeout, so the daemon removes the container even if the CLI is killed."""
+        its own timeout, so the daemon removes the container even if the CLI is killed. The image's
+        ENTRYPOINT (vLLM's official images: `vllm serve`) is replaced by that timeout, as vLLM's
+        run_cluster.sh replaces it. No secret goes in: without a network, nothing could use it."""
         cache = self.model_cache
         flags = [a for k, v in {**self.spec.env, **(env or {})}.items() for a in ("-e", f"{k}={v}")]
+        entrypoint, *command = _timeout_argv(argv, timeout)
         return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label",
-                         f"{LABEL}=one-off", "-v", f"{cache}:{cache}:ro", *flags, str(image),
-                         *_timeout_argv(argv, timeout)], timeout=timeout + 30)
+                         f"{LABEL}=one-off", "-v", f"{cache}:{cache}:ro", *flags, "--entrypoint", entrypoint,
+                         str(image), *command], timeout=timeout + 30)
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
-        """(Re)create the place's container: host network, shm, model cache, env, an init that reaps orphans
-        (killed serve processes leave children); returns its ID."""
+        """(Re)create the place's container: host network, shm, model cache, env and the params' secrets (through
+        the Docker API, never on a command line), an init that reaps orphans (killed serve processes leave
+        children), `sleep infinity` as its entrypoint whatever the image declares; returns its ID."""
         client = self.client(node)
         self.stop(node, place)
         kwargs: dict[str, object] = dict(
-            name=place.name, command=["sleep", "infinity"], detach=True, network_mode="host", init=True,
-            shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env}, labels={LABEL: place.name},
+            name=place.name, entrypoint=["sleep", "infinity"], detach=True, network_mode="host", init=True,
+            shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env, **self.secrets},
+            labels={LABEL: place.name},
             volumes={self.model_cache: {"bind": self.model_cache, "mode": "rw"}}, privileged=self.spec.privileged,
             ulimits=[docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)]
             if self.spec.nofile else [],
@@ -316,8 +321,8 @@ class PythonNodes:
     copies_images = False
     not_reusable = "the Python runtime keeps no container to compare: Ray is started afresh"
 
-    def __init__(self, spec: PythonRuntime):
-        self.spec = spec
+    def __init__(self, spec: PythonRuntime, secrets: dict[str, str] | None = None):
+        self.spec, self.secrets = spec, secrets or {}
 
     def candidates(self) -> list[str]:
         return [self.spec.python]
@@ -382,11 +387,14 @@ class PythonNodes:
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
               env: dict[str, str] | None = None) -> Spawned:
-        """setsid the process into its own session; its session ID goes to `log`.pid and to the place's list."""
-        script = ('mkdir -p "$(dirname "$1")"; setsid sh -c \'echo $$ >>"$0"/sids; echo $$ >"$1.pid"; '
+        """setsid the process into its own session; its session ID goes to `log`.pid and to the place's list.
+        The params' secrets reach it exported from stdin (`KEY=value` lines), never on its command line."""
+        script = ('while IFS= read -r kv; do export "$kv"; done; mkdir -p "$(dirname "$1")"; '
+                  'setsid sh -c \'echo $$ >>"$0"/sids; echo $$ >"$1.pid"; '
                   'l=$1; shift; exec "$@" >"$l" 2>&1 </dev/null\' "$0" "$1" "${@:2}" </dev/null >/dev/null 2>&1 &')
+        secrets = "".join(f"{k}={v}\n" for k, v in self.secrets.items()).encode()
         node.run(["bash", "-c", script, self._dir(place), log, *self._argv(argv)],
-                 env=self._env({**place.env, **(env or {})}), timeout=30, check=True)
+                 env=self._env({**place.env, **(env or {})}), stdin=secrets, timeout=30, check=True)
         return Spawned(node.name, place.name, log)
 
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
@@ -425,5 +433,5 @@ class PythonNodes:
 
 def runtime_for(params: Params) -> Runtime:
     if isinstance(params.runtime, DockerRuntime):
-        return DockerNodes(params.runtime, params.model.cache_dir)
-    return PythonNodes(params.runtime)
+        return DockerNodes(params.runtime, params.model.cache_dir, params.secret_values())
+    return PythonNodes(params.runtime, params.secret_values())

@@ -231,28 +231,30 @@ def _lab_is_up(n: int) -> bool:
     return True
 
 
-def _sync_models(specs: list[NodeSpec], models: dict[str, Path], progress: Progress) -> list[str]:
-    """Copy each lab model into every node's model cache (LAB_HOME/nodes/<n>/models = /srv/models)."""
+def _sync_models(specs: list[NodeSpec], trees: dict[str, Path], progress: Progress) -> list[str]:
+    """Copy each tree (node-dir-relative destination -> host source) onto every node: the lab models into
+    its model cache (LAB_HOME/nodes/<n>/models = /srv/models), the hub cache into its HF cache
+    (LAB_HOME/nodes/<n>/hf = /home/lab/.cache/huggingface). Symlinks are kept (the hub's snapshots)."""
     def listing(root: Path) -> list:
         if not root.is_dir():
             return []
-        return sorted((str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime))
+        return sorted((str(p.relative_to(root)), p.is_symlink(), p.stat().st_size, int(p.stat().st_mtime))
                       for p in root.rglob("*") if p.is_file())
 
     copied = []
-    for name, src in models.items():
+    for rel, src in trees.items():
         src = Path(src)
         want = listing(src)
         for s in specs:
-            dst = s.dir / "models" / name
+            dst = s.dir / rel
             if listing(dst) == want:
                 continue
-            tmp = dst.with_name(f".{name}.tmp")
+            tmp = dst.with_name(f".{dst.name}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp, symlinks=False)
+            shutil.copytree(src, tmp, symlinks=True)
             shutil.rmtree(dst, ignore_errors=True)
             tmp.rename(dst)
-            copied.append(f"{s.name}/{name}")
+            copied.append(f"{s.name}/{rel}")
     if copied:
         _say(progress, f"models: copied {', '.join(copied)}")
     return copied
@@ -287,7 +289,9 @@ def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str], progress
             _say(progress, "images: ensuring the lab images on the builder (built only when missing)")
             result["built"] = images.ensure_images(progress)
             _say(progress, "models: ensuring the lab models")
-            result["models"] = models.ensure_models(progress)
+            made = models.ensure_models(progress)
+            result["models"] = {**{f"models/{name}": path for name, path in made.items()},
+                                "hf/hub": models.ensure_hf_cache(made, progress)}
         except BaseException as e:  # re-raised in the caller's thread
             result["error"] = e
 

@@ -53,6 +53,7 @@ MAX_NODES = 64
 NODE_MOUNTS = {  # node dir (under LAB_HOME/nodes/<name>/) -> path inside the node
     "docker": "/var/lib/docker",
     "models": "/srv/models",
+    "hf": "/home/lab/.cache/huggingface",  # a Hugging Face cache that is not root's (params/lab-hf.yaml)
     "tmp": "/tmp",
     "dotssh": "/root/.ssh",  # the node's own ~/.ssh: the lab key + known_hosts, so nodes ssh to each other
 }

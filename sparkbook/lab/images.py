@@ -1,7 +1,8 @@
 """The lab's Docker images, built on the builder daemon without any registry.
 
 base (debootstrap + ``docker import``) → torch (/opt/venv + the local CPU torch wheel) → one image per
-vLLM version → the grafted image (old vLLM + the new one's hy_v4 package, multi-stage COPY).
+vLLM version → the grafted image (old vLLM + the new one's hy_v4 package, multi-stage COPY), and the new
+one again with vLLM's official ENTRYPOINT (``vllm serve``: one metadata layer, no new files).
 Each image carries a recipe label (a hash of its Dockerfile, inputs and parent image ID): a tag whose
 label matches is reused as is, so a warm ``ensure_images`` takes seconds.
 """
@@ -32,7 +33,8 @@ TORCH = "sparkbook-lab/torch:2.13.0-cpu"
 OLD = f"sparkbook-lab/vllm-cpu:{OLD_VLLM}"
 NEW = f"sparkbook-lab/vllm-cpu:{NEW_VLLM}"
 GRAFT = f"sparkbook-lab/vllm-cpu:{OLD_VLLM}-hyv4-graft"
-LAB_IMAGES = (BASE, OLD, NEW, GRAFT)
+OPENAI = f"sparkbook-lab/vllm-openai-cpu:{NEW_VLLM}"   # NEW with ENTRYPOINT ["vllm", "serve"]
+LAB_IMAGES = (BASE, OLD, NEW, GRAFT, OPENAI)
 
 LABEL = "org.sparkbook.lab"
 RECIPE_LABEL = f"{LABEL}.recipe"
@@ -67,6 +69,7 @@ def image_specs() -> list[ImageSpec]:
         *vllm,
         ImageSpec(GRAFT, "grafted", "Dockerfile.graft", {"OLD": OLD, "NEW": NEW}, vllm=OLD_VLLM,
                   extra_labels={f"{LABEL}.grafted": f"HYV4ForCausalLM from vllm {NEW_VLLM}"}),
+        ImageSpec(OPENAI, "entrypoint", "Dockerfile.entrypoint", {"BASE": NEW}, vllm=NEW_VLLM, min_free_gib=1.0),
     ]
 
 
@@ -176,7 +179,7 @@ def ensure_image(spec: ImageSpec, built: dict[str, str], emit: Progress) -> str:
 def ensure_images(progress: Progress | None = None) -> dict[str, str]:
     """Build the lab images that are missing or stale on the builder; return tag → image ID.
 
-    The tags are LAB_IMAGES (base, old, new, grafted); the intermediate torch image is built too.
+    The tags are LAB_IMAGES (base, old, new, grafted, entrypoint); the intermediate torch image is built too.
     """
     emit = default_progress(progress)
     ensure_builder()

@@ -91,6 +91,7 @@ class ServePlan:
     commands: list[ServeCommand]
     base_url: str
     model: str
+    model_dir: str = ""  # where the nodes load the model from (02's snapshot of model.hf_id); '' = from params
 
     def table(self) -> list[dict[str, str]]:
         return [{"node": c.node, "env": " ".join(f"{k}={v}" for k, v in c.env.items()),
@@ -109,11 +110,26 @@ def serving_nodes(params: Params) -> list[NodeSpec]:
     return chosen
 
 
+def model_source(params: Params, model_dir: str = "") -> tuple[str, dict[str, str]]:
+    """What `vllm serve` loads, and the env that keeps it there. model.path as is; model.hf_id from the
+    snapshot 02 found in the node's cache (else by its id), with HF_HUB_CACHE naming that cache, which is
+    mounted at the same path in the containers (not the containers' own ~/.cache), and HF_HUB_OFFLINE=1
+    unless model.offline is false: a worker without internet then loads what is on its disk instead of
+    asking the Hub."""
+    model = params.model
+    if model.path:
+        return str(model.path), {}
+    hub = model_dir.split("/models--")[0] if "/models--" in model_dir else (
+        model.cache_dir if model.cache_dir.rstrip("/").endswith("/hub") else f"{model.cache_dir.rstrip('/')}/hub")
+    env = {"HF_HUB_CACHE": hub, **({"HF_HUB_OFFLINE": "1"} if model.offline else {})}
+    return model_dir or str(model.hf_id), env
+
+
 def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: NodeSpec, rank: int,
-               nnodes: int) -> list[str]:
-    """One node's `vllm serve` argv, every value from params."""
-    model = params.model.path or params.model.hf_id
-    argv = ["vllm", "serve", str(model), "--served-model-name", params.model.served_name,
+               nnodes: int, model_dir: str = "") -> list[str]:
+    """One node's `vllm serve` argv, every value from params (the model as `model_source` has it)."""
+    model, _ = model_source(params, model_dir)
+    argv = ["vllm", "serve", model, "--served-model-name", params.model.served_name,
             "--host", str(params.head.fabric_ip), "--port", str(settings.port),
             "--tensor-parallel-size", str(settings.tensor_parallel_size),
             "--pipeline-parallel-size", str(settings.pipeline_parallel_size),
@@ -133,18 +149,20 @@ def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: Nod
     return argv + list(settings.extra_args)
 
 
-def plan(params: Params, executor: str, settings: ServeSettings | None = None) -> ServePlan:
-    """Commands for every node that serves: the head alone for `ray`, one rank per node for `mp`."""
+def plan(params: Params, executor: str, settings: ServeSettings | None = None, model_dir: str = "") -> ServePlan:
+    """Commands for every node that serves: the head alone for `ray`, one rank per node for `mp`; `model_dir`
+    is where 02 found model.hf_id on the nodes (ModelFacts.dir_on_nodes)."""
     settings = settings or params.serve
+    _, model_env = model_source(params, model_dir)
     nodes = serving_nodes(params) if executor == "mp" else [params.head]
     # the ray executor joins the cluster 04 formed; without RAY_ADDRESS, ray.init() looks for the last
     # cluster in the default temp dir (not 04's --temp-dir) and may start a private local instance instead
     joins = {"RAY_ADDRESS": address(params)} if executor == "ray" else {}
-    commands = [ServeCommand(spec.name, serve_argv(params, settings, executor, spec, rank, len(nodes)),
-                             {**joins, **settings.env, **settings.node_env.get(spec.name, {})})
+    commands = [ServeCommand(spec.name, serve_argv(params, settings, executor, spec, rank, len(nodes), model_dir),
+                             {**joins, **model_env, **settings.env, **settings.node_env.get(spec.name, {})})
                 for rank, spec in enumerate(nodes)]
     return ServePlan(executor, settings, commands, f"http://{params.head.fabric_ip}:{settings.port}",
-                     params.model.served_name)
+                     params.model.served_name, model_dir)
 
 
 # --- launch and readiness --------------------------------------------------------------------------
@@ -366,7 +384,7 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
         if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)
-        current = plan(params, current.executor, fix.settings)
+        current = plan(params, current.executor, fix.settings, current.model_dir)
     return result
 
 
@@ -374,12 +392,13 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
 def _plan_data(p: ServePlan) -> dict[str, object]:
     return json.loads(json.dumps({"executor": p.executor, "settings": p.settings.model_dump(mode="json"),
                                   "commands": [dataclasses.asdict(c) for c in p.commands], "base_url": p.base_url,
-                                  "model": p.model}))
+                                  "model": p.model, "model_dir": p.model_dir}))
 
 
 def _plan_from(data: dict) -> ServePlan:
     return ServePlan(data["executor"], ServeSettings.model_validate(data["settings"]),
-                     [ServeCommand(**c) for c in data["commands"]], data["base_url"], data["model"])
+                     [ServeCommand(**c) for c in data["commands"]], data["base_url"], data["model"],
+                     data.get("model_dir", ""))
 
 
 def _remember(cluster: Cluster, runtime: Runtime, where: dict[str, Place], requested: ServePlan,

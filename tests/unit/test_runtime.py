@@ -109,8 +109,8 @@ def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> N
     assert rt.installed() is None and "installed_image is not set" in rt.no_installed_reason()
     argv = rt.one_off(node, "held:1", ["python3", "-c", "x"], env={"F": "1"}, timeout=7).stdout.splitlines()
     assert argv == ["run", "--rm", "--pull", "never", "--network", "none", "--label", "org.sparkbook.run=one-off",
-                    "-v", "/srv/models:/srv/models:ro", "-e", "E=v w", "-e", "F=1", "held:1",
-                    "timeout", "-k", "5", "7", "python3", "-c", "x"]
+                    "-v", "/srv/models:/srv/models:ro", "-e", "E=v w", "-e", "F=1", "--entrypoint", "timeout",
+                    "held:1", "-k", "5", "7", "python3", "-c", "x"]  # the image's ENTRYPOINT is replaced
     preflight = rt.preflight(cluster)
     assert list(preflight.failed) == ["a", "b", "c"] and not preflight.succeeded
     with pytest.raises(SparkbookError) as raised:

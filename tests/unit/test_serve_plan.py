@@ -161,3 +161,28 @@ Recent failures:
     ("Active:\n (no active nodes)\nPending:\n 1 node_x\n", 0), ("", 0)])
 def test_ray_status_active_nodes_counts_only_the_active_section(report: str, count: int):
     assert rc.active_nodes(report) == count
+
+
+def test_a_model_by_hf_id_is_served_offline_from_the_snapshot_02_found(duo):
+    snapshot = "/home/u/.cache/huggingface/hub/models--Org--Model-1B/snapshots/0123abc"
+    (cmd,) = serve.plan(duo, "ray", model_dir=snapshot).commands
+    assert cmd.argv[2] == snapshot
+    assert cmd.env["HF_HUB_CACHE"] == "/home/u/.cache/huggingface/hub" and cmd.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_a_model_by_hf_id_without_02s_record_is_looked_up_in_the_params_cache(write_params, base):
+    base["model"].update(cache_dir="/home/u/.cache/huggingface", offline=False)
+    (cmd,) = serve.plan(load_params(write_params(base)), "ray").commands
+    assert cmd.argv[2] == "Org/Model-1B"
+    assert cmd.env["HF_HUB_CACHE"] == "/home/u/.cache/huggingface/hub" and "HF_HUB_OFFLINE" not in cmd.env
+
+
+def test_the_second_lab_params_differ_from_the_lab_only_in_image_and_model():
+    import yaml
+    lab, hf = (yaml.safe_load((PARAMS / f).read_text()) for f in ("lab.yaml", "lab-hf.yaml"))
+    assert hf["model"] == {"hf_id": "sparkbook-lab/hyv4-tiny", "served_name": "hyv4-tiny",
+                           "cache_dir": "/home/lab/.cache/huggingface"}
+    assert hf["runtime"]["images"][-1] == "sparkbook-lab/vllm-openai-cpu:0.32.0"
+    for key in ("model", "runtime", "cluster"):
+        del lab[key], hf[key]
+    assert lab == hf

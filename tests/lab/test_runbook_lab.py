@@ -50,6 +50,36 @@ def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, runbook.M
     assert reply.status_code == 200 and reply.json()["choices"][0]["text"]
 
 
+# every process of the container whose command line runs vLLM: does its environment hold HF_TOKEN=<argv[1]>?
+SERVING_ENV = """import pathlib, sys
+found = []
+for proc in pathlib.Path("/proc").glob("[0-9]*"):
+    try:
+        cmd, env = (proc / "cmdline").read_bytes(), (proc / "environ").read_bytes().split(b"\\0")
+    except OSError:
+        continue
+    if b"vllm" in cmd:
+        found.append(("HF_TOKEN=" + sys.argv[1]).encode() in env)
+print(len(found), all(found))
+"""
+
+
+def test_planted_secret_reaches_the_serving_processes(full_run: tuple[Path, runbook.Manifest], planted: str,
+                                                      node_shells) -> None:  # type: ignore[no-untyped-def]
+    """The secret named in params is where it is used: in the environment of every vLLM process on every
+    serving node (forwarded through the Docker API, never on a command line)."""
+    _, manifest = full_run
+    params = load_params(manifest.params_file)
+    for node in ("lab-0", "lab-1"):
+        _, out, _ = node_shells[node].run(["docker", "exec", container_name(params, node), "python3", "-c",
+                                           SERVING_ENV, planted])
+        count, every = out.split()
+        assert int(count) > 0 and every == "True", (node, out)
+        _, argv, _ = node_shells[node].run(["docker", "inspect", "--format", "{{json .Args}} {{json .Path}}",
+                                            container_name(params, node)])
+        assert planted not in argv
+
+
 def test_planted_secret_is_in_no_written_file(full_run: tuple[Path, runbook.Manifest], planted: str) -> None:
     """Every file under the outputs root (run dir, index, logs, state, notebooks) and every member of the
     archive, decompressed; the secret was really in the run's environment and named in its params."""

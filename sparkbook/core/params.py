@@ -58,6 +58,7 @@ EnvValue = Annotated[str, _matches(_ENV_VALUE, "environment value"), AfterValida
 NetDev = Annotated[str, _matches(_NETDEV, "network interface name")]
 Arg = Annotated[str, _matches(_ARG, "command-line argument"), AfterValidator(_no_secret)]
 Size = Annotated[str, _matches(_SIZE, "size (e.g. 128M, 1G)")]
+Parser = Annotated[str, _matches(_NAME, "vLLM parser name")]
 Env = dict[EnvName, EnvValue]
 
 
@@ -173,12 +174,33 @@ class ServeSettings(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     enforce_eager: bool = False
     kv_cache_memory_bytes: Size | None = None
+    host: ipaddress.IPv4Address = Field(ipaddress.IPv4Address("0.0.0.0"), description="address the API binds on the "
+                                        "head (0.0.0.0: every interface); clients reach it at the head's fabric_ip")
+    reasoning_parser: Parser | None = Field(None, description="vLLM --reasoning-parser (qwen3 for Qwen3.5): the "
+                                            "model's thinking goes to reasoning_content, its answer to content")
+    tool_call_parser: Parser | None = Field(None, description="vLLM --tool-call-parser (qwen3_coder for Qwen3.5), "
+                                            "with --enable-auto-tool-choice")
+    chat_template: RemotePath | None = Field(None, description="chat template file as the serving container sees "
+                                             "it (under model.cache_dir, which is mounted); 05 checks it exists")
+    smoke_max_tokens: int | None = Field(None, ge=1, le=32768, description="tokens per smoke-test request (default: "
+                                         "1024 with a reasoning parser, where the model thinks first; 32 without)")
     extra_args: list[Arg] = []
     env: Env = {}
     node_env: dict[Name, Env] = {}
     ready_timeout_s: float = Field(900, gt=0)
     retry_with_remediation: bool = True
     max_remedies: int = Field(2, ge=0, le=5, description="relaunches with a remediation after a classified failure")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_field_flags(cls, value: list[str]) -> list[str]:
+        """A flag with a field of its own in extra_args would be given twice, one value silently winning."""
+        own = {"--host": "host", "--reasoning-parser": "reasoning_parser", "--tool-call-parser": "tool_call_parser",
+               "--enable-auto-tool-choice": "tool_call_parser", "--chat-template": "chat_template"}
+        taken = [f"{a} (use serve.{own[a.split('=', 1)[0]]})" for a in value if a.split("=", 1)[0] in own]
+        if taken:
+            raise ValueError(f"set by their own fields, not in extra_args: {', '.join(taken)}")
+        return value
 
 
 class BenchmarkPlan(Strict):

@@ -130,7 +130,7 @@ def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: Nod
     """One node's `vllm serve` argv, every value from params (the model as `model_source` has it)."""
     model, _ = model_source(params, model_dir)
     argv = ["vllm", "serve", model, "--served-model-name", params.model.served_name,
-            "--host", str(params.head.fabric_ip), "--port", str(settings.port),
+            "--host", str(settings.host), "--port", str(settings.port),
             "--tensor-parallel-size", str(settings.tensor_parallel_size),
             "--pipeline-parallel-size", str(settings.pipeline_parallel_size),
             "--distributed-executor-backend", executor, "--dtype", settings.dtype]
@@ -141,9 +141,13 @@ def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: Nod
             argv.append("--headless")
     for flag, value in (("--max-model-len", settings.max_model_len), ("--max-num-seqs", settings.max_num_seqs),
                         ("--gpu-memory-utilization", settings.gpu_memory_utilization),
-                        ("--kv-cache-memory-bytes", settings.kv_cache_memory_bytes)):
+                        ("--kv-cache-memory-bytes", settings.kv_cache_memory_bytes),
+                        ("--reasoning-parser", settings.reasoning_parser),
+                        ("--tool-call-parser", settings.tool_call_parser), ("--chat-template", settings.chat_template)):
         if value is not None:
             argv += [flag, str(value)]
+    if settings.tool_call_parser:
+        argv.append("--enable-auto-tool-choice")
     if settings.enforce_eager:
         argv.append("--enforce-eager")
     return argv + list(settings.extra_args)
@@ -340,8 +344,8 @@ def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
                serve_plan: ServePlan) -> Diagnosis | None:
     """The classified cause when something already listens on the serve address, else None: found before
     launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
-    head = serve_plan.commands[0].node
-    host, port = _host_port(serve_plan)
+    head, port = serve_plan.commands[0].node, _host_port(serve_plan)[1]
+    host = str(serve_plan.settings.host)  # where vLLM will bind: 0.0.0.0 collides with a listener on any address
     r = runtime.exec(cluster.nodes[head], where[head], ["python3", "-c", probes.source("bind"), host, port], timeout=30)
     try:
         bound = probes.parse(r, node=head, probe=f"bind {host}:{port}")
@@ -352,14 +356,27 @@ def port_taken(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
     return classify({head: f"{host}:{port}: {bound['error']}"})
 
 
+def missing_chat_template(cluster: Cluster, runtime: Runtime, where: dict[str, Place],
+                          serve_plan: ServePlan) -> str:
+    """Where serve.chat_template is not a file as each serving node's container sees it ("" when it is, or when
+    params name none): vLLM would report it only after loading the model."""
+    path = serve_plan.settings.chat_template
+    if path is None:
+        return ""
+    nodes = [cluster.nodes[c.node] for c in serve_plan.commands]
+    outcomes = cluster.fan_out(lambda n: runtime.exec(n, where[n.name], ["test", "-f", path], timeout=30).ok, nodes,
+                               timeout=60)
+    return ", ".join(n for n, o in outcomes.items() if not (o.ok and o.value))
+
+
 def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str, Place], serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
     serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
     gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
     a graph-capture OOM goes straight to --enforce-eager). Raises ServeError, launching
-    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone) or the
-    serve port is taken on the head."""
+    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone), the
+    serve port is taken on the head or serve.chat_template is not there."""
     gone = lost(params, cluster, runtime)
     if gone:
         raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
@@ -372,6 +389,12 @@ def bring_up(params: Params, cluster: Cluster, runtime: Runtime, where: dict[str
     taken = port_taken(cluster, runtime, where, serve_plan)
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
+    lacking = missing_chat_template(cluster, runtime, where, serve_plan)
+    if lacking:
+        raise ServeError(f"serve.chat_template: {serve_plan.settings.chat_template} is not a file where `vllm serve` "
+                         f"runs on {lacking}", node=lacking.split(", ")[0],
+                         remediation=f"put the template on every node under model.cache_dir ({params.model.cache_dir}, "
+                                     "which the node containers mount at the same path) or correct serve.chat_template")
     for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(cluster, runtime, where, current, attempt)
         ready = wait_ready(cluster, runtime, where, launched, params.serve.ready_timeout_s, on_round)
@@ -468,6 +491,23 @@ def failure_message(result: BringUp) -> str:
 
 
 # --- smoke test ------------------------------------------------------------------------------------
+REASONING_TOKENS = 1024  # room for a thinking model to finish thinking and answer ("Say hello." ~400 for Qwen3.5)
+PLAIN_TOKENS = 32
+THINK_TAGS = ("<think>", "</think>")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One reply as a client reads it: the answer (chat `content` or completion `text`), the separated thinking,
+    and what is wrong with it ("" when nothing is), with what to change."""
+
+    text: str
+    reasoning: str
+    finish_reason: str
+    problem: str = ""
+    remediation: str = ""
+
+
 @dataclass(frozen=True)
 class Smoke:
     kind: str
@@ -475,11 +515,61 @@ class Smoke:
     text: str
     seconds: float
     completion_tokens: int
+    reasoning: str = ""
+    finish_reason: str = ""
+    problem: str = ""
+    remediation: str = ""
 
 
-def smoke_test(base_url: str, model: str, timeout_s: float = 180, max_tokens: int = 32) -> list[Smoke]:
-    """One chat completion and one completion; their text, time and token counts."""
-    out = []
+def smoke_tokens(settings: ServeSettings) -> int:
+    """max_tokens per smoke request: serve.smoke_max_tokens, else room to think where a reasoning parser runs."""
+    return settings.smoke_max_tokens or (REASONING_TOKENS if settings.reasoning_parser else PLAIN_TOKENS)
+
+
+def judge(kind: str, data: dict, reasoning_parser: str | None, max_tokens: int) -> Reply:
+    """Read a chat completion (`kind` "chat") or completion response body as vLLM returns it and say whether
+    its answer is where clients read it: chat text in `content` without think tags, the thinking (if any) in
+    `reasoning_content` (`reasoning` in vLLM >= 0.11)."""
+    choice = data["choices"][0]
+    finish = choice.get("finish_reason") or ""
+    if kind != "chat":
+        text = choice.get("text") or ""
+        return Reply(text, "", finish) if text.strip() else Reply(text, "", finish, *_nothing(finish, max_tokens))
+    message = choice["message"]
+    text = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    parser = f"--reasoning-parser {reasoning_parser}" if reasoning_parser else "no reasoning parser"
+    if any(tag in text for tag in THINK_TAGS):
+        return Reply(text, reasoning, finish, f"the answer holds the model's thinking with its {'/'.join(THINK_TAGS)} "
+                     f"tags ({parser}): clients would show the thinking as the answer",
+                     "set serve.reasoning_parser to the model's parser (qwen3 for Qwen3/Qwen3.5, deepseek_r1 for "
+                     "DeepSeek-R1; vLLM docs: Reasoning Outputs)" if reasoning_parser is None else
+                     f"the parser {reasoning_parser} does not match the model's output: set serve.reasoning_parser to "
+                     "the one for this model and its chat template (vLLM docs: Reasoning Outputs)")
+    if not text.strip() and reasoning.strip():
+        if finish == "length":
+            return Reply(text, reasoning, finish, f"all {max_tokens} tokens went to thinking (finish_reason length, "
+                         "content empty): the model was cut off before it answered",
+                         f"raise serve.smoke_max_tokens (now {max_tokens})")
+        return Reply(text, reasoning, finish, f"the whole answer is in reasoning_content and content is empty though "
+                     f"the model finished (finish_reason {finish or 'none'}): {parser} does not match the model's "
+                     "output", "set serve.reasoning_parser to the parser for this model and its chat template, or "
+                     "remove it for a model that does not think (vLLM docs: Reasoning Outputs)")
+    if not text.strip():
+        return Reply(text, reasoning, finish, *_nothing(finish, max_tokens))
+    return Reply(text, reasoning, finish)
+
+
+def _nothing(finish: str, max_tokens: int) -> tuple[str, str]:
+    return (f"no text in the reply (neither content nor reasoning; finish_reason {finish or 'none'}, "
+            f"max_tokens {max_tokens})", "read the serve log tail in the run's logs/ and send the request by hand")
+
+
+def smoke_test(base_url: str, model: str, settings: ServeSettings | None = None,
+               timeout_s: float = 180) -> list[Smoke]:
+    """One chat completion and one completion, each judged (`judge`); their text, time and token counts."""
+    settings = settings or ServeSettings()
+    max_tokens, out = smoke_tokens(settings), []
     with httpx.Client(timeout=timeout_s) as client:
         for kind, path, body, prompt in (
                 ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}]}, "Say hello."),
@@ -488,10 +578,41 @@ def smoke_test(base_url: str, model: str, timeout_s: float = 180, max_tokens: in
             r = client.post(base_url + path, json={"model": model, "max_tokens": max_tokens, "temperature": 0, **body})
             r.raise_for_status()
             data = r.json()
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if kind == "chat" else choice["text"]
-            out.append(Smoke(kind, prompt, text, time.monotonic() - t0, data["usage"]["completion_tokens"]))
+            reply = judge(kind, data, settings.reasoning_parser, max_tokens)
+            out.append(Smoke(kind=kind, prompt=prompt, seconds=time.monotonic() - t0,
+                             completion_tokens=data["usage"]["completion_tokens"], **dataclasses.asdict(reply)))
     return out
+
+
+def check_smoke(smoke: list[Smoke]) -> None:
+    """ServeError, naming the request and what to change, for the first reply whose answer is not usable."""
+    for s in smoke:
+        if s.problem:
+            raise ServeError(f"smoke test, {s.kind} request ({s.prompt!r}): {s.problem}", remediation=s.remediation)
+
+
+def smoke_decision(settings: ServeSettings) -> Decision:
+    """What the smoke test expects of the chat reply, given how vLLM was told to shape the model's output."""
+    tokens = smoke_tokens(settings)
+    evidence = [f"--host {settings.host}",
+                f"--reasoning-parser {settings.reasoning_parser}" if settings.reasoning_parser
+                else "no serve.reasoning_parser",
+                f"--tool-call-parser {settings.tool_call_parser} --enable-auto-tool-choice" if settings.tool_call_parser
+                else "no serve.tool_call_parser (no tool calls)",
+                f"--chat-template {settings.chat_template}" if settings.chat_template
+                else "the model's own chat template", f"max_tokens {tokens}"]
+    if settings.reasoning_parser:
+        return Decision("What must the smoke test's chat reply hold?",
+                        "the answer in content, the thinking in reasoning_content",
+                        f"vLLM separates the model's thinking with the {settings.reasoning_parser} parser; {tokens} "
+                        "tokens leave room to finish thinking and answer",
+                        [Alternative("any text in content (32 tokens)", "a reply cut off while thinking has no content, "
+                                     "and thinking left in content would pass as an answer")], evidence)
+    return Decision("What must the smoke test's chat reply hold?", "text in content, without think tags",
+                    f"no reasoning parser runs, so a model that thinks would put its tagged thinking in content: the "
+                    f"test fails on it ({tokens} tokens)",
+                    [Alternative("the answer in content, the thinking in reasoning_content",
+                                 "vLLM returns no reasoning_content without serve.reasoning_parser")], evidence)
 
 
 def endpoint(result: BringUp) -> Endpoint:

@@ -1,14 +1,17 @@
 """Commands and env built from params (lab: mp multi-node; spark-duo: ray), the executor decision, the Ray gate."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from sparkbook.core import topology
+from sparkbook.core.nodes import Outcome, Result
 from sparkbook.stages import raycluster as rc
 from sparkbook.stages import serve
-from sparkbook.core.params import load_params
+from sparkbook.core.params import ParamsError, load_params
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 CPU = serve.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
@@ -44,7 +47,7 @@ def test_lab_on_cpu_serves_with_mp_across_both_nodes(lab):
     assert head.argv[:3] == ["vllm", "serve", "/srv/models/hyv4-tiny"]
     for flag, value in (("--nnodes", "2"), ("--master-addr", "10.77.0.10"), ("--master-port", "29501"),
                         ("--tensor-parallel-size", "2"), ("--distributed-executor-backend", "mp"),
-                        ("--host", "10.77.0.10"), ("--port", "8000"), ("--dtype", "float32"),
+                        ("--host", "0.0.0.0"), ("--port", "8000"), ("--dtype", "float32"),
                         ("--kv-cache-memory-bytes", "128M"), ("--served-model-name", "hyv4-tiny")):
         assert head.argv[head.argv.index(flag) + 1] == value
     assert head.argv[head.argv.index("--node-rank") + 1] == "0" and "--headless" not in head.argv
@@ -186,3 +189,79 @@ def test_the_second_lab_params_differ_from_the_lab_only_in_image_and_model():
     for key in ("model", "runtime", "cluster"):
         del lab[key], hf[key]
     assert lab == hf
+
+
+def test_output_fields_reach_the_argv_of_every_serving_node(write_params, base):
+    base["serve"].update(reasoning_parser="qwen3", tool_call_parser="qwen3_coder", host="10.9.0.1",
+                         chat_template="/srv/models/unsloth.jinja")
+    for cmd in serve.plan(load_params(write_params(base)), "mp").commands:
+        for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "qwen3_coder"),
+                            ("--chat-template", "/srv/models/unsloth.jinja"), ("--host", "10.9.0.1")):
+            assert cmd.argv[cmd.argv.index(flag) + 1] == value
+        assert cmd.argv.count("--enable-auto-tool-choice") == 1
+
+
+def test_without_output_fields_no_parser_flags_and_the_api_binds_every_interface(write_params, base):
+    (cmd, *_) = serve.plan(load_params(write_params(base)), "ray").commands
+    assert cmd.argv[cmd.argv.index("--host") + 1] == "0.0.0.0"
+    assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice", "--chat-template"} & set(cmd.argv)
+
+
+def test_the_seed_cluster_serves_qwen35_with_the_recipes_parsers():
+    (cmd,) = serve.plan(load_params(PARAMS / "spark-duo.yaml"), "ray").commands
+    assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "qwen3"
+    assert cmd.argv[cmd.argv.index("--tool-call-parser") + 1] == "qwen3_coder" and "--enable-auto-tool-choice" in cmd.argv
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("reasoning_parser", "", "not a valid vLLM parser name"),
+    ("tool_call_parser", "qwen3 --x", "not a valid vLLM parser name"),
+    ("chat_template", "unsloth.jinja", "not a valid absolute path"),
+    ("host", "999.1.1.1", "IPv4"),
+    ("smoke_max_tokens", 0, "greater than or equal to 1"),
+    ("extra_args", ["--reasoning-parser", "qwen3"], "--reasoning-parser (use serve.reasoning_parser)"),
+    ("extra_args", ["--enable-auto-tool-choice"], "(use serve.tool_call_parser)")])
+def test_output_fields_are_validated(write_params, base, field, value, says):
+    base["serve"][field] = value
+    with pytest.raises(ParamsError) as exc:
+        load_params(write_params(base))
+    (problem,) = exc.value.problems
+    assert problem.field.startswith(f"serve.{field}") and says in problem.message
+
+
+class _Cluster:
+    """Stands in for Cluster: its nodes by name and a fan-out that runs the step on each in turn."""
+
+    def __init__(self, names):
+        self.nodes = {n: SimpleNamespace(name=n) for n in names}
+
+    def fan_out(self, step, nodes, timeout=None):
+        return {n.name: Outcome(n.name, value=step(n)) for n in nodes}
+
+
+class _Files:
+    """A runtime whose `test -f PATH` succeeds only for the (node, path) pairs it holds."""
+
+    def __init__(self, present):
+        self.present = present
+
+    def exec(self, node, place, argv, timeout=120):
+        return Result(node.name, tuple(argv), 0 if (node.name, argv[-1]) in self.present else 1, "", "",
+                      datetime.now(timezone.utc), 0.0)
+
+
+def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab, monkeypatch):
+    assert serve.missing_chat_template(None, None, {}, serve.plan(lab, "mp")) == ""  # none named: nothing to ask
+    template = "/srv/models/unsloth.jinja"
+    params = lab.model_copy(update={"serve": lab.serve.model_copy(update={"chat_template": template})})
+    p, where = serve.plan(params, "mp"), {"lab-0": None, "lab-1": None}
+    cluster, runtime = _Cluster(["lab-0", "lab-1"]), _Files({("lab-0", template)})
+    assert serve.missing_chat_template(cluster, runtime, where, p) == "lab-1"
+    for name, value in (("lost", {}), ("find_running", (None, "nothing serving")), ("stop_earlier", None),
+                        ("port_taken", None)):
+        monkeypatch.setattr(serve, name, lambda *a, v=value: v)
+    monkeypatch.setattr(serve, "launch", lambda *a: pytest.fail("launched despite the missing template"))
+    with pytest.raises(serve.ServeError) as exc:
+        serve.bring_up(params, cluster, runtime, where, p)
+    assert exc.value.message == f"serve.chat_template: {template} is not a file where `vllm serve` runs on lab-1"
+    assert exc.value.node == "lab-1" and "under model.cache_dir (/srv/models" in exc.value.remediation

@@ -169,5 +169,6 @@ def _relative(target: Path, here: Path) -> str:
 
 
 def write_compare(c: Comparison, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(compare_page(c, path.parent))
     return path

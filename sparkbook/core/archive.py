@@ -33,7 +33,7 @@ class RunRecord:
 
     run_dir: Path
     run_id: str
-    kind: str = "unreadable"  # one of STATUSES
+    kind: str = "unreadable"  # one of STATUSES, or "interactive" (a notebook's own run dir, never listed)
     status: str = "unreadable"  # ok | failed at NN | partial: NN, NN | running | unreadable: why
     cluster: str | None = None
     started: str | None = None
@@ -81,6 +81,8 @@ def bench_points(run_dir: Path) -> list[dict[str, Any]]:
 
 def status_of(notebooks: list[dict[str, Any]], manifest_status: str) -> tuple[str, str]:
     """(kind, text): failed at the first failed notebook, partial when some did not run, else the manifest's."""
+    if manifest_status == "interactive":
+        return "interactive", "interactive (no manifest: the notebooks' own run dir)"
     failed = [nb["name"][:2] for nb in notebooks if nb.get("status") == "failed"]
     if failed:
         return "failed", f"failed at {failed[0]}"
@@ -144,12 +146,24 @@ def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, An
     record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
 
 
+def _notebook_dir(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A manifest for a notebook's own run dir (no `sparkbook run`): each notebook that recorded events, with its
+    decisions."""
+    stages = list(dict.fromkeys(e["stage"] for e in events if e.get("stage")))
+    return {"status": "interactive", "notebooks": [
+        {"name": f"{stage}.ipynb", "status": "ran", "decisions": [e["data"] for e in events
+                                                                 if e["stage"] == stage and e["kind"] == "decision"]}
+        for stage in stages]}
+
+
 def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     manifest = manifest if manifest is not None else _json(run_dir / MANIFEST)
-    if not isinstance(manifest, dict):
-        raise ValueError(f"no {MANIFEST}" if manifest is None else f"{MANIFEST} is not an object")
     state = _json(run_dir / STATE) or {}
     events = _events(run_dir)
+    if manifest is None and (state or events):
+        manifest = _notebook_dir(events)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"no {MANIFEST}" if manifest is None else f"{MANIFEST} is not an object")
     notebooks = list(manifest["notebooks"])
     kind, status = status_of(notebooks, manifest.get("status", "running"))
     record = RunRecord(run_dir, manifest.get("run_id", run_dir.name), kind, status, manifest.get("cluster"),

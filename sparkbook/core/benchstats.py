@@ -281,7 +281,7 @@ def ceiling_rows(ceilings: list[BatchCeiling]) -> list[dict[str, Any]]:
 
 def ceiling_markdown(m: StepModel, ceilings: list[BatchCeiling]) -> str:
     """The per-concurrency ceiling's formula with this model's numbers plugged in, one line per point."""
-    moe = (f" + {m.moe_layers} MoE layers x {m.expert_params:,} params/expert x E_B" if m.experts else "")
+    moe = f"; MoE layers = {m.moe_layers}, params/expert = {m.expert_params:,}" if m.experts else ""
     kv_factor = f" x {m.tensor_parallel} (MLA latent read by every rank)" if m.kv_replicated else ""
     lines = [
         "**Decode ceiling at concurrency B** (B tokens per step; one step reads the dense weights once, the experts "

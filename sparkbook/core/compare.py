@@ -32,7 +32,8 @@ class Change:
 
     @property
     def differs(self) -> bool:
-        return self.a != self.b
+        """Both runs record it and the values differ (one that a run does not record is not a change)."""
+        return self.a is not None and self.b is not None and self.a != self.b
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ class Comparison:
         lines += [f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}" for c in self.params] or [
             f"  {self.params_note or 'the same'}"]
         lines += ["", "image and versions:"]
-        lines += [f"  {c.what}: {fmt(c.a)}" + (f" -> {fmt(c.b)}  (changed)" if c.differs else "  (same)")
-                  for c in self.image]
+        lines += [f"  {c.what}: {fmt(c.a)}  (same)" if c.a == c.b else f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}  "
+                  + ("(changed)" if c.differs else "(not recorded by one run)") for c in self.image]
         lines += ["", "decisions that differ:"]
         lines += [f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}" for c in self.decisions] or ["  none"]
         lines += ["", "figures (A -> B, change):"]
@@ -80,13 +81,12 @@ class Comparison:
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings and lists as {"a.b[0].c": leaf}."""
+    """Nested mappings and lists as {"a.b[0].c": leaf}; an empty mapping or list has no leaves."""
     if isinstance(value, dict):
         return {k: v for key, item in value.items()
-                for k, v in flatten(item, f"{prefix}.{key}" if prefix else str(key)).items()} or {prefix: {}}
+                for k, v in flatten(item, f"{prefix}.{key}" if prefix else str(key)).items()}
     if isinstance(value, list):
-        return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{prefix}[{i}]").items()} \
-            or {prefix: []}
+        return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{prefix}[{i}]").items()}
     return {prefix: value}
 
 

@@ -133,3 +133,16 @@ def test_sparkbook_runs_prints_newest_first_and_filters(tmp_path: Path, capsys: 
     assert "1 of 2 run(s)" in out and "20261201T110000Z" not in out
     assert cli.main(["runs", "nosuch", "--outputs", str(tmp_path)]) == 1
     assert "'nosuch' is neither" in capsys.readouterr().err
+
+
+def test_a_notebooks_own_run_dir_is_read_from_its_state_and_events_but_not_listed(tmp_path: Path) -> None:
+    """nbval and JupyterLab write outputs/<cluster>/interactive (no manifest): 06 compares against it."""
+    lab = tmp_path / "lab"
+    made = make_run(lab, "interactive", image="img:3", events=[OOM, {
+        "at": "t", "stage": "03-image-selection", "kind": "decision",
+        "data": {"question": "Which image serves X?", "choice": "img:3", "reason": "r", "alternatives": []}}])
+    (made / "manifest.json").unlink()
+    r = archive.read_run(made)
+    assert r.kind == "interactive" and r.image == "img:3" and r.versions["vllm"] == "0.32.0"
+    assert [d["choice"] for d in r.decisions()] == ["img:3"]
+    assert archive.runs(lab) == []

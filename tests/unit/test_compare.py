@@ -83,4 +83,4 @@ def test_the_committed_gpu_records_ray_against_mp() -> None:
 
 
 def test_flatten_names_nested_keys() -> None:
-    assert compare.flatten({"a": {"b": [1, {"c": 2}]}, "d": {}}) == {"a.b[0]": 1, "a.b[1].c": 2, "d": {}}
+    assert compare.flatten({"a": {"b": [1, {"c": 2}]}, "d": {}, "e": []}) == {"a.b[0]": 1, "a.b[1].c": 2}

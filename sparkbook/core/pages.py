@@ -12,7 +12,7 @@ from .compare import Comparison
 SEVERITIES = ("blocker", "warning", "fact")
 STYLE = """body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd;vertical-align:top;
 text-align:left}tr.failed td{background:#fdd}tr.partial td,tr.running td{background:#ffd}tr.unreadable td{color:#888}
-tr.ok td:nth-child(2){color:green}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px}
+span.ok{color:green}span.failed{color:#a00}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px}
 .worse{color:#a00;font-weight:bold}"""
 
 
@@ -88,7 +88,8 @@ def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
         duration = f"{nb['duration_s']:.0f} s" if nb.get("duration_s") is not None else ""
         if nb.get("cell_limit_s"):
             duration += f"<br><small>cell limit {nb['cell_limit_s']} s: {e(nb.get('cell_limit_reason', ''))}</small>"
-        rows.append({"notebook": _link(r.run_dir, nb["name"]), "status": e(nb.get("status")), "duration": duration,
+        rows.append({"notebook": _link(r.run_dir, nb["name"]), "status": f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>',
+                     "duration": duration,
                      "exception": e(f"{exc.get('ename', '')}: {exc.get('evalue', '')}"[:400]) if exc else "",
                      "decisions": f"<ul>{''.join(_decision(d) for d in nb.get('decisions') or [])}</ul>"})
     return rows

@@ -165,6 +165,10 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     if not isinstance(manifest, dict):
         raise ValueError(f"no {MANIFEST}" if manifest is None else f"{MANIFEST} is not an object")
     notebooks = list(manifest["notebooks"])
+    for nb in notebooks:
+        if not isinstance(nb, dict) or not isinstance(nb.get("name"), str) \
+                or not all(isinstance(d, dict) for d in nb.get("decisions") or []):
+            raise ValueError(f"{MANIFEST}: a notebook entry without a name or with malformed decisions: {nb!r}"[:200])
     kind, status = status_of(notebooks, manifest.get("status", "running"))
     record = RunRecord(run_dir, manifest.get("run_id", run_dir.name), kind, status, manifest.get("cluster"),
                        manifest.get("started"), manifest.get("finished"), manifest.get("params_file"),

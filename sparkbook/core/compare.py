@@ -120,7 +120,7 @@ def image_changes(a: RunRecord, b: RunRecord) -> list[Change]:
 def decision_changes(a: RunRecord, b: RunRecord) -> list[Change]:
     """Each question either run decided whose choice is not the same in both."""
     def choices(r: RunRecord) -> dict[str, str]:
-        return {f"{d['notebook'][:2]}: {d['question']}": d["choice"] for d in r.decisions()}
+        return {f"{d['notebook'][:2]}: {d.get('question')}": d.get("choice") for d in r.decisions()}
 
     ca, cb = choices(a), choices(b)
     return [Change(q, ca.get(q), cb.get(q)) for q in sorted(set(ca) | set(cb)) if ca.get(q) != cb.get(q)]

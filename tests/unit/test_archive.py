@@ -49,9 +49,13 @@ def test_failed_partial_ok_and_malformed_runs_newest_first(tmp_path: Path) -> No
     bad = make_run(lab, "20261201T140000Z")
     (bad / "manifest.json").write_text("{not json")
     (lab / "20261201T150000Z").mkdir()  # a run whose manifest is gone
+    odd = make_run(lab, "20261201T143000Z")
+    (odd / "manifest.json").write_text('{"notebooks": [{"status": "ok", "decisions": ["not a decision"]}]}')
     (lab / "interactive").mkdir()  # a notebook's own run dir: not a run
 
     records = archive.runs(lab)
+    assert "a notebook entry without a name" in records[1].status
+    del records[1]
     assert [r.run_id for r in records] == ["20261201T150000Z", "20261201T140000Z", "20261201T130000Z",
                                            "20261201T120000Z", "20261201T110000Z", "20261201T100000Z"]
     gone, malformed, ok, partial, failed, first = records

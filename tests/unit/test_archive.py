@@ -150,3 +150,10 @@ def test_a_notebooks_own_run_dir_is_read_from_its_state_and_events_but_not_liste
     assert r.kind == "interactive" and r.image == "img:3" and r.versions["vllm"] == "0.32.0"
     assert [d["choice"] for d in r.decisions()] == ["img:3"]
     assert archive.runs(lab) == []
+
+
+def test_runs_named_by_a_params_file_a_cluster_or_nothing() -> None:
+    outputs = REPO / "outputs"
+    assert archive.cluster_dirs(str(REPO / "params/h200-duo.yaml"), outputs) == [outputs / "h200-duo"]
+    assert archive.cluster_dirs("lab", outputs) == [outputs / "lab"]
+    assert {"lab", "h200-duo", "h200-duo-mp"} <= {d.name for d in archive.cluster_dirs(None, outputs)}

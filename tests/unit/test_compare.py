@@ -84,3 +84,13 @@ def test_the_committed_gpu_records_ray_against_mp() -> None:
 
 def test_flatten_names_nested_keys() -> None:
     assert compare.flatten({"a": {"b": [1, {"c": 2}]}, "d": {}, "e": []}) == {"a.b[0]": 1, "a.b[1].c": 2}
+
+
+def test_a_baseline_with_bench_results_only_still_compares_its_points(two_runs: tuple[Path, Path]) -> None:
+    a, b = two_runs
+    for name in ("manifest.json", "state.json", "events.jsonl"):
+        (a / name).unlink()
+    c = compare.compare_runs(a, b)
+    assert c.a.kind == "unreadable" and "no manifest.json" in c.a.status
+    assert {d.max_concurrency for d in c.deltas} == {1, 8}
+    assert not any(x.differs for x in c.image)  # nothing recorded for A: no change claimed

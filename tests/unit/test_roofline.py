@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_modelinfo import LLAMA3_8B, QWEN3_30B_A3B
+from test_modelinfo import DEEPSEEK_V3, LLAMA3_8B, QWEN3_30B_A3B
 
 from sparkbook.core import benchstats
 from sparkbook.core.modelinfo import ModelFacts, model_facts
@@ -64,6 +64,12 @@ def test_moe_ceiling_by_hand() -> None:
     assert sixteen.percent_of_ceiling == pytest.approx(100 * 1675.2 / sixteen.ceiling_tok_s)
     text = benchstats.ceiling_markdown(step, [one, sixteen])
     assert "E = 128, k = 8" in text and "E_B = 82.4" in text and "1,541,079,040" in text and "3,772 tok/s" in text
+
+
+def test_moe_shape_counts_only_the_layers_with_routed_experts() -> None:
+    facts = model_facts(DEEPSEEK_V3, None, [], "/m")  # first_k_dense_replace 3 of 61 layers
+    assert (facts.experts, facts.experts_per_token, facts.moe_layers, facts.expert_params) == (256, 8, 58,
+                                                                                                3 * 7168 * 2048)
 
 
 def test_the_lab_model_mla_latent_is_read_by_every_rank() -> None:

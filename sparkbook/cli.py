@@ -1,4 +1,4 @@
-"""`sparkbook check | run | unlock | lab | restore`: the command line over the package.
+"""`sparkbook check | run | unlock | lab | restore | runs | compare`: the command line over the package.
 
 Exit codes: 0 done; 1 a notebook, a restore step or a command on a node failed (and any other expected
 failure); 2 invalid params or run request (unknown parameter, notebook selection, host key not vouched for);
@@ -160,6 +160,34 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
         print(f"{out.result}: {sum(c.ok for c in out.checks)}/{len(out.checks)} target(s) back and verified")
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .core import archive, pages
+
+    for folder in archive.cluster_dirs(args.target, Path(args.outputs)):
+        records = archive.runs(folder)
+        shown = [r for r in records if args.status in (None, r.kind)]
+        print(f"{folder.name}: {len(shown)} of {len(records)} run(s), newest first; page: "
+              f"{pages.write_cluster_index(folder)}")
+        if shown:
+            with pd.option_context("display.max_colwidth", 60, "display.width", 250):
+                print(pd.DataFrame([archive.row(r) for r in shown]).to_string(index=False))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .core import archive, compare, pages
+
+    outputs = Path(args.outputs)
+    a, b = archive.find_run(args.run_a, outputs), archive.find_run(args.run_b, outputs)
+    comparison = compare.compare_runs(a, b)
+    print(comparison.text())
+    page = Path(args.html) if args.html else b.parent / f"compare-{a.name}-{b.name}.html"
+    print(f"\npage: {pages.write_compare(comparison, page)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="sparkbook", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -196,6 +224,22 @@ def parser() -> argparse.ArgumentParser:
     restore.add_argument("--stop-new", action="store_true",
                          help="first stop the node containers this run started (by name and recorded ID)")
     restore.set_defaults(func=cmd_restore)
+
+    runs = sub.add_parser("runs", help="every archived run of a cluster, newest first (and its index.html)")
+    runs.add_argument("target", nargs="?", metavar="PARAMS|CLUSTER",
+                      help="a params file, a cluster name or its outputs dir (default: every cluster)")
+    runs.add_argument("--status", choices=["ok", "failed", "partial", "running", "unreadable"],
+                      help="only the runs of this status")
+    runs.add_argument("--outputs", default="outputs", help="where run dirs are (default: outputs/)")
+    runs.set_defaults(func=cmd_runs)
+
+    comp = sub.add_parser("compare", help="what changed between two runs: params, image, decisions, figures")
+    comp.add_argument("run_a", metavar="RUN_A", help="the baseline: a run dir, or a run id under --outputs")
+    comp.add_argument("run_b", metavar="RUN_B", help="the run to compare with it")
+    comp.add_argument("--outputs", default="outputs", help="where run dirs are (default: outputs/)")
+    comp.add_argument("--html", metavar="FILE", help="the page to write (default: beside RUN_B, "
+                                                     "compare-RUN_A-RUN_B.html)")
+    comp.set_defaults(func=cmd_compare)
     return top
 
 

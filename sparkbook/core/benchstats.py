@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .modelinfo import ModelFacts, served_kv_bytes_per_token
 from .params import BenchmarkPlan
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -203,6 +204,106 @@ def roofline(active_params: int, bytes_per_param: float, tensor_parallel: int, n
                   f"{node_bandwidth_gbs:g} GB/s per token; KV cache, activations and communication ignored")
     return Roofline(active_params, bytes_per_param, tensor_parallel, node_bandwidth_gbs, per_token, seconds,
                     ceiling, measured_tok_s, percent, assumption)
+
+
+def experts_touched(experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts of one MoE layer that `tokens` tokens route to, each picking `top_k` of
+    `experts` uniformly: E x (1 - (1 - k/E)^B) (k at B = 1, towards E as B grows)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens) if experts else 0.0
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What one decode step of B sequences reads from memory, and how fast the ranks read it."""
+
+    dense_params: int  # read once per step whatever B: attention, embeddings, routers, dense and shared MLPs
+    experts: int  # routed experts per MoE layer (0: dense)
+    experts_per_token: int
+    moe_layers: int
+    expert_params: int  # one routed expert in one layer
+    bytes_per_param: float
+    kv_bytes_per_token: float  # whole model, as served
+    context_tokens: float  # mean context of a sequence over its decode: input_len + output_len / 2
+    kv_replicated: bool  # an MLA latent: every tensor-parallel rank reads all of it
+    tensor_parallel: int
+    node_bandwidth_gbs: float
+
+
+@dataclass(frozen=True)
+class BatchCeiling:
+    """The decode ceiling at one concurrency and the measured output throughput against it."""
+
+    concurrency: int
+    experts_touched: float  # per MoE layer per step (0 for a dense model)
+    weight_bytes: float  # per step, all ranks
+    kv_bytes: float  # per step, all ranks
+    step_s: float
+    ceiling_tok_s: float
+    measured_tok_s: float | None
+    percent_of_ceiling: float | None
+
+
+def step_model(facts: ModelFacts, serve_dtype: str, tensor_parallel: int, node_bandwidth_gbs: float,
+               input_len: int, output_len: int) -> StepModel:
+    """The step model of a served model from 02's facts and the benchmark's lengths."""
+    dense = facts.active_params - facts.moe_layers * facts.experts_per_token * facts.expert_params
+    return StepModel(dense, facts.experts, facts.experts_per_token, facts.moe_layers, facts.expert_params,
+                     served_bytes_per_param(facts.bytes_per_param, serve_dtype),
+                     served_kv_bytes_per_token(facts, serve_dtype), input_len + output_len / 2, facts.kv_latent,
+                     tensor_parallel, node_bandwidth_gbs)
+
+
+def batch_ceiling(m: StepModel, concurrency: int, measured_tok_s: float | None = None) -> BatchCeiling:
+    """Ceiling at B = concurrency: B tokens per step, a step reading the dense weights once, the experts the
+    B tokens touch, and each sequence's KV cache, over TP ranks reading in parallel at the node bandwidth."""
+    touched = experts_touched(m.experts, m.experts_per_token, concurrency)
+    weights = m.bytes_per_param * (m.dense_params + m.moe_layers * m.expert_params * touched)
+    kv = concurrency * m.context_tokens * m.kv_bytes_per_token * (m.tensor_parallel if m.kv_replicated else 1)
+    step = (weights + kv) / (m.tensor_parallel * m.node_bandwidth_gbs * 1e9)
+    ceiling = concurrency / step
+    return BatchCeiling(concurrency, touched, weights, kv, step, ceiling, measured_tok_s,
+                        100.0 * measured_tok_s / ceiling if measured_tok_s else None)
+
+
+def batch_ceilings(m: StepModel, points: Iterable[dict[str, Any]]) -> list[BatchCeiling]:
+    """The ceiling at each measured concurrency, against its output throughput."""
+    return [batch_ceiling(m, p["max_concurrency"], p.get("output_throughput")) for p in points]
+
+
+def ceiling_rows(ceilings: list[BatchCeiling]) -> list[dict[str, Any]]:
+    return [{"concurrency": c.concurrency, "experts touched / MoE layer": round(c.experts_touched, 1),
+             "weights MB / step": round(c.weight_bytes / 1e6, 1), "KV MB / step": round(c.kv_bytes / 1e6, 2),
+             "step ms": round(c.step_s * 1e3, 3), "ceiling tok/s": round(c.ceiling_tok_s, 1),
+             "output tok/s": None if c.measured_tok_s is None else round(c.measured_tok_s, 1),
+             "% of ceiling": None if c.percent_of_ceiling is None else round(c.percent_of_ceiling, 1)}
+            for c in ceilings]
+
+
+def ceiling_markdown(m: StepModel, ceilings: list[BatchCeiling]) -> str:
+    """The per-concurrency ceiling's formula with this model's numbers plugged in, one line per point."""
+    moe = f"; MoE layers = {m.moe_layers}, params/expert = {m.expert_params:,}" if m.experts else ""
+    kv_factor = f" x {m.tensor_parallel} (MLA latent read by every rank)" if m.kv_replicated else ""
+    lines = [
+        "**Decode ceiling at concurrency B** (B tokens per step; one step reads the dense weights once, the experts "
+        "the B tokens touch, and each sequence's KV cache):",
+        "",
+        "ceiling(B) = B / t_step(B),  t_step(B) = [ bytes/param x (dense params" + (" + MoE layers x params/expert x "
+        "E_B" if m.experts else "") + ") + B x context x KV bytes/token ] / (TP x bandwidth)",
+        "",
+    ]
+    if m.experts:
+        lines += [f"E_B = E x (1 - (1 - k/E)^B), the expected distinct experts B tokens touch per MoE layer, with "
+                  f"E = {m.experts}, k = {m.experts_per_token}.", ""]
+    lines += [f"Here: bytes/param = {m.bytes_per_param:g}; dense params = {m.dense_params:,}{moe}; context = "
+              f"{m.context_tokens:g} tokens (input + output/2); KV bytes/token = {m.kv_bytes_per_token:,.0f}"
+              f"{kv_factor}; TP = {m.tensor_parallel}; bandwidth = {m.node_bandwidth_gbs:g} GB/s per rank.", ""]
+    lines += [f"- B = {c.concurrency}: " + (f"E_B = {c.experts_touched:.1f}; " if m.experts else "")
+              + f"t_step = ({c.weight_bytes / 1e6:,.1f} MB + {c.kv_bytes / 1e6:,.2f} MB) / "
+              f"({m.tensor_parallel} x {m.node_bandwidth_gbs:g} GB/s) = {c.step_s * 1e3:.3f} ms → ceiling "
+              f"{c.ceiling_tok_s:,.0f} tok/s" + (f"; measured {c.measured_tok_s:,.1f} tok/s = "
+                                                 f"{c.percent_of_ceiling:.1f} %" if c.percent_of_ceiling else "")
+              for c in ceilings]
+    return "\n".join(lines)
 
 
 # --- comparisons -----------------------------------------------------------------------------

@@ -38,6 +38,10 @@ class ModelFacts(Handoff):
     kv_bytes_per_token: int  # all attention layers, whole model, at the model dtype
     kv_latent: bool  # MLA: one latent per layer, replicated on every tensor-parallel rank
     dir_on_nodes: str
+    experts: int = 0  # routed experts per MoE layer (0: a dense model)
+    experts_per_token: int = 0  # routed experts each token picks (top-k)
+    moe_layers: int = 0  # layers with routed experts
+    expert_params: int = 0  # parameters of one routed expert in one layer
 
     @property
     def is_moe(self) -> bool:
@@ -131,13 +135,28 @@ def _attention_params(c: dict[str, Any], hidden: int, heads: int) -> int:
     return 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
 
 
+def _experts(c: dict[str, Any]) -> tuple[int, int, int]:
+    """(routed experts per MoE layer, experts per token, one expert's intermediate size); experts 0 when dense."""
+    experts = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0
+    top_k = c.get("num_experts_per_tok") or c.get("moe_topk") or 0
+    return experts, top_k, c.get("moe_intermediate_size") or c.get("intermediate_size")
+
+
+def moe_shape(config: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(experts, experts per token, MoE layers, parameters of one expert in one layer); zeros for a dense model."""
+    c = text_config(config)
+    experts, top_k, expert_inter = _experts(c)
+    if not experts:
+        return 0, 0, 0, 0
+    layers = sum(_sparse_layers(c, c["num_hidden_layers"], experts))
+    return experts, top_k, layers, 3 * c["hidden_size"] * expert_inter
+
+
 def estimate_params(config: dict[str, Any]) -> tuple[int, int]:
     """(total, active) parameters of the language model: embeddings, attention, dense or MoE MLPs."""
     c = text_config(config)
     hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
-    experts = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0
-    top_k = c.get("num_experts_per_tok") or c.get("moe_topk") or 0
-    expert_inter = c.get("moe_intermediate_size") or c.get("intermediate_size")
+    experts, top_k, expert_inter = _experts(c)
     shared = (c.get("n_shared_experts") or 0) * 3 * hidden * expert_inter \
         + 3 * hidden * (c.get("shared_expert_intermediate_size") or 0)
     dense_mlp = 3 * hidden * c.get("intermediate_size", 0)
@@ -187,12 +206,14 @@ def model_facts(config: dict[str, Any], index: dict[str, Any] | None, file_sizes
     total, active = estimate_params(config)
     weights, source = weight_bytes_from(index, file_sizes)
     kv, latent = kv_bytes_per_token(config, DTYPE_BYTES.get(dtype, 2.0))
+    experts, top_k, moe_layers, expert_params = moe_shape(config)
     return ModelFacts(
         architectures=list(config.get("architectures") or []), model_type=str(config.get("model_type", "")),
         dtype=dtype, quantization=method, bytes_per_param=bpp, total_params=total, active_params=active,
         weight_bytes=weights if weights is not None else int(total * bpp), weight_source=source,
         num_layers=text_config(config)["num_hidden_layers"], kv_bytes_per_token=kv, kv_latent=latent,
-        dir_on_nodes=dir_on_nodes)
+        dir_on_nodes=dir_on_nodes, experts=experts, experts_per_token=top_k, moe_layers=moe_layers,
+        expert_params=expert_params)
 
 
 def ranks_per_node(params: Params) -> dict[str, int]:
@@ -211,15 +232,19 @@ def _size_bytes(size: str) -> int:
     return int(size.rstrip("KMGkmg")) * factor
 
 
+def served_kv_bytes_per_token(facts: ModelFacts, serve_dtype: str) -> float:
+    """KV cache bytes per token (whole model) at the dtype the server was given (`auto`: the model's own)."""
+    model_bytes = DTYPE_BYTES.get(facts.dtype, 2.0)
+    return facts.kv_bytes_per_token * (DTYPE_BYTES[serve_dtype] if serve_dtype != "auto" else model_bytes) / model_bytes
+
+
 def _per_rank(facts: ModelFacts, params: Params) -> tuple[float, float]:
     """(weight bytes, KV bytes per token) on one rank of the planned TP x PP split, at the serve dtype."""
     serve = params.serve
     weights = facts.weight_bytes
     if serve.dtype != "auto" and facts.quantization is None:
         weights = int(weights * DTYPE_BYTES[serve.dtype] / facts.bytes_per_param)
-    kv_dtype = DTYPE_BYTES[serve.dtype] if serve.dtype != "auto" else DTYPE_BYTES.get(facts.dtype, 2.0)
-    kv_token = facts.kv_bytes_per_token * kv_dtype / DTYPE_BYTES.get(facts.dtype, 2.0)
-    kv_token_rank = kv_token / serve.pipeline_parallel_size
+    kv_token_rank = served_kv_bytes_per_token(facts, serve.dtype) / serve.pipeline_parallel_size
     if not facts.kv_latent:
         kv_token_rank /= serve.tensor_parallel_size
     return weights / (serve.tensor_parallel_size * serve.pipeline_parallel_size), kv_token_rank

@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -12,7 +13,8 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from . import lock
+from . import lock, pages
+from .archive import PARAMS_COPY, read_run
 from .errors import SparkbookError
 from .nodes import Cluster, HostKeyMismatch, NodeError
 from .benchstats import point_timeout_s
@@ -205,6 +207,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
 
     manifest.status, manifest.finished = "running", None
     manifest.write(run_dir)
+    shutil.copyfile(params_file, run_dir / PARAMS_COPY)  # what this run used, for `sparkbook compare`
     os.environ["SPARKBOOK_HEADLESS"] = "1"
     by_name = {nb.name: nb for nb in manifest.notebooks}
     for i, name in enumerate(todo, 1):
@@ -240,6 +243,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
     manifest.write(run_dir)
     write_index(run_dir, manifest)
     _scrub(run_dir, Redactor.from_env(params.secrets))
+    pages.write_cluster_index(run_dir.parent)
 
 
 def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:
@@ -250,7 +254,7 @@ def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:
 def _scrub(run_dir: Path, redactor: Redactor) -> None:
     """Last line of defence: redact every text file the run wrote (notebooks, logs, state)."""
     for path in run_dir.rglob("*"):
-        if path.is_file() and path.suffix in {".ipynb", ".json", ".jsonl", ".log", ".txt", ".html", ".md"}:
+        if path.is_file() and path.suffix in {".ipynb", ".json", ".jsonl", ".log", ".txt", ".html", ".md", ".yaml"}:
             text = path.read_text(errors="replace")
             clean = redactor.text(text)
             if clean != text:
@@ -258,31 +262,10 @@ def _scrub(run_dir: Path, redactor: Redactor) -> None:
 
 
 def write_index(run_dir: Path, manifest: Manifest) -> Path:
-    """A static page a person can open: each notebook, its status and the decisions it made."""
-    rows = []
-    for nb in manifest.notebooks:
-        link = f'<a href="{html.escape(nb.name)}">{html.escape(nb.name)}</a>' if (run_dir / nb.name).exists() \
-            else html.escape(nb.name)
-        exc = nb.exception or {}
-        err = html.escape(f"{exc.get('ename', '')}: {exc.get('evalue', '')}"[:400]) if exc else ""
-        decisions = "".join(
-            f"<li><b>{html.escape(d['question'])}</b>: {html.escape(d['choice'])} — {html.escape(d['reason'])}</li>"
-            for d in nb.decisions)
-        duration = f"{nb.duration_s:.0f} s" if nb.duration_s is not None else ""
-        if nb.cell_limit_s:
-            duration += f"<br><small>cell limit {nb.cell_limit_s} s: {html.escape(nb.cell_limit_reason)}</small>"
-        rows.append(f'<tr class="{nb.status}"><td>{link}</td><td>{nb.status}</td><td>{duration}</td>'
-                    f"<td>{err}</td><td><ul>{decisions}</ul></td></tr>")
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sparkbook {html.escape(manifest.cluster)}
- {html.escape(manifest.run_id)}</title><style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 8px;
- border-bottom:1px solid #ddd;vertical-align:top}}tr.failed td{{background:#fdd}}tr.ok td:nth-child(2){{color:green}}
-</style></head><body><h1>sparkbook run {html.escape(manifest.run_id)} — {html.escape(manifest.cluster)}</h1>
-<p>Status: <b>{manifest.status}</b>; started {manifest.started}, finished {manifest.finished or '—'};
-params <code>{html.escape(manifest.params_file)}</code>; <a href="{MANIFEST}">manifest.json</a></p>
-<table><tr><th>notebook</th><th>status</th><th>duration</th><th>exception</th><th>decisions</th></tr>
-{''.join(rows)}</table>{_restore_section(run_dir)}</body></html>"""
+    """A static page a person can open: status (ok / failed at NN / partial), key figures, findings, the failing
+    cell, each notebook with its decisions, and the Restore section."""
     path = run_dir / "index.html"
-    path.write_text(page)
+    path.write_text(pages.run_page(read_run(run_dir, _asdict(manifest)), _restore_section(run_dir)))
     return path
 
 

@@ -78,6 +78,8 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
     assert failed.exception["ename"] == "AssertionError" and "planted failure" in failed.exception["evalue"]
     assert failed.exception["cell_index"] is not None
     assert not (run_dir / "03-third.ipynb").exists()
+    assert "failed at 02" in (run_dir.parent / "index.html").read_text()  # the cluster's index, after every run
+    assert (run_dir / "params.yaml").read_text() == params_file.read_text()
 
     seen: list[str] = []
     run_dir2, manifest = runbook.run(params_file, resume=run_dir, folder=notebooks, parameters={"fail": False},

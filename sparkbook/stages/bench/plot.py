@@ -5,6 +5,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from ...core.benchstats import BatchCeiling
+
 
 def _concurrency_axis(ax: Any, concurrency: list[int]) -> None:
     ax.set_xscale("log", base=2)
@@ -13,9 +15,9 @@ def _concurrency_axis(ax: Any, concurrency: list[int]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def throughput_figure(points: list[dict[str, Any]], ceiling_tok_s: float | None = None,
+def throughput_figure(points: list[dict[str, Any]], ceilings: list[BatchCeiling] | None = None,
                       earlier: list[dict[str, Any]] | None = None) -> Figure:
-    """Output tokens/s against concurrency; the single-stream roofline and an earlier run when given."""
+    """Output tokens/s against concurrency; the decode ceiling at each concurrency and an earlier run when given."""
     fig = Figure(figsize=(6.5, 4))
     ax = fig.subplots()
     conc = [p["max_concurrency"] for p in points]
@@ -23,8 +25,15 @@ def throughput_figure(points: list[dict[str, Any]], ceiling_tok_s: float | None 
     if earlier:
         ax.plot([p["max_concurrency"] for p in earlier], [p["output_throughput"] for p in earlier], "s--",
                 alpha=0.6, label="output tok/s (earlier run)")
-    if ceiling_tok_s:
-        ax.axhline(ceiling_tok_s, color="grey", ls=":", label=f"single-stream roofline {ceiling_tok_s:,.0f} tok/s")
+    if ceilings:
+        ax.plot([c.concurrency for c in ceilings], [c.ceiling_tok_s for c in ceilings], "v:", color="grey",
+                label="decode ceiling at each concurrency")
+        for c in ceilings:
+            if c.percent_of_ceiling is not None:
+                ax.annotate(f"{c.percent_of_ceiling:.0f}%", (c.concurrency, c.measured_tok_s), fontsize=7,
+                            textcoords="offset points", xytext=(4, -10))
+        if max(c.ceiling_tok_s for c in ceilings) > 10 * max(p["output_throughput"] or 0 for p in points):
+            ax.set_yscale("log")  # a ceiling far above the measured points would flatten them
     _concurrency_axis(ax, conc)
     ax.set_ylabel("output tokens / s")
     ax.set_title("Throughput")

@@ -249,10 +249,6 @@ def earlier_run(run_dir: Path) -> Path | None:
 
 
 # --- evidence tables and the summary other notebooks read ------------------------------------------
-COMPARED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
-            "p99_tpot_ms", "median_e2el_ms")
-
-
 def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str, Any]]:
     """Per point: the server's counters against the client's counts, and the prompt lengths it saw."""
     rows = []
@@ -274,12 +270,6 @@ def client_rows(points: list[Point]) -> list[dict[str, Any]]:
              "CPU % of a core": round(100 * c.cpu_utilization, 1),
              "ceiling tok/s": round(c.ceiling_tok_s) if c.ceiling_tok_s else None}
             for p in points for c in p.clients]
-
-
-def delta_rows(deltas: list[Delta]) -> list[dict[str, Any]]:
-    return [{"concurrency": d.max_concurrency, "metric": d.metric, "earlier": round(d.earlier, 2),
-             "now": round(d.now, 2), "change %": round(d.change_pct, 1), "noise %": round(d.noise_pct, 1),
-             "worse beyond noise": d.worse} for d in deltas]
 
 
 def at_concurrency(results: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:

@@ -1,0 +1,282 @@
+"""The archive: what each run dir under outputs/<cluster>/ holds, read into one record per run.
+
+A run dir holds manifest.json (core.runbook), state.json (core.state: the hand-offs), events.jsonl (core.record:
+decisions, serve attempts, the roofline) and bench/c*.json (06). Older run dirs lack some of these: a missing
+value is None (shown as '-'); a run dir that cannot be read at all becomes a record that says why.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import SparkbookError
+
+MANIFEST = "manifest.json"
+STATE = "state.json"
+EVENTS = "events.jsonl"
+PARAMS_COPY = "params.yaml"  # the params file as the run used it (core.runbook copies it in)
+RUN_ID = re.compile(r"^\d{8}T\d{6}Z$")
+STATUSES = ("ok", "failed", "partial", "running", "unreadable")
+
+
+class ArchiveError(SparkbookError):
+    """A cluster's outputs or a run cannot be found as named."""
+
+
+@dataclass
+class RunRecord:
+    """One run as its dir records it; None where that run dir does not say."""
+
+    run_dir: Path
+    run_id: str
+    kind: str = "unreadable"  # one of STATUSES, or "interactive" (a notebook's own run dir, never listed)
+    status: str = "unreadable"  # ok | failed at NN | partial: NN, NN | running | unreadable: why
+    cluster: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    params_file: str | None = None
+    params_hash: str | None = None
+    image: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)  # image id, vllm, ray
+    image_changed: bool | None = None  # against the run before it (None: nothing to compare with)
+    executor: str | None = None
+    ready_s: float | None = None
+    single_tok_s: float | None = None
+    peak_tok_s: float | None = None
+    peak_concurrency: int | None = None
+    roofline_pct: float | None = None
+    cause: str | None = None
+    notebooks: list[dict[str, Any]] = field(default_factory=list)  # the manifest's entries
+    not_run: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # severity, topic, text
+    failing_cell: dict[str, Any] | None = None  # notebook, cell_index, ename, evalue, source
+    bench: list[dict[str, Any]] = field(default_factory=list)  # bench/c*.json, by concurrency
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """Every decision of the run with its notebook, in notebook order."""
+        return [{**d, "notebook": nb["name"]} for nb in self.notebooks for d in nb.get("decisions") or []]
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / EVENTS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def bench_points(run_dir: Path) -> list[dict[str, Any]]:
+    """The saved sweep points of a run dir (bench/c*.json), by concurrency."""
+    points = [json.loads(p.read_text()) for p in sorted((run_dir / "bench").glob("c*.json"))]
+    return sorted(points, key=lambda p: p["max_concurrency"])
+
+
+def status_of(notebooks: list[dict[str, Any]], manifest_status: str) -> tuple[str, str]:
+    """(kind, text): failed at the first failed notebook, partial when some did not run, else the manifest's."""
+    if manifest_status == "interactive":
+        return "interactive", "interactive (no manifest: the notebooks' own run dir)"
+    failed = [nb["name"][:2] for nb in notebooks if nb.get("status") == "failed"]
+    if failed:
+        return "failed", f"failed at {failed[0]}"
+    if manifest_status == "running":
+        return "running", "running (or interrupted)"
+    ran = [nb["name"][:2] for nb in notebooks if nb.get("status") == "ok"]
+    if len(ran) < len(notebooks):
+        return "partial", "partial: " + (", ".join(ran) or "none") + " ran"
+    return "ok", "ok"
+
+
+def _decision(notebooks: list[dict[str, Any]], question_start: str) -> str | None:
+    return next((d["choice"] for nb in notebooks for d in nb.get("decisions") or []
+                 if str(d.get("question", "")).startswith(question_start)), None)
+
+
+def _failing_cell(run_dir: Path, notebooks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first failed notebook's error and, where the executed notebook is readable, the cell's source."""
+    nb = next((nb for nb in notebooks if nb.get("status") == "failed"), None)
+    if nb is None:
+        return None
+    exc = nb.get("exception") or {}
+    cell = {"notebook": nb["name"], "cell_index": exc.get("cell_index"), "ename": exc.get("ename"),
+            "evalue": exc.get("evalue"), "source": None}
+    try:
+        cells = json.loads((run_dir / nb["name"]).read_text())["cells"]
+        cell["source"] = "".join(cells[exc["cell_index"]]["source"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        pass  # the notebook was not written, or papermill named no cell: the error alone is shown
+    return cell
+
+
+def _cause(record: RunRecord, events: list[dict[str, Any]]) -> str | None:
+    """The failure's named cause: 05's classified serve failure, else the failing cell's exception."""
+    if record.failing_cell is None:
+        return None
+    if record.failing_cell["notebook"].startswith("05"):
+        attempts = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"]]
+        causes = [a["cause"] for a in attempts if a.get("cause")]
+        if causes:
+            return causes[-1]
+    evalue = str(record.failing_cell.get("evalue") or "").strip().splitlines()
+    return f"{record.failing_cell.get('ename')}: {evalue[0][:160] if evalue else ''}"
+
+
+def _params_hash(run_dir: Path) -> str | None:
+    path = run_dir / PARAMS_COPY
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
+
+
+def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """Single stream, peak and roofline share: 06's summary in state.json, else its bench files and events."""
+    summary = state.get("benchmark") or {}
+    points = record.bench
+    single = next((p for p in points if p.get("max_concurrency") == 1), None)
+    peak = max(points, key=lambda p: p.get("output_throughput") or 0, default=None)
+    record.single_tok_s = summary.get("single_stream_output_tok_s", single and single.get("output_throughput"))
+    record.peak_tok_s = summary.get("peak_output_tok_s", peak and peak.get("output_throughput"))
+    record.peak_concurrency = summary.get("peak_at_concurrency", peak and peak.get("max_concurrency"))
+    roof = next((e["data"].get("roofline") or {} for e in reversed(events) if e["kind"] == "roofline"), {})
+    record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
+
+
+def _notebook_dir(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A manifest for a notebook's own run dir (no `sparkbook run`): each notebook that recorded events, with its
+    decisions."""
+    stages = list(dict.fromkeys(e["stage"] for e in events if e.get("stage")))
+    return {"status": "interactive", "notebooks": [
+        {"name": f"{stage}.ipynb", "status": "ran", "decisions": [e["data"] for e in events
+                                                                 if e["stage"] == stage and e["kind"] == "decision"]}
+        for stage in stages]}
+
+
+def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
+    manifest = manifest if manifest is not None else _json(run_dir / MANIFEST)
+    state = _json(run_dir / STATE) or {}
+    events = _events(run_dir)
+    if manifest is None and (state or events):
+        manifest = _notebook_dir(events)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"no {MANIFEST}" if manifest is None else f"{MANIFEST} is not an object")
+    notebooks = list(manifest["notebooks"])
+    for nb in notebooks:
+        if not isinstance(nb, dict) or not isinstance(nb.get("name"), str) \
+                or not all(isinstance(d, dict) for d in nb.get("decisions") or []):
+            raise ValueError(f"{MANIFEST}: a notebook entry without a name or with malformed decisions: {nb!r}"[:200])
+    kind, status = status_of(notebooks, manifest.get("status", "running"))
+    record = RunRecord(run_dir, manifest.get("run_id", run_dir.name), kind, status, manifest.get("cluster"),
+                       manifest.get("started"), manifest.get("finished"), manifest.get("params_file"),
+                       _params_hash(run_dir),
+                       notebooks=notebooks, parameters=manifest.get("parameters") or {})
+    record.not_run = [nb["name"] for nb in notebooks if nb.get("status") in ("pending", "skipped")]
+    image = state.get("image") or {}
+    record.image = image.get("ref") or _decision(notebooks, "Which image")
+    probes = [e["data"].get("facts") or {} for e in events if e["kind"] == "image_probe"]
+    probe = next((f for f in probes if f.get("image") == record.image), {})
+    record.versions = {"image id": image.get("id") or probe.get("image_id"),
+                       "vllm": image.get("vllm_version") or probe.get("vllm_version"),
+                       "ray": image.get("ray_version") or probe.get("ray_version")}
+    endpoint = state.get("endpoint") or {}
+    record.executor = endpoint.get("executor") or _decision(notebooks, "Which distributed executor")
+    ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
+    record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
+    record.findings = list((state.get("diagnosis") or {}).get("findings") or [])
+    record.bench = bench_points(run_dir) if (run_dir / "bench").is_dir() else []
+    _figures(record, state, events)
+    record.failing_cell = _failing_cell(run_dir, notebooks)
+    record.cause = _cause(record, events)
+    return record
+
+
+def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RunRecord:
+    """The record of one run dir (its manifest.json, or `manifest` as given); never raises: a dir that cannot be
+    read is a record with kind 'unreadable' and the reason."""
+    try:
+        return _read(run_dir, manifest)
+    except Exception as exc:  # any malformed file: the archive lists it as unreadable instead of failing
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        return RunRecord(run_dir, run_dir.name, status=f"unreadable: {reason}")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run dir: it has a manifest, or is named like a run id (a run whose manifest is gone)."""
+    return path.is_dir() and ((path / MANIFEST).exists() or bool(RUN_ID.match(path.name)))
+
+
+def _same_image(a: RunRecord, b: RunRecord) -> bool:
+    ids = a.versions.get("image id"), b.versions.get("image id")
+    return ids[0] == ids[1] if all(ids) else a.image == b.image
+
+
+def runs(cluster_dir: Path) -> list[RunRecord]:
+    """Every run of a cluster's outputs, newest first, each marked whether its image changed from the run before."""
+    records = sorted((read_run(d) for d in cluster_dir.iterdir() if is_run_dir(d)), key=lambda r: r.run_id)
+    before: RunRecord | None = None
+    for record in records:
+        if record.image:
+            record.image_changed = None if before is None else not _same_image(before, record)
+            before = record
+    return records[::-1]
+
+
+def cluster_dirs(target: str | None, outputs: Path) -> list[Path]:
+    """The cluster output dirs a `runs` argument names: a params file, a cluster name or a dir; all when None."""
+    if target is None:
+        found = sorted(d for d in outputs.iterdir() if d.is_dir() and any(is_run_dir(r) for r in d.iterdir())) \
+            if outputs.is_dir() else []
+        if not found:
+            raise ArchiveError(f"no run dirs under {outputs}", remediation="run the runbook: sparkbook run PARAMS")
+        return found
+    path = Path(target)
+    if path.is_file():
+        from .params import load_params
+
+        return [outputs / load_params(path).cluster]
+    for candidate in (path, outputs / target):
+        if candidate.is_dir():
+            return [candidate]
+    raise ArchiveError(f"{target!r} is neither a params file, a cluster under {outputs}, nor a dir",
+                       remediation=f"name a params file, a cluster ({', '.join(_clusters(outputs)) or 'none yet'}) "
+                                   "or pass --outputs")
+
+
+def _clusters(outputs: Path) -> list[str]:
+    return sorted(d.name for d in outputs.iterdir() if d.is_dir()) if outputs.is_dir() else []
+
+
+def find_run(target: str, outputs: Path) -> Path:
+    """A run named by its dir, or by its run id within one cluster's outputs."""
+    path = Path(target)
+    if is_run_dir(path):
+        return path
+    hits = sorted(outputs.glob(f"*/{target}")) if outputs.is_dir() else []
+    hits = [h for h in hits if is_run_dir(h)]
+    if len(hits) == 1:
+        return hits[0]
+    where = "several clusters: " + ", ".join(map(str, hits)) if hits else f"no run dir of that id under {outputs}"
+    raise ArchiveError(f"{target!r} names {where}", remediation="pass the run dir itself (outputs/<cluster>/<run-id>)")
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """A figure for a table: '-' when unknown."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def row(r: RunRecord) -> dict[str, str]:
+    """A run as one table row (terminal and cluster index)."""
+    changed = {True: " (changed)", False: "", None: ""}[r.image_changed]
+    return {"run": r.run_id, "params": fmt(r.params_hash), "status": r.status,
+            "image": (r.image or "-") + changed, "executor": fmt(r.executor), "ready s": fmt(r.ready_s),
+            "single tok/s": fmt(r.single_tok_s), "peak tok/s": fmt(r.peak_tok_s) + (
+                f" @{r.peak_concurrency}" if r.peak_tok_s is not None and r.peak_concurrency else ""),
+            "% roofline": fmt(r.roofline_pct), "cause": fmt(r.cause)}

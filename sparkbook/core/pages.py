@@ -1,0 +1,175 @@
+"""Static HTML pages of the archive: a run's index.html, a cluster's index.html over its runs, a comparison."""
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Any
+
+from .archive import MANIFEST, PARAMS_COPY, STATUSES, RunRecord, fmt, row, runs
+from .compare import Comparison
+
+SEVERITIES = ("blocker", "warning", "fact")
+STYLE = """body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd;vertical-align:top;
+text-align:left}tr.failed td{background:#fdd}tr.partial td,tr.running td{background:#ffd}tr.unreadable td{color:#888}
+span.ok{color:green}span.failed{color:#a00}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px}
+.worse{color:#a00;font-weight:bold}"""
+
+
+def e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _page(title: str, body: str) -> str:
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{e(title)}</title><style>{STYLE}</style>'
+            f"</head><body>{body}</body></html>")
+
+
+def _table(rows: list[dict[str, str]], raw: tuple[str, ...] = (), classes: list[str] | None = None) -> str:
+    """Rows as an HTML table; the columns named in `raw` are HTML already, the rest are escaped."""
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{e(k)}</th>" for k in rows[0])
+    body = "".join((f'<tr class="{e(cls)}" data-kind="{e(cls)}">' if cls else "<tr>") + "".join(f"<td>{v if k in raw else e(v)}</td>" for k, v in r.items())
+                   + "</tr>" for r, cls in zip(rows, classes or [""] * len(rows)))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _link(run_dir: Path, name: str, text: str | None = None, prefix: str = "") -> str:
+    """A link to a file of the run dir when it exists, else the plain name (no broken links)."""
+    label = e(text or name)
+    return f'<a href="{e(prefix + name)}">{label}</a>' if (run_dir / name).exists() else label
+
+
+def key_figures(r: RunRecord) -> list[dict[str, str]]:
+    versions = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
+    changed = {True: " (changed from the run before)", False: " (same as the run before)", None: ""}[r.image_changed]
+    return [{"figure": k, "value": v} for k, v in (
+        ("image", fmt(r.image) + changed + (f" — {versions}" if versions else "")), ("executor", fmt(r.executor)),
+        ("time to ready", fmt(r.ready_s) + " s" if r.ready_s is not None else "-"),
+        ("single-stream output tok/s", fmt(r.single_tok_s)),
+        ("peak output tok/s", fmt(r.peak_tok_s) + (f" at concurrency {r.peak_concurrency}"
+                                                   if r.peak_concurrency else "")),
+        ("% of single-stream roofline", fmt(r.roofline_pct)), ("failure cause", fmt(r.cause)))]
+
+
+def _findings(r: RunRecord) -> str:
+    by = {s: [f for f in r.findings if f.get("severity") == s] for s in SEVERITIES}
+    other = [f for f in r.findings if f.get("severity") not in SEVERITIES]
+    items = [f'<li class="{e(f.get("severity"))}"><b>{e(f.get("severity"))}</b> [{e(f.get("topic"))}] '
+             f'{e(f.get("text"))}</li>' for s in SEVERITIES for f in by[s]]
+    items += [f"<li>{e(f)}</li>" for f in other]
+    counts = ", ".join(f"{len(by[s])} {s}(s)" for s in SEVERITIES)
+    return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>" if r.findings else \
+        "<h2>Findings</h2><p>none recorded (02-diagnosis did not run in this run dir)</p>"
+
+
+def _decision(d: dict[str, Any]) -> str:
+    alts = "".join(f"<li>rejected <b>{e(a.get('option'))}</b>: {e(a.get('rejected_because'))}</li>"
+                   for a in d.get("alternatives") or [])
+    evidence = f"<br><small>evidence: {e('; '.join(d['evidence']))}</small>" if d.get("evidence") else ""
+    return (f"<li><b>{e(d.get('question'))}</b>: {e(d.get('choice'))} — {e(d.get('reason'))}{evidence}"
+            + (f"<ul>{alts}</ul>" if alts else "") + "</li>")
+
+
+def _failing(r: RunRecord) -> str:
+    c = r.failing_cell
+    if not c:
+        return ""
+    source = f"<pre>{e(c['source'])}</pre>" if c.get("source") else ""
+    return (f"<h2>Failed: {_link(r.run_dir, c['notebook'])}, cell {e(fmt(c.get('cell_index')))}</h2>"
+            f"<pre>{e(c.get('ename'))}: {e(str(c.get('evalue') or '')[:2000])}</pre>{source}")
+
+
+def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
+    rows = []
+    for nb in r.notebooks:
+        exc = nb.get("exception") or {}
+        duration = f"{nb['duration_s']:.0f} s" if nb.get("duration_s") is not None else ""
+        if nb.get("cell_limit_s"):
+            duration += f"<br><small>cell limit {nb['cell_limit_s']} s: {e(nb.get('cell_limit_reason', ''))}</small>"
+        rows.append({"notebook": _link(r.run_dir, nb["name"]), "status": f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>',
+                     "duration": duration,
+                     "exception": e(f"{exc.get('ename', '')}: {exc.get('evalue', '')}"[:400]) if exc else "",
+                     "decisions": f"<ul>{''.join(_decision(d) for d in nb.get('decisions') or [])}</ul>"})
+    return rows
+
+
+def run_page(r: RunRecord, extra: str = "") -> str:
+    """A run's own page: status, key figures, findings, the failing cell, what did not run, each notebook with
+    its decisions; `extra` (HTML) is appended (the Restore section)."""
+    not_run = (f"<p>Not run: {', '.join(e(n) for n in r.not_run)}</p>" if r.not_run else "")
+    params = _link(r.run_dir, PARAMS_COPY, f"params {fmt(r.params_hash)}") if r.params_hash else "params -"
+    body = (f"<h1>sparkbook run {e(r.run_id)} — {e(fmt(r.cluster))}</h1>"
+            f"<p>Status: <b>{e(r.status)}</b>; started {e(fmt(r.started))}, finished {e(fmt(r.finished))}; "
+            f"params <code>{e(fmt(r.params_file))}</code> ({params}); <a href=\"{MANIFEST}\">manifest.json</a>; "
+            f'<a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
+            f"<h2>Key figures</h2>{_table(key_figures(r))}{_failing(r)}{_findings(r)}"
+            f"<h2>Notebooks</h2>{_table(_notebook_rows(r), raw=('notebook', 'status', 'duration', 'exception', 'decisions'), classes=[nb.get('status', '') for nb in r.notebooks])}"
+            f"{extra}")
+    return _page(f"sparkbook {r.cluster} {r.run_id}", body)
+
+
+def _cluster_row(r: RunRecord) -> dict[str, str]:
+    out = {k: e(v) for k, v in row(r).items()}
+    out["run"] = _link(r.run_dir, "index.html", r.run_id, prefix=f"{r.run_dir.name}/")
+    out["notebooks"] = " ".join(_link(r.run_dir, nb["name"], nb["name"][:2], prefix=f"{r.run_dir.name}/")
+                                for nb in r.notebooks)
+    return out
+
+
+FILTER = """<p>Show: <select id="status" onchange="for (const tr of document.querySelectorAll('tr[data-kind]'))
+tr.style.display = (this.value === 'all' || tr.dataset.kind === this.value) ? '' : 'none'">
+<option>all</option>{options}</select></p>"""
+
+
+def cluster_page(cluster: str, records: list[RunRecord]) -> str:
+    """Every run of a cluster, newest first, with a status filter."""
+    rows = [_cluster_row(r) for r in records]
+    table = _table(rows, raw=tuple(rows[0]) if rows else (), classes=[r.kind for r in records])
+    options = "".join(f"<option>{s}</option>" for s in STATUSES)
+    body = (f"<h1>sparkbook runs of {e(cluster)}</h1><p>{len(records)} run(s), newest first. Status: ok, failed at "
+            f"the notebook named, partial (only the notebooks named ran: --only/--from), running (or interrupted), "
+            f"unreadable (why).</p>{FILTER.format(options=options)}{table}")
+    return _page(f"sparkbook runs of {cluster}", body)
+
+
+def write_cluster_index(cluster_dir: Path) -> Path:
+    """outputs/<cluster>/index.html over every run dir in it."""
+    path = cluster_dir / "index.html"
+    path.write_text(cluster_page(cluster_dir.name, runs(cluster_dir)))
+    return path
+
+
+def compare_page(c: Comparison, here: Path) -> str:
+    """The comparison as a page written in `here` (its links are relative to it)."""
+    def link(r: RunRecord) -> str:
+        target = _relative(r.run_dir / "index.html", here)
+        return f'<a href="{e(target)}">{e(r.run_id)}</a>' if (r.run_dir / "index.html").exists() else e(r.run_id)
+
+    params = [{"key": x.what, "A": fmt(x.a), "B": fmt(x.b)} for x in c.params]
+    image = [{"what": x.what, "A": fmt(x.a), "B": fmt(x.b), "changed": "yes" if x.differs else ""} for x in c.image]
+    decisions = [{"decision": x.what, "A": fmt(x.a), "B": fmt(x.b)} for x in c.decisions]
+    figures = [{"figure": f.name, "A": fmt(f.a), "B": fmt(f.b),
+                "change %": f"{f.change_pct:+.1f}" if f.change_pct is not None else "-"} for f in c.figures]
+    deltas = [{"concurrency": str(d.max_concurrency), "metric": d.metric, "A": f"{d.earlier:,.2f}",
+               "B": f"{d.now:,.2f}", "change %": f"{d.change_pct:+.1f}", "noise band %": f"+-{d.noise_pct:.1f}",
+               "verdict": '<span class="worse">worse beyond noise</span>' if d.worse else "within noise or better"}
+              for d in c.deltas]
+    body = (f"<h1>sparkbook compare</h1><p>A: {link(c.a)} ({e(c.a.status)}) — B: {link(c.b)} ({e(c.b.status)})</p>"
+            f"<h2>Params that differ</h2>{'<p>' + e(c.params_note) + '</p>' if c.params_note else ''}"
+            f"{_table(params)}<h2>Image and versions</h2>{_table(image)}<h2>Decisions that differ</h2>"
+            f"{_table(decisions)}<h2>Figures</h2>{_table(figures)}<h2>Sweep points</h2><p>noise band: the larger of "
+            f"5 % and twice the runs' combined relative standard error over their requests</p>"
+            f"{_table(deltas, raw=('verdict',))}")
+    return _page(f"sparkbook compare {c.a.run_id} {c.b.run_id}", body)
+
+
+def _relative(target: Path, here: Path) -> str:
+    return os.path.relpath(target.resolve(), here.resolve())
+
+
+def write_compare(c: Comparison, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(compare_page(c, path.parent))
+    return path

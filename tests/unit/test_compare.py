@@ -1,0 +1,96 @@
+"""`sparkbook compare`: params, image and versions, decisions and figures of two runs, as text and a page; the
+committed GPU records compared."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from rundirs import make_run, point
+
+from sparkbook import cli
+from sparkbook.core import compare, pages
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = {"03": [{"question": "Which image serves X?", "choice": "img:1", "reason": "r", "alternatives": []}]}
+
+
+@pytest.fixture
+def two_runs(tmp_path: Path) -> tuple[Path, Path]:
+    lab = tmp_path / "lab"
+    a = make_run(lab, "20261201T100000Z", image="img:1", image_id="sha256:1", decisions=IMAGE,
+                 points=[point(1, 100.0), point(8, 500.0)],
+                 events=[{"at": "t", "stage": "06-benchmark", "kind": "roofline",
+                          "data": {"roofline": {"percent_of_ceiling": 10.0}}}])
+    b = make_run(lab, "20261201T110000Z", image="img:2", image_id="sha256:2",
+                 decisions={"03": [{**IMAGE["03"][0], "choice": "img:2"}]},
+                 points=[point(1, 101.0), point(8, 400.0)],
+                 params_yaml="cluster: lab\nserve:\n  max_num_seqs: 32\n")
+    return a, b
+
+
+def test_params_image_decisions_and_figures_that_changed(two_runs: tuple[Path, Path]) -> None:
+    c = compare.compare_runs(*two_runs)
+    assert [(x.what, x.a, x.b) for x in c.params] == [("params.serve.max_num_seqs", 16, 32)] and not c.params_note
+    changed = {x.what: (x.a, x.b) for x in c.image if x.differs}
+    assert changed == {"image": ("img:1", "img:2"), "image id": ("sha256:1", "sha256:2")}
+    assert [(x.what, x.a, x.b) for x in c.decisions] == [("03: Which image serves X?", "img:1", "img:2")]
+    figures = {f.name: f for f in c.figures}
+    assert figures["peak tok/s"].change_pct == pytest.approx(-20.0)
+    assert figures["single-stream tok/s"].change_pct == pytest.approx(1.0)
+    assert figures["% of roofline"].b is None and figures["% of roofline"].change_pct is None
+    throughput = {d.max_concurrency: d for d in c.deltas if d.metric == "output_throughput"}
+    assert throughput[8].worse and not throughput[1].worse and throughput[8].noise_pct == 5.0
+    text = c.text()
+    assert "image: img:1 -> img:2  (changed)" in text and "vllm: 0.32.0  (same)" in text
+    assert "c=8 output_throughput: 500.00 -> 400.00  -20.0 % (noise +-5.0 %)  WORSE" in text
+    assert "sweep points" not in c.text(sweep=False)
+
+
+def test_a_run_without_its_params_file_compares_only_the_parameters(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "lab", "20261201T100000Z", params_yaml=None)
+    b = make_run(tmp_path / "lab", "20261201T110000Z", params_yaml="cluster: other\n")
+    c = compare.compare_runs(a, b)
+    assert c.params == [] and "20261201T100000Z did not keep their params file" in c.params_note
+
+
+def test_the_page_links_both_runs(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = two_runs
+    for run_dir in two_runs:
+        (run_dir / "index.html").write_text("run")
+    page = pages.write_compare(compare.compare_runs(a, b), tmp_path / "elsewhere" / "c.html")
+    hrefs = re.findall(r'href="([^"]+)"', page.read_text())
+    assert len(hrefs) == 2 and all((page.parent / h).resolve().exists() for h in hrefs)
+    assert "worse beyond noise" in page.read_text() and "params.serve.max_num_seqs" in page.read_text()
+
+
+def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["compare", "20261201T100000Z", "20261201T110000Z", "--outputs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "params.serve.max_num_seqs: 16 -> 32" in out
+    assert (tmp_path / "lab" / "compare-20261201T100000Z-20261201T110000Z.html").exists()
+    assert cli.main(["compare", "20261201T100000Z", "29990101T000000Z", "--outputs", str(tmp_path)]) == 1
+    assert "no run dir of that id" in capsys.readouterr().err
+
+
+def test_the_committed_gpu_records_ray_against_mp() -> None:
+    c = compare.compare_runs(REPO / "outputs/h200-duo/20261130T144302Z", REPO / "outputs/h200-duo-mp/20261130T161541Z")
+    assert [(x.a, x.b) for x in c.image if x.what == "executor"] == [("ray", "mp")]
+    assert [x.what for x in c.decisions] == ["05: Which distributed executor serves the model?"]
+    c64 = next(d for d in c.deltas if d.max_concurrency == 64 and d.metric == "output_throughput")
+    assert (round(c64.earlier, 1), round(c64.now, 1), round(c64.change_pct, 1)) == (3405.6, 5536.5, 62.6)
+
+
+def test_flatten_names_nested_keys() -> None:
+    assert compare.flatten({"a": {"b": [1, {"c": 2}]}, "d": {}, "e": []}) == {"a.b[0]": 1, "a.b[1].c": 2}
+
+
+def test_a_baseline_with_bench_results_only_still_compares_its_points(two_runs: tuple[Path, Path]) -> None:
+    a, b = two_runs
+    for name in ("manifest.json", "state.json", "events.jsonl"):
+        (a / name).unlink()
+    c = compare.compare_runs(a, b)
+    assert c.a.kind == "unreadable" and "no manifest.json" in c.a.status
+    assert {d.max_concurrency for d in c.deltas} == {1, 8}
+    assert not any(x.differs for x in c.image)  # nothing recorded for A: no change claimed

@@ -15,6 +15,16 @@ NO_GPU = "no GPU (nvidia-smi not present)"
 END = "end"  # the last section of every sectioned probe (`echo ==end==`): without it the reply was cut
 
 
+# `uname -m` -> the CPU architecture as Docker names it in an image (`docker image inspect .Architecture`)
+GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm",
+          "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64", "i686": "386"}
+
+
+def goarch(machine: str) -> str:
+    """A node's `uname -m` as Docker names the architecture (the machine itself where unknown)."""
+    return GOARCH.get(machine, machine)
+
+
 @dataclass(frozen=True)
 class GpuApp:
     pid: int

@@ -300,3 +300,12 @@ def test_probes_get_the_gpus_params_list_for_their_node(monkeypatch: pytest.Monk
     for name in specs:
         imageprobes.in_image(run, SimpleNamespace(name=name), "img", ["true"], {}, 5)  # type: ignore[arg-type]
     assert seen == [("gpu", True), ("cpu", False)]
+
+
+@pytest.mark.parametrize(("record", "covering", "not_covering"), [
+    ("nvidia-smi-h200.txt", ["sm_90"], ["sm_89", "sm_100"]), ("nvidia-smi-gb10.txt", ["sm_120"], ["sm_120a", "sm_90"])])
+def test_recorded_compute_capabilities(record: str, covering: list[str], not_covering: list[str]) -> None:
+    """The compute_cap that nvidia-smi reported on a real H200 (9.0) and GB10 (12.1)."""
+    cc = (DATA / record).read_text().split("==gpu==\n", 1)[1].splitlines()[0].split(",")[1].strip()
+    assert arch_covers(covering, cc)
+    assert not any(arch_covers([entry], cc) for entry in not_covering)

@@ -406,6 +406,12 @@ def stopping(findings: list[Finding], params: Params) -> list[Blocker]:
             for f in findings if f.severity == "blocker" and f.topic not in RESOLVED_LATER]
 
 
+def left_to_later(findings: list[Finding]) -> list[str]:
+    """The blockers a later stage resolves (they do not stop 02), each with the stage that does."""
+    return [f"[{f.topic}] {f.text} -> {RESOLVED_LATER[f.topic]}" for f in findings
+            if f.severity == "blocker" and f.topic in RESOLVED_LATER]
+
+
 def gate(findings: list[Finding], params: Params, proceed_despite_blockers: bool = False) -> Decision | None:
     """None when nothing stops the run; raises Blocked listing every stopping blocker; with the override, the
     decision to go on (for run.decide) that lists what was overridden."""

@@ -115,3 +115,8 @@ def test_override_is_a_decision_listing_what_it_overrode(params):
     assert decision.choice == "go on" and decision.alternatives[0].option == "stop at 02"
     assert decision.evidence == [f"[fabric] {NOT_ON_NETDEV.text} -> {diagnose.REMEDIATION['fabric']}"]
     assert "proceed_despite_blockers" in decision.reason
+
+
+def test_what_a_later_stage_resolves_is_listed_with_that_stage():
+    assert diagnose.left_to_later([IMAGE, NOT_ON_NETDEV, MTU]) == [
+        f"[image] {IMAGE.text} -> {diagnose.RESOLVED_LATER['image']}"]

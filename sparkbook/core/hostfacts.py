@@ -8,11 +8,21 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import ProbeOutputError
-from .modelinfo import GIB, NodeMemory
+from .modelinfo import CUDA_UNSEEN_PER_GPU_BYTES, GIB, UNIFIED_UNSEEN_BYTES, NodeMemory
 
 FANOUT_TIMEOUT_S = 25  # a node that has not answered by then is reported by name, not waited on
 NO_GPU = "no GPU (nvidia-smi not present)"
 END = "end"  # the last section of every sectioned probe (`echo ==end==`): without it the reply was cut
+
+
+# `uname -m` -> the CPU architecture as Docker names it in an image (`docker image inspect .Architecture`)
+GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm",
+          "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64", "i686": "386"}
+
+
+def goarch(machine: str) -> str:
+    """A node's `uname -m` as Docker names the architecture (the machine itself where unknown)."""
+    return GOARCH.get(machine, machine)
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,12 @@ class Memory:
     mem_available: int
     gpu_total: int | None = None
     gpu_used: int | None = None
+    gpus: int = 0  # GPUs nvidia-smi lists, whether or not it reports their memory
+
+    @property
+    def unified(self) -> bool:
+        """A GPU that reports no memory of its own: it allocates from system memory (GB10)."""
+        return self.gpus > 0 and self.gpu_total is None
 
     @property
     def source(self) -> str:
@@ -51,9 +67,21 @@ class Memory:
         return row
 
     def for_fit(self, node: str) -> NodeMemory:
+        """The node's memory for 02's fit, with what CUDA can allocate of it (modelinfo says where the figures
+        come from): measured on a discrete GPU, MemTotal less a documented share on unified memory, MemAvailable
+        without a GPU."""
         if self.gpu_total is not None:
-            return NodeMemory(node, self.gpu_total, self.gpu_total - (self.gpu_used or 0), "GPU")
-        return NodeMemory(node, self.mem_total, self.mem_available, "MemTotal/MemAvailable")
+            free = self.gpu_total - (self.gpu_used or 0)
+            return NodeMemory(node, self.gpu_total, free, "GPU", max(0, free - self.gpus * CUDA_UNSEEN_PER_GPU_BYTES),
+                              f"measured: nvidia-smi memory.total - memory.used, less "
+                              f"{CUDA_UNSEEN_PER_GPU_BYTES >> 20} MiB per GPU out of CUDA's reach")
+        if self.unified:
+            return NodeMemory(node, self.mem_total, self.mem_available, "MemTotal/MemAvailable",
+                              min(self.mem_total - UNIFIED_UNSEEN_BYTES, self.mem_available),
+                              f"unified memory (nvidia-smi reports none): MemTotal less "
+                              f"{UNIFIED_UNSEEN_BYTES / GIB:.1f} GiB (GB10 headless), at most MemAvailable")
+        return NodeMemory(node, self.mem_total, self.mem_available, "MemTotal/MemAvailable", self.mem_available,
+                          "no GPU: MemAvailable")
 
 
 def meminfo(lines: list[str]) -> dict[str, int]:
@@ -77,7 +105,7 @@ def memory_from(info: dict[str, int], gpu_csv: list[str]) -> Memory:
     known = [t for t in totals if t[0] is not None]
     return Memory(info["MemTotal"], info["MemAvailable"],
                   sum(t[0] for t in known) if known else None,
-                  sum(t[1] or 0 for t in known) if known else None)
+                  sum(t[1] or 0 for t in known) if known else None, len(totals))
 
 
 def gpu_apps(rc: int, lines: list[str]) -> tuple[str, list[GpuApp]]:

@@ -55,8 +55,10 @@ def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | 
 
 def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
     """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed
-    (the runtime's `one_off`: for Docker the node's own `docker run --rm`, in one SSH call)."""
-    return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout)
+    (the runtime's `one_off`: for Docker the node's own `docker run --rm`, in one SSH call), with the node's GPUs
+    where params list any for it: a CUDA image probed without them cannot load libcuda."""
+    return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout,
+                                           gpus=bool(run.params.node(node.name).gpus))
 
 
 def probe_registry(run: Run, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:

@@ -17,6 +17,18 @@ VLLM_DEFAULT_UTILIZATION = 0.9
 # one GPU ("PyTorch activation peak memory takes 2.53GiB", "CUDA graphs can take additional 1~3 GiB memory per
 # GPU"; vllm-project/vllm#11251, #7593), doubled for margin.
 RESERVE_BYTES = 4 * GIB
+# What CUDA can allocate is less than what nvidia-smi or /proc/meminfo report:
+# - a discrete GPU: nvidia-smi's memory.total counts memory CUDA never hands out, and the CUDA context takes its
+#   share. Measured on an idle H200 (tests/unit/data/nvidia-smi-h200.txt): memory.total 143771 MiB, used 0,
+#   torch.cuda.mem_get_info() free 142629 MiB: 1142 MiB per GPU out of reach.
+# - GB10 (DGX Spark) unified memory: nvidia-smi reports no memory ("Not Supported" / [N/A]); CUDA's free memory
+#   caps at 101.3-102.2 of 121.69 GiB (MemTotal) even headless with caches dropped (MiaAI-Lab/GLM-5.3-Flash-EXL3-
+#   2x-DGX-Sparks#47), so MemTotal less 20.4 GiB, at most MemAvailable.
+CUDA_UNSEEN_PER_GPU_BYTES = 1142 << 20
+UNIFIED_UNSEEN_BYTES = int(20.4 * GIB)
+# Warn when the plan takes more than this share of what CUDA can allocate: the seed's first serve at
+# gpu_memory_utilization 0.8 ran out of memory in CUDA graph capture (params/spark-duo.yaml).
+SEED_SHARE = 0.8
 
 
 class ModelFacts(Handoff):
@@ -60,12 +72,15 @@ class ModelFacts(Handoff):
 
 @dataclass(frozen=True)
 class NodeMemory:
-    """Memory one node can give the model: GPU memory where reported, else system memory (unified/CPU)."""
+    """Memory one node can give the model: GPU memory where reported, else system memory (unified/CPU); and of it
+    what CUDA can allocate (`cuda_bytes`, how it was found in `cuda_source`)."""
 
     node: str
     total_bytes: int
     available_bytes: int
     source: str  # "GPU" | "MemTotal/MemAvailable"
+    cuda_bytes: int
+    cuda_source: str
 
 
 @dataclass(frozen=True)
@@ -75,13 +90,21 @@ class FitRow:
     node: str
     ranks: int
     memory_gib: float
-    limit_gib: float
+    allocatable_gib: float  # what CUDA can allocate on the node (NodeMemory.cuda_bytes)
+    planned_gib: float  # what the plan takes: utilization x memory, or weights + fixed KV + reserve
+    share: float  # planned / allocatable
     weights_gib: float
     kv_gib: float
     kv_tokens: int
     needed_tokens: int
     fits: bool
     why: str
+    allocatable_source: str
+
+    @property
+    def tight(self) -> bool:
+        """The plan fits but takes more than SEED_SHARE of what CUDA can allocate."""
+        return self.fits and self.share > SEED_SHARE
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -251,27 +274,36 @@ def _per_rank(facts: ModelFacts, params: Params) -> tuple[float, float]:
 
 
 def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> list[FitRow]:
-    """Weights and KV cache per node for the planned split, against what each node can give."""
+    """Weights, KV cache and the per-rank reserve per node for the planned split, against what CUDA can allocate
+    there. With the KV cache sized by gpu_memory_utilization, vLLM asks for utilization x memory at start-up and
+    refuses to start when less is free; the KV cache is what is left after weights and the reserve."""
     serve = params.serve
     weights_rank, kv_token_rank = _per_rank(facts, params)
     utilization = serve.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
+    gpu_nodes = {n.name for n in params.nodes if n.gpus}
     rows = []
     for name, ranks in ranks_per_node(params).items():
         mem = memory.get(name)
         if ranks == 0 or mem is None:
             continue
-        limit = min(utilization * mem.total_bytes, mem.available_bytes)
         w = weights_rank * ranks
-        kv = (_size_bytes(serve.kv_cache_memory_bytes) * ranks if serve.kv_cache_memory_bytes
-              else max(0.0, limit - w))
+        reserve = RESERVE_BYTES * ranks if name in gpu_nodes else 0  # CPU ranks: no CUDA context or graph pool
+        if serve.kv_cache_memory_bytes:
+            kv = _size_bytes(serve.kv_cache_memory_bytes) * ranks
+            planned = w + kv + reserve
+        else:
+            planned = utilization * mem.total_bytes
+            kv = max(0.0, planned - w - reserve)
         tokens = int(kv / (kv_token_rank * ranks)) if kv_token_rank else 0
         needed = serve.max_model_len or 0
-        fits = w + kv <= limit and tokens >= needed and kv > 0
+        fits = planned <= mem.cuda_bytes and tokens >= needed and kv > 0
         why = "fits" if fits else (
-            f"weights {w / GIB:.2f} GiB + KV {kv / GIB:.2f} GiB exceed {limit / GIB:.2f} GiB" if w + kv > limit
+            f"the plan takes {planned / GIB:.2f} GiB (weights {w / GIB:.2f}, KV {kv / GIB:.2f}, reserve "
+            f"{reserve / GIB:.2f}), CUDA can allocate {mem.cuda_bytes / GIB:.2f} GiB" if planned > mem.cuda_bytes
             else f"KV holds {tokens} tokens, max_model_len needs {needed}")
-        rows.append(FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(limit / GIB, 2), round(w / GIB, 3),
-                           round(kv / GIB, 3), tokens, needed, fits, why))
+        rows.append(FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(mem.cuda_bytes / GIB, 2),
+                           round(planned / GIB, 2), round(planned / mem.cuda_bytes, 3) if mem.cuda_bytes else math.inf,
+                           round(w / GIB, 3), round(kv / GIB, 3), tokens, needed, fits, why, mem.cuda_source))
     return rows
 
 

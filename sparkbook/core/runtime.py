@@ -121,8 +121,9 @@ class Runtime(Protocol):
         """The place as a previous run left it; None where there is none."""
 
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
-                timeout: float = 120) -> Result:
-        """argv in a fresh container of `image` (or the environment): no network, model cache read-only."""
+                timeout: float = 120, gpus: bool = False) -> Result:
+        """argv in a fresh container of `image` (or the environment): no network, model cache read-only; with the
+        node's GPUs where `gpus`."""
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
         """(Re)create the place; its ID."""
@@ -220,8 +221,8 @@ class DockerNodes:
             raise NodeError(node.name, f"its Docker daemon does not answer: {exc}") from None
 
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
-                timeout: float = 120) -> Result:
-        """argv in a fresh container of `image`: no network, model cache read-only, removed.
+                timeout: float = 120, gpus: bool = False) -> Result:
+        """argv in a fresh container of `image`: no network, model cache read-only, removed; `--gpus all` where `gpus`.
 
         This is the node's own `docker run --rm` in one SSH call: a probe costs about a second less than
         docker-py's round trips, which keeps the registry probe within its 3 s. The command inside carries
@@ -230,6 +231,8 @@ class DockerNodes:
         run_cluster.sh replaces it. No secret goes in: without a network, nothing could use it."""
         cache = self.model_cache
         flags = [a for k, v in {**self.spec.env, **(env or {})}.items() for a in ("-e", f"{k}={v}")]
+        if gpus:
+            flags += ["--gpus", "all"]
         entrypoint, *command = _timeout_argv(argv, timeout)
         return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label",
                          f"{LABEL}=one-off", "-v", f"{cache}:{cache}:ro", *flags, "--entrypoint", entrypoint,
@@ -373,7 +376,8 @@ class PythonNodes:
         return list(argv)
 
     def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
-                timeout: float = 120) -> Result:
+                timeout: float = 120, gpus: bool = False) -> Result:
+        """The environment sees the host's GPUs as it is (`gpus` changes nothing)."""
         return node.run(self._argv(argv), env=self._env(env), timeout=timeout)
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:

@@ -11,10 +11,10 @@ from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.handoff import Diagnosis
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
-from ..core.modelinfo import GIB, FitRow, NodeMemory
+from ..core.modelinfo import GIB, SEED_SHARE, FitRow, NodeMemory
 from ..core.nodes import Cluster, Node, Outcome, bash, shell
 from ..core.params import ModelSpec, NodeSpec, Params
-from ..core.record import Finding, unreachable
+from ..core.record import Alternative, Decision, Finding, unreachable
 
 PROBE_TIMEOUT_S = 20
 
@@ -310,9 +310,19 @@ def model_findings(files: dict[str, Outcome[ModelFiles]]) -> list[Finding]:
 
 
 def fit_findings(rows: list[FitRow]) -> list[Finding]:
-    return [Finding("blocker", "memory", f"{r.node}: the plan does not fit: {r.why} (limit {r.limit_gib} GiB of "
-                                         f"{r.memory_gib} GiB; weights {r.weights_gib} GiB, KV {r.kv_gib} GiB)")
-            for r in rows if not r.fits]
+    """A plan that does not fit in what CUDA can allocate is a blocker; one that takes more than SEED_SHARE of it
+    a warning."""
+    out = []
+    for r in rows:
+        if not r.fits:
+            out.append(Finding("blocker", "memory", f"{r.node}: the plan does not fit: {r.why} "
+                                                    f"({r.allocatable_source})"))
+        elif r.tight:
+            out.append(Finding("warning", "memory", f"{r.node}: the plan takes {r.planned_gib} GiB, {r.share:.0%} of "
+                                                    f"the {r.allocatable_gib} GiB CUDA can allocate "
+                                                    f"({r.allocatable_source}), above the {SEED_SHARE:.0%} at which "
+                                                    "the seed's serve ran out of memory in CUDA graph capture"))
+    return out
 
 
 def image_finding(probe: RegistryProbe | None, reason: str = "") -> Finding:
@@ -349,3 +359,72 @@ def diagnosis(findings: list[Finding], probe: RegistryProbe | None, architecture
     and each node's total memory (05 lowers gpu_memory_utilization by it)."""
     return Diagnosis(findings=findings, question_for_03=question_for_03(probe, architecture), installed_image=probe,
                      node_memory={n: m.total_bytes for n, m in memory.items()})
+
+
+# --- what stops 02 ----------------------------------------------------------------------------------
+# A blocker stops 02 unless a later stage resolves it. One topic is resolved later: the installed image (its vLLM
+# does not register the model, or its registry probe failed): 03 probes every candidate image and chooses one whose
+# own vLLM registers and loads the model. Every other blocker would only fail the run later, after the image copy
+# and a long load: a node that does not answer, the fabric (the fabric IP not on its netdev, no ping, TCP filtered),
+# the model (missing or different on a node: no stage copies the model between nodes) and the memory fit.
+RESOLVED_LATER = {"image": "03-image-selection probes every candidate image and chooses one whose own vLLM registers "
+                           "and loads the model"}
+REMEDIATION = {
+    "node": "bring the node back (sshd running, its address in params right) or take it out of params.nodes",
+    "fabric": "put fabric_ip on fabric_netdev (or correct them in params), let ping and TCP pass between the nodes' "
+              "fabric IPs",
+    "model": "put the same model files on every node (model.path, or model.hf_id in model.cache_dir): the runbook "
+             "copies no model between nodes",
+    "memory": "lower serve.max_model_len, kv_cache_memory_bytes or gpu_memory_utilization, spread the model over more "
+              "GPUs (tensor/pipeline parallel), or free memory on the node",
+}
+OVERRIDE = "proceed_despite_blockers"  # 02's notebook parameter (sparkbook run PARAMS -p NAME=true)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A blocker that stops 02: the node it concerns (None: several or the cluster), what, and what to do."""
+
+    node: str | None
+    topic: str
+    text: str
+    remediation: str
+
+    def line(self) -> str:
+        return f"[{self.topic}] {self.text} -> {self.remediation}"
+
+
+class Blocked(DiagnosisError):
+    """02 found blockers that no later stage resolves."""
+
+
+def stopping(findings: list[Finding], params: Params) -> list[Blocker]:
+    """The blockers that stop 02 (a topic a later stage resolves does not), each with its node and remediation."""
+    names = [n.name for n in params.nodes]
+    return [Blocker(next((n for n in names if f.text.startswith((f"{n}:", f"{n} ->"))), None), f.topic, f.text,
+                    REMEDIATION.get(f.topic, "fix it and run 02 again"))
+            for f in findings if f.severity == "blocker" and f.topic not in RESOLVED_LATER]
+
+
+def left_to_later(findings: list[Finding]) -> list[str]:
+    """The blockers a later stage resolves (they do not stop 02), each with the stage that does."""
+    return [f"[{f.topic}] {f.text} -> {RESOLVED_LATER[f.topic]}" for f in findings
+            if f.severity == "blocker" and f.topic in RESOLVED_LATER]
+
+
+def gate(findings: list[Finding], params: Params, proceed_despite_blockers: bool = False) -> Decision | None:
+    """None when nothing stops the run; raises Blocked listing every stopping blocker; with the override, the
+    decision to go on (for run.decide) that lists what was overridden."""
+    blockers = stopping(findings, params)
+    if not blockers:
+        return None
+    lines = [b.line() for b in blockers]
+    if not proceed_despite_blockers:
+        nodes = {b.node for b in blockers}
+        raise Blocked(f"{len(blockers)} blocker(s) would fail the run after the image copy and the model load:\n- "
+                      + "\n- ".join(lines), node=nodes.pop() if len(nodes) == 1 else None,
+                      remediation=f"fix each as said and run 02 again, or run with -p {OVERRIDE}=true to go on "
+                                  "anyway (recorded as a decision)")
+    return Decision("Go on despite 02's blockers?", "go on", f"the notebook parameter {OVERRIDE} is True: the "
+                    f"engineer overrides {len(blockers)} blocker(s), each of which may fail a later stage",
+                    [Alternative("stop at 02", f"overridden by {OVERRIDE}")], lines)

@@ -4,7 +4,8 @@
     probe_registry(run, image, architecture, node=None) -> RegistryProbe   static parse, no vLLM import
     probe_facts(run, image, node=None) -> ImageFacts   vLLM, torch, CUDA, Python, Ray, CUDA architectures
     probe_inspection(run, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
-    classify(facts, registry, inspection, ...) -> Verdict;  evaluate(run, image, target, caps) -> Candidate
+    compute_capabilities(run) / node_machines(run) / image_architecture(run, image)   what the nodes need
+    classify(facts, registry, inspection, ...) -> Verdict;  evaluate(run, image, target, caps, machines) -> Candidate
     rows / failure_reports / choose(candidates, evidence) -> Decision / image_state / summary   for the notebook
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core.handoff import ImageChoice
 from ..core.errors import SparkbookError
+from ..core.hostfacts import goarch
 from ..core.state import MissingState
 from ..core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ..core.modelinfo import ModelFacts
@@ -71,6 +73,7 @@ class ImageFacts:
     cuda_archs_source: str
     duration_s: float
     error: str = ""
+    architecture: str | None = None  # the image's CPU architecture as Docker records it (amd64, arm64)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,14 @@ class Candidate:
 
 NOT_REGISTERED, FAILS_INSPECTION, LOADS, PROBE_FAILED = ("not registered", "registered, fails inspection", "loads",
                                                        "probe failed")
+NODE_DRIVER, WRONG_CPU = "node driver problem", "wrong CPU architecture"
+NOT_RUN = "not run: "  # the probe error of an image that was not run on the head (another CPU architecture)
+# Errors of the node's NVIDIA driver or container runtime, not of the image: no image could use the GPU there, so they
+# are a finding about the node, never a rejection of the image as a graft (real texts: tests/unit/data/
+# cuda-driver-errors.txt). "libcuda.so" is the driver's library (mounted by the container toolkit); "libcudart.so"
+# (the image's own CUDA runtime) is the image's and does not match.
+DRIVER_ERRORS = ("libcuda.so", "CUDA driver version is insufficient", "no CUDA-capable device is detected",
+                 "Found no NVIDIA driver", "No CUDA GPUs are available", "could not select device driver")
 FACTS_TIMEOUT_S = 60
 INSPECT_TIMEOUT_S = 600
 GRAFT_EXPLANATION = (
@@ -143,12 +154,18 @@ def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
     t0 = time.monotonic()
     image_id, size = runtime_for(run.params).image(node, image) or (None, None)
     doc, error = run_probe(run, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
+    return _facts(image, image_id, size, doc, error, t0, image_architecture(run, image, node))
+
+
+def _facts(image: str, image_id: str | None, size: int | None, doc: dict, error: str, t0: float,
+           architecture: str | None) -> ImageFacts:
     return ImageFacts(
         image=image, image_id=image_id, size_bytes=size, python=doc.get("python"),
         vllm_version=doc.get("vllm_version"), torch_version=doc.get("torch_version"),
         torch_cuda=doc.get("torch_cuda"), ray_version=doc.get("ray_version"),
         transformers_version=doc.get("transformers_version"), cuda_archs=doc.get("cuda_archs", []),
-        cuda_archs_source=doc.get("cuda_archs_source", ""), duration_s=round(time.monotonic() - t0, 2), error=error)
+        cuda_archs_source=doc.get("cuda_archs_source", ""), duration_s=round(time.monotonic() - t0, 2), error=error,
+        architecture=architecture)
 
 
 def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | None = None,
@@ -174,13 +191,47 @@ def compute_capabilities(run: Run) -> dict[str, list[str]]:
     return {name: sorted(set(o.value or [])) for name, o in outcomes.items()}
 
 
+def node_machines(run: Run) -> dict[str, str]:
+    """Each node's CPU architecture (`uname -m`: x86_64, aarch64); a node that does not answer is left out."""
+    outcomes = run.cluster.fan_out(lambda n: n.run(["uname", "-m"], timeout=30, check=True).stdout.strip())
+    return {name: o.value for name, o in outcomes.items() if o.ok and o.value}
+
+
+def image_architecture(run: Run, image: str, node: Node) -> str | None:
+    """The image's CPU architecture as Docker records it (`docker image inspect`: amd64, arm64); None for a
+    Python environment or an image the node does not hold."""
+    if run.params.runtime.kind != "docker":
+        return None
+    r = node.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", image], timeout=30)
+    return r.stdout.strip() or None if r.ok else None
+
+
+def arch_mismatch(architecture: str | None, machines: dict[str, str]) -> list[str]:
+    """Why the image cannot run on each node whose CPU architecture differs from the image's."""
+    if not architecture:
+        return []
+    return [f"the image is linux/{architecture}, {node} is {machine} ({goarch(machine)}): it does not run there "
+            "(exec format error)" for node, machine in machines.items() if goarch(machine) != architecture]
+
+
 def arch_covers(archs: list[str], capability: str) -> bool:
-    """Whether a CUDA architecture list ("12.1a", "sm_90", "8.0+PTX", "compute_120") runs on `capability`."""
+    """Whether a CUDA architecture list ("12.1a", "sm_90", "8.0+PTX", "compute_120", "12.0f") runs on `capability`.
+
+    CUDA's compatibility: a plain cubin (sm_XY) runs on the same major at the same or a higher minor (sm_120 on GB10's
+    12.1), a family cubin (sm_XYf) likewise; an arch-specific one (sm_XYa) only on exactly X.Y; PTX (compute_XY,
+    +PTX) is compiled by the driver for any GPU at X.Y or above."""
     want = _cc(capability)
+    if want is None:
+        return False
     for entry in archs:
         ptx = entry.endswith("+PTX") or entry.startswith("compute_")
-        have = _cc(entry.removesuffix("+PTX").removeprefix("sm_").removeprefix("compute_"))
-        if have == want or (ptx and have is not None and want is not None and have <= want):
+        bare = entry.removesuffix("+PTX").removeprefix("sm_").removeprefix("compute_").strip()
+        have = _cc(bare)
+        if have is None:
+            continue
+        if have == want or (ptx and have <= want):
+            return True
+        if not bare.lower().endswith("a") and have[0] == want[0] and have[1] <= want[1]:
             return True
     return False
 
@@ -196,13 +247,27 @@ def _cc(text: str) -> tuple[int, int] | None:
     return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
+def driver_error(*texts: str) -> str:
+    """The first line of `texts` that names a driver or container-runtime error of the node ('' if none)."""
+    return next((line.strip()[:300] for text in texts for line in text.splitlines()
+                 if any(sig in line for sig in DRIVER_ERRORS)), "")
+
+
 def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str,
-             capabilities: dict[str, list[str]]) -> Verdict:
-    """not registered / registered but fails inspection / loads, plus Ray and CUDA-architecture findings."""
+             capabilities: dict[str, list[str]], machines: dict[str, str] | None = None) -> Verdict:
+    """not registered / registered but fails inspection / loads, a node's driver problem (not the image's), plus
+    Ray, CPU-architecture and CUDA-architecture findings."""
     arch, image = registry.architecture, facts.image
-    flags, blocking = [], []
+    flags, blocking = [], arch_mismatch(facts.architecture, machines or {})
     native = registry.registered and not registry.transformers_backend
-    if inspection.probe_error and not inspection.error:
+    driver = "" if inspection.inspected else driver_error(
+        inspection.error, inspection.cause_text, inspection.probe_error, registry.error, facts.error)
+    if inspection.probe_error.startswith(NOT_RUN):
+        status, summary = WRONG_CPU, "not probed: the image's CPU architecture is not the head's"
+    elif driver:
+        status, summary = NODE_DRIVER, (f"the node's NVIDIA driver or container runtime failed, not the image: "
+                                        f"{driver}")
+    elif inspection.probe_error and not inspection.error:
         status, summary = PROBE_FAILED, f"the inspection probe failed: {inspection.probe_error}"
     elif inspection.inspected:
         status, summary = LOADS, f"vLLM {facts.vllm_version} resolves {arch} natively and inspection passes"
@@ -228,13 +293,29 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
     return Verdict(image, status, summary, flags, blocking)
 
 
-def evaluate(run: Run, image: str, target: ModelTarget, capabilities: dict[str, list[str]]) -> Candidate:
-    """Every probe of one candidate on the head, and its verdict."""
-    facts = probe_facts(run, image)
-    registry = probe_registry(run, image, target.architecture)
-    inspection = probe_inspection(run, image, target)
-    verdict = classify(facts, registry, inspection, executor=run.params.serve.executor, capabilities=capabilities)
+def evaluate(run: Run, image: str, target: ModelTarget, capabilities: dict[str, list[str]],
+             machines: dict[str, str]) -> Candidate:
+    """Every probe of one candidate on the head, and its verdict. An image of another CPU architecture than the
+    head's is not run (it would fail with an exec format error, or crawl under emulation)."""
+    head = run.cluster.head
+    architecture = image_architecture(run, image, head)
+    wrong = arch_mismatch(architecture, {head.name: machines[head.name]} if head.name in machines else {})
+    if wrong:
+        image_id, size = runtime_for(run.params).image(head, image) or (None, None)
+        facts = _facts(image, image_id, size, {}, wrong[0], time.monotonic(), architecture)
+        registry, inspection = _not_probed(image, target.architecture, wrong[0])
+    else:
+        facts = probe_facts(run, image)
+        registry = probe_registry(run, image, target.architecture)
+        inspection = probe_inspection(run, image, target)
+    verdict = classify(facts, registry, inspection, executor=run.params.serve.executor, capabilities=capabilities,
+                       machines=machines)
     return Candidate(facts, registry, inspection, verdict)
+
+
+def _not_probed(image: str, architecture: str, why: str) -> tuple[RegistryProbe, InspectionProbe]:
+    return (RegistryProbe(image, architecture, None, False, None, None, None, None, False, 0, 0.0, NOT_RUN + why),
+            InspectionProbe(image, architecture, False, None, "", "", "", "", False, None, 0.0, NOT_RUN + why))
 
 
 class NoUsableImage(SparkbookError):
@@ -251,7 +332,8 @@ def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
         out.append({
             "image": c.image, "id": (f.image_id or "absent")[:19], "GB": round((f.size_bytes or 0) / 1e9, 2),
             "vLLM": f.vllm_version, "torch (CUDA)": f"{f.torch_version} ({f.torch_cuda or 'cpu'})",
-            "Python": f.python, "Ray": f.ray_version or "none", "CUDA archs": " ".join(f.cuda_archs) or "-",
+            "Python": f.python, "Ray": f.ray_version or "none", "CPU": f.architecture or "-",
+            "CUDA archs": " ".join(f.cuda_archs) or "-",
             "registry": ("registered" if r.registered else "not registered") + (f" in {r.module}" if r.module else "")
                         + (f" ({r.error})" if r.error else ""),
             "registry s": r.duration_s,
@@ -287,8 +369,12 @@ def choose(candidates: list[Candidate], evidence: list[str]) -> Decision:
     """The newest vLLM among the candidates that load the model natively with no blocking finding."""
     usable = [c for c in candidates if c.verdict.usable]
     if not usable:
+        driver = any(c.verdict.status == NODE_DRIVER for c in candidates)
         raise NoUsableImage("no candidate image loads the model: "
-                            + "; ".join(f"{c.image}: {_reason(c)}" for c in candidates))
+                            + "; ".join(f"{c.image}: {_reason(c)}" for c in candidates),
+                            remediation="fix the node's NVIDIA driver or container toolkit first (`nvidia-smi` on the "
+                                        "node, then `docker run --rm --gpus all IMAGE nvidia-smi`) and run 03 again"
+                            if driver else None)
     chosen = max(usable, key=lambda c: (_version(c.facts.vllm_version), -candidates.index(c)))
     alternatives = [Alternative(c.image, _reason(c) if not c.verdict.usable else
                                 f"also loads it; {chosen.image} has the newer vLLM ({chosen.facts.vllm_version})")

@@ -51,7 +51,8 @@ def parameterised_copy(folder: Path, params_file: Path, run_dir: Path) -> Path:
     """The notebook with its parameters cell pointed at this lab's params and a run dir of the test."""
     nb = nbformat.read(ROOT / "notebooks" / NOTEBOOK, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    cell.source = f"params_file = {str(params_file)!r}\nrun_dir = {str(run_dir)!r}"
+    kept = [line for line in cell.source.splitlines() if not line.startswith(("params_file", "run_dir"))]
+    cell.source = "\n".join([f"params_file = {str(params_file)!r}", f"run_dir = {str(run_dir)!r}", *kept])
     path = folder / NOTEBOOK
     nbformat.write(nb, path)
     return path

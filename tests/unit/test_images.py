@@ -2,6 +2,7 @@
 classification and decision on made-up probe results, the streamed copy through fake nodes."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -89,7 +90,7 @@ def test_inspection_probe_reports_a_missing_vllm_as_json(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("archs", "cc", "ok"), [
     (["12.1a"], "12.1", True), (["sm_121"], "12.1", True), (["9.0", "10.0"], "12.1", False),
-    (["8.0+PTX"], "12.1", True), (["compute_120"], "12.1", True), (["12.0"], "12.1", False), ([], "9.0", False)])
+    (["8.0+PTX"], "12.1", True), (["compute_120"], "12.1", True), (["12.0"], "12.1", True), ([], "9.0", False)])
 def test_arch_covers(archs: list[str], cc: str, ok: bool) -> None:
     assert arch_covers(archs, cc) is ok
 
@@ -221,3 +222,90 @@ def test_plan_and_distribution_messages() -> None:
     assert copied.verified and "100.0 MB/s" in copied.message and copied.rows()[1]["matches head"]
     differs = distribute.Distribution("img:1", "sha256:a", [], [], {"h": "sha256:a", "w1": "sha256:b"})
     assert not differs.verified
+
+
+# --- GPUs in the probes: the node's driver, CPU and CUDA architectures --------------------------------------------
+DATA = Path(__file__).parent / "data"
+
+
+def _lines(name: str) -> list[str]:
+    return [line for line in (DATA / name).read_text().splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("error", _lines("cuda-driver-errors.txt"))
+def test_a_driver_error_is_the_nodes_not_a_rejection_of_the_image(error: str) -> None:
+    f, r = facts("cuda", "0.32.0", cuda="13.0", archs=["12.1a"]), registry("cuda", True)
+    i = InspectionProbe("cuda", "HYV4ForCausalLM", False, None, f"ImportError: {error}", error, f"ImportError: {error}",
+                        error, False, 5.0, 9.0)
+    v = classify(f, r, i, executor="ray", capabilities={})
+    assert v.status == images.NODE_DRIVER and error[:100] in v.summary and "not the image" in v.summary
+    c = Candidate(f, r, i, v)
+    with pytest.raises(images.NoUsableImage) as raised:
+        choose([c], [])
+    assert "NVIDIA driver or container toolkit" in raised.value.remediation
+    assert images.failure_reports([c]).startswith("no candidate registers")  # not reported as a graft
+
+
+@pytest.mark.parametrize("error", _lines("cuda-image-errors.txt"))
+def test_an_image_error_is_not_a_driver_error(error: str) -> None:
+    assert images.driver_error(error) == ""
+    f, r = facts("cuda", "0.32.0", cuda="13.0"), registry("cuda", True)
+    i = InspectionProbe("cuda", "HYV4ForCausalLM", False, None, "ValueError: failed to be inspected",
+                        "failed to be inspected", error, error, False, 5.0, 9.0)
+    assert classify(f, r, i, executor="ray", capabilities={}).status == FAILS_INSPECTION
+
+
+@pytest.mark.parametrize(("archs", "cc", "ok"), [
+    (["12.0"], "12.1", True), (["sm_120"], "12.1", True), (["12.0f"], "12.1", True), (["12.0a"], "12.1", False),
+    (["sm_90"], "9.0", True), (["9.0a"], "9.0", True), (["8.0"], "9.0", False), (["8.6"], "8.0", False),
+    (["12.1"], "12.0", False), (["10.0"], "12.1", False)])
+def test_same_major_lower_minor_cubins_run(archs: list[str], cc: str, ok: bool) -> None:
+    assert arch_covers(archs, cc) is ok
+
+
+def test_cpu_architecture_must_match_every_node() -> None:
+    sparks = {"spark-1": "aarch64", "spark-2": "aarch64"}
+    assert images.arch_mismatch("arm64", sparks) == [] and images.arch_mismatch(None, sparks) == []
+    f = dataclasses.replace(facts("amd", "0.32.0"), architecture="amd64")
+    v = classify(f, registry("amd", True), inspection("amd", True), executor="ray", capabilities={}, machines=sparks)
+    assert v.status == LOADS and not v.usable
+    assert v.blocking == [f"the image is linux/amd64, {n} is aarch64 (arm64): it does not run there (exec format "
+                          "error)" for n in sparks]
+    mixed = classify(f, registry("amd", True), inspection("amd", True), executor="ray", capabilities={},
+                     machines={"head": "x86_64", "spark-2": "aarch64"})
+    assert [b.split(",")[1] for b in mixed.blocking] == [" spark-2 is aarch64 (arm64): it does not run there (exec format error)"]
+
+
+def test_an_image_of_another_cpu_than_the_head_is_not_run() -> None:
+    why = images.arch_mismatch("amd64", {"spark-1": "aarch64"})[0]
+    r, i = images._not_probed("amd", "HYV4ForCausalLM", why)
+    f = dataclasses.replace(facts("amd", "0.32.0"), architecture="amd64", error=why)
+    v = classify(f, r, i, executor="ray", capabilities={}, machines={"spark-1": "aarch64"})
+    assert v.status == images.WRONG_CPU and v.blocking == [why]
+    with pytest.raises(images.NoUsableImage, match="linux/amd64, spark-1 is aarch64"):
+        choose([Candidate(f, r, i, v)], [])
+
+
+def test_probes_get_the_gpus_params_list_for_their_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkbook.core import imageprobes
+    seen: list[tuple[str, bool]] = []
+
+    class Runtime:
+        def one_off(self, node, image, argv, *, env, timeout, gpus):  # type: ignore[no-untyped-def]
+            seen.append((node.name, gpus))
+
+    monkeypatch.setattr(imageprobes, "runtime_for", lambda params: Runtime())
+    specs = {"gpu": SimpleNamespace(gpus=[0, 1]), "cpu": SimpleNamespace(gpus=[])}
+    run = SimpleNamespace(params=SimpleNamespace(node=specs.__getitem__))
+    for name in specs:
+        imageprobes.in_image(run, SimpleNamespace(name=name), "img", ["true"], {}, 5)  # type: ignore[arg-type]
+    assert seen == [("gpu", True), ("cpu", False)]
+
+
+@pytest.mark.parametrize(("record", "covering", "not_covering"), [
+    ("nvidia-smi-h200.txt", ["sm_90"], ["sm_89", "sm_100"]), ("nvidia-smi-gb10.txt", ["sm_120"], ["sm_120a", "sm_90"])])
+def test_recorded_compute_capabilities(record: str, covering: list[str], not_covering: list[str]) -> None:
+    """The compute_cap that nvidia-smi reported on a real H200 (9.0) and GB10 (12.1)."""
+    cc = (DATA / record).read_text().split("==gpu==\n", 1)[1].splitlines()[0].split(",")[1].strip()
+    assert arch_covers(covering, cc)
+    assert not any(arch_covers([entry], cc) for entry in not_covering)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.modelinfo import (GIB, NodeMemory, estimate_params, kv_bytes_per_token, memory_fit, model_facts,
-                                 quantization, ranks_per_node)
+from sparkbook.core.modelinfo import (GIB, RESERVE_BYTES, NodeMemory, estimate_params, kv_bytes_per_token, memory_fit,
+                                      model_facts, quantization, ranks_per_node)
 from sparkbook.core.params import load_params
 
 QWEN3_30B_A3B = {  # published: 30.5B total, 3.3B active
@@ -74,11 +74,13 @@ def test_fit_split_over_two_nodes_and_a_finding_when_memory_is_taken(write_param
     params = _seedlike(write_params, base, 0.7)
     facts = model_facts(QWEN3_30B_A3B, {"metadata": {"total_size": 60 * GIB}}, [], "/m")
     assert ranks_per_node(params) == {"a": 1, "b": 1}
-    free = {n: NodeMemory(n, 120 * GIB, 110 * GIB, "MemTotal/MemAvailable") for n in "ab"}
+    free = {n: NodeMemory(n, 120 * GIB, 110 * GIB, "MemTotal/MemAvailable", 110 * GIB, "test") for n in "ab"}
     rows = memory_fit(facts, params, free)
     assert [r.weights_gib for r in rows] == [30.0, 30.0]
-    assert all(r.fits for r in rows) and rows[0].kv_gib == pytest.approx(54.0)
-    busy = {**free, "b": NodeMemory("b", 120 * GIB, 25 * GIB, "MemTotal/MemAvailable")}
+    # vLLM takes 0.7 x 120 GiB; the KV cache is what weights and the per-rank reserve leave of it
+    assert all(r.fits for r in rows) and rows[0].planned_gib == pytest.approx(84.0)
+    assert rows[0].kv_gib == pytest.approx(84.0 - 30.0 - RESERVE_BYTES / GIB)
+    busy = {**free, "b": NodeMemory("b", 120 * GIB, 25 * GIB, "MemTotal/MemAvailable", 25 * GIB, "test")}
     rows = memory_fit(facts, params, busy)
     assert rows[0].fits and not rows[1].fits
-    assert "KV holds 0 tokens" in rows[1].why or "exceed" in rows[1].why
+    assert "CUDA can allocate 25.00 GiB" in rows[1].why

@@ -144,3 +144,12 @@ def test_fan_out_result_is_the_dict_and_names_every_failed_node(local) -> None: 
     with pytest.raises(StageError, match="c: no such thing"):
         result.values_or_raise(StageError)
     assert result.succeeded.values_or_raise() == ["a"]
+
+
+def test_docker_one_off_passes_the_nodes_gpus_when_asked(local, fake_docker) -> None:  # type: ignore[no-untyped-def]
+    cluster = local({"kind": "docker", "images": ["held:1"]})
+    rt, node = runtime_for(cluster.params), cluster.head
+    with_gpus = rt.one_off(node, "held:1", ["true"], timeout=7, gpus=True).stdout.splitlines()
+    without = rt.one_off(node, "held:1", ["true"], timeout=7).stdout.splitlines()
+    assert with_gpus[with_gpus.index("--gpus") + 1] == "all" and with_gpus.index("--gpus") < with_gpus.index("held:1")
+    assert "--gpus" not in without

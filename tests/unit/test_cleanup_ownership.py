@@ -178,8 +178,8 @@ def test_a_managed_process_owns_its_descendants_containers_and_is_relaunched_on_
         ("lab-0", "vllm_node"), ("lab-1", "vllm_node")]
     assert "other" not in {t.name for t in p.targets}, "its client is not the manager's descendant"
     assert manager.stop_timeout_s == 45 and manager.stop == "kill -TERM 40"
-    assert manager.restore == ("cd / && setsid python3 /var/lib/sparkbook-lab/services/old_cluster_manager.py "
-                               "--pidfile /run/m.pid </dev/null >/dev/null 2>&1 &")
+    assert manager.restore == ("cd / && { setsid python3 /var/lib/sparkbook-lab/services/old_cluster_manager.py "
+                               "--pidfile /run/m.pid </dev/null >/dev/null 2>&1 & }")
 
 
 def lab_cluster(write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any]) -> Cluster:
@@ -198,7 +198,7 @@ def test_restore_plan_is_written_for_every_target_before_acting_and_reaches_node
         "reverse plan order, owned containers after their owner"
     script = (tmp_path / "restore.sh").read_text()
     assert "ssh -p 22 root@10.77.1.10 'docker start old-vllm'" in script
-    assert "ssh -p 22 root@10.77.1.10 'cd / && setsid python3 " in script
+    assert "ssh -p 22 root@10.77.1.10 'cd / && { setsid python3 " in script
     assert "# lab-1 vllm_node: comes back with lab-0/python3[40]" in script
     assert "ssh lab-" not in script, "a node's name is not an SSH address"
     assert json.loads(path.read_text())["steps"][2]["ssh"] == "ssh -p 2222 root@10.77.1.11"

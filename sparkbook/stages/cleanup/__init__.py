@@ -365,7 +365,7 @@ def relaunch(pr: Process) -> str | None:
     (its environment is not recorded: it may hold secrets). None when /proc did not show how it was launched."""
     if not pr.argv:
         return None
-    return f"cd {shlex.quote(pr.cwd or '/')} && setsid {shlex.join(pr.argv)} </dev/null >/dev/null 2>&1 &"
+    return f"cd {shlex.quote(pr.cwd or '/')} && {{ setsid {shlex.join(pr.argv)} </dev/null >/dev/null 2>&1 & }}"
 
 
 def _candidates(inv: Inventory, t: CleanupTargets) -> list[Target]:

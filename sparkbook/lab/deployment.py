@@ -2,8 +2,10 @@
 
 head (node 0):   old-vllm        the installed (old) vLLM image serving the qwen3-tiny model on :8000
                  old-proxy       base image, a small reverse proxy :8080 -> :8000 (depends on old-vllm)
+                 (old cluster manager, a process, and its vllm_node container: see below)
 worker (node 1): old-embeddings  base image, python holding ~256 MiB, answering HTTP on :8001
                  old-reranker    base image, python holding ~256 MiB, answering HTTP on :8002
+                 (vllm_node, the manager's)
 further workers: nothing.
 
 Every container has ``--network host`` (it lives in its node's network namespace and answers on the
@@ -13,10 +15,11 @@ what it depends on. The container names must match the cleanup allow-list of the
 
 A unit-managed part, as the seed's vllm-cluster.service runs eugr/spark-vllm-docker's launch-cluster.sh:
 the *old cluster manager* (MANAGER_PY), a long-running process on the head (``setsid``, a pidfile in the
-head's /run), starts a ``--rm`` container named ``vllm_node`` on EVERY node with attached ``docker run``
-clients (the head's own daemon; each worker's daemon as ``docker -H ssh://root@WORKER_IP``, over the lab's
-node-to-node SSH), restarts one that dies, and on SIGTERM stops them all (``--rm``: removed) and exits.
-Its containers run a small process (SERVICE_PY: 16 MiB, /health on :8003 head, :8004 workers), not the old
+head's /run), starts a ``--rm`` container named ``vllm_node`` on the head and on worker 1 (the seed's two
+nodes; further workers: nothing) with attached ``docker run`` clients (the head's own daemon; the worker's as
+``docker -H ssh://root@WORKER_IP``, over the lab's node-to-node SSH), restarts one that dies, and on SIGTERM
+stops them all (``--rm``: removed) and exits.
+Its containers run a small process (SERVICE_PY: 16 MiB, /health on :8003 head, :8004 worker), not the old
 image's ``ray start --block``: a Ray head + worker cost about a core and 1 GiB on this 2-core machine. The
 manager's command line is in params' ``cleanup.processes``; ``vllm_node`` is on NO allow-list (01 must find it
 through its owner). The lab starts the manager in up/reset, stops it by its PID (pidfile, checked against
@@ -191,9 +194,10 @@ def service_script() -> Path:
 
 
 def manager_argv(specs: list[NodeSpec], base_image: str) -> list[str]:
-    """The manager's command line on the head: one --member per node (the head's daemon, each worker's over SSH)."""
+    """The manager's command line on the head: a --member for the head's daemon and the first worker's (over
+    SSH), the seed's two nodes."""
     members = [f"{'local' if s is specs[0] else f'ssh://root@{s.ip}'},{role},{port}"
-               for s, (role, port) in zip(specs, [MANAGED_ROLES[0]] + [MANAGED_ROLES[1]] * (len(specs) - 1))]
+               for s, (role, port) in zip(specs, MANAGED_ROLES)]
     return ["python3", str(_script(MANAGER_NAME, MANAGER_PY)), "--pidfile", MANAGER_PIDFILE, "--log", MANAGER_LOG,
             "--name", MANAGED_NAME, "--image", base_image, "--service", str(service_script()),
             *[x for m in members for x in ("--member", m)]]
@@ -269,8 +273,7 @@ def plan(specs: list[NodeSpec], params: dict, base_image: str) -> list[OldContai
         out.append(OldContainer(w.name, "old-reranker", base_image, "reranker", 8002,
                                 [*svc, "reranker", "8002", str(MEMORY_HOLD_MIB)], mounts=svc_mount,
                                 host=w.ip))
-    for i, s in enumerate(specs):
-        role, port = MANAGED_ROLES[min(i, 1)]
+    for s, (role, port) in zip(specs, MANAGED_ROLES):
         out.append(OldContainer(s.name, MANAGED_NAME, base_image, role, port, [], host=s.ip, managed=True))
     _check_allow_lists(out, params, manager_argv(specs, base_image))
     return out

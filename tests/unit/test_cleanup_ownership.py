@@ -83,7 +83,8 @@ def seed_inventories(unit: Unit | None = None, worker_state: str = "running") ->
                                     Container("tei-embed", "77aa", "tei", "running", [])],
                      "Docker 28", [unit, Unit("ssh.service", "active", [])], "systemd", [], "GB10", [], MEM,
                      clients=clients(procs), addresses=s["addr"].splitlines())
-    worker = Inventory("spark-5be3", [Container("vllm_node", "9e8d7c6b5a41", "vllm-node", worker_state, [], [31], 250.0),
+    worker = Inventory("spark-5be3", [Container("vllm_node", "9e8d7c6b5a41", "vllm-node", worker_state, [], [31],
+                                                250.0),
                                       Container("grafana", "3", "g", "running", [])],
                        "Docker 28", [], "systemd", [], "GB10", [], MEM,
                        addresses=["spark-5be3", "192.168.177.12"])
@@ -224,3 +225,15 @@ def test_unit_stop_timeout_is_a_parameter_defaulting_to_90_s() -> None:
     t = plan([Inventory("h", [], "Docker 28", [unit], "systemd", [], "no GPU", [], MEM)],
              CleanupTargets(systemd_units=["vllm-*"], unit_stop_timeout_s=300)).targets[0]
     assert t.stop_timeout_s == 300
+
+
+def test_a_matched_process_is_recorded_with_its_exact_argv_and_working_directory() -> None:
+    """LAUNCH_PROBE's reply (cmdline NULs turned into \\x1f): an argument with a space survives, unlike `ps` args."""
+    procs = tree(["40 1 python3 /srv/mgr.py --title old cluster", "41 40 docker run --rm --name vllm_node img"])
+    node = FakeNode("lab-0", "==40==\n/srv\npython3\x1f/srv/mgr.py\x1f--title\x1fold cluster\x1f\n")
+    (pr,) = cleanup._processes(node, ["40 python3 python3 /srv/mgr.py --title old cluster", "41 docker docker run"],
+                               procs, ["*mgr.py*"])
+    assert (pr.pid, pr.cwd, pr.argv, pr.family) == (40, "/srv", ["python3", "/srv/mgr.py", "--title", "old cluster"],
+                                                     [40, 41])
+    assert cleanup.relaunch(pr) == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "
+                                    ">/dev/null 2>&1 & }")

@@ -93,7 +93,8 @@ def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_
     p = plan(lab_inventories(), CleanupTargets(containers=["old-*"]))
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     base["nodes"][1].update(name="lab-1", host="10.77.0.11")
-    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), Cluster(load_params(write_params(base))))
+    cluster = Cluster(load_params(write_params(base)))
+    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster)
     steps = json.loads(path.read_text())["steps"]
     assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
     assert "ssh -p 22 root@10.77.0.10 'docker start old-vllm'" in (tmp_path / "restore.sh").read_text()

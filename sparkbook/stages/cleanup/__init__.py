@@ -280,7 +280,8 @@ def _units(node: Node, rc: int, lines: list[str], patterns: list[str]) -> tuple[
     return units, "systemd"
 
 
-LAUNCH_PROBE = "for p in \"$@\"; do echo \"==$p==\"; readlink /proc/$p/cwd; tr '\\0' '\\037' < /proc/$p/cmdline; echo; done"
+LAUNCH_PROBE = ("for p in \"$@\"; do echo \"==$p==\"; readlink /proc/$p/cwd; "
+                "tr '\\0' '\\037' < /proc/$p/cmdline; echo; done")
 
 
 def _processes(node: Node, lines: list[str], procs: dict[int, tuple[int, str]], patterns: list[str]) -> list[Process]:
@@ -323,7 +324,7 @@ def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     processes = _processes(node, s.get("ps", []), procs, targets.processes)
     socks = listeners(s.get("listen", []), _ephemeral_from(s.get("portrange", [])))
     ours = {pid for c in containers if _matching(c.name, targets.containers) for pid in c.pids}
-    ours |= {p.pid for p in processes}
+    ours |= {p.pid for p in processes} | {pid for u in units for pid in u.pids}
     return Inventory(node.name, containers, docker, units, systemd, processes, gpu, apps, memory, socks,
                      health_urls(node, [lis for lis in socks if set(lis.pids) & ours]), clients(procs),
                      [a for a in s.get("addr", []) if a])

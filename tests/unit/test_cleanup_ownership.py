@@ -198,11 +198,12 @@ def test_restore_plan_is_written_for_every_target_before_acting_and_reaches_node
     assert [s.name for s in steps] == ["python3[40]", "vllm_node", "vllm_node", "old-vllm"], \
         "reverse plan order, owned containers after their owner"
     script = (tmp_path / "restore.sh").read_text()
-    assert "ssh -p 22 root@10.77.1.10 'docker start old-vllm'" in script
-    assert "ssh -p 22 root@10.77.1.10 'cd / && { setsid python3 " in script
+    ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p"
+    assert f"{ssh} 22 root@10.77.1.10 'docker start old-vllm'" in script
+    assert f"{ssh} 22 root@10.77.1.10 'cd / && {{ setsid python3 " in script
     assert "# lab-1 vllm_node: comes back with lab-0/python3[40]" in script
     assert "ssh lab-" not in script, "a node's name is not an SSH address"
-    assert json.loads(path.read_text())["steps"][2]["ssh"] == "ssh -p 2222 root@10.77.1.11"
+    assert json.loads(path.read_text())["steps"][2]["ssh"] == f"{ssh} 2222 root@10.77.1.11"
 
 
 def test_restore_brings_back_owners_only_and_judges_owned_containers(

@@ -97,4 +97,5 @@ def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_
     path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster)
     steps = json.loads(path.read_text())["steps"]
     assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
-    assert "ssh -p 22 root@10.77.0.10 'docker start old-vllm'" in (tmp_path / "restore.sh").read_text()
+    ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
+    assert f"{ssh} 'docker start old-vllm'" in (tmp_path / "restore.sh").read_text()

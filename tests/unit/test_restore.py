@@ -66,7 +66,7 @@ def test_the_plan_and_the_restore_plan_carry_what_each_target_held(
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     cluster = Cluster(load_params(write_params(base)))
     steps = restore_steps(write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster))
-    ssh = "ssh -p 22 root@10.77.0.10"
+    ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
     assert steps == [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000],
                           "http://10.77.0.10:8000/health", 1200.0, 0, ssh=ssh),
                      Step("lab-0", "container", "old-proxy", "docker start old-proxy", "", [8080],

@@ -585,13 +585,15 @@ class Step:
 
 
 def ssh_command(node: Node) -> str:
-    """`ssh` with the node's SSH address (params' host as the ssh config resolves it), user, port and jump host:
-    a node's name is not an address anything resolves. A local node: `sh -c`."""
+    """`ssh` with the node's SSH address (params' host as the ssh config resolves it), user, port, keys,
+    known_hosts and jump host: a node's name is not an address anything resolves. A local node: `sh -c`."""
     if node.local:
         return "sh -c"
     t = node.target  # type: ignore[attr-defined]
-    jump = f"-J {t.jump.user}@{t.jump.hostname}:{t.jump.port} " if t.jump else ""
-    return f"ssh {jump}-p {t.port} {t.user}@{t.hostname}"
+    opts = [x for k in t.key_files for x in ("-i", k)]
+    opts += ["-o", f"UserKnownHostsFile={t.known_hosts}"] if t.known_hosts else []
+    opts += ["-J", f"{t.jump.user}@{t.jump.hostname}:{t.jump.port}"] if t.jump else []
+    return shlex.join(["ssh", *opts, "-p", str(t.port), f"{t.user}@{t.hostname}"])
 
 
 def restore_order(targets: list[Target]) -> list[Target]:

@@ -31,7 +31,9 @@ def managed(containers: dict[str, dict]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cleaned(lab, lab_progress, tmp_path_factory) -> tuple[Path, int]:
-    """The old deployment answering (the manager's containers too), then 01 confirmed; (run dir, manager PID)."""
+    """The old deployment answering (the manager's containers too), then 01 confirmed; (run dir, manager PID).
+    Reset first: an earlier module of the session (test_runbook_lab) leaves the old deployment stopped."""
+    sblab.reset(progress=lab_progress)
     sblab.wait_old_deployment(progress=lab_progress)
     head = cluster.node_specs(len(lab.nodes))[0]
     pid = deployment.manager_pid(head)

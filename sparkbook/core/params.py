@@ -153,6 +153,9 @@ class CleanupTargets(Strict):
     systemd_units: list[Pattern] = []
     processes: list[Pattern] = []
     order: list[Pattern] = Field([], description="stop targets matching these first, in this order")
+    unit_stop_timeout_s: float = Field(90, gt=0, le=3600, description="how long a systemd unit or managed process "
+                                       "may take to stop, the containers it owns with it (a unit's own "
+                                       "TimeoutStopUSec is waited for when longer)")
 
 
 class RaySettings(Strict):

@@ -10,7 +10,9 @@
 
 The head node (lab-0) gets every lab image; workers get only the base image, so the runbook's
 distribution step has real work to do. Every node gets the lab models in its model cache
-(/srv/models inside the node). An "old deployment" (deployment.py) runs when the lab comes up.
+(/srv/models inside the node). An "old deployment" (deployment.py) runs when the lab comes up: containers,
+and a unit-like manager on the head that owns a `--rm` container on every node (systemd itself is what the
+lab cannot model: its nodes have no init system; deployment.py says how that part is tested).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ Progress = Optional[Callable[[str], None]]
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
 DEFAULT_LAB_HOME = Path("/var/lib/sparkbook-lab")
-SMALL_SERVICES = {"proxy", "embeddings", "reranker"}
+SMALL_SERVICES = {"proxy", "embeddings", "reranker", "ray-head", "ray-worker"}
 OLD_VLLM_TIMEOUT_S = 600
 
 __all__ = ["up", "down", "status", "reset", "params_file", "wait_old_deployment", "LabStatus", "NodeStatus",
@@ -323,6 +325,7 @@ def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = Fa
     worker_tags = [base]                    # workers: only what the old deployment runs
     built, mdirs = _build_while_loading(specs, worker_tags, progress)
     head_tags = list(built)                 # every lab image on the head
+    actions += deployment.stop_manager(specs, progress)  # by its PID; its --rm containers go with it
     removed = deployment.remove_extras(specs, params, base, progress)
     actions += [f"rm container {r}" for r in removed]
     for s in specs:
@@ -336,6 +339,7 @@ def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = Fa
     actions += [f"model {m}" for m in _sync_models(specs, mdirs, progress)]
     started = deployment.ensure(specs, params, base, progress)
     actions += [f"run {c}" for c in started]
+    actions += [f"start {m}" for m in deployment.start_manager(specs, base, progress)]
     # The small services answer within seconds; the old vLLM takes 30 s to minutes on a busy 2-core
     # machine (pinned to one core), so `up` does not wait for it: see wait_old_deployment().
     deployment.wait_ready(specs, params, base, progress=progress, roles=SMALL_SERVICES)
@@ -381,13 +385,15 @@ def reset(progress: Progress = None) -> LabStatus:
 
 
 def wait_old_deployment(timeout: float = OLD_VLLM_TIMEOUT_S, progress: Progress = None) -> dict[str, float]:
-    """Until every old-deployment service (old-vllm included) answers; returns seconds waited for each."""
+    """Until every old-deployment service (old-vllm and the manager's containers included) answers, the old
+    cluster manager started first where it does not run; returns seconds waited for each."""
     from . import deployment, images
     n = cluster.load_state().get("n")
     if not n:
         raise LabError("the lab is not up; run `sparkbook lab up`")
-    return deployment.wait_ready(cluster.node_specs(n), _load_yaml(REPO_PARAMS), images.BASE, timeout=timeout,
-                                 progress=progress)
+    specs = cluster.node_specs(n)
+    deployment.start_manager(specs, images.BASE, progress)
+    return deployment.wait_ready(specs, _load_yaml(REPO_PARAMS), images.BASE, timeout=timeout, progress=progress)
 
 
 def _stop_builder(progress: Progress) -> None:
@@ -412,6 +418,17 @@ def _stop_builder(progress: Progress) -> None:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _stop_manager(progress: Progress) -> None:
+    """The old cluster manager stops by its PID, its containers with it; a broken lab kills it with its nodes."""
+    from . import deployment
+    n = cluster.load_state().get("n")
+    if n and _lab_is_up(n):
+        try:
+            deployment.stop_manager(cluster.node_specs(n), progress, timeout=20)
+        except LabError as e:
+            _say(progress, f"old cluster manager: {str(e)[-200:]}; it ends with its node")
+
+
 def down(progress: Progress = None) -> None:
     """Remove every namespace, daemon, process, mount, bridge and firewall rule the lab made.
 
@@ -419,6 +436,7 @@ def down(progress: Progress = None) -> None:
     `up`. Safe to run twice. Raises LabError naming what it could not remove.
     """
     with _lock():
+        _stop_manager(progress)
         cluster.down(progress)
         # the builder (shared by every lab on this machine) stops with the last lab
         if not list(lab_home().glob("state*.json")):

@@ -2,27 +2,47 @@
 
 head (node 0):   old-vllm        the installed (old) vLLM image serving the qwen3-tiny model on :8000
                  old-proxy       base image, a small reverse proxy :8080 -> :8000 (depends on old-vllm)
+                 (old cluster manager, a process, and its vllm_node container: see below)
 worker (node 1): old-embeddings  base image, python holding ~256 MiB, answering HTTP on :8001
                  old-reranker    base image, python holding ~256 MiB, answering HTTP on :8002
+                 (vllm_node, the manager's)
 further workers: nothing.
 
 Every container has ``--network host`` (it lives in its node's network namespace and answers on the
 node's IP), restart policy ``no``, and labels saying it is part of the old deployment, what it is and
 what it depends on. The container names must match the cleanup allow-list of the lab's params file;
 :func:`plan` checks that, so the cleanup stage can rely on params alone.
+
+A unit-managed part, as the seed's vllm-cluster.service runs eugr/spark-vllm-docker's launch-cluster.sh:
+the *old cluster manager* (MANAGER_PY), a long-running process on the head (``setsid``, a pidfile in the
+head's /run), starts a ``--rm`` container named ``vllm_node`` on the head and on worker 1 (the seed's two
+nodes; further workers: nothing) with attached ``docker run`` clients (the head's own daemon; the worker's as
+``docker -H ssh://root@WORKER_IP``, over the lab's node-to-node SSH), restarts one that dies, and on SIGTERM
+stops them all (``--rm``: removed) and exits.
+Its containers run a small process (SERVICE_PY: 16 MiB, /health on :8003 head, :8004 worker), not the old
+image's ``ray start --block``: a Ray head + worker cost about a core and 1 GiB on this 2-core machine. The
+manager's command line is in params' ``cleanup.processes``; ``vllm_node`` is on NO allow-list (01 must find it
+through its owner). The lab starts the manager in up/reset, stops it by its PID (pidfile, checked against
+its command line) and never by name; ``lab down`` kills the nodes' PID namespaces with everything in them.
+
+What the lab cannot model: systemd itself. The nodes are namespaces without an init system, so no unit,
+cgroup-per-service or ``systemctl`` exists there; the manager stands for the unit (cleanup maps a managed
+process's descendants as it maps a unit's cgroup) and systemd's side is covered by unit tests on recorded
+``systemctl show`` output (tests/unit/test_cleanup_ownership.py, tests/unit/data/).
 """
 from __future__ import annotations
 
 import fnmatch
 import hashlib
 import json
+import shlex
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .cluster import LabError, NodeSpec, lab_home, run
+from .cluster import LabError, NodeSpec, lab_home, run, ssh_config_file
 
 Progress = Optional[Callable[[str], None]]
 
@@ -100,14 +120,87 @@ ThreadingHTTPServer(("0.0.0.0", port), H).serve_forever()
 
 SERVICE_IN_CONTAINER = "/opt/sparkbook-lab/old_service.py"
 
+# The old cluster manager (see the module docstring), run by the head's own python3. Everything it needs is
+# on its command line: `sparkbook restore` relaunches it from the argv 01 recorded.
+MANAGER_PY = r'''
+import argparse, os, signal, subprocess, time
+ap = argparse.ArgumentParser()
+for opt in ("--pidfile", "--log", "--name", "--image", "--service"):
+    ap.add_argument(opt, required=True)
+ap.add_argument("--member", action="append", required=True, help="DOCKER_HOST,ROLE,PORT (local: this node's daemon)")
+a = ap.parse_args()
+log = open(a.log, "a", buffering=1)
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+members = [m.split(",") for m in a.member]
+def say(msg):
+    log.write(time.strftime("%H:%M:%S ") + msg + "\n")
+def docker(host):
+    return ["docker"] if host == "local" else ["docker", "-H", host]
+def quiet(argv):
+    try:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=60)
+    except subprocess.TimeoutExpired:
+        say(f"timed out: {argv}")
+def start(host, role, port):
+    quiet(docker(host) + ["rm", "-f", a.name])
+    labels = {"deployment": "old", "role": role, "port": port, "managed-by": "old-cluster-manager"}
+    argv = docker(host) + ["run", "--rm", "--name", a.name, "--network", "host"]
+    argv += [x for k, v in labels.items() for x in ("--label", f"org.sparkbook.lab.{k}={v}")]
+    argv += ["--volume", f"{a.service}:/opt/sparkbook-lab/old_service.py:ro", a.image,
+             "python3", "/opt/sparkbook-lab/old_service.py", role, port, "16"]
+    say(f"starting {a.name} on {host}: {role} :{port}")
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+with open(a.pidfile, "w") as fh:
+    fh.write(f"{os.getpid()}\n")
+clients = [start(*m) for m in members]
+while not stopping:
+    time.sleep(1)
+    for i, c in enumerate(clients):
+        if c.poll() is not None and not stopping:
+            say(f"{a.name} on {members[i][0]} exited ({c.returncode}): restarting it")
+            clients[i] = start(*members[i])
+say("SIGTERM: stopping the containers on every node (--rm removes them)")
+for m in members:
+    quiet(docker(m[0]) + ["stop", "-t", "3", a.name])
+for c in clients:
+    try:
+        c.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        c.kill()
+os.unlink(a.pidfile)
+say("stopped")
+'''
+MANAGER_NAME = "old_cluster_manager.py"
+MANAGER_PIDFILE = "/run/old-cluster-manager.pid"  # the head's own /run (a tmpfs of its mount namespace)
+MANAGER_LOG = "/tmp/old-cluster-manager.log"  # the head's own /tmp
+MANAGED_NAME = "vllm_node"  # launch-cluster.sh's container name, on every node
+MANAGED_ROLES = (("ray-head", 8003), ("ray-worker", 8004))  # head, workers
+MANAGED_HOLD_MIB = 16
+STOP_TIMEOUT_S = 60
+
+
+def _script(name: str, text: str) -> Path:
+    path = lab_home() / "services" / name
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return path
+
 
 def service_script() -> Path:
     """SERVICE_PY as a file under LAB_HOME (bind-mounted read-only into the base-image containers)."""
-    path = lab_home() / "services" / "old_service.py"
-    if not path.exists() or path.read_text() != SERVICE_PY:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(SERVICE_PY)
-    return path
+    return _script("old_service.py", SERVICE_PY)
+
+
+def manager_argv(specs: list[NodeSpec], base_image: str) -> list[str]:
+    """The manager's command line on the head: a --member for the head's daemon and the first worker's (over
+    SSH), the seed's two nodes."""
+    members = [f"{'local' if s is specs[0] else f'ssh://root@{s.ip}'},{role},{port}"
+               for s, (role, port) in zip(specs, MANAGED_ROLES)]
+    return ["python3", str(_script(MANAGER_NAME, MANAGER_PY)), "--pidfile", MANAGER_PIDFILE, "--log", MANAGER_LOG,
+            "--name", MANAGED_NAME, "--image", base_image, "--service", str(service_script()),
+            *[x for m in members for x in ("--member", m)]]
 
 
 @dataclass
@@ -124,6 +217,7 @@ class OldContainer:
     extra: list[str] = field(default_factory=list)
     health_path: str = "/health"
     host: str = ""
+    managed: bool = False  # started by the old cluster manager, not by the lab
 
     def labels(self) -> dict[str, str]:
         out = {DEPLOYMENT_LABEL: "old", ROLE_LABEL: self.role, DEPENDS_LABEL: ",".join(self.depends_on),
@@ -179,11 +273,24 @@ def plan(specs: list[NodeSpec], params: dict, base_image: str) -> list[OldContai
         out.append(OldContainer(w.name, "old-reranker", base_image, "reranker", 8002,
                                 [*svc, "reranker", "8002", str(MEMORY_HOLD_MIB)], mounts=svc_mount,
                                 host=w.ip))
-    allow = params.get("cleanup", {}).get("containers", [])
-    for c in out:
-        if not any(fnmatch.fnmatchcase(c.name, pat) for pat in allow):
-            raise LabError(f"old deployment container {c.name} is not in the params' cleanup.containers {allow}")
+    for s, (role, port) in zip(specs, MANAGED_ROLES):
+        out.append(OldContainer(s.name, MANAGED_NAME, base_image, role, port, [], host=s.ip, managed=True))
+    _check_allow_lists(out, params, manager_argv(specs, base_image))
     return out
+
+
+def _check_allow_lists(out: list[OldContainer], params: dict, manager: list[str]) -> None:
+    """The lab's containers are on cleanup.containers, the manager's command line on cleanup.processes, and its
+    containers on NO allow-list (01 must find them through their owner)."""
+    cleanup = params.get("cleanup", {})
+    allow, procs = cleanup.get("containers", []), cleanup.get("processes", [])
+    for c in out:
+        if c.managed == any(fnmatch.fnmatchcase(c.name, pat) for pat in allow):
+            raise LabError(f"old deployment container {c.name} {'is' if c.managed else 'is not'} in the params' "
+                           f"cleanup.containers {allow}" + (" (its manager owns it)" if c.managed else ""))
+    if not any(fnmatch.fnmatchcase(shlex.join(manager), pat) for pat in procs):
+        raise LabError(f"the old cluster manager ({shlex.join(manager)}) is not in the params' cleanup.processes "
+                       f"{procs}")
 
 
 def _docker(s: NodeSpec, *args: str, timeout: float = 120, check: bool = True):
@@ -208,7 +315,7 @@ def containers(s: NodeSpec) -> list[dict]:
 def remove_extras(specs: list[NodeSpec], params: dict, base_image: str, progress: Progress = None) -> list[str]:
     """Remove every container that is not part of the old deployment (what a previous runbook run left:
     new vLLM servers, Ray containers), so the lab starts from its initial state. Returns what was removed."""
-    names = {c.name for c in plan(specs, params, base_image)}
+    names = {c.name for c in plan(specs, params, base_image) if not c.managed}
     removed = []
     for s in specs:
         extra = [c["name"] for c in containers(s) if c["name"] not in names]
@@ -225,7 +332,7 @@ def ensure(specs: list[NodeSpec], params: dict, base_image: str, progress: Progr
     actions = []
     for s in specs:
         have = {c["name"]: c for c in containers(s)}
-        for c in (c for c in want if c.node == s.name):
+        for c in (c for c in want if c.node == s.name and not c.managed):
             cur = have.get(c.name)
             if (cur is not None and cur["state"] == "running"
                     and cur["labels"].get(SPEC_LABEL) == c.labels()[SPEC_LABEL]):
@@ -245,21 +352,22 @@ def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: fl
     want = [c for c in plan(specs, params, base_image) if roles is None or c.role in roles]
     by_node = {s.name: s for s in specs}
     t0 = time.monotonic()
-    pending = {c.name: c for c in want}
+    pending = {f"{c.node}/{c.name}": c for c in want}
     done: dict[str, float] = {}
     while pending and time.monotonic() - t0 < timeout:
-        for name, c in list(pending.items()):
+        for key, c in list(pending.items()):
+            name = c.name
             try:
                 with _OPENER.open(c.url, timeout=2) as r:
                     if r.status == 200:
-                        done[name] = round(time.monotonic() - t0, 1)
-                        del pending[name]
-                        _say(progress, f"{c.node}: {name} answers {c.url} ({done[name]}s)")
+                        done[key] = round(time.monotonic() - t0, 1)
+                        del pending[key]
+                        _say(progress, f"{c.node}: {name} answers {c.url} ({done[key]}s)")
                         continue
             except OSError:
                 pass
             st = _docker(by_node[c.node], "inspect", "--format", "{{.State.Status}}", name, check=False)
-            if st.stdout.strip() not in ("running", "created", "restarting"):
+            if st.stdout.strip() not in ("running", "created", "restarting") and not c.managed:
                 logs = _docker(by_node[c.node], "logs", "--tail", "30", name, check=False)
                 raise LabError(f"{c.node}: old deployment container {name} is {st.stdout.strip() or 'gone'}:\n"
                                f"{(logs.stdout + logs.stderr)[-3000:]}")
@@ -268,6 +376,45 @@ def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: fl
     if pending:
         raise LabError(f"old deployment not ready after {timeout}s: {sorted(pending)}")
     return done
+
+
+def _on_head(head: NodeSpec, command: str, timeout: float = 30, check: bool = True):
+    return run(["ssh", "-F", str(ssh_config_file()), head.ip, command], timeout=timeout, check=check)
+
+
+def manager_pid(head: NodeSpec) -> Optional[int]:
+    """The running manager's PID (in the head's PID namespace) from its pidfile, when that process's command
+    line is the manager's; None when it does not run."""
+    out = _on_head(head, f"p=$(cat {MANAGER_PIDFILE} 2>/dev/null) && echo $p && tr '\\0' ' ' < /proc/$p/cmdline",
+                   check=False).stdout.split("\n", 1)
+    return int(out[0]) if len(out) == 2 and out[0].isdigit() and MANAGER_NAME in out[1] else None
+
+
+def start_manager(specs: list[NodeSpec], base_image: str, progress: Progress = None) -> list[str]:
+    """Start the old cluster manager on the head (detached, like a unit) unless it runs; returns what it did."""
+    head = specs[0]
+    if manager_pid(head) is not None:
+        return []
+    argv = manager_argv(specs, base_image)
+    _say(progress, f"{head.name}: starting the old cluster manager ({MANAGED_NAME} on every node)")
+    _on_head(head, f"cd / && {{ setsid {shlex.join(argv)} </dev/null >/dev/null 2>&1 & }}")
+    for _ in range(20):
+        if (pid := manager_pid(head)) is not None:
+            return [f"{head.name}/old-cluster-manager[{pid}]"]
+        time.sleep(0.5)
+    raise LabError(f"{head.name}: the old cluster manager did not write {MANAGER_PIDFILE}; see {MANAGER_LOG} there")
+
+
+def stop_manager(specs: list[NodeSpec], progress: Progress = None, timeout: float = STOP_TIMEOUT_S) -> list[str]:
+    """SIGTERM to the manager's PID (it stops its containers on every node), then wait for it to exit."""
+    head = specs[0]
+    pid = manager_pid(head)
+    if pid is None:
+        return []
+    _say(progress, f"{head.name}: stopping the old cluster manager (pid {pid})")
+    _on_head(head, f"kill -TERM {pid}; for i in $(seq {int(timeout)}); do kill -0 {pid} 2>/dev/null || exit 0; "
+                   "sleep 1; done; echo still running; exit 1", timeout=timeout + 15)
+    return [f"stop {head.name}/old-cluster-manager[{pid}]"]
 
 
 def health(c: dict, ip: str) -> Optional[bool]:

@@ -37,7 +37,9 @@ def test_01_plan_only_stops_nothing(lab, tmp_path):
     (plan,) = events(run_dir, "cleanup_plan")
     names = [t["name"] for t in plan["targets"]]
     print("plan:", names)
-    assert set(names) == OLD and names.index("old-proxy") < names.index("old-vllm")
+    owned = {t["name"] for t in plan["targets"] if t["owner"]}
+    assert set(names) - OLD - owned == {t["name"] for t in plan["targets"] if t["kind"] == "process"}
+    assert owned == {"vllm_node"} and names.index("old-proxy") < names.index("old-vllm")
     assert OLD <= running(sblab.status())
 
 

@@ -126,8 +126,8 @@ def test_docker_per_node(initial, lab, node_shells):
     work_imgs, work_ctrs = got["lab-1"]
     assert vllm_images <= head_imgs
     assert not (vllm_images & work_imgs), "workers start without vLLM images (the runbook distributes them)"
-    assert head_ctrs == {"old-vllm", "old-proxy"}
-    assert work_ctrs == {"old-embeddings", "old-reranker"}
+    assert head_ctrs == {"old-vllm", "old-proxy", deployment.MANAGED_NAME}
+    assert work_ctrs == {"old-embeddings", "old-reranker", deployment.MANAGED_NAME}
     # the same daemons as the host sees them through each node's socket
     for n in lab.nodes:
         spec = next(s for s in cluster.node_specs(len(lab.nodes)) if s.name == n.name)
@@ -348,7 +348,8 @@ def test_more_nodes(n, lab, lab_progress, lab_connect, node_shell_cls):
         lab_progress(f"lab up --nodes {n}: {time.monotonic() - t0:.1f}s")
         print(st.render())
         _check_nodes(st, n, lab_connect, node_shell_cls)
-        assert {c["name"] for c in st.nodes[1].containers} == {"old-embeddings", "old-reranker"}
+        assert {c["name"] for c in st.nodes[1].containers} == {"old-embeddings", "old-reranker",
+                                                                deployment.MANAGED_NAME}
         assert all(not x.containers for x in st.nodes[2:])
         with pytest.raises(sblab.LabError):
             sblab.up(2)  # a lab of another size is up: refuse, change nothing

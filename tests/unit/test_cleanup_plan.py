@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
-from sparkbook.stages.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan, Action
+from sparkbook.stages.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan
 from sparkbook.core.hostfacts import Memory
-from sparkbook.core.params import CleanupTargets
+from sparkbook.core.nodes import Cluster
+from sparkbook.core.params import CleanupTargets, load_params
 
 MEM = Memory(100 << 30, 10 << 30)
 
@@ -87,10 +88,14 @@ def test_verify_stopped_memory_and_untouched(tmp_path):
     assert v.ok and v.not_ours == ["lab-0: sshd-helper exited -> gone"]
 
 
-def test_restore_plan_reverses_only_what_was_stopped(tmp_path):
+def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_params, base):
+    """Written before acting: a stop that fails may still have stopped its target, so every target has a step."""
     p = plan(lab_inventories(), CleanupTargets(containers=["old-*"]))
-    actions = [Action(t.node, t.name, t.stop, t.name != "old-reranker", "", 0.1) for t in p.targets]
-    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), actions)
+    base["nodes"][0].update(name="lab-0", host="10.77.0.10")
+    base["nodes"][1].update(name="lab-1", host="10.77.0.11")
+    cluster = Cluster(load_params(write_params(base)))
+    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster)
     steps = json.loads(path.read_text())["steps"]
-    assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets) if t.name != "old-reranker"]
-    assert "ssh lab-0 docker start old-vllm" in (tmp_path / "restore.sh").read_text()
+    assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
+    ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
+    assert f"{ssh} 'docker start old-vllm'" in (tmp_path / "restore.sh").read_text()

@@ -14,7 +14,8 @@ from sparkbook import cli
 from sparkbook.core import runbook
 from sparkbook.core.handoff import Action
 from sparkbook.core.hostfacts import Memory
-from sparkbook.core.params import CleanupTargets
+from sparkbook.core.nodes import Cluster
+from sparkbook.core.params import CleanupTargets, load_params
 from sparkbook.core.record import open_run, read_events
 from sparkbook.stages.cleanup import (Container, Inventory, Listener, Plan, Step, answering, listeners, plan,
                                       write_restore_plan)
@@ -56,17 +57,20 @@ def old_head(state: str = "running") -> Inventory:
                      {8000: "http://10.77.0.10:8000/health", 8080: "http://127.0.0.1:8080/health"})
 
 
-def test_the_plan_and_the_restore_plan_carry_what_each_target_held(tmp_path: Path) -> None:
+def test_the_plan_and_the_restore_plan_carry_what_each_target_held(
+        write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], tmp_path: Path) -> None:
     p = plan([old_head()], CleanupTargets(containers=["old-*"]))
     vllm = next(t for t in p.targets if t.name == "old-vllm")
     assert (vllm.ports, vllm.health_url, vllm.memory_mib) == ([8000], "http://10.77.0.10:8000/health", 1200.0)
     assert vllm.holds() == "ports 8000; http://10.77.0.10:8000/health; 1200 MiB"
-    actions = [Action(t.node, t.name, t.stop, True, "", 0.1) for t in p.targets]
-    steps = restore_steps(write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), actions))
+    base["nodes"][0].update(name="lab-0", host="10.77.0.10")
+    cluster = Cluster(load_params(write_params(base)))
+    steps = restore_steps(write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster))
+    ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
     assert steps == [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000],
-                          "http://10.77.0.10:8000/health", 1200.0, 0),
+                          "http://10.77.0.10:8000/health", 1200.0, 0, ssh=ssh),
                      Step("lab-0", "container", "old-proxy", "docker start old-proxy", "", [8080],
-                          "http://127.0.0.1:8080/health", 30.0, 0)]
+                          "http://127.0.0.1:8080/health", 30.0, 0, ssh=ssh)]
 
 
 STEPS = [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000], "http://10.77.0.10:8000/health",

@@ -1,14 +1,18 @@
-"""01: inventory what the old deployment holds, plan its stop (dependents first), act, verify, and write the
-restore plan (`restore` brings it back: `sparkbook restore`)."""
+"""01: inventory what the old deployment holds, plan its stop (dependents first; what a unit or managed process
+owns under its owner: ownership.py), write the restore plan, act, verify (`restore` brings it back:
+`sparkbook restore`)."""
 from __future__ import annotations
 
 import fnmatch
 import json
 import re
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from ...core.docker_ssh import docker_client, unavailable
 from ...core.handoff import Action, CleanupOutcome
@@ -17,6 +21,7 @@ from ...core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminf
 from ...core.nodes import Cluster, Node, Outcome, shell
 from ...core.params import CleanupTargets
 from ...core.record import Alternative, Decision
+from .ownership import SHOW_PROPERTIES, DockerClient, clients, family, parse_show, tree
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
 NO_SYSTEMD = ("not been booted with systemd", "Failed to connect to bus", "No such file or directory")
@@ -35,6 +40,7 @@ class Container:
     depends_on: list[str]
     pids: list[int] = field(default_factory=list)  # of a running container, as the node sees them
     rss_mib: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class Unit:
     name: str
     active: str
     requires: list[str]
+    pids: list[int] = field(default_factory=list)  # its cgroup's processes (what it owns), for allow-listed units
+    stop_timeout_s: float | None = None  # systemd's TimeoutStopUSec
+    exec_start: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,9 @@ class Process:
     pid: int
     comm: str
     args: str
+    family: list[int] = field(default_factory=list)  # it and its descendants (what it owns)
+    cwd: str = ""  # with argv: how restore relaunches it
+    argv: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,8 @@ class Inventory:
     memory: Memory
     listeners: list[Listener] = field(default_factory=list)  # below the ephemeral port range
     health: dict[int, str] = field(default_factory=dict)  # port -> health URL that answered on the node
+    clients: list[DockerClient] = field(default_factory=list)  # docker run/start clients running on the node
+    addresses: list[str] = field(default_factory=list)  # its hostname and IPs: how other nodes' clients name it
 
     def holder(self, pid: int) -> str:
         """The container a process belongs to, else the process itself."""
@@ -109,6 +123,9 @@ class Target:
     health_url: str = ""
     memory_mib: float = 0.0
     gpu_mib: int = 0
+    owner: str = ""  # NODE/TARGET of the unit or managed process that owns this container (stopping it stops this)
+    stop_timeout_s: float = STOP_GRACE_S
+    match: str = ""  # a process's command line, as restore looks for it again
 
     def holds(self) -> str:
         """What restore checks it gets back: ports (and the health URL that answered), memory."""
@@ -124,7 +141,7 @@ class Plan:
 
     def rows(self) -> list[dict[str, object]]:
         return [{"step": i, "node": t.node, "kind": t.kind, "name": t.name, "matched": t.pattern,
-                 "depends on": ", ".join(t.depends_on), "stop": t.stop,
+                 "owned by": t.owner, "depends on": ", ".join(t.depends_on), "stop": t.stop,
                  "restore": t.restore or f"(none: {t.restore_note})", "holds": t.holds()}
                 for i, t in enumerate(self.targets, 1)]
 
@@ -168,7 +185,8 @@ def _containers(node: Node) -> tuple[list[Container], str]:
         labels = r.get("Labels") or {}
         deps = [d.split(":")[0] for key in DEPENDS_LABELS for d in labels.get(key, "").split(",") if d]
         pids, rss = container_top(client, r["Id"]) if r["State"] == "running" else ([], 0.0)
-        out.append(Container(r["Names"][0].lstrip("/"), r["Id"][:12], r["Image"], r["State"], deps, pids, rss))
+        out.append(Container(r["Names"][0].lstrip("/"), r["Id"][:12], r["Image"], r["State"], deps, pids, rss,
+                             labels))
     return sorted(out, key=lambda c: c.name), f"Docker {version}"
 
 
@@ -191,6 +209,8 @@ echo ==gpuapps_rc==; echo $rc; echo ==gpuapps==; echo "$apps"
 units=$(systemctl list-units --type=service --all --no-legend --plain --no-pager 2>&1); rc=$?
 echo ==units_rc==; echo $rc; echo ==units==; echo "$units"
 echo ==ps==; ps -eo pid=,comm=,args=
+echo ==tree==; ps -eo pid=,ppid=,args=
+echo ==addr==; hostname; hostname -I 2>/dev/null | tr ' ' '\n'
 echo ==listen==; ss -Hltnp 2>/dev/null
 echo ==portrange==; cat /proc/sys/net/ipv4/ip_local_port_range
 echo ==end==
@@ -231,8 +251,23 @@ def health_urls(node: Node, socks: list[Listener]) -> dict[int, str]:
     return {urls[u]: u for u, ok in probe_health(node, sorted(urls)).items() if ok}
 
 
+UNIT_PROBE = ("systemctl show -p {props} -- {unit}; echo ==procs==; cg=$(systemctl show -p ControlGroup --value -- "
+              "{unit}); for d in /sys/fs/cgroup$cg /sys/fs/cgroup/systemd$cg; do "
+              "[ -n \"$cg\" ] && [ -d \"$d\" ] && find \"$d\" -name cgroup.procs -exec cat {{}} + && break; done; true")
+
+
+def _unit(node: Node, name: str, active: str) -> Unit:
+    """An allow-listed unit: what Requires it, its stop timeout, and the processes of its cgroup."""
+    text = node.run(shell(UNIT_PROBE, props=SHOW_PROPERTIES, unit=name), timeout=PROBE_TIMEOUT_S).stdout
+    show_text, _, procs = text.partition("==procs==")
+    show = parse_show(show_text)
+    pids = sorted({int(p) for p in procs.split() if p.isdigit()})
+    return Unit(name, active, show.required_by, pids, show.stop_timeout_s, show.exec_start)
+
+
 def _units(node: Node, rc: int, lines: list[str], patterns: list[str]) -> tuple[list[Unit], str]:
-    """`systemctl list-units` as the inventory probe saw it; RequiredBy is asked only for matching units."""
+    """`systemctl list-units` as the inventory probe saw it; RequiredBy, stop timeout and cgroup processes are
+    asked only of matching units."""
     if rc != 0:
         text = "\n".join(lines).strip()
         if rc == 127 or any(s in text for s in NO_SYSTEMD):
@@ -241,20 +276,31 @@ def _units(node: Node, rc: int, lines: list[str], patterns: list[str]) -> tuple[
     units = []
     for line in lines:
         name, _, active, *_ = line.split() + ["", "", ""]
-        requires: list[str] = []
-        if _matching(name, patterns):
-            show = node.run(["systemctl", "show", "-p", "RequiredBy", "--value", name], timeout=PROBE_TIMEOUT_S)
-            requires = show.stdout.split()
-        units.append(Unit(name, active, requires))
+        units.append(_unit(node, name, active) if _matching(name, patterns) else Unit(name, active, []))
     return units, "systemd"
 
 
-def _processes(lines: list[str], patterns: list[str]) -> list[Process]:
-    out = []
+LAUNCH_PROBE = ("for p in \"$@\"; do echo \"==$p==\"; readlink /proc/$p/cwd; "
+                "tr '\\0' '\\037' < /proc/$p/cmdline; echo; done")
+
+
+def _processes(node: Node, lines: list[str], procs: dict[int, tuple[int, str]], patterns: list[str]) -> list[Process]:
+    """Processes whose name or command line matches; each with its descendants and how it was launched (working
+    directory and exact argv from /proc, so restore can launch it again)."""
+    found = []
     for line in lines if patterns else []:
         pid, comm, args = (line.split(None, 2) + ["", ""])[:3]
         if _matching(comm, patterns) or _matching(args, patterns):
-            out.append(Process(int(pid), comm, args))
+            found.append((int(pid), comm, args))
+    if not found:
+        return []
+    text = node.run(["sh", "-c", LAUNCH_PROBE, "sh", *[str(p) for p, _, _ in found]], timeout=PROBE_TIMEOUT_S).stdout
+    launch = {int(k): v for k, v in zip(re.findall(r"^==(\d+)==$", text, re.M), re.split(r"^==\d+==$", text,
+                                                                                     flags=re.M)[1:])}
+    out = []
+    for pid, comm, args in found:
+        cwd, _, cmdline = launch.get(pid, "").strip("\n").partition("\n")
+        out.append(Process(pid, comm, args, family(pid, procs), cwd, [a for a in cmdline.split("\x1f") if a]))
     return out
 
 
@@ -274,12 +320,14 @@ def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     gpu, apps = gpu_apps(int(s["gpuapps_rc"][0]), s.get("gpuapps", []))
     units, systemd = _units(node, int(s["units_rc"][0]), s.get("units", []), targets.systemd_units)
     containers, docker = _containers(node)
-    processes = _processes(s.get("ps", []), targets.processes)
+    procs = tree(s.get("tree", []))
+    processes = _processes(node, s.get("ps", []), procs, targets.processes)
     socks = listeners(s.get("listen", []), _ephemeral_from(s.get("portrange", [])))
     ours = {pid for c in containers if _matching(c.name, targets.containers) for pid in c.pids}
-    ours |= {p.pid for p in processes}
+    ours |= {p.pid for p in processes} | {pid for u in units for pid in u.pids}
     return Inventory(node.name, containers, docker, units, systemd, processes, gpu, apps, memory, socks,
-                     health_urls(node, [lis for lis in socks if set(lis.pids) & ours]))
+                     health_urls(node, [lis for lis in socks if set(lis.pids) & ours]), clients(procs),
+                     [a for a in s.get("addr", []) if a])
 
 
 def inventory_all(cluster: Cluster, targets: CleanupTargets) -> dict[str, Outcome[Inventory]]:
@@ -310,21 +358,67 @@ def _matching(name: str, patterns: list[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
 
 
+LIVE = ("running", "restarting", "paused")
+
+
+def relaunch(pr: Process) -> str | None:
+    """The command that launches a stopped process again: its exact argv, from its working directory, detached
+    (its environment is not recorded: it may hold secrets). None when /proc did not show how it was launched."""
+    if not pr.argv:
+        return None
+    return f"cd {shlex.quote(pr.cwd or '/')} && {{ setsid {shlex.join(pr.argv)} </dev/null >/dev/null 2>&1 & }}"
+
+
 def _candidates(inv: Inventory, t: CleanupTargets) -> list[Target]:
     out = []
     for c in inv.containers:
-        if c.state in ("running", "restarting", "paused") and (p := _matching(c.name, t.containers)):
+        if c.state in LIVE and (p := _matching(c.name, t.containers)):
             out.append(Target(inv.node, "container", c.name, p, c.depends_on, f"docker stop {c.name}",
                               f"docker start {c.name}", "", *inv.held_by(c.pids)))
     for u in inv.units:
         if u.active == "active" and (p := _matching(u.name, t.systemd_units)):
             out.append(Target(inv.node, "unit", u.name, p, [], f"systemctl stop {u.name}",
-                              f"systemctl start {u.name}"))
+                              f"systemctl start {u.name}", "", *inv.held_by(u.pids),
+                              stop_timeout_s=max(t.unit_stop_timeout_s, u.stop_timeout_s or 0)))
     for pr in inv.processes:
         p = _matching(pr.comm, t.processes) or _matching(pr.args, t.processes) or "?"
-        out.append(Target(inv.node, "process", f"{pr.comm}[{pr.pid}]", p, [], f"kill -TERM {pr.pid}", None,
-                          f"started as `{pr.args[:120]}` by an unknown supervisor: restart it by hand",
-                          *inv.held_by([pr.pid])))
+        out.append(Target(inv.node, "process", f"{pr.comm}[{pr.pid}]", p, [], f"kill -TERM {pr.pid}", relaunch(pr),
+                          "relaunched from its recorded argv and working directory (not its environment)"
+                          if pr.argv else f"started as `{pr.args[:120]}`; /proc did not show how: restart it by hand",
+                          *inv.held_by(pr.family or [pr.pid]), stop_timeout_s=t.unit_stop_timeout_s, match=pr.args))
+    return out
+
+
+def _owner_pids(inv: Inventory, t: CleanupTargets) -> list[tuple[str, set[int], str]]:
+    """(target name, the processes it owns, the unit name a container label may carry) per allow-listed owner."""
+    out = [(u.name, set(u.pids), u.name) for u in inv.units
+           if u.active == "active" and _matching(u.name, t.systemd_units)]
+    return out + [(f"{pr.comm}[{pr.pid}]", set(pr.family or [pr.pid]), "") for pr in inv.processes]
+
+
+def _daemon_node(address: str, inv: Inventory, inventories: list[Inventory]) -> Inventory | None:
+    """The inventory of the node a docker client talks to ("" = its own node); None: not a node of this cluster."""
+    if not address:
+        return inv
+    return next((i for i in inventories if address in i.addresses or address == i.node), None)
+
+
+def owned(inv: Inventory, inventories: list[Inventory], t: CleanupTargets) -> list[Target]:
+    """The live containers (on any node) that each allow-listed unit or managed process of this node owns: its
+    docker run/start clients name them, or (a unit) their labels name the unit. Stopping the owner stops them."""
+    out: list[Target] = []
+    for owner, pids, unit in _owner_pids(inv, t):
+        refs = [(node, c.ref) for c in inv.clients if c.pid in pids
+                if (node := _daemon_node(c.host, inv, inventories)) is not None]
+        found = [(node, c) for node, ref in refs for c in node.containers if ref in (c.name, c.id)
+                 or (len(ref) >= 12 and ref.startswith(c.id))]
+        found += [(i, c) for i in inventories for c in i.containers if unit and unit in c.labels.values()]
+        by = f"{inv.node}/{owner}"
+        timeout = max(t.unit_stop_timeout_s, next((u.stop_timeout_s or 0 for u in inv.units if u.name == unit), 0))
+        for node, c in found:
+            if c.state in LIVE and not any(o.node == node.node and o.name == c.name for o in out):
+                out.append(Target(node.node, "container", c.name, f"owned by {by}", [], f"stops with {by}", None,
+                                  f"comes back with {by}", *node.held_by(c.pids), owner=by, stop_timeout_s=timeout))
     return out
 
 
@@ -334,8 +428,11 @@ def _unit_dependents(invs: list[Inventory]) -> dict[tuple[str, str], list[str]]:
 
 
 def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
-    """Running allow-listed targets; `order` patterns first, then dependents before their dependencies."""
-    found = [c for inv in inventories for c in _candidates(inv, targets)]
+    """Running allow-listed targets; `order` patterns first, then dependents before their dependencies; each
+    container a unit or managed process owns right after its owner (it stops with it, not on its own)."""
+    by_owner = [o for inv in inventories for o in owned(inv, inventories, targets)]
+    taken = {(o.node, o.name) for o in by_owner}
+    found = [c for inv in inventories for c in _candidates(inv, targets) if (c.node, c.name) not in taken]
     deps = {(c.node, c.name): set(c.depends_on) for c in found}
     for (node, unit), by in _unit_dependents(inventories).items():
         for dependent in by:
@@ -347,7 +444,11 @@ def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
     ordered: list[Target] = []
     for r in sorted({rank(c) for c in found}):
         ordered += _dependents_first([c for c in found if rank(c) == r], deps)
-    return Plan(ordered, _order_conflicts(ordered, deps))
+    return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps))
+
+
+def _under_owners(ordered: list[Target], by_owner: list[Target]) -> list[Target]:
+    return [x for t in ordered for x in [t, *[o for o in by_owner if o.owner == f"{t.node}/{t.name}"]]]
 
 
 def _dependents_first(group: list[Target], deps: dict[tuple[str, str], set[str]]) -> list[Target]:
@@ -379,7 +480,8 @@ def decision(p: Plan, confirmed: bool, unreached: list[str]) -> Decision:
     evidence = [what, *p.warnings] + [f"not inventoried (unreachable): {n}" for n in unreached]
     if confirmed and p.targets:
         return Decision("Stop the old deployment now?", "stop, in plan order",
-                        "confirm_cleanup is true; every target is allow-listed and has its restore command recorded",
+                        "confirm_cleanup is true; every target is allow-listed or owned by an allow-listed unit or "
+                        "process, and the restore plan is written before the first stop",
                         [Alternative("show the plan only", "the parameter confirms the stop")], evidence)
     why = "nothing allow-listed is running" if not p.targets else "confirm_cleanup is false"
     return Decision("Stop the old deployment now?", "show the plan only", why,
@@ -388,16 +490,33 @@ def decision(p: Plan, confirmed: bool, unreached: list[str]) -> Decision:
 
 # --- act ------------------------------------------------------------------------------------------
 def _stop_one(node: Node, t: Target) -> str:
+    if t.kind == "container" and t.owner:
+        return _gone_with_owner(node, t)
     if t.kind == "container":
         docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S).containers.get(t.name).stop(timeout=STOP_GRACE_S)
         return "stopped"
     if t.kind == "unit":
-        return node.run(["systemctl", "stop", t.name], timeout=STOP_GRACE_S + PROBE_TIMEOUT_S, check=True).stdout
+        return node.run(["systemctl", "stop", t.name], timeout=t.stop_timeout_s + PROBE_TIMEOUT_S, check=True).stdout
     pid = t.stop.split()[-1]
     node.run(shell("kill -TERM {pid}; for i in $(seq 1 {grace}); do kill -0 {pid} 2>/dev/null || exit 0; "
-                   "sleep 1; done; echo still running; exit 1", pid=pid, grace=STOP_GRACE_S),
-             timeout=STOP_GRACE_S + PROBE_TIMEOUT_S, check=True)
+                   "sleep 1; done; echo still running; exit 1", pid=pid, grace=int(t.stop_timeout_s)),
+             timeout=t.stop_timeout_s + PROBE_TIMEOUT_S, check=True)
     return "exited"
+
+
+def _gone_with_owner(node: Node, t: Target) -> str:
+    """An owned container: its owner stopped it (a `--rm` one is removed); wait for that, up to the owner's
+    stop timeout."""
+    client = docker_client(node, timeout=PROBE_TIMEOUT_S)
+
+    def live() -> bool:
+        return any(c.name == t.name for c in client.containers.list(filters={"name": f"^{t.name}$"}))
+
+    if Retrying(stop=stop_after_delay(t.stop_timeout_s), wait=wait_fixed(1), retry=retry_if_result(bool),
+                retry_error_callback=lambda state: state.outcome.result())(live):
+        raise CleanupError(f"{t.name} still runs {t.stop_timeout_s:.0f} s after {t.owner} stopped",
+                           node=node.name, remediation=f"stop it by hand: docker stop {t.name}")
+    return f"gone with {t.owner}"
 
 
 def stop(cluster: Cluster, p: Plan) -> list[Action]:
@@ -460,19 +579,41 @@ class Step:
     health_url: str = ""
     memory_mib: float = 0.0
     gpu_mib: int = 0
+    owner: str = ""  # an owned container comes back with its owner: no command of its own, checked after it
+    ssh: str = ""  # how restore.sh reaches the node: ssh with its SSH address, user and port
+    match: str = ""  # a process's command line, to find it again
 
 
-def write_restore_plan(run_dir: Path, params_file: Path, p: Plan, actions: list[Action]) -> Path:
-    """The commands that bring back what was stopped, in reverse order, with what each target held (ports,
-    health URL, memory), as JSON beside a readable script."""
-    done = {(a.node, a.name) for a in actions if a.ok}
-    steps = [Step(t.node, t.kind, t.name, t.restore, t.restore_note, t.ports, t.health_url, t.memory_mib, t.gpu_mib)
-             for t in reversed(p.targets) if (t.node, t.name) in done]
+def ssh_command(node: Node) -> str:
+    """`ssh` with the node's SSH address (params' host as the ssh config resolves it), user, port, keys,
+    known_hosts and jump host: a node's name is not an address anything resolves. A local node: `sh -c`."""
+    if node.local:
+        return "sh -c"
+    t = node.target  # type: ignore[attr-defined]
+    opts = [x for k in t.key_files for x in ("-i", k)]
+    opts += ["-o", f"UserKnownHostsFile={t.known_hosts}"] if t.known_hosts else []
+    opts += ["-J", f"{t.jump.user}@{t.jump.hostname}:{t.jump.port}"] if t.jump else []
+    return shlex.join(["ssh", *opts, "-p", str(t.port), f"{t.user}@{t.hostname}"])
+
+
+def restore_order(targets: list[Target]) -> list[Target]:
+    """Reverse plan order, each owned container after its owner (the owner brings it back)."""
+    back = [t for t in reversed(targets) if not t.owner]
+    return [x for t in back for x in [t, *[o for o in targets if o.owner == f"{t.node}/{t.name}"]]]
+
+
+def write_restore_plan(run_dir: Path, params_file: Path, p: Plan, cluster: Cluster) -> Path:
+    """Before acting: a restore step for every planned target (a stop that fails or times out may still have
+    stopped it), in reverse order, with what each held (ports, health URL, memory), as JSON beside a readable
+    script that reaches each node by its SSH address."""
+    steps = [Step(t.node, t.kind, t.name, t.restore, t.restore_note, t.ports, t.health_url, t.memory_mib, t.gpu_mib,
+                  t.owner, ssh_command(cluster.nodes[t.node]), t.match) for t in restore_order(p.targets)]
     path = run_dir / RESTORE_FILE
     path.write_text(json.dumps({"params_file": str(params_file), "steps": [asdict(s) for s in steps]}, indent=2))
-    script = ["#!/bin/sh", "# Brings back what 01-cleanup stopped (reverse order). Or: sparkbook restore RUN_DIR",
-              "set -e"]
-    script += [f"ssh {s.node} {s.restore}" if s.restore else f"# {s.node} {s.name}: {s.note}" for s in steps]
+    script = ["#!/bin/sh", "# Brings back what 01-cleanup planned to stop (reverse order), by each node's SSH address.",
+              "# Or: sparkbook restore RUN_DIR", "set -e"]
+    script += [f"{s.ssh} {shlex.quote(s.restore)}" if s.restore else f"# {s.node} {s.name}: {s.note}"
+               for s in steps]
     (run_dir / "restore.sh").write_text("\n".join(script) + "\n")
     return path
 

@@ -104,6 +104,8 @@ def started_by_run(run: Run) -> dict[str, tuple[str, str]]:
 def _target_running(inv: Inventory, s: Step) -> bool:
     if s.kind == "container":
         return any(c.name == s.name and c.state == "running" for c in inv.containers)
+    if s.kind == "process":
+        return any(p.args == s.match for p in inv.processes)
     return s.kind == "unit" and any(u.name == s.name and u.active == "active" for u in inv.units)
 
 
@@ -174,7 +176,7 @@ def _memory_conflicts(steps: list[Step], inv: Inventory, ours: list[Container], 
 def judge(s: Step, seen: Seen) -> Check:
     """Running after the grace period, its health check answering where one was recorded, its memory back."""
     problems = []
-    if s.restore is None:
+    if s.restore is None and not s.owner:
         problems.append(f"no restore command: {s.note}")
     elif not seen.running:
         problems.append(f"not running ({seen.state})")
@@ -196,12 +198,17 @@ def _restore_one(node: Node, step: Step) -> str:
         return "started"
     if step.kind == "unit":
         return node.run(["systemctl", "start", step.name], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
+    if step.kind == "process" and step.restore:
+        node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True)
+        return "launched"
     raise CleanupError(step.note or "no restore command is known", node=node.name)
 
 
 def bring_back(cluster: Cluster, steps: list[Step]) -> list[Action]:
-    """Run the restore plan written by `write_restore_plan`, step by step."""
-    return [act(cluster.nodes[s.node], s.name, s.restore or "-", lambda n, s=s: _restore_one(n, s)) for s in steps]
+    """Run the restore plan written by `write_restore_plan`, step by step; an owned container has no step of its
+    own (its owner brings it back; verify_restore checks it)."""
+    return [act(cluster.nodes[s.node], s.name, s.restore or "-", lambda n, s=s: _restore_one(n, s))
+            for s in steps if not s.owner]
 
 
 def _stop_container(node: Node, name: str, recorded_id: str) -> str:
@@ -221,7 +228,8 @@ def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
 
 def observe(node: Node, s: Step) -> Seen:
     """A target's state, health (its recorded URL; else a listener on its ports), memory and log tail."""
-    running, state, memory, log = _observe_container(node, s) if s.kind == "container" else _observe_unit(node, s)
+    observed = {"container": _observe_container, "process": _observe_process}.get(s.kind, _observe_unit)
+    running, state, memory, log = observed(node, s)
     health: bool | None = None
     detail = ""
     if s.health_url:
@@ -246,6 +254,15 @@ def _observe_container(node: Node, s: Step) -> tuple[bool, str, float, str]:
     return c.status == "running", described, rss, tail(text, LOG_TAIL_LINES)
 
 
+def _observe_process(node: Node, s: Step) -> tuple[bool, str, float, str]:
+    """A relaunched process: running when a process with its recorded command line runs; its RSS."""
+    rows = [line.split(None, 2) for line in
+            node.run(["ps", "-eo", "pid=,rss=,args="], timeout=PROBE_TIMEOUT_S).stdout.splitlines()]
+    found = [r for r in rows if len(r) == 3 and r[2] == s.match]
+    state = f"running (pid {', '.join(r[0] for r in found)})" if found else "not running"
+    return bool(found), state, round(sum(int(r[1]) for r in found) / 1024, 1), ""
+
+
 def _observe_unit(node: Node, s: Step) -> tuple[bool, str, float, str]:
     if s.kind != "unit":
         return False, "not restorable", 0.0, ""
@@ -259,7 +276,7 @@ def _observe_unit(node: Node, s: Step) -> tuple[bool, str, float, str]:
 def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float = READY_TIMEOUT_S,
                    grace_s: float = GRACE_S) -> list[Check]:
     """Wait until each target answers (or has exited), then a grace period, then judge each one."""
-    pending = [s for s in steps if s.restore]
+    pending = [s for s in steps if s.restore or s.owner]
 
     def still_starting() -> list[Step]:
         """The targets that run but whose health check does not answer yet."""

@@ -72,7 +72,8 @@ def hca_findings(spec: NodeSpec, ibdev2netdev: Iterable[str]) -> list[Finding]:
         hca = found.get(name)
         if hca is None:
             out.append(Finding("blocker", "fabric", f"{n}: roce_hcas names {name}, which ibdev2netdev does not list "
-                                                    f"(it lists {', '.join(found)}): NCCL would fall back to sockets; {fix}"))
+                                                    f"(it lists {', '.join(found)}): NCCL would fall back to sockets; "
+                                                    + fix))
         elif not hca.up:
             out.append(Finding("blocker", "fabric", f"{n}: {name} (port {hca.port} ==> {hca.netdev}) is Down; {fix}"))
         elif port_key(hca.netdev) != port_key(spec.fabric_netdev):
@@ -80,7 +81,8 @@ def hca_findings(spec: NodeSpec, ibdev2netdev: Iterable[str]) -> list[Finding]:
                                                     f"{spec.fabric_netdev}; {fix}"))
     if len(usable) > 1:
         pair = " and ".join(f"{h.name} ({h.netdev})" for h in usable)
-        out.append(Finding("fact", "fabric", f"{n}: {pair} are Up on one port of {spec.fabric_netdev} (its PCIe twins)"))
+        out.append(Finding("fact", "fabric", f"{n}: {pair} are Up on one port of {spec.fabric_netdev} "
+                                             "(its PCIe twins)"))
         unused = [h.name for h in usable if h.name not in spec.roce_hcas]
         if spec.roce_hcas and unused:
             out.append(Finding("warning", "fabric", f"{n}: roce_hcas leaves {', '.join(unused)} unused: NCCL reaches "
@@ -141,12 +143,15 @@ def transport_problems(node: str, spec: NodeSpec, t: Transport, across_nodes: bo
                 f"roce_hcas names {', '.join(spec.roce_hcas)}: set roce_hcas (NCCL_IB_HCA) to the HCAs ibdev2netdev "
                 f"shows Up for {spec.fabric_netdev} (02 lists them) and give the container /dev/infiniband"]
     if spec.roce_hcas and t.network == "IB":
-        unused = [h for h in spec.roce_hcas if h not in t.hcas]
-        extra = [h for h in t.hcas if h not in spec.roce_hcas]
+        unused = [h for h in spec.roce_hcas if not any(u.startswith(h) for u in t.hcas)]
+        prefixed = [u for u in t.hcas if u not in spec.roce_hcas and any(u.startswith(h) for h in spec.roce_hcas)]
+        foreign = [u for u in t.hcas if not any(u.startswith(h) for h in spec.roce_hcas)]
         return ([f"{node}: NCCL does not use {', '.join(unused)} of roce_hcas (it uses {', '.join(t.hcas)})"]
                 if unused else []) + \
-               ([f"{node}: NCCL also uses {', '.join(extra)} (NCCL_IB_HCA matches names by prefix: write "
-                 f"'={','.join(spec.roce_hcas)}' for exact names)"] if extra else [])
+               ([f"{node}: NCCL also uses {', '.join(prefixed)} (NCCL_IB_HCA matches names by prefix: write "
+                 f"'={','.join(spec.roce_hcas)}' for exact names)"] if prefixed else []) + \
+               ([f"{node}: NCCL uses {', '.join(foreign)}, which roce_hcas does not name (NCCL_IB_HCA did not reach "
+                 "it: see the container's env)"] if foreign else [])
     return []
 
 
@@ -178,8 +183,9 @@ def node_kind(params: Params) -> str:
 
 def sizes(params: Params) -> list[int]:
     """The small size, then x8 steps up to the large one (params, else the node kind's)."""
-    small, large = params.fabric.allreduce_small_bytes, params.fabric.allreduce_large_bytes or KINDS[node_kind(params)][1]
-    out = [small]
+    f = params.fabric
+    large = f.allreduce_large_bytes or KINDS[node_kind(params)][1]
+    out = [f.allreduce_small_bytes]
     while out[-1] * 8 < large:
         out.append(out[-1] * 8)
     return out + [large]
@@ -197,9 +203,8 @@ def limits(params: Params, link_mbps: int | None) -> Limits:
         gbps, why = f.link_fraction * link_mbps / 1000, f"{f.link_fraction:g} x the {link_mbps / 1000:g} Gb/s link"
     else:
         gbps, why = kind_gbps, f"the default for {kind} nodes"
-    us = f.max_allreduce_us or max_us
-    return Limits(kind, us, gbps, f"busbw: {why}; latency: "
-                                   f"{'fabric.max_allreduce_us' if f.max_allreduce_us else f'the default for {kind} nodes'}")
+    latency = "fabric.max_allreduce_us" if f.max_allreduce_us else f"the default for {kind} nodes"
+    return Limits(kind, f.max_allreduce_us or max_us, gbps, f"busbw: {why}; latency: {latency}")
 
 
 @dataclass(frozen=True)
@@ -255,8 +260,8 @@ def config(params: Params, r: Rank, world: int, leaders: list[int], port: int) -
     f = params.fabric
     return {"backend": "nccl" if r.device >= 0 else "gloo", "rank": r.rank, "world": world,
             "master": f"{params.head.fabric_ip}:{port}", "device": r.device, "sizes": sizes(params),
-            "iters": f.allreduce_iters, "budget_s": f.allreduce_budget_s, "warmup": 3, "timeout_s": f.allreduce_timeout_s,
-            "netdev": spec.fabric_netdev, "leaders": leaders}
+            "iters": f.allreduce_iters, "budget_s": f.allreduce_budget_s, "warmup": 3,
+            "timeout_s": f.allreduce_timeout_s, "netdev": spec.fabric_netdev, "leaders": leaders}
 
 
 def serve_env(params: Params, node: str) -> dict[str, str]:
@@ -276,8 +281,8 @@ def run_allreduce(params: Params, cluster: Cluster, runtime: Runtime, where: dic
     try:
         for r in rs:
             argv = ["python3", "-c", probes.source("allreduce"), json.dumps(config(params, r, len(rs), leaders, port))]
-            spawned[r.rank] = runtime.spawn(cluster.nodes[r.node], where[r.node], argv, f"{LOG_DIR}/allreduce-{r.rank}.log",
-                                            env=serve_env(params, r.node))
+            spawned[r.rank] = runtime.spawn(cluster.nodes[r.node], where[r.node], argv,
+                                            f"{LOG_DIR}/allreduce-{r.rank}.log", env=serve_env(params, r.node))
         deadline = t0 + params.fabric.allreduce_timeout_s + 10
         while time.monotonic() < deadline and any(
                 runtime.running(cluster.nodes[r.node], where[r.node], spawned[r.rank]) for r in rs):

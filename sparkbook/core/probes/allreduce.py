@@ -2,15 +2,15 @@
 
 usage: python3 -c SOURCE CONFIG_JSON   (SOURCE = probes.source("allreduce")) -> its document
 CONFIG: backend (nccl | gloo), rank, world, master ("ip:port" of rank 0's store), device (CUDA index, -1 on CPU),
-sizes (bytes), iters (at most), budget_s (per size), warmup, timeout_s, netdev (the fabric netdev, for its link rate), leaders (the first rank of
-each node, in node order).
+sizes (bytes), iters (at most), budget_s (per size), warmup, timeout_s, netdev (the fabric netdev, for its link
+rate), leaders (the first rank of each node, in node order). Needs torch (the image's); the rest is stdlib.
 
 The process ends itself at timeout_s (SIGALRM's default action, which also ends a collective hung inside NCCL).
 Per size: the mean time of one all_reduce after `warmup`, over `iters`, or fewer where the warm-up shows they would
-take longer than budget_s (every rank agrees on the count: the slowest rank's warm-up decides); the slowest rank's time, with nccl-tests'
-algbw = bytes / time and busbw = algbw * 2(n-1)/n, and whether a sum of ones came back as n. Then each node leader
-sends the largest size to the next node's leader in turn (a ring, one link at a time): the receiver's rate is
-that link's, in that direction.
+take longer than budget_s (every rank agrees on the count: the slowest rank's warm-up decides); the slowest rank's
+time, with nccl-tests' algbw = bytes / time and busbw = algbw * 2(n-1)/n, and whether a sum of ones came back as n.
+Then each node leader sends the largest size to the next node's leader in turn (a ring, one link at a time): the
+receiver's rate is that link's, in that direction.
 """
 import json
 import signal

@@ -326,15 +326,11 @@ def summary(params: Params, containers: list[NodeContainer], join: Join, reused:
                              for n in join.joined if n in seen])
 
 
-# --- the fabric under the collectives -------------------------------------------------------------------
+# --- the fabric under the collectives ---------------------------------------------------------------
 def prove_fabric(params: Params, cluster: Cluster, runtime: Runtime, image: str) -> fabric.AllReduceTest:
-    """04's all_reduce test in the Ray containers, with 05's env (core.fabric runs it and removes its processes)."""
+    """04's all_reduce test in the Ray containers, with 05's env (core.fabric runs it and removes its processes);
+    `fabric.check(fabric.verdict(params, test))` stops 04 on a fallback, a slow link or a failed test."""
     return fabric.run_allreduce(params, cluster, runtime, places(params, image))
-
-
-def check_fabric(params: Params, test: fabric.AllReduceTest) -> fabric.Verdict:
-    """Stop 04 (FabricTestFailed, with the figures and likely causes) on a fallback, a slow link or a failed test."""
-    return fabric.check(fabric.verdict(params, test))
 
 
 # --- reuse on a second run --------------------------------------------------------------------------

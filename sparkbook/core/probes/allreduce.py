@@ -65,7 +65,8 @@ def main():
         seconds = took.item()
         algbw = size * 8 / seconds / 1e9
         sizes.append({"bytes": size, "us": seconds * 1e6, "algbw_gbps": algbw,
-                      "busbw_gbps": algbw * 2 * (world - 1) / world, "iters": iters, "correct": bool((buf == world).all().item())})
+                      "busbw_gbps": algbw * 2 * (world - 1) / world, "iters": iters,
+                      "correct": bool((buf == world).all().item())})
 
     links, leaders = [], cfg["leaders"]
     buf = torch.ones(max(cfg["sizes"]) // 4, dtype=torch.float32, device=device)

@@ -170,7 +170,7 @@ class Limits:
 KINDS: dict[str, tuple[float, int, float]] = {
     "roce": (150.0, 256 << 20, 100.0),     # RoCE 200G ConnectX-7 (DGX Spark): ~20-40 us, busbw ~160-190 Gb/s
     "ethernet": (1000.0, 256 << 20, 5.0),  # GPUs over NCCL sockets (no roce_hcas)
-    "cpu": (10000.0, 8 << 20, 0.5),        # Gloo over the lab's veth bridge: ~0.2-1.5 ms, 1.5-2 Gb/s on 2 cores
+    "cpu": (5000.0, 8 << 20, 0.1),         # Gloo over the lab's veth bridge: ~0.2-1.7 ms, 0.35-5 Gb/s on 2 busy cores
 }
 
 

@@ -71,7 +71,8 @@ def test_a_healthy_lab_passes_with_its_figures(ray04) -> None:  # type: ignore[n
     run, runtime, _ = ray04
     test = raycluster.prove_fabric(run.params, run.cluster, runtime, IMAGE)
     result = fabric.verdict(run.params, test)
-    print("\n".join(map(str, fabric.rows(test, result) + fabric.transport_rows(test))))
+    shown = fabric.rows(test, result) + fabric.transport_rows(test)
+    print(f"\nhealthy: {test.seconds:.1f} s\n" + "\n".join(map(str, shown)))
     assert result.ok, result.problems
     assert fabric.check(result) is result
     assert (test.backend, test.world, test.nodes) == ("gloo", 2, ["lab-0", "lab-1"])
@@ -98,8 +99,8 @@ def test_a_degraded_link_stops_04_naming_the_node_figures_and_causes(ray04) -> N
     with pytest.raises(fabric.FabricTestFailed) as failed:
         fabric.check(result)
     text = str(failed.value)
-    assert "a 32 KiB all_reduce takes" in text and "the limit is 10,000 us" in text
-    assert "busbw at 1 MiB is" in text and "expected at least 0.50 Gb/s" in text
+    assert "a 32 KiB all_reduce takes" in text and "the limit is 5,000 us" in text
+    assert "busbw at 1 MiB is" in text and "expected at least 0.10 Gb/s" in text
     assert "the link lab-1 -> lab-0 carries" in text and "lab-1's side is the likely one" in text
     assert "lab-0 -> lab-1" not in text  # lab-0's egress is not shaped
     assert fabric.CAUSES["shaped"] in text
@@ -110,37 +111,56 @@ def test_a_degraded_link_stops_04_naming_the_node_figures_and_causes(ray04) -> N
 
 HAND = """
 import sys, time, torch, torch.distributed as dist
-rank, master, sizes = int(sys.argv[1]), sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
+rank, master, iters = int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
 dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=2)
 out = []
-for size in sizes:
+for size in [int(s) for s in sys.argv[3].split(",")]:
     buf = torch.ones(size // 4)
     for _ in range(3):
         dist.all_reduce(buf)
     t = time.perf_counter()
-    for _ in range(20):
+    for _ in range(iters):
         dist.all_reduce(buf)
-    out.append((time.perf_counter() - t) / 20)
+    out.append((time.perf_counter() - t) / iters)
 dist.destroy_process_group()
 print(out)
 """
+ITERS = 100
+
+
+def _by_hand(run, runtime, sizes: list[int]) -> list[float]:
+    """Seconds per all_reduce of each size, the slower rank's, by a plain torch.distributed script in the containers."""
+    where, master = places(run.params, IMAGE), f"{run.params.head.fabric_ip}:{run.params.serve.master_port + 2}"
+    ranks = {s.name: i for i, s in enumerate(run.params.nodes)}
+    hand = run.cluster.fan_out(lambda n: runtime.exec(
+        n, where[n.name], ["python3", "-c", HAND, str(ranks[n.name]), master, ",".join(map(str, sizes)), str(ITERS)],
+        timeout=300))
+    assert all(o.ok and o.value.ok for o in hand.values()), hand
+    return [max(a, b) for a, b in zip(*(json.loads(o.value.stdout.strip().splitlines()[-1]) for o in hand.values()))]
 
 
 @pytest.mark.benchmark
 def test_cost_in_04_and_figures_against_a_hand_run_all_reduce(ray04) -> None:  # type: ignore[no-untyped-def]
-    run, runtime, _ = ray04
-    test = raycluster.prove_fabric(run.params, run.cluster, runtime, IMAGE)
+    """The cost with 04's defaults; the figures of a run at ITERS iterations per size (fewer are too noisy on two
+    busy cores) against the same sizes and iterations by hand, run before and after it."""
+    run, runtime, tmp = ray04
+    cost = raycluster.prove_fabric(run.params, run.cluster, runtime, IMAGE).seconds
+    data = yaml.safe_load(Path(run.params_file).read_text())
+    data.setdefault("fabric", {}).update(allreduce_iters=ITERS, allreduce_budget_s=10)
+    (tmp / "iters.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    long = sparkbook.open_run(tmp / "iters.yaml", tmp / "run-iters", stage="test-fabric")
+    sizes = fabric.sizes(long.params)
+    before = _by_hand(long, runtime, [sizes[0], sizes[-1]])
+    test = raycluster.prove_fabric(long.params, long.cluster, runtime, IMAGE)
+    after = _by_hand(long, runtime, [sizes[0], sizes[-1]])
     small, large = test.sizes[0], test.sizes[-1]
-    where, master = places(run.params, IMAGE), f"{run.params.head.fabric_ip}:{run.params.serve.master_port + 2}"
-    sizes = f"{small.bytes},{large.bytes}"
-    hand = run.cluster.fan_out(lambda n: runtime.exec(
-        n, where[n.name], ["python3", "-c", HAND, str([s.name for s in run.params.nodes].index(n.name)), master, sizes],
-        timeout=120))
-    assert all(o.ok and o.value.ok for o in hand.values()), hand
-    seconds = [max(a, b) for a, b in zip(*(json.loads(o.value.stdout.strip().splitlines()[-1]) for o in hand.values()))]
-    hand_us, hand_gbps = seconds[0] * 1e6, large.bytes * 8 / seconds[1] / 1e9
-    report = {"test cost in 04 (s)": round(test.seconds, 1), "target (s)": 15,
-              f"{small.bytes >> 10} KiB all_reduce us (test / by hand)": [round(small.us), round(hand_us)],
-              f"{large.bytes >> 20} MiB busbw Gb/s (test / by hand)": [round(large.busbw_gbps, 2), round(hand_gbps, 2)],
-              "differences": [f"{small.us / hand_us - 1:+.0%}", f"{large.busbw_gbps / hand_gbps - 1:+.0%}"]}
-    print("\n" + json.dumps(report, indent=1))
+    hand_us = [b[0] * 1e6 for b in (before, after)]
+    hand_gbps = [large.bytes * 8 / b[1] / 1e9 for b in (before, after)]
+    report = {"test cost in 04 (s)": round(cost, 1), "target (s)": 15,
+              f"{small.bytes >> 10} KiB us: test, by hand before/after": [round(small.us), *map(round, hand_us)],
+              f"{large.bytes >> 20} MiB busbw Gb/s: test, by hand": [round(large.busbw_gbps, 2),
+                                                                     *(round(g, 2) for g in hand_gbps)],
+              "test against the mean by hand": [f"{small.us / (sum(hand_us) / 2) - 1:+.0%}",
+                                                f"{large.busbw_gbps / (sum(hand_gbps) / 2) - 1:+.0%}"]}
+    print("\n" + json.dumps(report))
+    long.close()

@@ -110,7 +110,7 @@ def test_a_degraded_link_stops_04_naming_the_node_figures_and_causes(ray04) -> N
 
 
 HAND = """
-import sys, time, torch, torch.distributed as dist
+import statistics, sys, time, torch, torch.distributed as dist
 rank, master, iters = int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
 dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=2)
 out = []
@@ -118,10 +118,12 @@ for size in [int(s) for s in sys.argv[3].split(",")]:
     buf = torch.ones(size // 4)
     for _ in range(3):
         dist.all_reduce(buf)
-    t = time.perf_counter()
+    took = []
     for _ in range(iters):
+        t = time.perf_counter()
         dist.all_reduce(buf)
-    out.append((time.perf_counter() - t) / iters)
+        took.append(time.perf_counter() - t)
+    out.append(statistics.median(took))
 dist.destroy_process_group()
 print(out)
 """
@@ -129,7 +131,7 @@ ITERS = 100
 
 
 def _by_hand(run, runtime, sizes: list[int]) -> list[float]:
-    """Seconds per all_reduce of each size, the slower rank's, by a plain torch.distributed script in the containers."""
+    """Median seconds of one all_reduce per size, the slower rank's, by a plain torch.distributed script."""
     where, master = places(run.params, IMAGE), f"{run.params.head.fabric_ip}:{run.params.serve.master_port + 2}"
     ranks = {s.name: i for i, s in enumerate(run.params.nodes)}
     hand = run.cluster.fan_out(lambda n: runtime.exec(

@@ -6,14 +6,16 @@ sizes (bytes), iters (at most), budget_s (per size), warmup, timeout_s, netdev (
 rate), leaders (the first rank of each node, in node order). Needs torch (the image's); the rest is stdlib.
 
 The process ends itself at timeout_s (SIGALRM's default action, which also ends a collective hung inside NCCL).
-Per size: the mean time of one all_reduce after `warmup`, over `iters`, or fewer where the warm-up shows they would
-take longer than budget_s (every rank agrees on the count: the slowest rank's warm-up decides); the slowest rank's
-time, with nccl-tests' algbw = bytes / time and busbw = algbw * 2(n-1)/n, and whether a sum of ones came back as n.
+Per size: the median time of one all_reduce (each timed alone, so a preempted one does not skew it) after `warmup`,
+over `iters`, or fewer where the warm-up shows they would take longer than budget_s (every rank agrees on the count:
+the slowest rank's warm-up decides); the slowest rank's median, with nccl-tests' algbw = bytes / time and
+busbw = algbw * 2(n-1)/n, and whether a sum of ones came back as n.
 Then each node leader sends the largest size to the next node's leader in turn (a ring, one link at a time): the
 receiver's rate is that link's, in that direction.
 """
 import json
 import signal
+import statistics
 import sys
 import time
 from datetime import timedelta
@@ -42,23 +44,27 @@ def main():
     t0 = time.monotonic()
     dist.init_process_group(cfg["backend"], init_method=f"tcp://{cfg['master']}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg["timeout_s"]))
+    dist.all_reduce(torch.zeros(1, device=device))  # NCCL makes its communicator here, not in the first size's warm-up
+    sync()
     init_s = time.monotonic() - t0
 
-    def mean_s(op, n):
-        sync()
-        start = time.perf_counter()
+    def median_s(op, n):
+        took = []
         for _ in range(n):
+            sync()
+            start = time.perf_counter()
             op()
-        sync()
-        return (time.perf_counter() - start) / n
+            sync()
+            took.append(time.perf_counter() - start)
+        return statistics.median(took)
 
     sizes = []
     for size in cfg["sizes"]:
         buf = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        warm = torch.tensor([mean_s(lambda: dist.all_reduce(buf), cfg["warmup"])], dtype=torch.float64, device=device)
+        warm = torch.tensor([median_s(lambda: dist.all_reduce(buf), cfg["warmup"])], dtype=torch.float64, device=device)
         dist.all_reduce(warm, op=dist.ReduceOp.MAX)
         iters = max(2, min(cfg["iters"], int(cfg["budget_s"] / max(warm.item(), 1e-9))))
-        took = torch.tensor([mean_s(lambda: dist.all_reduce(buf), iters)], dtype=torch.float64, device=device)
+        took = torch.tensor([median_s(lambda: dist.all_reduce(buf), iters)], dtype=torch.float64, device=device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         buf.fill_(1)
         dist.all_reduce(buf)
@@ -78,11 +84,11 @@ def main():
             op = lambda: dist.recv(buf, src)  # noqa: E731
         else:
             continue
-        mean_s(op, 1)  # the pair meets here (and NCCL makes its point-to-point channel)
-        seconds = mean_s(op, 2)
+        median_s(op, 1)  # the pair meets here (and NCCL makes its point-to-point channel)
+        seconds = median_s(op, 3)
         if rank == dst:
             links.append({"src_rank": src, "dst_rank": dst, "gbps": buf.numel() * 4 * 8 / seconds / 1e9})
-    dist.barrier()
+    dist.all_reduce(torch.zeros(1, device=device))  # no rank leaves while a link is measured
     dist.destroy_process_group()
     return {"rank": rank, "world": world, "backend": cfg["backend"], "torch": torch.__version__,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "", "init_s": init_s,

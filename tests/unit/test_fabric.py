@@ -3,6 +3,7 @@ names its source), 02's roce_hcas findings, 04's limits per node kind and link r
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from sparkbook.core import fabric
 from sparkbook.core.params import Params
+from sparkbook.core.record import to_data
 
 DATA = Path(__file__).parent / "data"
 SPARK = ["rocep1s0f1", "roceP2p1s0f1"]
@@ -135,7 +137,6 @@ def test_sizes_step_from_small_to_large_and_ranks_follow_gpus():
 
 
 def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:
-    import json
     sizes = [{"bytes": 32768, "us": us, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "iters": 20, "correct": True},
              {"bytes": 256 << 20, "us": 1e4, "algbw_gbps": busbw, "busbw_gbps": busbw, "iters": 5, "correct": True}]
     doc = {"rank": rank, "world": 2, "backend": "nccl", "torch": "2.9.0", "nccl": "2.27.3", "init_s": 1.0,
@@ -173,3 +174,12 @@ def test_a_rank_without_its_document_is_an_error_naming_its_node():
     result = fabric.verdict(params, test)
     assert not result.ok and "b (rank 1): RuntimeError: connection refused" in result.problems[0]
     assert "NCCL INFO" not in result.problems[0]
+
+
+def test_06_shows_04s_figures_beside_the_decode_time(tmp_path):
+    assert fabric.beside_decode(tmp_path, [])[0]["value"].startswith("not recorded")
+    params = _params()
+    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)}, 9)
+    (tmp_path / "events.jsonl").write_text(json.dumps({"kind": fabric.EVENT, "data": to_data(test)}) + "\n")
+    rows = fabric.beside_decode(tmp_path, [{"max_concurrency": 1, "median_tpot_ms": 37.0}])
+    assert [r["value"] for r in rows] == ["40.0 us", "160.00 Gb/s", "37.00 ms", "925"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from matplotlib.figure import Figure
+
 from . import probes
 from .errors import ProbeOutputError, SparkbookError
 from .nodes import Cluster
@@ -414,13 +416,10 @@ def transport_rows(test: AllReduceTest) -> list[dict[str, object]]:
                    "devices": "-", "channels via": "-"} for x in test.links]
 
 
-def figure(test: AllReduceTest, result: Verdict):
+def figure(test: AllReduceTest, result: Verdict) -> Figure:
     """Latency and busbw by size (log axes) with the limits drawn."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (lat, bw) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig = Figure(figsize=(9, 3.2))
+    lat, bw = fig.subplots(1, 2)
     x = [s.bytes for s in test.sizes]
     lat.loglog(x, [s.us for s in test.sizes], "o-")
     lat.axhline(result.limits.max_us, color="tab:red", ls="--", label="limit (small size)")

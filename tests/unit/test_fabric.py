@@ -152,6 +152,7 @@ def test_a_healthy_spark_pair_passes():
     assert result.ok, result.problems
     assert [r["limit"] for r in fabric.rows(test, result)] == ["<= 150 us", ">= 120.00 Gb/s busbw"]
     assert [(x.src, x.dst) for x in test.links] == [("b", "a"), ("a", "b")]
+    assert [ax.get_ylabel() for ax in fabric.figure(test, result).axes] == ["all_reduce time (us)", "busbw (Gb/s)"]
 
 
 def test_a_slow_link_fails_naming_the_sending_node_with_figures_and_causes():

@@ -258,12 +258,12 @@ class AllReduceTest:
 
 
 def config(params: Params, r: Rank, world: int, leaders: list[int], port: int) -> dict[str, Any]:
-    spec = params.node(r.node)
-    f = params.fabric
-    return {"backend": "nccl" if r.device >= 0 else "gloo", "rank": r.rank, "world": world,
-            "master": f"{params.head.fabric_ip}:{port}", "device": r.device, "sizes": sizes(params),
+    """One rank's probe config: NCCL on GPUs where every node has them, else Gloo on CPU tensors everywhere."""
+    f, nccl = params.fabric, node_kind(params) != "cpu"
+    return {"backend": "nccl" if nccl else "gloo", "rank": r.rank, "world": world,
+            "master": f"{params.head.fabric_ip}:{port}", "device": r.device if nccl else -1, "sizes": sizes(params),
             "iters": f.allreduce_iters, "budget_s": f.allreduce_budget_s, "warmup": 3,
-            "timeout_s": f.allreduce_timeout_s, "netdev": spec.fabric_netdev, "leaders": leaders}
+            "timeout_s": f.allreduce_timeout_s, "netdev": params.node(r.node).fabric_netdev, "leaders": leaders}
 
 
 def serve_env(params: Params, node: str) -> dict[str, str]:

@@ -132,8 +132,15 @@ def test_limits_per_node_kind_and_link_rate():
 def test_sizes_step_from_small_to_large_and_ranks_follow_gpus():
     assert fabric.sizes(_params(gpus=[], hcas=[])) == [32768, 262144, 2097152, 8 << 20]
     assert fabric.sizes(_params(allreduce_large_bytes=1 << 20)) == [32768, 262144, 1 << 20]
-    ranks = fabric.ranks(_params(gpus=[0, 1]))
+    params = _params(gpus=[0, 1])
+    ranks = fabric.ranks(params)
     assert [(r.node, r.rank, r.device) for r in ranks] == [("a", 0, 0), ("a", 1, 1), ("b", 2, 0), ("b", 3, 1)]
+    cfg = fabric.config(params, ranks[3], 4, [0, 2], 29502)
+    assert (cfg["backend"], cfg["device"], cfg["master"], cfg["netdev"]) == ("nccl", 1, "192.168.200.12:29502",
+                                                                               "enp1s0f1np1")
+    mixed = params.model_copy(update={"nodes": [params.nodes[0], params.nodes[1].model_copy(update={"gpus": []})]})
+    assert {(c["backend"], c["device"]) for c in (fabric.config(mixed, r, 3, [0, 2], 1) for r in fabric.ranks(mixed))} \
+        == {("gloo", -1)}
 
 
 def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:

@@ -220,6 +220,19 @@ class BenchmarkPlan(Strict):
 
 class Fabric(Strict):
     mtu: int = Field(1500, ge=576, le=9216)
+    expect_gbps: float | None = Field(None, gt=0, description="bus bandwidth (Gb/s) 04's large all_reduce must reach "
+                                      "(default: link_fraction x the link rate, else per node kind: README)")
+    link_fraction: float = Field(0.6, gt=0, le=1, description="share of the fabric netdev's link rate the busbw must "
+                                 "reach where expect_gbps is not set")
+    max_allreduce_us: float | None = Field(None, gt=0, description="limit on 04's small all_reduce time in us "
+                                           "(default per node kind: README)")
+    allreduce_small_bytes: int = Field(32768, ge=4, le=1 << 20, description="04's latency size (decode-sized)")
+    allreduce_large_bytes: int | None = Field(None, ge=1 << 20, le=4 << 30, description="04's bandwidth size "
+                                              "(default per node kind: README)")
+    allreduce_iters: int = Field(20, ge=2, le=1000, description="timed all_reduces per size, at most")
+    allreduce_budget_s: float = Field(0.5, gt=0, le=60, description="time per size: fewer iterations where "
+                                      "allreduce_iters would take longer")
+    allreduce_timeout_s: float = Field(90, gt=0, le=900, description="04's all_reduce test ends by then, on every node")
 
 
 class RunLockSettings(Strict):

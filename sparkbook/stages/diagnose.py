@@ -8,6 +8,7 @@ from typing import Any
 
 from ..core.docker_ssh import docker_client, unavailable
 from ..core.errors import ProbeOutputError, SparkbookError
+from ..core.fabric import hca_findings
 from ..core.handoff import Diagnosis
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
@@ -277,6 +278,7 @@ def node_findings(facts: dict[str, Outcome[NodeFacts]], params: Params) -> list[
                                                     f"to have {params.fabric.mtu}"))
         if not f.gpus:
             out.append(Finding("fact", "gpu", f"{n}: {f.gpu}"))
+        out += hca_findings(spec, f.roce.split("; "))  # roce_hcas against ibdev2netdev (its lines joined by "; ")
     return out
 
 

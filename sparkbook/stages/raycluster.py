@@ -9,7 +9,7 @@ from typing import Callable
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, stop_before_delay, wait_fixed
 
-from ..core import probes
+from ..core import fabric, probes
 from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.handoff import JoinedNode, RayCluster
 from ..core.nodes import Cluster, Node, Result
@@ -324,6 +324,13 @@ def summary(params: Params, containers: list[NodeContainer], join: Join, reused:
                       nodes=[JoinedNode(name=n, ip=seen[n].ip, resources={k: v for k, v in seen[n].resources.items()
                                                                          if k in ("CPU", "GPU", "memory")})
                              for n in join.joined if n in seen])
+
+
+# --- the fabric under the collectives ---------------------------------------------------------------
+def prove_fabric(params: Params, cluster: Cluster, runtime: Runtime, image: str) -> fabric.AllReduceTest:
+    """04's all_reduce test in the Ray containers, with 05's env (core.fabric runs it and removes its processes);
+    `fabric.check(fabric.verdict(params, test))` stops 04 on a fallback, a slow link or a failed test."""
+    return fabric.run_allreduce(params, cluster, runtime, places(params, image))
 
 
 # --- reuse on a second run --------------------------------------------------------------------------

@@ -1,0 +1,193 @@
+"""core.fabric as pure logic: ibdev2netdev and NCCL_DEBUG=INFO parsed from real outputs (tests/unit/data, each file
+names its source), 02's roce_hcas findings, 04's limits per node kind and link rate, the verdict with its causes."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkbook.core import fabric
+from sparkbook.core.params import Params
+from sparkbook.core.record import to_data
+
+DATA = Path(__file__).parent / "data"
+SPARK = ["rocep1s0f1", "roceP2p1s0f1"]
+
+
+def _text(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def _params(gpus: list[int] | None = None, hcas: list[str] | None = None, netdev: str = "enp1s0f1np1",
+            **fabric_fields: Any) -> Params:
+    node = {"host": "10.0.0.1", "fabric_netdev": netdev, "gpus": [0] if gpus is None else gpus,
+            "roce_hcas": SPARK if hcas is None else hcas}
+    return Params.model_validate({
+        "cluster": "unit",
+        "nodes": [{"name": "a", "role": "head", "fabric_ip": "192.168.200.12", **node},
+                  {"name": "b", "role": "worker", "fabric_ip": "192.168.200.13", **copy.deepcopy(node)}],
+        "fabric": {"mtu": 9000, **fabric_fields},
+        "runtime": {"kind": "docker", "images": ["example/vllm:0.17"]},
+        "model": {"hf_id": "Org/Model-1B", "served_name": "model", "cache_dir": "/srv/models"},
+        "serve": {"tensor_parallel_size": 2}})
+
+
+# --- ibdev2netdev --------------------------------------------------------------------------------------
+def test_ibdev2netdev_of_a_spark_parses_every_line_and_pairs_the_twins():
+    hcas = fabric.parse_ibdev2netdev(_text("ibdev2netdev_spark_port1.txt").splitlines())
+    assert [(h.name, h.netdev, h.up) for h in hcas] == [
+        ("roceP2p1s0f0", "enP2p1s0f0np0", False), ("roceP2p1s0f1", "enP2p1s0f1np1", True),
+        ("rocep1s0f0", "enp1s0f0np0", False), ("rocep1s0f1", "enp1s0f1np1", True)]
+    assert [h.name for h in fabric.fabric_hcas(hcas, "enp1s0f1np1")] == ["roceP2p1s0f1", "rocep1s0f1"]
+    assert fabric.port_key("mlx5_0") == "mlx5_0" and fabric.port_key("enP2p1s0f1np1") == "p1s0f1"
+
+
+def test_right_roce_hcas_pass_with_both_twins_reported():
+    spec = _params().nodes[0]
+    findings = fabric.hca_findings(spec, _text("ibdev2netdev_spark_port1.txt").splitlines())
+    assert [f.severity for f in findings] == ["fact"]
+    assert "roceP2p1s0f1 (enP2p1s0f1np1) and rocep1s0f1 (enp1s0f1np1) are Up on one port" in findings[0].text
+
+
+@pytest.mark.parametrize("hcas, netdev, expect", [
+    (["mlx5_0"], "enp1s0f1np1", "roce_hcas names mlx5_0, which ibdev2netdev does not list"),
+    (["rocep1s0f0", "roceP2p1s0f0"], "enp1s0f1np1", "rocep1s0f0 (port 1 ==> enp1s0f0np0) is Down"),
+    (["rocep1s0f1"], "enp1s0f0np0", "rocep1s0f1 drives enp1s0f1np1, not the fabric netdev enp1s0f0np0"),
+])
+def test_wrong_roce_hcas_are_a_blocker_naming_the_hcas_up_on_the_fabric_netdev(hcas, netdev, expect):
+    spec = _params(hcas=hcas, netdev=netdev).nodes[0]
+    blockers = [f for f in fabric.hca_findings(spec, _text("ibdev2netdev_spark_port1.txt").splitlines())
+                if f.severity == "blocker"]
+    assert blockers and expect in blockers[0].text and blockers[0].text.startswith("a: ")
+    if netdev == "enp1s0f1np1":
+        assert blockers[0].text.endswith(f"HCAs ibdev2netdev shows Up for {netdev}: roceP2p1s0f1, rocep1s0f1")
+    else:
+        assert "shows no HCA Up for enp1s0f0np0" in blockers[0].text
+
+
+def test_one_twin_of_two_is_a_warning_with_the_other_named():
+    spec = _params(hcas=["rocep1s0f0"], netdev="enp1s0f0np0").nodes[0]
+    findings = fabric.hca_findings(spec, _text("ibdev2netdev_spark_port0.txt").splitlines())
+    warning = [f for f in findings if f.severity == "warning"]
+    assert [f.severity for f in findings] == ["fact", "warning"]
+    assert "leaves roceP2p1s0f0 unused" in warning[0].text and "add roceP2p1s0f0 to roce_hcas" in warning[0].text
+
+
+def test_no_ibdev2netdev_warns_only_where_params_name_hcas():
+    assert fabric.hca_findings(_params(hcas=[]).nodes[0], ["ibdev2netdev not present"]) == []
+    [finding] = fabric.hca_findings(_params().nodes[0], ["ibdev2netdev not present"])
+    assert finding.severity == "warning" and "cannot be checked" in finding.text
+
+
+# --- NCCL_DEBUG=INFO -----------------------------------------------------------------------------------
+def test_nccl_on_roce_with_both_spark_twins():
+    t = fabric.parse_nccl(_text("nccl_ib_spark_twins.log"))
+    assert (t.network, t.hcas, t.channels, t.fell_back) == ("IB", SPARK, ["NET/IB"], False)
+    assert fabric.transport_problems("a", _params().nodes[0], t, across_nodes=True) == []
+
+
+def test_nccl_using_one_twin_of_roce_hcas_is_named():
+    t = fabric.parse_nccl(_text("nccl_ib_roce_mlx5.log"))
+    assert (t.network, t.hcas, t.channels) == ("IB", ["mlx5_10", "mlx5_11"], [])
+    [problem] = fabric.transport_problems("a", _params(hcas=["mlx5_1"]).nodes[0], t, across_nodes=True)
+    assert "also uses mlx5_10, mlx5_11" in problem and "'=mlx5_1'" in problem  # NCCL_IB_HCA's prefix match
+    unused, foreign = fabric.transport_problems("a", _params(hcas=["mlx5_10", "mlx5_12"]).nodes[0], t, True)
+    assert "does not use mlx5_12 of roce_hcas" in unused and "uses mlx5_11, which roce_hcas does not name" in foreign
+
+
+def test_nccl_gdrdma_channels_count_as_ib():
+    t = fabric.parse_nccl(_text("nccl_ib_gdrdma.log"))
+    assert (t.network, t.hcas, t.channels) == ("IB", ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"], ["NET/IB"])
+
+
+@pytest.mark.parametrize("log, missing, ifs, channels", [
+    ("nccl_socket.log", False, ["enp225s0f1"], []),
+    ("nccl_socket_fallback.log", True, ["ens3"], ["P2P", "NET/Socket"]),
+])
+def test_a_socket_transport_where_roce_hcas_are_set_is_a_fallback(log, missing, ifs, channels):
+    t = fabric.parse_nccl(_text(log))
+    assert (t.fell_back, t.ib_missing, t.socket_ifs, t.channels) == (True, missing, ifs, channels)
+    [problem] = fabric.transport_problems("b", _params().nodes[1], t, across_nodes=True)
+    assert problem.startswith(f"b: NCCL fell back to NET/Socket over {ifs[0]}")
+    assert "HCAs ibdev2netdev shows Up for enp1s0f1np1" in problem
+    assert fabric.transport_problems("b", _params(hcas=[]).nodes[1], t, True) == []  # sockets by design
+    assert fabric.transport_problems("b", _params().nodes[1], t, across_nodes=False) == []
+
+
+# --- limits and verdict --------------------------------------------------------------------------------
+def test_limits_per_node_kind_and_link_rate():
+    roce = fabric.limits(_params(), 200000)
+    assert (roce.kind, roce.min_gbps, roce.max_us) == ("roce", 120.0, 150.0)
+    assert fabric.limits(_params(), None).min_gbps == 100.0
+    assert fabric.limits(_params(hcas=[]), 10000).kind == "ethernet"
+    cpu = fabric.limits(_params(gpus=[], hcas=[]), 10000)  # the lab: a veth's nominal rate is no real limit
+    assert (cpu.kind, cpu.min_gbps, cpu.max_us) == ("cpu", 0.1, 5000.0)
+    own = fabric.limits(_params(expect_gbps=150, max_allreduce_us=60), 200000)
+    assert (own.min_gbps, own.max_us) == (150, 60) and "fabric.expect_gbps" in own.why
+
+
+def test_sizes_step_from_small_to_large_and_ranks_follow_gpus():
+    assert fabric.sizes(_params(gpus=[], hcas=[])) == [32768, 262144, 2097152, 8 << 20]
+    assert fabric.sizes(_params(allreduce_large_bytes=1 << 20)) == [32768, 262144, 1 << 20]
+    params = _params(gpus=[0, 1])
+    ranks = fabric.ranks(params)
+    assert [(r.node, r.rank, r.device) for r in ranks] == [("a", 0, 0), ("a", 1, 1), ("b", 2, 0), ("b", 3, 1)]
+    cfg = fabric.config(params, ranks[3], 4, [0, 2], 29502)
+    assert (cfg["backend"], cfg["device"], cfg["master"], cfg["netdev"]) == ("nccl", 1, "192.168.200.12:29502",
+                                                                               "enp1s0f1np1")
+    mixed = params.model_copy(update={"nodes": [params.nodes[0], params.nodes[1].model_copy(update={"gpus": []})]})
+    assert {(c["backend"], c["device"]) for c in (fabric.config(mixed, r, 3, [0, 2], 1) for r in fabric.ranks(mixed))} \
+        == {("gloo", -1)}
+
+
+def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:
+    sizes = [{"bytes": 32768, "us": us, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "iters": 20, "correct": True},
+             {"bytes": 256 << 20, "us": 1e4, "algbw_gbps": busbw, "busbw_gbps": busbw, "iters": 5, "correct": True}]
+    doc = {"rank": rank, "world": 2, "backend": "nccl", "torch": "2.9.0", "nccl": "2.27.3", "init_s": 1.0,
+           "sizes": sizes, "links": [{"src_rank": src, "dst_rank": rank, "gbps": link_gbps}], "link_mbps": 200000}
+    return f"NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE\nNCCL INFO Using network IB\n" \
+           f"SPARKBOOK-JSON {json.dumps(doc)}\nSPARKBOOK-END\n"
+
+
+def test_a_healthy_spark_pair_passes():
+    params = _params(hcas=["rocep1s0f1"])
+    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 35, 160, 170, 1), 1: _doc(1, 35, 160, 165, 0)}, 9)
+    result = fabric.verdict(params, test)
+    assert result.ok, result.problems
+    assert [r["limit"] for r in fabric.rows(test, result)] == ["<= 150 us", ">= 120.00 Gb/s busbw"]
+    assert [(x.src, x.dst) for x in test.links] == [("b", "a"), ("a", "b")]
+    assert [ax.get_ylabel() for ax in fabric.figure(test, result).axes] == ["all_reduce time (us)", "busbw (Gb/s)"]
+
+
+def test_a_slow_link_fails_naming_the_sending_node_with_figures_and_causes():
+    params = _params(hcas=["rocep1s0f1"])
+    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 400, 13, 13, 1), 1: _doc(1, 400, 13, 160, 0)}, 9)
+    result = fabric.verdict(params, test)
+    text = " ".join(result.problems)
+    assert "a 32 KiB all_reduce takes 400 us, the limit is 150 us" in text
+    assert "busbw at 256 MiB is 13.00 Gb/s, expected at least 120.00 Gb/s (0.6 x the 200 Gb/s link)" in text
+    assert "the link b -> a carries 13.00 Gb/s" in text and "a -> b" not in text
+    assert fabric.CAUSES["stale"] in result.causes and fabric.CAUSES["twin"] in result.causes
+    with pytest.raises(fabric.FabricTestFailed, match="likely causes: .*ConnectX-7"):
+        fabric.check(result)
+
+
+def test_a_rank_without_its_document_is_an_error_naming_its_node():
+    params = _params()
+    test = fabric.collect(params, fabric.ranks(params),
+                          {0: _doc(0, 35, 160, 170, 1), 1: "NCCL INFO x\nRuntimeError: connection refused\n"}, 30)
+    result = fabric.verdict(params, test)
+    assert not result.ok and "b (rank 1): RuntimeError: connection refused" in result.problems[0]
+    assert "NCCL INFO" not in result.problems[0]
+
+
+def test_06_shows_04s_figures_beside_the_decode_time(tmp_path):
+    assert fabric.beside_decode(tmp_path, [])[0]["value"].startswith("not recorded")
+    params = _params()
+    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)}, 9)
+    (tmp_path / "events.jsonl").write_text(json.dumps({"kind": fabric.EVENT, "data": to_data(test)}) + "\n")
+    rows = fabric.beside_decode(tmp_path, [{"max_concurrency": 1, "median_tpot_ms": 37.0}])
+    assert [r["value"] for r in rows] == ["40.0 us", "160.00 Gb/s", "37.00 ms", "925"]

@@ -311,6 +311,12 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
                     ["candidates table above (events.jsonl: image_probe)", *evidence])
 
 
+def image_policy(run: Run) -> tuple[str, str | None]:
+    """(runtime.image_policy, runtime.installed_image); the Python runtime has one candidate: `newest`, none."""
+    rt = run.params.runtime
+    return (rt.image_policy, rt.installed_image) if rt.kind == "docker" else ("newest", None)
+
+
 def keep_installed(usable: list[Candidate], installed: str | None,
                    ids: dict[str, str | None]) -> tuple[Candidate | None, str]:
     """The installed image's candidate where keep_installed keeps it, else (None, why it is not kept)."""

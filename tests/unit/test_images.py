@@ -221,3 +221,25 @@ def test_plan_and_distribution_messages() -> None:
     assert copied.verified and "100.0 MB/s" in copied.message and copied.rows()[1]["matches head"]
     differs = distribute.Distribution("img:1", "sha256:a", [], [], {"h": "sha256:a", "w1": "sha256:b"})
     assert not differs.verified
+
+
+# --- runtime.image_policy ----------------------------------------------------------------------------------------
+def test_keep_installed_keeps_a_working_installed_image_on_every_node() -> None:
+    cands = [candidate("old", "0.28.0", LOADS), candidate("new", "0.32.0", LOADS)]
+    same = {"h": "sha256:" + "0" * 64, "w": "sha256:" + "0" * 64}
+    d = choose(cands, [], "keep_installed", "old", same)
+    assert d.choice == "old" and d.reason.startswith("image_policy keep_installed")
+    assert "a newer image was not needed" in d.alternatives[0].rejected_because
+    newest = choose(cands, [], "newest", "old", same)
+    assert newest.choice == "new" and newest.reason.startswith("image_policy newest")
+
+
+def test_keep_installed_falls_back_to_the_newest_and_says_why() -> None:
+    loads, fails = candidate("old", "0.28.0", LOADS), candidate("old", "0.28.0", NOT_REGISTERED)
+    new = candidate("new", "0.32.0", LOADS)
+    one_missing = {"h": "sha256:" + "0" * 64, "w": None}
+    d = choose([loads, new], [], "keep_installed", "old", one_missing)
+    assert d.choice == "new" and "not on every node under one ID" in d.reason and "w: absent" in d.reason
+    d = choose([fails, new], [], "keep_installed", "old", {"h": "sha256:" + "0" * 64})
+    assert d.choice == "new" and "is not a usable candidate" in d.reason
+    assert "no runtime.installed_image" in choose([loads, new], [], "keep_installed", None, {}).reason

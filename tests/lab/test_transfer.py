@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -148,9 +147,10 @@ def test_killed_copy_resumes_without_resending_finished_files(open_run) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(finished(stage, size)) < 2:
             time.sleep(0.2)
-        pid = int(pid_file.read_text())
-        assert "rsync" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(), "the PID the stream wrote is its rsync"
-        os.kill(pid, signal.SIGKILL)
+        pid = pid_file.read_text().strip()  # a PID of the head's own PID namespace: killed there
+        head = run.cluster.head
+        assert "rsync" in head.run(["cat", f"/proc/{pid}/cmdline"], timeout=30).stdout, "the PID is the stream's rsync"
+        head.run(["kill", "-9", pid], timeout=30, check=True)
         copier.join(timeout=120)
         (killed,) = result
         assert not killed.verified and "lab-1" in killed.copies[0].error, killed.message

@@ -166,3 +166,15 @@ def test_a_layer_whose_v1_id_is_not_reproduced_is_sent() -> None:
     out = io.BytesIO()
     assert layerdelta.filter_stream(io.BytesIO(stream), out, DIFFS[:1], {DIFFS[0]}) == (0, 0)
     assert "f" * 64 + "/layer.tar" in tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+
+
+def test_02_warns_of_a_model_another_node_holds_and_blocks_one_no_node_holds() -> None:
+    from sparkbook.core.nodes import Outcome
+    from sparkbook.stages.diagnose import ModelFiles, model_findings
+
+    held = ModelFiles("h", "/m", {"architectures": ["X"]}, None, [10])
+    missing = ModelFiles("w", "", None, None, [], "org/m is not in /cache")
+    (finding,) = model_findings({"h": Outcome("h", held), "w": Outcome("w", missing)})
+    assert (finding.severity, finding.text) == ("warning", "w: org/m is not in /cache; 03 copies it from h")
+    (alone,) = model_findings({"w": Outcome("w", missing)})
+    assert alone.severity == "blocker"

@@ -2,8 +2,8 @@
 
     image_ids(run, ref) -> {node: id | None}         what must match on every node (the image ID), per node
     plan(run, ref) -> CopyPlan                       which nodes need the image (the head is the source)
-    layer_skip(run, ref, node) -> list[chain ID]     the image's layers the node already holds (not sent again)
-    push_image(run, ref, node, size_bytes, skip) -> Copy   the head pushes to the node's fabric IP (ssh on the head)
+    layer_skip(run, ref, node) -> (diff IDs, held)   the image's layers and those the node holds (not sent again)
+    push_image(run, ref, node, dest, size, skip) -> Copy   the head pushes to the node's fabric IP (ssh on the head)
     copy_image(run, ref, node, size_bytes, skip) -> Copy   relayed through this machine to the node's host
     distribute(run, ref) -> Distribution             plan, copy where needed (fabric first), verify every ID
 
@@ -108,7 +108,8 @@ class Distribution:
         done = {c.node: c for c in self.copies}
         return [{"node": node, "image id": held, "matches head": held == self.image_id,
                  "action": f"copied {done[node].bytes / 1e9:.2f} GB in {done[node].seconds:.1f} s "
-                           f"({done[node].mb_s} MB/s)" + "".join(f"; {x}" for x in (done[node].route, done[node].mode) if x)
+                           f"({done[node].mb_s} MB/s)"
+                           + "".join(f"; {x}" for x in (done[node].route, done[node].mode) if x)
                            + (f": {done[node].error}" if done[node].error else "")
                  if node in done else ("its own environment: nothing to copy" if self.note else "already held: skipped")}
                 for node, held in self.ids.items()]
@@ -130,7 +131,8 @@ def plan(run: Run, ref: str) -> CopyPlan:
     return CopyPlan(ref, head.name, *source, image_ids(run, ref))
 
 
-def copy_image(run: Run, ref: str, node: Node, size_bytes: int, skip: tuple[list[str], list[str]] | None = None) -> Copy:
+def copy_image(run: Run, ref: str, node: Node, size_bytes: int,
+               skip: tuple[list[str], list[str]] | None = None) -> Copy:
     """Stream `docker save REF` from the head into `docker load` on `node` over SSH, with progress; with `skip`
     (the image's diff IDs, the chain IDs the node holds) the head leaves those layers out of the stream."""
     head, target = run.cluster.head.streaming(), node.streaming()
@@ -233,8 +235,9 @@ def push_image(run: Run, ref: str, node: Node, dest: str, size_bytes: int,
     """The head streams `docker save` (held layers left out) into `docker load` on `dest` (the node's fabric IP)."""
     spec, head = node.spec, run.cluster.head
     argv = ["bash", "--norc", "--noprofile", "-c", PUSH.format(
-        ref=shlex.quote(ref), filter=filter_command(*skip) if skip else "cat", port=spec.ssh_port or run.params.ssh.port,
-        connect=f"{run.params.ssh.connect_timeout_s:g}", dest=shlex.quote(dest))]
+        ref=shlex.quote(ref), filter=filter_command(*skip) if skip else "cat",
+        port=spec.ssh_port or run.params.ssh.port, connect=f"{run.params.ssh.connect_timeout_s:g}",
+        dest=shlex.quote(dest))]
     timeout = COPY_SLACK_S + size_bytes / MIN_RATE_BPS
     counter = _DDProgress()
     t0 = time.monotonic()
@@ -242,8 +245,10 @@ def push_image(run: Run, ref: str, node: Node, dest: str, size_bytes: int,
         counter.bar = bar
         r = head.stream(argv, sink=counter, timeout=timeout)
     loaded = "\n".join(line for line in r.stderr.splitlines() if line.startswith("Loaded image"))
-    error = "" if r.ok else f"{head.name} -> {dest}: the pushed stream {'timed out' if r.timed_out else f'exited {r.exit_code}'}: {r.stderr.strip()[-300:]}"
-    return Copy(node.name, counter.bytes, time.monotonic() - t0, loaded, error, f"fabric {spec.fabric_ip} from {head.name}")
+    ended = "timed out" if r.timed_out else f"exited {r.exit_code}"
+    error = "" if r.ok else f"{head.name} -> {dest}: the pushed stream {ended}: {r.stderr.strip()[-300:]}"
+    return Copy(node.name, counter.bytes, time.monotonic() - t0, loaded, error,
+                f"fabric {spec.fabric_ip} from {head.name}")
 
 
 class _DDProgress:

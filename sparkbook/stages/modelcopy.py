@@ -1,6 +1,6 @@
 """Put the model on every node (part of 03, after the image): pushed node to node over the fabric, resumable.
 
-    listing(node, model, hub=None) -> Listing       what a node holds: HF cache (refs/main, its snapshot, blobs) or a dir
+    listing(node, model, root=None) -> Listing      what a node holds: HF cache (refs/main, snapshot, blobs) or a dir
     wanted(listing) -> dict[path, Entry]            what a complete copy consists of (from the source's listing)
     plan(listings, head) -> CopyPlan                the source node and, per node, the entries it lacks or holds wrong
     streams(entries, n) -> list[list[Entry]]        the files split into n streams of about equal bytes
@@ -14,6 +14,7 @@ moved where vLLM loads them: blobs and files first, snapshot symlinks next, refs
 """
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 import threading
@@ -39,6 +40,7 @@ root={root}; stage={stage}
 d="$root"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo ==free==; df -B1 --output=avail "$d" | tail -1
 echo ==root==; [ -d "$root" ] && echo yes
+echo ==ref==; cat "$root/refs/main" 2>/dev/null; echo
 echo ==files==; [ -d "$root" ] && (cd "$root" && find . \( -type f -o -type l \) -printf '%y\t%s\t%P\t%l\n')
 echo ==staged==; [ -d "$stage" ] && (cd "$stage" && find . \( -type f -o -type l \) -printf '%y\t%s\t%P\t%l\n')
 echo ==end==
@@ -200,13 +202,15 @@ def roots(model: ModelSpec) -> list[str]:
 
 
 def parse_listing(node: str, root: str, layout: str, text: str) -> Listing:
-    """The LISTING script's output -> Listing (refs/main's content is read apart: `_with_ref`)."""
+    """The LISTING script's output -> Listing."""
     pieces = re.split(r"^==(\w+)==$", text, flags=re.M)
     parts = dict(zip(pieces[1::2], pieces[2::2]))
     if not parts.get("free", "").split():
         raise ModelCopyError(f"{node}: cannot list {root}: {text.strip()[-300:]}", node=node)
-    return Listing(node, root, layout, parts.get("root", "").strip() == "yes", _entries(parts.get("files", "")),
-                   _entries(parts.get("staged", "")), int(parts["free"].split()[-1]))
+    entries = _entries(parts.get("files", ""))
+    ref = parts.get("ref", "").strip() if layout == "hf" and "refs/main" in entries else ""
+    return Listing(node, root, layout, parts.get("root", "").strip() == "yes", entries,
+                   _entries(parts.get("staged", "")), int(parts["free"].split()[-1]), ref)
 
 
 def _entries(text: str) -> dict[str, Entry]:
@@ -228,15 +232,7 @@ def listing(node: Node, model: ModelSpec, root: str | None = None) -> Listing:
         found = parse_listing(node.name, where, layout, r.stdout)
         if found.exists:
             break
-    return _with_ref(node, found)
-
-
-def _with_ref(node: Node, found: Listing) -> Listing:
-    if found.layout != "hf" or "refs/main" not in found.entries:
-        return found
-    ref = node.run(["cat", f"{found.root}/refs/main"], timeout=LIST_TIMEOUT_S).stdout.strip()
-    return Listing(found.node, found.root, found.layout, found.exists, found.entries, found.staged,
-                   found.free_bytes, ref)
+    return found
 
 
 def wanted(src: Listing) -> dict[str, Entry]:
@@ -253,22 +249,11 @@ def wanted(src: Listing) -> dict[str, Entry]:
             continue
         out[path] = e
         if e.kind == "l":
-            blob = str(PurePosixPath(PurePosixPath(path).parent, e.target))
-            blob = _normalise(blob)
+            blob = posixpath.normpath(posixpath.join(posixpath.dirname(path), e.target))
             if blob not in src.entries:
                 return {}  # a snapshot link to a missing blob: not a complete copy
             out[blob] = src.entries[blob]
-    return out
-
-
-def _normalise(path: str) -> str:
-    parts: list[str] = []
-    for p in PurePosixPath(path).parts:
-        if p == "..":
-            parts.pop()
-        elif p != ".":
-            parts.append(p)
-    return "/".join(parts)
+    return out if len(out) > 1 else {}  # refs/main naming an empty or missing snapshot: not a copy
 
 
 def lacking(want: dict[str, Entry], have: dict[str, Entry]) -> list[Entry]:
@@ -296,8 +281,8 @@ def plan(listings: dict[str, Listing], head: str) -> CopyPlan:
             done.append(name)
             continue
         staged_ok = {p for p, e in lst.staged.items() if p in want and not lacking({p: want[p]}, {p: e})}
-        nodes.append(NodePlan(name, lst.root, need, sum(e.size for e in need if e.kind == "f" and e.path not in staged_ok),
-                              lst.free_bytes))
+        left = sum(e.size for e in need if e.kind == "f" and e.path not in staged_ok)
+        nodes.append(NodePlan(name, lst.root, need, left, lst.free_bytes))
     return CopyPlan(src.node, src.root, src.layout, want, nodes, done)
 
 

@@ -126,7 +126,8 @@ def test_disk_too_small_is_refused_before_anything_is_sent(open_run) -> None:  #
         with pytest.raises(modelcopy.DiskTooSmall) as err:
             modelcopy.copy_model(run)
         text = str(err.value)
-        assert text.startswith(f"lab-1: /home/lab/.cache/huggingface/hub/{HF_REPO}: the disk has ") and "GB free" in text
+        assert text.startswith(f"lab-1: /home/lab/.cache/huggingface/hub/{HF_REPO}: the disk has ")
+        assert "GB free" in text
         assert "short by" in text and err.value.node == "lab-1"
         assert not (hub("lab-1") / f".{HF_REPO}{modelcopy.INCOMING}").exists(), "nothing was staged"
     finally:
@@ -212,7 +213,8 @@ def test_keep_installed_keeps_the_image_that_serves_the_model(lab, tmp_path) -> 
         policy, installed = images.image_policy(run)
         ids = distribute.image_ids(run, installed)
         kept = images.choose(candidates, [], policy, installed, ids)
-        assert (policy, kept.choice) == ("keep_installed", OLD) and kept.reason.startswith("image_policy keep_installed")
+        assert (policy, kept.choice) == ("keep_installed", OLD)
+        assert kept.reason.startswith("image_policy keep_installed")
         newest = images.choose(candidates, [], "newest", installed, ids)
         assert newest.choice != OLD and newest.reason.startswith("image_policy newest")
         assert distribute.distribute(run, kept.choice).copies == [], "the kept image is on every node: nothing copied"

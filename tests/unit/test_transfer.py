@@ -16,7 +16,7 @@ from sparkbook.stages.modelcopy import Entry, Listing
 
 BLOB = "a" * 64
 REV = "1" * 40
-HEAD_FILES = (f"==free==\n500000000000\n==root==\nyes\n==files==\n"
+HEAD_FILES = (f"==free==\n500000000000\n==root==\nyes\n==ref==\n{REV}\n==files==\n"
               f"f\t40\trefs/main\t\n"
               f"f\t1000\tblobs/{BLOB}\t\n"
               f"f\t20\tblobs/0123456789abcdef0123456789abcdef01234567\t\n"
@@ -27,15 +27,13 @@ HEAD_FILES = (f"==free==\n500000000000\n==root==\nyes\n==files==\n"
 ROOT = "/cache/hub/models--org--m"
 
 
-def hf_listing(node: str, text: str, ref: str = REV) -> Listing:
-    lst = modelcopy.parse_listing(node, ROOT, "hf", text)
-    return Listing(lst.node, lst.root, lst.layout, lst.exists, lst.entries, lst.staged, lst.free_bytes,
-                   ref if "refs/main" in lst.entries else "")
+def hf_listing(node: str, text: str) -> Listing:
+    return modelcopy.parse_listing(node, ROOT, "hf", text)
 
 
 def test_listing_parses_files_links_staged_and_free_space() -> None:
     lst = hf_listing("h", HEAD_FILES)
-    assert lst.exists and lst.free_bytes == 500_000_000_000 and not lst.staged
+    assert lst.exists and lst.free_bytes == 500_000_000_000 and not lst.staged and lst.ref == REV
     assert lst.entries[f"snapshots/{REV}/model.safetensors"] == Entry(f"snapshots/{REV}/model.safetensors", "l", 76,
                                                                       f"../../blobs/{BLOB}")
     assert lst.stage == "/cache/hub/.models--org--m.sparkbook-incoming"
@@ -47,6 +45,10 @@ def test_wanted_is_the_ref_snapshot_and_its_blobs_only() -> None:
                             f"snapshots/{REV}/config.json", f"snapshots/{REV}/model.safetensors"]
     broken = HEAD_FILES.replace(f"f\t1000\tblobs/{BLOB}\t\n", "")
     assert modelcopy.wanted(hf_listing("h", broken)) == {}, "a snapshot link to a missing blob is no source"
+    escaping = HEAD_FILES.replace(f"../../blobs/{BLOB}", f"../../../../blobs/{BLOB}")
+    assert modelcopy.wanted(hf_listing("h", escaping)) == {}, "a link out of the repo is no source"
+    only_ref = "".join(line + "\n" for line in HEAD_FILES.splitlines() if "snapshots/" not in line)
+    assert modelcopy.wanted(hf_listing("h", only_ref)) == {}, "refs/main without its snapshot is no source"
 
 
 def test_plan_copies_what_the_worker_lacks_or_holds_with_another_size() -> None:
@@ -71,7 +73,8 @@ def test_plan_takes_another_node_as_source_when_the_head_lacks_the_model() -> No
 
 
 def test_plan_for_a_plain_dir_and_a_node_that_matches() -> None:
-    files = "==free==\n100\n==root==\nyes\n==files==\nf\t10\tconfig.json\t\nf\t300\tw/model.safetensors\t\n==staged==\n==end==\n"
+    files = ("==free==\n100\n==root==\nyes\n==files==\nf\t10\tconfig.json\t\nf\t300\tw/model.safetensors\t\n"
+             "==staged==\n==end==\n")
     same = modelcopy.parse_listing("w", "/srv/m", "dir", files)
     p = modelcopy.plan({"h": modelcopy.parse_listing("h", "/srv/m", "dir", files), "w": same}, "h")
     assert p.nodes == [] and p.complete == ["w"] and p.total_bytes == 310
@@ -101,8 +104,8 @@ def test_hf_blob_verification_by_name_and_sha256sum_output() -> None:
     entries = [Entry(f"blobs/{digest}", "f", 7), Entry("blobs/0123456789abcdef0123456789abcdef01234567", "f", 3),
                Entry("refs/main", "f", 40), Entry("snapshots/r/x", "l", 10, "../../blobs/x")]
     assert modelcopy.hash_checks(entries, "sha256_blobs") == [f"blobs/{digest}"]
-    assert modelcopy.hash_checks(entries, "sha256_all") == [f"blobs/{digest}",
-                                                           "blobs/0123456789abcdef0123456789abcdef01234567", "refs/main"]
+    assert modelcopy.hash_checks(entries, "sha256_all") == [
+        f"blobs/{digest}", "blobs/0123456789abcdef0123456789abcdef01234567", "refs/main"]
     expected = {f"blobs/{digest}": digest}
     assert modelcopy.hash_mismatches(expected, f"{digest}  blobs/{digest}\n") == []
     assert modelcopy.hash_mismatches(expected, f"{'0' * 64}  blobs/{digest}\n") == [f"blobs/{digest}"]
@@ -110,7 +113,8 @@ def test_hf_blob_verification_by_name_and_sha256sum_output() -> None:
 
 
 def test_rsync_stats_bytes() -> None:
-    stats = "Number of files: 3\nTotal file size: 2,535,878 bytes\nTotal bytes sent: 2,537,120\nTotal bytes received: 81\n"
+    stats = ("Number of files: 3\nTotal file size: 2,535,878 bytes\nTotal bytes sent: 2,537,120\n"
+             "Total bytes received: 81\n")  # rsync 3.2.7 --stats
     assert modelcopy.sent_bytes(stats) == 2_537_120
 
 

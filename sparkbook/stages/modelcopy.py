@@ -4,7 +4,7 @@
     wanted(listing) -> dict[path, Entry]            what a complete copy consists of (from the source's listing)
     plan(listings, head) -> CopyPlan                the source node and, per node, the entries it lacks or holds wrong
     streams(entries, n) -> list[list[Entry]]        the files split into n streams of about equal bytes
-    copy_model(run, plan) -> ModelCopy              each lacking node: disk check, rsync streams, verify, rename
+    copy_model(run) -> ModelCopy                    plan; each lacking node: disk check, rsync streams, verify, rename
 
 A node lacking the model gets it from a node that has it (the head first): rsync runs ON the source and pushes
 to the target's fabric IP, into a staging dir beside the model (`.<name>.sparkbook-incoming`), with --partial and
@@ -408,7 +408,6 @@ def _watch(target: Node, stage: str, p: NodePlan, stop: threading.Event) -> None
             r = target.run(["du", "-sb", stage], timeout=30)
             if r.ok and r.stdout.split():
                 bar.update(int(r.stdout.split()[0]) / 1e6)
-        bar.update(total / 1e6)
 
 
 def verify(run: Run, cp: CopyPlan, p: NodePlan, stage: str) -> tuple[list[str], str]:

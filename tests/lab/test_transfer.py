@@ -257,7 +257,8 @@ def run_ip(name: str) -> str:
 
 @pytest.mark.benchmark
 def test_bench_image_delta_against_whole_stream(open_run) -> None:  # type: ignore[no-untyped-def]
-    """The graft to a worker holding 0.28.0: the whole stream, then the delta, both pushed over the fabric."""
+    """The graft to a worker holding 0.28.0, pushed over the fabric: the bare `docker save | ssh docker load` pipe
+    on the head, sparkbook's whole stream, then its delta."""
     run = open_run()
     if not worker_holds(run, OLD):
         assert distribute.distribute(run, OLD).verified
@@ -267,6 +268,12 @@ def test_bench_image_delta_against_whole_stream(open_run) -> None:  # type: igno
     size = runtime_for(run.params).image(run.cluster.head, GRAFT)[1]
     out = {}
     try:
+        rmi(run, GRAFT)
+        t0 = time.monotonic()
+        bare = run.cluster.head.run(["bash", "-c", f"set -o pipefail; docker save {GRAFT} | ssh -o BatchMode=yes "
+                                     f"{dest} docker load"], timeout=900)
+        assert bare.ok, bare.stderr
+        out["bare pipe"] = {"bytes": size, "seconds": round(time.monotonic() - t0, 1)}
         for mode in ("whole", "delta"):
             rmi(run, GRAFT)
             skip = distribute.layer_skip(run, GRAFT, worker) if mode == "delta" else None
@@ -276,5 +283,6 @@ def test_bench_image_delta_against_whole_stream(open_run) -> None:  # type: igno
             out[mode] = {"bytes": copy.bytes, "seconds": round(copy.seconds, 1)}
         report("bench_image_graft", out)
         assert out["delta"]["bytes"] * 20 < out["whole"]["bytes"]
+        assert out["whole"]["seconds"] <= 1.2 * out["bare pipe"]["seconds"]
     finally:
         rmi(run, GRAFT)

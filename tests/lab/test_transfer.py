@@ -229,7 +229,6 @@ def test_bench_model_copy_against_plain_rsync(open_run) -> None:  # type: ignore
     files, size = 8, 64_000_000
     make_bulk(files, size)
     src = f"/home/lab/.cache/huggingface/hub/{BULK_REPO}/"
-    dest = f"root@{run_ip('lab-1')}:/home/lab/.cache/huggingface/hub/.plain-{BULK_REPO}/"
     ours, plain = [], []
     try:
         for _ in range(2):
@@ -239,6 +238,7 @@ def test_bench_model_copy_against_plain_rsync(open_run) -> None:  # type: ignore
             ours.append(copied.copies[0].mb_s)
             shutil.rmtree(hub("lab-1") / f".plain-{BULK_REPO}", ignore_errors=True)
             run = open_run(hf_id=BULK_ID)
+            dest = f"root@{run.params.node('lab-1').fabric_ip}:/home/lab/.cache/huggingface/hub/.plain-{BULK_REPO}/"
             t0 = time.monotonic()
             r = run.cluster.head.run(["rsync", "-a", "--whole-file", "-e", "ssh -o BatchMode=yes", src, dest],
                                      timeout=600)
@@ -249,10 +249,6 @@ def test_bench_model_copy_against_plain_rsync(open_run) -> None:  # type: ignore
     finally:
         shutil.rmtree(hub("lab-1") / f".plain-{BULK_REPO}", ignore_errors=True)
         drop_bulk()
-
-
-def run_ip(name: str) -> str:
-    return next(str(s.fabric_ip) for s in sblab.cluster.node_specs(2) if s.name == name)
 
 
 @pytest.mark.benchmark

@@ -182,3 +182,14 @@ def test_02_warns_of_a_model_another_node_holds_and_blocks_one_no_node_holds() -
     assert (finding.severity, finding.text) == ("warning", "w: org/m is not in /cache; 03 copies it from h")
     (alone,) = model_findings({"w": Outcome("w", missing)})
     assert alone.severity == "blocker"
+
+
+def test_the_save_command_filters_only_where_the_node_holds_layers() -> None:
+    from sparkbook.stages import distribute
+
+    assert distribute.save_argv("img:1", None) == ["docker", "save", "img:1"]
+    assert distribute.save_argv("img:1", (DIFFS, [])) == ["docker", "save", "img:1"]
+    argv = distribute.save_argv("img:1", (DIFFS, DIFFS[:1]))
+    assert argv[:4] == ["bash", "--norc", "--noprofile", "-c"]
+    assert argv[4].startswith("set -o pipefail; docker save img:1 | python3 -c ")
+    assert argv[4].endswith(f"{','.join(DIFFS)} {DIFFS[0]}")

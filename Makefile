@@ -14,13 +14,17 @@ setup: $(BIN)/sparkbook
 $(BROWSER) &:
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+# rsync on the lab nodes (they run this machine's binaries): 03 copies the model node to node with it
+/usr/bin/rsync:
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync
 $(BIN)/sparkbook: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-lab: setup
+lab: setup /usr/bin/rsync
 	$(BIN)/sparkbook lab up
 
 runbook: lab

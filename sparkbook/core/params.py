@@ -125,12 +125,28 @@ class DockerRuntime(Strict):
     privileged: bool = False
     nofile: int | None = Field(1048576, ge=1024, description="open-files ulimit in containers (null: the daemon's)")
     env: Env = {}
+    image_policy: Literal["keep_installed", "newest"] = Field(
+        "keep_installed", description="keep_installed: keep installed_image where it loads the model natively, has "
+        "no blocking finding and is on every node with one ID; newest: the newest usable candidate")
 
 
 class PythonRuntime(Strict):
     kind: Literal["python"]
     python: RemotePath = Field(description="interpreter on every node whose environment has vLLM")
     env: Env = {}
+
+
+class ModelTransfer(Strict):
+    """How 03 puts the model on a node that lacks it: pushed node to node over the fabric by rsync."""
+
+    streams: int = Field(4, ge=1, le=32, description="parallel rsync streams per target node")
+    verify: Literal["sha256_blobs", "sha256_all"] = Field(
+        "sha256_blobs", description="after the copy: sizes everywhere, plus the sha256 of every HF blob named by "
+        "its sha256 (sha256_blobs) or of every copied file against the source's (sha256_all)")
+    reserve: Size = Field("1G", description="free space a node's disk must keep after the copy: refused before "
+                                            "copying when it would not")
+    bwlimit_mbs: float | None = Field(None, gt=0, description="cap per stream in MB/s (null: none)")
+    timeout_s: float = Field(7200, gt=0, le=86400, description="one stream's limit; a killed copy resumes")
 
 
 class ModelSpec(Strict):
@@ -140,6 +156,7 @@ class ModelSpec(Strict):
     cache_dir: RemotePath = Field(description="where nodes keep models (mounted into containers at the same path); "
                                               "for hf_id: the Hugging Face cache (HF_HOME or its hub/ dir)")
     offline: bool = Field(True, description="hf_id: serve with HF_HUB_OFFLINE=1, from what the nodes' cache holds")
+    transfer: ModelTransfer = ModelTransfer()
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

@@ -305,7 +305,9 @@ def model_findings(files: dict[str, Outcome[ModelFiles]]) -> list[Finding]:
     shas = {o.value.config_sha for o in files.values() if o.ok and o.value.config}
     for n, o in files.items():
         if o.ok and o.value.error:
-            out.append(Finding("blocker", "model", f"{n}: {o.value.error}"))
+            holder = next((m for m, h in files.items() if h.ok and h.value.config and not h.value.error), None)
+            out.append(Finding("warning", "model", f"{n}: {o.value.error}; 03 copies it from {holder}") if holder
+                       else Finding("blocker", "model", f"{n}: {o.value.error}"))
     if len(shas) > 1:
         out.append(Finding("blocker", "model", f"the nodes hold different config.json files: {sorted(shas)}"))
     return out

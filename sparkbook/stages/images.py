@@ -6,7 +6,7 @@
     probe_inspection(run, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
     compute_capabilities(run) / node_machines(run) / image_architecture(run, image)   what the nodes need
     classify(facts, registry, inspection, ...) -> Verdict;  evaluate(run, image, target, caps, machines) -> Candidate
-    rows / failure_reports / choose(candidates, evidence) -> Decision / image_state / summary   for the notebook
+    rows / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision / image_state / summary
 """
 from __future__ import annotations
 
@@ -365,8 +365,11 @@ def failure_reports(candidates: list[Candidate]) -> str:
     return "\n\n".join([*parts, GRAFT_EXPLANATION])
 
 
-def choose(candidates: list[Candidate], evidence: list[str]) -> Decision:
-    """The newest vLLM among the candidates that load the model natively with no blocking finding."""
+def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newest", installed: str | None = None,
+           installed_ids: dict[str, str | None] | None = None) -> Decision:
+    """The image that serves the model, by runtime.image_policy: `keep_installed` keeps `installed` where it loads
+    the model natively with no blocking finding and every node holds it under one ID (`installed_ids`); else (and
+    under `newest`) the newest vLLM among the candidates that load it natively with no blocking finding."""
     usable = [c for c in candidates if c.verdict.usable]
     if not usable:
         driver = any(c.verdict.status == NODE_DRIVER for c in candidates)
@@ -375,16 +378,47 @@ def choose(candidates: list[Candidate], evidence: list[str]) -> Decision:
                             remediation="fix the node's NVIDIA driver or container toolkit first (`nvidia-smi` on the "
                                         "node, then `docker run --rm --gpus all IMAGE nvidia-smi`) and run 03 again"
                             if driver else None)
-    chosen = max(usable, key=lambda c: (_version(c.facts.vllm_version), -candidates.index(c)))
+    newest = max(usable, key=lambda c: (_version(c.facts.vllm_version), -candidates.index(c)))
+    kept, why_not = keep_installed(usable, installed, installed_ids or {}) if policy == "keep_installed" \
+        else (None, "")
+    chosen = kept or newest
     alternatives = [Alternative(c.image, _reason(c) if not c.verdict.usable else
+                                f"also loads it; {chosen.image} is installed on every node as {_ids(installed_ids)} "
+                                "and loads it natively: a newer image was not needed" if kept else
                                 f"also loads it; {chosen.image} has the newer vLLM ({chosen.facts.vllm_version})")
                     for c in candidates if c is not chosen]
     f, i = chosen.facts, chosen.inspection
-    reason = (f"its own vLLM {f.vllm_version} registers {i.architecture} natively ({chosen.registry.module}) and "
-              f"inspection resolves it to {i.resolved}; Ray {f.ray_version or 'absent'}"
+    decided = ("image_policy keep_installed: the installed image loads the model on every node" if kept else
+               f"image_policy {policy}: the newest usable candidate" + (f" ({why_not})" if why_not else ""))
+    reason = (f"{decided}; its own vLLM {f.vllm_version} registers {i.architecture} natively "
+              f"({chosen.registry.module}) and inspection resolves it to {i.resolved}; Ray {f.ray_version or 'absent'}"
               + (f"; {'; '.join(chosen.verdict.flags)}" if chosen.verdict.flags else ""))
     return Decision(f"Which image serves {i.architecture}?", chosen.image, reason, alternatives,
                     ["candidates table above (events.jsonl: image_probe)", *evidence])
+
+
+def image_policy(run: Run) -> tuple[str, str | None]:
+    """(runtime.image_policy, runtime.installed_image); the Python runtime has one candidate: `newest`, none."""
+    rt = run.params.runtime
+    return (rt.image_policy, rt.installed_image) if rt.kind == "docker" else ("newest", None)
+
+
+def keep_installed(usable: list[Candidate], installed: str | None,
+                   ids: dict[str, str | None]) -> tuple[Candidate | None, str]:
+    """The installed image's candidate where keep_installed keeps it, else (None, why it is not kept)."""
+    if installed is None:
+        return None, "no runtime.installed_image"
+    found = next((c for c in usable if c.image == installed), None)
+    if found is None:
+        return None, f"the installed {installed} is not a usable candidate"
+    held = set(ids.values())
+    if not ids or None in held or len(held) != 1 or held != {found.facts.image_id}:
+        return None, f"the installed {installed} is not on every node under one ID ({_ids(ids)})"
+    return found, ""
+
+
+def _ids(ids: dict[str, str | None] | None) -> str:
+    return ", ".join(f"{n}: {(i or 'absent')[:19]}" for n, i in (ids or {}).items()) or "no IDs read"
 
 
 def _reason(c: Candidate) -> str:

@@ -309,3 +309,25 @@ def test_recorded_compute_capabilities(record: str, covering: list[str], not_cov
     cc = (DATA / record).read_text().split("==gpu==\n", 1)[1].splitlines()[0].split(",")[1].strip()
     assert arch_covers(covering, cc)
     assert not any(arch_covers([entry], cc) for entry in not_covering)
+
+
+# --- runtime.image_policy ----------------------------------------------------------------------------------------
+def test_keep_installed_keeps_a_working_installed_image_on_every_node() -> None:
+    cands = [candidate("old", "0.28.0", LOADS), candidate("new", "0.32.0", LOADS)]
+    same = {"h": "sha256:" + "0" * 64, "w": "sha256:" + "0" * 64}
+    d = choose(cands, [], "keep_installed", "old", same)
+    assert d.choice == "old" and d.reason.startswith("image_policy keep_installed")
+    assert "a newer image was not needed" in d.alternatives[0].rejected_because
+    newest = choose(cands, [], "newest", "old", same)
+    assert newest.choice == "new" and newest.reason.startswith("image_policy newest")
+
+
+def test_keep_installed_falls_back_to_the_newest_and_says_why() -> None:
+    loads, fails = candidate("old", "0.28.0", LOADS), candidate("old", "0.28.0", NOT_REGISTERED)
+    new = candidate("new", "0.32.0", LOADS)
+    one_missing = {"h": "sha256:" + "0" * 64, "w": None}
+    d = choose([loads, new], [], "keep_installed", "old", one_missing)
+    assert d.choice == "new" and "not on every node under one ID" in d.reason and "w: absent" in d.reason
+    d = choose([fails, new], [], "keep_installed", "old", {"h": "sha256:" + "0" * 64})
+    assert d.choice == "new" and "is not a usable candidate" in d.reason
+    assert "no runtime.installed_image" in choose([loads, new], [], "keep_installed", None, {}).reason

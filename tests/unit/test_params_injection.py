@@ -36,6 +36,7 @@ STRING_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None], str]] = [
     ("model.hf_id", lambda d, v: d["model"].update(hf_id=v), "model.hf_id"),
     ("model.served_name", lambda d, v: d["model"].update(served_name=v), "model.served_name"),
     ("model.cache_dir", lambda d, v: d["model"].update(cache_dir=v), "model.cache_dir"),
+    ("model.transfer.reserve", lambda d, v: d["model"].update(transfer={"reserve": v}), "model.transfer.reserve"),
     ("cleanup.containers", lambda d, v: d.update(cleanup={"containers": [v]}), "cleanup.containers[0]"),
     ("cleanup.systemd_units", lambda d, v: d.update(cleanup={"systemd_units": [v]}), "cleanup.systemd_units[0]"),
     ("cleanup.processes", lambda d, v: d.update(cleanup={"processes": [v]}), "cleanup.processes[0]"),

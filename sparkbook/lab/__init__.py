@@ -233,22 +233,31 @@ def _lab_is_up(n: int) -> bool:
     return True
 
 
+HEAD_ONLY_TREES = ("hf/hub",)  # node-dir trees only the head starts with
+
+
 def _sync_models(specs: list[NodeSpec], trees: dict[str, Path], progress: Progress) -> list[str]:
-    """Copy each tree (node-dir-relative destination -> host source) onto every node: the lab models into
-    its model cache (LAB_HOME/nodes/<n>/models = /srv/models), the hub cache into its HF cache
-    (LAB_HOME/nodes/<n>/hf = /home/lab/.cache/huggingface). Symlinks are kept (the hub's snapshots)."""
+    """Copy each tree (node-dir-relative destination -> host source) onto the nodes that start with it: the lab
+    models into every node's model cache (LAB_HOME/nodes/<n>/models = /srv/models); the hub cache
+    (LAB_HOME/nodes/<n>/hf = /home/lab/.cache/huggingface) onto the head only and removed from the workers, as
+    the seed's offline worker had no weights (03 copies them). Symlinks are kept (the hub's snapshots)."""
     def listing(root: Path) -> list:
         if not root.is_dir():
             return []
         return sorted((str(p.relative_to(root)), p.is_symlink(), p.stat().st_size, int(p.stat().st_mtime))
                       for p in root.rglob("*") if p.is_file())
 
-    copied = []
+    changed = []
     for rel, src in trees.items():
         src = Path(src)
         want = listing(src)
         for s in specs:
             dst = s.dir / rel
+            if rel in HEAD_ONLY_TREES and s.role != "head":
+                if dst.exists():
+                    shutil.rmtree(dst)
+                    changed.append(f"{s.name}/{rel} removed")
+                continue
             if listing(dst) == want:
                 continue
             tmp = dst.with_name(f".{dst.name}.tmp")
@@ -256,10 +265,10 @@ def _sync_models(specs: list[NodeSpec], trees: dict[str, Path], progress: Progre
             shutil.copytree(src, tmp, symlinks=True)
             shutil.rmtree(dst, ignore_errors=True)
             tmp.rename(dst)
-            copied.append(f"{s.name}/{rel}")
-    if copied:
-        _say(progress, f"models: copied {', '.join(copied)}")
-    return copied
+            changed.append(f"{s.name}/{rel}")
+    if changed:
+        _say(progress, f"models: {', '.join(changed)}")
+    return changed
 
 
 def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> list[str]:

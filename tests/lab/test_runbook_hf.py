@@ -1,5 +1,6 @@
-"""The whole runbook on the path real hardware takes (issue 22): params/lab-hf.yaml's candidate shaped like vLLM's
-official image (ENTRYPOINT `vllm serve`) and the model by hf_id from a hub cache that is not root's."""
+"""The whole runbook on the path real hardware takes (issues 22, 16): params/lab-hf.yaml's candidate shaped like vLLM's
+official image (ENTRYPOINT `vllm serve`), the model by hf_id from a hub cache that is not root's and that only the head
+holds at the start: 03 copies it to the worker over the fabric."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook.core import runbook
+from sparkbook.core.record import read_events
 
 pytestmark = pytest.mark.lab
 PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab-hf.yaml"
@@ -37,4 +39,8 @@ def test_every_notebook_succeeds_with_the_entrypoint_image_and_the_model_by_hf_i
     for node, argv in state["endpoint"]["commands"].items():
         assert argv[2] == snapshot, (node, argv)
         assert {"HF_HUB_CACHE": HUB, "HF_HUB_OFFLINE": "1"}.items() <= state["endpoint"]["env"][node].items()
+    (copy,) = [e["data"] for e in read_events(run_dir, "model_copy")]
+    (to_worker,) = copy["copies"]  # the lab's worker starts without the weights, as the seed's offline worker did
+    assert (copy["source"], to_worker["node"]) == ("lab-0", "lab-1") and to_worker["bytes_sent"] > 2_000_000
+    assert to_worker["verified"] and not to_worker["error"], to_worker
     assert state["benchmark"]["failed_requests"] == 0 and state["benchmark"]["single_stream_output_tok_s"] > 0

@@ -160,7 +160,8 @@ def compare_page(c: Comparison, here: Path) -> str:
             f"<h2>Params that differ</h2>{'<p>' + e(c.params_note) + '</p>' if c.params_note else ''}"
             f"{_table(params)}<h2>Image and versions</h2>{_table(image)}<h2>Decisions that differ</h2>"
             f"{_table(decisions)}<h2>Figures</h2>{_table(figures)}<h2>Sweep points</h2><p>noise band: the larger of "
-            f"5 % and twice the runs' combined relative standard error over their requests</p>"
+            f"5 % and twice the runs' combined relative standard error (over a point's repeats where it has them, "
+            f"else over its requests)</p>"
             f"{_table(deltas, raw=('verdict',))}")
     return _page(f"sparkbook compare {c.a.run_id} {c.b.run_id}", body)
 

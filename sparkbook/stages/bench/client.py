@@ -159,19 +159,20 @@ async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Pr
                          int(usage.get("completion_tokens") or len(gaps) + 1))
 
 
-async def _load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
+async def _load(target: Target, prompts: list[Prompt], output_len: int | list[int], concurrency: int,
                 start_at: float | None) -> LoadResult:
     if start_at is not None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
     started, cpu0 = time.time(), time.thread_time()
+    lengths = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def limited(prompt: Prompt) -> RequestRecord:
+        async def limited(prompt: Prompt, length: int) -> RequestRecord:
             async with limit:
-                return await one_request(session, target, prompt, output_len)
+                return await one_request(session, target, prompt, length)
 
-        records = await asyncio.gather(*(limited(p) for p in prompts))
+        records = await asyncio.gather(*(limited(p, n) for p, n in zip(prompts, lengths, strict=True)))
     finished = max([started] + [r.done_at for r in records])
     chunks = sum(len(r.chunk_gaps_s) + 1 for r in records if r.ok)
     return LoadResult(list(records), started, finished, time.thread_time() - cpu0, chunks)
@@ -203,9 +204,10 @@ def served_models(target: Target) -> list[str]:
     return _run(_models(target), 60)
 
 
-def run_load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
+def run_load(target: Target, prompts: list[Prompt], output_len: int | list[int], concurrency: int,
              timeout_s: float, start_at: float | None = None) -> LoadResult:
-    """Send every prompt, at most `concurrency` in flight; the whole batch is bounded by `timeout_s`."""
+    """Send every prompt (`output_len` tokens each, or the i-th prompt output_len[i]), at most `concurrency` in
+    flight: a request is sent only when an earlier one has ended. The whole batch is bounded by `timeout_s`."""
     return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
 
 

@@ -112,7 +112,7 @@ def point_timeout_s(plan: BenchmarkPlan, concurrency: int) -> float:
     rounds of requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the plan, so a
     slow node serving long outputs (32 x 1024 tokens at 27 tok/s) is measured, not cut off at a fixed limit."""
     rounds = (plan.repeats * math.ceil(plan.num_prompts / concurrency)
-              + math.ceil(len(warmup_lengths(plan, concurrency)) / concurrency))
+              + math.ceil(warmup_count(plan, concurrency) / concurrency))
     return POINT_SLACK_S + rounds * plan.output_len / SLOWEST_DECODE_TOK_S
 
 
@@ -120,16 +120,20 @@ def point_timeout_s(plan: BenchmarkPlan, concurrency: int) -> float:
 STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times its median
 
 
-def warmup_lengths(plan: BenchmarkPlan, concurrency: int) -> list[int]:
-    """Output lengths of a point's warm-up requests (sent `concurrency` at a time, distinct prompts): none when
-    `warmup_requests` is 0, else max(warmup_requests, 2 x concurrency) of them, the i-th of n stopping after
-    output_len x (i + 1) / n tokens. The first `concurrency` arrive together (the batch of distinct prefills the
-    measurement starts with); as they end one by one the next prefills join running decodes (the mixed steps of
-    every size in between), so kernels compiled per batch shape are compiled before the measurement."""
-    if not plan.warmup_requests:
-        return []
-    n = max(plan.warmup_requests, 2 * concurrency)
-    return [max(1, math.ceil(plan.output_len * (i + 1) / n)) for i in range(n)]
+def warmup_count(plan: BenchmarkPlan, concurrency: int) -> int:
+    """Full-length warm-up requests of a point: none when `warmup_requests` is 0, else max(warmup_requests,
+    concurrency), sent `concurrency` at a time (the batch the measurement decodes)."""
+    return max(plan.warmup_requests, concurrency) if plan.warmup_requests else 0
+
+
+def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
+    """Sizes of the prefill-only groups a point's warm-up sends first (none without warm-up): 1 .. concurrency
+    prompts arriving together, i.e. every number of prefills a step of the measurement can hold (sent alone, and
+    those below `concurrency` again beside one decoding sequence). vLLM runs a step
+    above its CUDA-graph sizes with the real token count, and its fused-MoE Triton kernel is compiled per config
+    (nearest tuned M) and per divisibility of the token count: a step of k prefills (+ decodes) the warm-up did not
+    make compiles mid-measurement (measured on one H200: a 1.1 s stall of a whole wave, tests/gpu/bench_repeats)."""
+    return list(range(1, concurrency + 1)) if plan.warmup_requests else []
 
 
 def prompt_seed(concurrency: int, repeat: int) -> int:

@@ -2,9 +2,10 @@
 
   bench_repeats.py one before|after BASE_URL MODEL OUT_JSON   one measurement: `before` = three runs of the sweep of
         commit c2073fa at C=16 (PYTHONPATH puts that package first), each with its own warm-up (max(2, C) requests at
-        C, as params/h200-duo*.yaml asked); `after` = this tree's sweep: one point, its warm-up, `repeats` = 3
+        C, as params/h200-duo*.yaml asked); `after` = this tree's sweep:
+        one point, its warm-up (prefill groups of 1..C alone and beside a decode, then a full batch), 3 repeats
   bench_repeats.py drive ROUNDS BASE_URL MODEL OLD_PKG OUT   alternate after/before ROUNDS times (each in its own
-        process), then the table; writes OUT/repeats.json and prints markdown
+        process; KINDS="after" runs the new sweep alone), then the table; writes OUT/repeats.json, prints markdown
 The load is 06's on the H200 record (params/h200-duo-mp.yaml): 64 tokens in, 256 out, 64 prompts per run, C=16.
 Every request's wall-clock send time and TTFT is kept, so a stall can be matched with the server's compile times.
 """
@@ -65,7 +66,7 @@ def drive(rounds: int, base_url: str, model: str, old_pkg: str, out: str) -> Non
     site = os.environ.get("SITE", "/tmp/site")
     results = []
     for r in range(rounds):
-        for kind in ("after", "before"):  # the new sweep first on the fresh server: the harder case for it
+        for kind in os.environ.get("KINDS", "after before").split():  # the new sweep first on a fresh server
             path = folder / f"{kind}-r{r}.json"
             pythonpath = f"{old_pkg if kind == 'before' else repo}:{site}"
             subprocess.run([sys.executable, __file__, "one", kind, base_url, model, str(path)], check=True,

@@ -19,7 +19,7 @@ serve)
 measure)
   [ -d .carry/old-sparkbook/sparkbook ] || { echo "carry .carry/old-sparkbook (git archive c2073fa sparkbook)"; exit 2; }
   rm -rf /tmp/old-sparkbook; cp -r .carry/old-sparkbook /tmp/old-sparkbook
-  PYTHONPATH="$SITE:$REPO" timeout 540 "$PY" tests/gpu/bench_repeats.py drive "${2:-2}" http://127.0.0.1:8001 qwen3moe \
+  PYTHONPATH="$SITE:$REPO" KINDS="${KINDS:-after before}" timeout 540 "$PY" tests/gpu/bench_repeats.py drive "${2:-2}" http://127.0.0.1:8001 qwen3moe \
     /tmp/old-sparkbook "$OUT" | tee "$OUT/repeats.md"
   echo "server ready at: $(cat /tmp/bench-repeats-ready 2>/dev/null)" > "$OUT/triton-cache.txt"
   find "$TRITON_CACHE_DIR" -name '*.json' ! -name '__grp__*' -printf '%T@ %P\n' | sort -n >> "$OUT/triton-cache.txt"

@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 
 from sparkbook.core.benchstats import (RequestRecord, aggregate_repeats, compare, find_stall, point_timeout_s,
-                                       prompt_seed, repeat_spread, spread, stall_rows, table, warmup_lengths)
+                                       prefill_groups, prompt_seed, repeat_spread, spread, stall_rows, table,
+                                       warmup_count)
 from sparkbook.core.params import BenchmarkPlan, Params
 from sparkbook.stages.bench.client import Target, make_prompts, run_load
 from sparkbook.stages.bench.sweep import save, sweep, local_runner, load_results
@@ -49,19 +50,21 @@ class FakeServer:
         self.prompts.append(body["prompt"])
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await asyncio.sleep(self.slow.get(number, 0.0))
-        for _ in range(body["max_tokens"]):
-            await asyncio.sleep(self.step_s)
-            chunk = {"choices": [{"text": "x", "token_ids": [120]}]}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
-        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
-        self.in_flight -= 1
-        self.generated += body["max_tokens"]
-        self.prefilled += len(body["prompt"])
-        return resp
+        try:  # a request the client cancels (the warm-up's decoding companion) ends here too
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await asyncio.sleep(self.slow.get(number, 0.0))
+            for _ in range(body["max_tokens"]):
+                await asyncio.sleep(self.step_s)
+                chunk = {"choices": [{"text": "x", "token_ids": [120]}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+            self.generated += body["max_tokens"]
+            self.prefilled += len(body["prompt"])
+            return resp
+        finally:
+            self.in_flight -= 1
 
     def __enter__(self) -> FakeServer:
         app = web.Application()
@@ -99,14 +102,13 @@ def rec(ttft: float, sent: float = 0.0) -> RequestRecord:
     return RequestRecord(True, sent, ttft, ttft + 0.1, [0.1], [1], 8, 2)
 
 
-def test_warmup_fills_the_batch_then_staggers_and_none_without_warmup():
+def test_warmup_holds_every_prefill_group_and_a_full_batch():
     plan = BenchmarkPlan(output_len=256, warmup_requests=2)
-    lengths = warmup_lengths(plan, 16)
-    assert len(lengths) == 32 and lengths[0] == 8 and lengths[-1] == 256
-    assert lengths == sorted(lengths) and len(set(lengths[:16])) == 16, "the first batch ends one by one"
-    assert warmup_lengths(plan, 1) == [128, 256]
-    assert len(warmup_lengths(BenchmarkPlan(warmup_requests=50), 4)) == 50
-    assert warmup_lengths(BenchmarkPlan(warmup_requests=0), 16) == []
+    assert prefill_groups(plan, 16) == list(range(1, 17)) and prefill_groups(plan, 1) == [1]
+    assert (warmup_count(plan, 16), warmup_count(plan, 1)) == (16, 2)
+    assert warmup_count(BenchmarkPlan(warmup_requests=50), 4) == 50
+    none = BenchmarkPlan(warmup_requests=0)
+    assert prefill_groups(none, 16) == [] and warmup_count(none, 16) == 0
 
 
 def test_prompt_seeds_and_prompts_are_distinct_across_points_repeats_and_warmups():
@@ -160,7 +162,7 @@ def test_compare_uses_the_repeats_spread_as_noise():
 
 def test_point_timeout_counts_repeats():
     plan = BenchmarkPlan(input_len=64, output_len=256, num_prompts=64, warmup_requests=2)
-    assert point_timeout_s(plan.model_copy(update={"repeats": 3}), 16) == pytest.approx(120 + (3 * 4 + 2) * 256 / 5)
+    assert point_timeout_s(plan.model_copy(update={"repeats": 3}), 16) == pytest.approx(120 + (3 * 4 + 1) * 256 / 5)
 
 
 def test_repeats_default_three_where_gpus_are_listed(tmp_path: Path):
@@ -174,10 +176,8 @@ def test_repeats_default_three_where_gpus_are_listed(tmp_path: Path):
 
 def test_admission_never_above_the_concurrency():
     with FakeServer(step_s=0.002) as server:
-        lengths = [3, 40, 5, 25, 2, 30, 8, 12, 4, 20]
-        result = run_load(server.target, [f"prompt {i}" for i in range(10)], lengths, 3, 30)
-        assert server.max_in_flight == 3
-        assert [r.output_tokens for r in result.records] == lengths
+        result = run_load(server.target, [f"prompt {i}" for i in range(10)], 20, 3, 30)
+        assert server.max_in_flight == 3 and [r.output_tokens for r in result.records] == [20] * 10
         server.max_in_flight = 0
         run_load(server.target, [f"again {i}" for i in range(7)], 10, 1, 30)
         assert server.max_in_flight == 1
@@ -186,22 +186,26 @@ def test_admission_never_above_the_concurrency():
 def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: Path):
     plan = BenchmarkPlan(input_len=24, output_len=6, num_prompts=8, concurrency=[1, 4], warmup_requests=2,
                          repeats=3)
-    slow = {2 + 8 + 8 + 3: 0.8}  # C=1: 2 warm-ups, repeats 0 and 1; the 4th request of repeat 2
+    slow = {1 + 2 + 8 + 8 + 3: 0.8}  # C=1: a prefill group of 1, 2 warm-ups, repeats 0 and 1; request 3 of repeat 2
     with FakeServer(slow_first_chunk=slow) as server:
         points = sweep(server.target, plan, local_runner(server.target))
-        assert server.max_in_flight == 4
-    sent = server.prompts
-    assert len(sent) == (2 + 3 * 8) + (8 + 3 * 8) and len(set(sent)) == len(sent), "every prompt distinct"
-    assert all(len(p) == 24 for p in sent)
+        assert server.max_in_flight == 4, "warm-up and repeats never hold more than the point's concurrency"
+    sent = [str(p) for p in server.prompts]
+    companion = max(set(sent), key=sent.count)  # C=4's decoding sequence beside the prefill groups, re-sent
+    once = [p for p in sent if p != companion]
+    groups = 1 + (1 + 2 + 3 + 4) + (1 + 2 + 3)
+    assert len(once) == groups + 2 + 3 * 8 + 4 + 3 * 8, "prefill groups, full warm-ups, repeats"
+    assert len(set(once)) == len(once) and companion not in once, "every prompt distinct"
+    assert all(len(p) == 24 for p in server.prompts)
     one, four = points
     assert len(one.repeats) == 3 and len(one.records) == 24 and one.result["completed"] == 24
     assert one.result["output_throughput"] == pytest.approx(sorted(r["output_throughput"] for r in one.repeats)[1])
-    assert all(c.agrees for c in one.cross_checks), "the /metrics window holds the repeats and no warm-up"
+    assert all(c.agrees for c in one.cross_checks + four.cross_checks), "the /metrics window: repeats, no warm-up"
     assert [(s.repeat, [q["index"] for q in s.requests]) for s in one.stalls] == [(2, [3])]
     assert four.stalls == [] and four.result["max_concurrency"] == 4
     save(tmp_path, points, server.target, plan, 1)
     saved = load_results(tmp_path)
-    assert saved[0]["num_warmups"] == 2 and saved[1]["num_warmups"] == 8
+    assert saved[0]["num_warmups"] == 2 and saved[1]["num_warmups"] == 4
     assert len(saved[0]["sparkbook"]["repeats"]) == 3 and saved[0]["sparkbook"]["stalls"][0]["repeat"] == 2
     rows = table(saved)
     assert rows[0]["repeats"] == 3 and rows[0]["stalled repeats"] == "2" and rows[1]["stalled repeats"] is None

@@ -159,23 +159,45 @@ async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Pr
                          int(usage.get("completion_tokens") or len(gaps) + 1))
 
 
-async def _load(target: Target, prompts: list[Prompt], output_len: int | list[int], concurrency: int,
+async def _load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
                 start_at: float | None) -> LoadResult:
     if start_at is not None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
     started, cpu0 = time.time(), time.thread_time()
-    lengths = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def limited(prompt: Prompt, length: int) -> RequestRecord:
+        async def limited(prompt: Prompt) -> RequestRecord:
             async with limit:
-                return await one_request(session, target, prompt, length)
+                return await one_request(session, target, prompt, output_len)
 
-        records = await asyncio.gather(*(limited(p, n) for p, n in zip(prompts, lengths, strict=True)))
+        records = await asyncio.gather(*(limited(p) for p in prompts))
     finished = max([started] + [r.done_at for r in records])
     chunks = sum(len(r.chunk_gaps_s) + 1 for r in records if r.ok)
     return LoadResult(list(records), started, finished, time.thread_time() - cpu0, chunks)
+
+
+async def _prefill_groups(target: Target, groups: list[list[Prompt]], companion: Prompt | None,
+                          companion_len: int) -> list[RequestRecord]:
+    """Each group's prompts sent together for one output token (prefill only), one group after another; with a
+    `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last)."""
+    records: list[RequestRecord] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def decode_beside() -> None:
+            while True:
+                await one_request(session, target, companion, companion_len)
+
+        beside = asyncio.create_task(decode_beside()) if companion is not None else None
+        try:
+            if beside is not None:
+                await asyncio.sleep(0.05)  # its prefill done: the groups' steps hold one decode each
+            for group in groups:
+                records += await asyncio.gather(*(one_request(session, target, p, 1) for p in group))
+        finally:
+            if beside is not None:
+                beside.cancel()
+                await asyncio.gather(beside, return_exceptions=True)
+    return records
 
 
 def _run(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
@@ -204,11 +226,17 @@ def served_models(target: Target) -> list[str]:
     return _run(_models(target), 60)
 
 
-def run_load(target: Target, prompts: list[Prompt], output_len: int | list[int], concurrency: int,
+def run_load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
              timeout_s: float, start_at: float | None = None) -> LoadResult:
-    """Send every prompt (`output_len` tokens each, or the i-th prompt output_len[i]), at most `concurrency` in
-    flight: a request is sent only when an earlier one has ended. The whole batch is bounded by `timeout_s`."""
+    """Send every prompt, at most `concurrency` in flight (a request goes only when an earlier one has ended);
+    the whole batch is bounded by `timeout_s`."""
     return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
+
+
+def prefill_groups(target: Target, groups: list[list[Prompt]], timeout_s: float, companion: Prompt | None = None,
+                   companion_len: int = 2) -> list[RequestRecord]:
+    """Prefill-only groups (see _prefill_groups), bounded by `timeout_s`: what they return is not measured."""
+    return _run(_prefill_groups(target, groups, companion, companion_len), timeout_s)
 
 
 def run_load_on_engine(target: dict[str, Any], prompts: list[Prompt], output_len: int, concurrency: int,

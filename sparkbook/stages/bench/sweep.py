@@ -19,11 +19,12 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from .client import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load, run_load_on_engine, text_prompts,
-                          tokenize)
+from .client import (TEMPERATURE, LoadResult, Prompt, Target, make_prompts, metrics, prefill_groups, run_load,
+                     run_load_on_engine, text_prompts, tokenize)
 from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, Stall, aggregate_repeats,
                                 client_load, cross_check, find_stall, known_bandwidth_gbs, point_timeout_s,
-                                prompt_seed, repeat_figures, summarize, warmup_lengths)
+                                prefill_groups as group_sizes, prompt_seed, repeat_figures, summarize,
+                                warmup_count)
 from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.errors import SparkbookError
 from ...core.nodes import Node
@@ -111,15 +112,24 @@ def prompt_pool(target: Target) -> list[int]:
     return sorted(set(tokenize(target)))
 
 
-def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int,
-            timeout_s: float) -> LoadResult | None:
-    """The point's warm-up (benchstats.warmup_lengths): distinct prompts, none shared with a measured repeat,
-    `concurrency` in flight, staggered lengths; not counted. None when the plan has no warm-up."""
-    lengths = warmup_lengths(plan, concurrency)
-    if not lengths:
-        return None
-    prompts = text_prompts(target, pool, len(lengths), plan.input_len, seed=prompt_seed(concurrency, -1))
-    return run_load(target, prompts, lengths, concurrency, timeout_s)
+def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> None:
+    """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
+    than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
+    of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
+    warmup_count full-length requests `concurrency` at a time."""
+    alone = group_sizes(plan, concurrency)
+    if not alone:
+        return
+    beside = [k for k in alone if k < concurrency]
+    ids = iter(make_prompts(pool, sum(alone) + sum(beside) + 1, plan.input_len, prompt_seed(concurrency, -2)))
+    companion = next(ids)
+    prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
+    if beside:
+        prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
+                       companion_len=plan.output_len)
+    prompts = text_prompts(target, pool, warmup_count(plan, concurrency), plan.input_len,
+                           seed=prompt_seed(concurrency, -1))
+    run_load(target, prompts, plan.output_len, concurrency, timeout_s)
 
 
 class BenchmarkError(SparkbookError):
@@ -220,7 +230,7 @@ def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) 
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "sparkbook", "endpoint_type": "vllm",
         "model_id": target.model, "base_url": target.base_url, "request_rate": "inf", "burstiness": 1.0,
         "random_input_len": plan.input_len, "random_output_len": plan.output_len,
-        "num_warmups": len(warmup_lengths(plan, point.result["max_concurrency"])),
+        "num_warmups": warmup_count(plan, point.result["max_concurrency"]),
         **point.result,
         "input_lens": [r.prompt_tokens for r in ok], "output_lens": [r.output_tokens for r in ok],
         "ttfts": [r.ttft_s for r in ok], "itls": [r.chunk_gaps_s for r in ok],

@@ -213,3 +213,14 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     (row,) = stall_rows(saved)
     assert (row["concurrency"], row["repeat"], row["requests hit"]) == (1, 2, 1)
     assert row["request index: TTFT ms"].startswith("3: ")
+
+
+def test_the_throughput_plot_draws_the_repeats_min_max():
+    from sparkbook.stages.bench.plot import throughput_figure
+    points = [{"max_concurrency": 1, "output_throughput": 250.0},
+              {"max_concurrency": 16, "output_throughput": 1157.0,
+               "sparkbook": {"repeats": [{"output_throughput": t} for t in (1043.0, 1157.0, 1216.0)]}}]
+    ax = throughput_figure(points).axes[0]
+    (bars,) = [c for c in ax.containers if c.get_label().startswith("output tok/s (this run")]
+    segments = bars.lines[2][0].get_segments()
+    assert [tuple(s[:, 1]) for s in segments] == [(250.0, 250.0), (1043.0, 1216.0)]

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .archive import MANIFEST, PARAMS_COPY, STATUSES, RunRecord, fmt, row, runs
+from .archive import MANIFEST, PARAMS_COPY, STATE, STATUSES, RunRecord, fmt, row, runs
 from .compare import Comparison
 
 SEVERITIES = ("blocker", "warning", "fact")
@@ -60,8 +60,15 @@ def _findings(r: RunRecord) -> str:
              f'{e(f.get("text"))}</li>' for s in SEVERITIES for f in by[s]]
     items += [f"<li>{e(f)}</li>" for f in other]
     counts = ", ".join(f"{len(by[s])} {s}(s)" for s in SEVERITIES)
-    return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>" if r.findings else \
-        "<h2>Findings</h2><p>none recorded (02-diagnosis did not run in this run dir)</p>"
+    if r.findings:
+        return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>"
+    if not any(nb.get("name", "").startswith("02") for nb in r.notebooks):
+        why = "02-diagnosis did not run in this run dir"
+    elif (r.run_dir / STATE).exists():
+        why = "02-diagnosis found nothing to report"
+    else:
+        why = f"this run dir keeps no {STATE}: the findings are in 02-diagnosis.ipynb"
+    return f"<h2>Findings</h2><p>none recorded ({e(why)})</p>"
 
 
 def _decision(d: dict[str, Any]) -> str:

@@ -117,7 +117,7 @@ def point_timeout_s(plan: BenchmarkPlan, concurrency: int) -> float:
 
 
 # --- warm-up, repeats and stalls ------------------------------------------------------------------
-STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times its median
+STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times the median (find_stall)
 
 
 def warmup_count(plan: BenchmarkPlan, concurrency: int) -> int:
@@ -132,7 +132,7 @@ def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
     those below `concurrency` again beside one decoding sequence). vLLM runs a step
     above its CUDA-graph sizes with the real token count, and its fused-MoE Triton kernel is compiled per config
     (nearest tuned M) and per divisibility of the token count: a step of k prefills (+ decodes) the warm-up did not
-    make compiles mid-measurement (measured on one H200: a 1.1 s stall of a whole wave, tests/gpu/bench_repeats)."""
+    make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s, tests/gpu/bench_repeats)."""
     return list(range(1, concurrency + 1)) if plan.warmup_requests else []
 
 
@@ -201,35 +201,46 @@ def repeat_spread(point: dict[str, Any], metric: str) -> Spread | None:
 
 @dataclass(frozen=True)
 class Stall:
-    """A repeat whose TTFT p99 exceeded STALL_FACTOR x its median, and the requests over that line."""
+    """A repeat whose TTFT p99 exceeded STALL_FACTOR x the median TTFT, and the requests over that line."""
 
     max_concurrency: int
     repeat: int
-    median_ttft_ms: float
+    median_ttft_ms: float  # this repeat's
+    baseline_ttft_ms: float  # the median the line is drawn from: the lowest of the point's repeats' medians
     p99_ttft_ms: float
     requests: list[dict[str, float]]  # {"index": position in the repeat's prompts, "ttft_ms", "sent_at_s": after the
     #                                    repeat's first request}
 
 
-def find_stall(records: list[RequestRecord], max_concurrency: int, repeat: int,
+def median_ttft_ms(records: list[RequestRecord]) -> float | None:
+    """Median TTFT of the completed requests, in ms (None without any)."""
+    ttfts = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
+    return 1000.0 * float(np.median(ttfts)) if ttfts else None
+
+
+def find_stall(records: list[RequestRecord], max_concurrency: int, repeat: int, baseline_ms: float | None = None,
                factor: float = STALL_FACTOR) -> Stall | None:
-    """The stall of one repeat (TTFT p99 > factor x median over its completed requests), or None."""
+    """The stall of one repeat, or None: its TTFT p99 above `factor` x the median, the median being the lower of
+    its own and `baseline_ms` (the point's calmest repeat: a stall that holds a wave of requests raises the
+    repeat's own median; measured on one H200, 12 of 64 requests at 1.11 s put it at 112 ms against 64 ms)."""
     timed = [(i, r) for i, r in enumerate(records) if r.ok and r.ttft_s is not None]
     if len(timed) < 2:
         return None
     ttfts = np.asarray([r.ttft_s for _, r in timed]) * 1000.0
     median, p99 = float(np.median(ttfts)), float(np.percentile(ttfts, 99))
-    if p99 <= factor * median:
+    base = min(median, baseline_ms) if baseline_ms else median
+    if p99 <= factor * base:
         return None
     start = min(r.sent_at for _, r in timed)
     hit = [{"index": i, "ttft_ms": round(r.ttft_s * 1000.0, 1), "sent_at_s": round(r.sent_at - start, 3)}
-           for i, r in timed if r.ttft_s * 1000.0 > factor * median]
-    return Stall(max_concurrency, repeat, median, p99, hit)
+           for i, r in timed if r.ttft_s * 1000.0 > factor * base]
+    return Stall(max_concurrency, repeat, median, base, p99, hit)
 
 
 def stall_rows(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per stalled repeat of the saved points (sparkbook.stalls): where, how bad, which requests."""
     return [{"concurrency": s["max_concurrency"], "repeat": s["repeat"], "TTFT ms p50": round(s["median_ttft_ms"], 1),
+             "TTFT ms p50 (calmest repeat)": round(s["baseline_ttft_ms"], 1),
              "TTFT ms p99": round(s["p99_ttft_ms"], 1), "requests hit": len(s["requests"]),
              "request index: TTFT ms": ", ".join(f"{q['index']}: {q['ttft_ms']:,.0f}" for q in s["requests"])}
             for p in points for s in (p.get("sparkbook") or {}).get("stalls") or []]

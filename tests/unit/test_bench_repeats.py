@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from sparkbook.core.benchstats import (RequestRecord, aggregate_repeats, compare, find_stall, point_timeout_s,
+from sparkbook.core.benchstats import (RequestRecord, aggregate_repeats, compare, find_stall, median_ttft_ms,
+                                       point_timeout_s,
                                        prefill_groups, prompt_seed, repeat_spread, spread, stall_rows, table,
                                        warmup_count)
 from sparkbook.core.params import BenchmarkPlan, Params
@@ -145,6 +146,25 @@ def test_stall_is_p99_over_ten_times_the_median_and_names_its_requests():
     assert stall.requests[0]["sent_at_s"] == 100.5 and stall.p99_ttft_ms > 10 * stall.median_ttft_ms
     one_slow = calm[:-1] + [rec(0.6, sent=40)]  # 10x the median, but p99 of 32 interpolates below it
     assert find_stall(one_slow, 16, 0) is None
+
+
+def test_a_stall_that_holds_a_whole_wave_is_measured_against_the_calmest_repeat():
+    """The H200 record (outputs/h200-duo-mp/bench-repeats, session 1, the three repeats measured first on a fresh
+    server): in repeat 1, 12 of 64 requests (one wave) waited 1.11 s for a fused-MoE kernel compile. That wave raised
+    the repeat's own median TTFT to 112 ms, and p99 was 9.9x of it; against the calmest repeat's median it is 17x."""
+    path = Path("outputs/h200-duo-mp/bench-repeats/session1-staggered-warmup/after-r0.json")
+    repeats = [[RequestRecord(q["ok"], q["sent_at"], q["ttft_s"], q["ttft_s"] + 3.0, [], [], 64, 256)
+                for q in run["requests"]] for run in json.loads(path.read_text())["runs"]]
+    assert find_stall(repeats[1], 16, 1) is None, "its own median hides it"
+    baseline = min(median_ttft_ms(r) for r in repeats)
+    assert baseline == pytest.approx(63.9, abs=0.5)
+    stall = find_stall(repeats[1], 16, 1, baseline)
+    assert stall is not None and stall.baseline_ttft_ms == baseline and stall.median_ttft_ms > 100
+    assert [q["index"] for q in stall.requests] == list(range(36, 48))
+    assert {round(q["ttft_ms"], -1) for q in stall.requests} == {1110.0}
+    sent = [q["sent_at_s"] for q in stall.requests]
+    assert max(sent) - min(sent) < 0.01, "one wave, sent together"
+    assert [find_stall(r, 16, i, baseline) for i, r in enumerate(repeats) if i != 1] == [None, None]
 
 
 def test_compare_uses_the_repeats_spread_as_noise():

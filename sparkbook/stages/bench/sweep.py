@@ -22,9 +22,9 @@ import aiohttp
 from .client import (TEMPERATURE, LoadResult, Prompt, Target, make_prompts, metrics, prefill_groups, run_load,
                      run_load_on_engine, text_prompts, tokenize)
 from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, Stall, aggregate_repeats,
-                                client_load, cross_check, find_stall, known_bandwidth_gbs, point_timeout_s,
-                                prefill_groups as group_sizes, prompt_seed, repeat_figures, summarize,
-                                warmup_count)
+                                client_load, cross_check, find_stall, known_bandwidth_gbs, median_ttft_ms,
+                                point_timeout_s, prefill_groups as group_sizes, prompt_seed, repeat_figures,
+                                summarize, warmup_count)
 from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.errors import SparkbookError
 from ...core.nodes import Node
@@ -171,7 +171,8 @@ def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurr
                            sum(load.chunks for load in loads), sum(load.cpu_s for load in loads),
                            sum(load.finished_at - load.started_at for load in loads))
                for i, loads in enumerate(zip(*runs))]
-    stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r))]
+    baseline = min((m for m in map(median_ttft_ms, by_repeat) if m is not None), default=None)
+    stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r, baseline))]
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
                  stalls)
 

@@ -20,6 +20,7 @@ from sparkbook.core.benchstats import (RequestRecord, aggregate_repeats, compare
                                        prefill_groups, prompt_seed, repeat_spread, spread, stall_rows, table,
                                        warmup_count)
 from sparkbook.core.params import BenchmarkPlan, Params
+from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import Target, make_prompts, run_load
 from sparkbook.stages.bench.sweep import save, sweep, local_runner, load_results
 
@@ -27,8 +28,9 @@ from sparkbook.stages.bench.sweep import save, sweep, local_runner, load_results
 class FakeServer:
     """A vLLM-like completions server on 127.0.0.1 in a thread of its own."""
 
-    def __init__(self, step_s: float = 0.001, slow_first_chunk: dict[int, float] | None = None):
-        self.step_s, self.slow = step_s, slow_first_chunk or {}
+    def __init__(self, step_s: float = 0.001, slow_first_chunk: dict[int, float] | None = None,
+                 refuse: str | None = None):
+        self.step_s, self.slow, self.refuse = step_s, slow_first_chunk or {}, refuse
         self.prompts: list[str] = []
         self.in_flight = self.max_in_flight = 0
         self.generated = self.prefilled = 0
@@ -49,6 +51,8 @@ class FakeServer:
         body = await request.json()
         number = len(self.prompts)
         self.prompts.append(body["prompt"])
+        if str(body["prompt"]) == self.refuse:
+            return web.Response(status=400, text="maximum context length exceeded")
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:  # a request the client cancels (the warm-up's decoding companion) ends here too
@@ -201,6 +205,17 @@ def test_admission_never_above_the_concurrency():
         server.max_in_flight = 0
         run_load(server.target, [f"again {i}" for i in range(7)], 10, 1, 30)
         assert server.max_in_flight == 1
+
+
+def test_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
+    groups = [[f"g{k}-{i}" for i in range(k)] for k in (1, 2, 3)]
+    with FakeServer(step_s=0.002) as server:
+        records = client.prefill_groups(server.target, groups, 30, companion="companion", companion_len=30)
+        assert [r.output_tokens for r in records] == [1] * 6 and server.max_in_flight == 4
+        assert "companion" in server.prompts
+    with FakeServer(refuse="refused") as server:
+        records = client.prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
+        assert all(r.ok for r in records) and server.prompts.count("refused") == 1, "no flood of refused requests"
 
 
 def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: Path):

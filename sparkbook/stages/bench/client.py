@@ -180,12 +180,13 @@ async def _load(target: Target, prompts: list[Prompt], output_len: int, concurre
 async def _prefill_groups(target: Target, groups: list[list[Prompt]], companion: Prompt | None,
                           companion_len: int) -> list[RequestRecord]:
     """Each group's prompts sent together for one output token (prefill only), one group after another; with a
-    `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last)."""
+    `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last group;
+    given up when the server refuses it)."""
     records: list[RequestRecord] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def decode_beside() -> None:
-            while True:
-                await one_request(session, target, companion, companion_len)
+            while (await one_request(session, target, companion, companion_len)).ok:
+                pass
 
         beside = asyncio.create_task(decode_beside()) if companion is not None else None
         try:

@@ -108,20 +108,160 @@ POINT_SLACK_S = 120.0
 
 
 def point_timeout_s(plan: BenchmarkPlan, concurrency: int) -> float:
-    """How long one point (warm-up, then `num_prompts` requests `concurrency` at a time) may take: its rounds of
-    requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the plan, so a slow
-    node serving long outputs (32 x 1024 tokens at 27 tok/s) is measured, not cut off at a fixed limit."""
-    rounds = math.ceil(plan.num_prompts / concurrency) + math.ceil(plan.warmup_requests / concurrency)
+    """How long one point (warm-up, then `repeats` x `num_prompts` requests `concurrency` at a time) may take: its
+    rounds of requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the plan, so a
+    slow node serving long outputs (32 x 1024 tokens at 27 tok/s) is measured, not cut off at a fixed limit."""
+    rounds = (plan.repeats * math.ceil(plan.num_prompts / concurrency)
+              + math.ceil(warmup_count(plan, concurrency) / concurrency))
     return POINT_SLACK_S + rounds * plan.output_len / SLOWEST_DECODE_TOK_S
 
 
+# --- warm-up, repeats and stalls ------------------------------------------------------------------
+STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times the median (find_stall)
+
+
+def warmup_count(plan: BenchmarkPlan, concurrency: int) -> int:
+    """Full-length warm-up requests of a point: none when `warmup_requests` is 0, else max(warmup_requests,
+    concurrency), sent `concurrency` at a time (the batch the measurement decodes)."""
+    return max(plan.warmup_requests, concurrency) if plan.warmup_requests else 0
+
+
+def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
+    """Sizes of the prefill-only groups a point's warm-up sends first (none without warm-up): 1 .. concurrency
+    prompts arriving together, i.e. every number of prefills a step of the measurement can hold (sent alone, and
+    those below `concurrency` again beside one decoding sequence). vLLM runs a step
+    above its CUDA-graph sizes with the real token count, and its fused-MoE Triton kernel is compiled per config
+    (nearest tuned M) and per divisibility of the token count: a step of k prefills (+ decodes) the warm-up did not
+    make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s, tests/gpu/bench_repeats)."""
+    return list(range(1, concurrency + 1)) if plan.warmup_requests else []
+
+
+def prompt_seed(concurrency: int, repeat: int) -> int:
+    """The prompt seed of one repeat of a point (repeat -1: its warm-up): distinct for every concurrency and repeat,
+    so no repeat finds another's prompts in the prefix cache."""
+    return concurrency * 1000 + repeat + 1
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One metric over a point's repeats: the median reported, and how far the repeats lie apart."""
+
+    median: float
+    low: float
+    high: float
+    stdev_pct: float  # sample standard deviation of the repeats, % of the median (0 with one repeat)
+    values: list[float]
+
+    @property
+    def range_pct(self) -> float:
+        """(max - min) / median, in %."""
+        return 100.0 * (self.high - self.low) / abs(self.median) if self.median else 0.0
+
+
+def spread(values: list[float]) -> Spread:
+    """Median, min, max and the sample standard deviation (% of the median) of a metric's repeat values."""
+    median = float(np.median(values))
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return Spread(median, float(min(values)), float(max(values)), 100.0 * std / abs(median) if median else 0.0,
+                  [float(v) for v in values])
+
+
+# Counts over a point's repeats add up; every other numeric field is the median of the repeats'.
+SUMMED = ("num_prompts", "completed", "failed", "duration", "total_input_tokens", "total_output_tokens")
+# The per-repeat figures kept in a point's record (its spread and the noise band of comparisons).
+REPEAT_METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+                  "p99_tpot_ms", "median_itl_per_token_ms", "median_e2el_ms")
+
+
+def aggregate_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One point from its repeats' summaries: counts summed, every other figure the median of the repeats'
+    (None where a repeat has none)."""
+    out: dict[str, Any] = {"max_concurrency": results[0]["max_concurrency"]}
+    for key in results[0]:
+        if key == "max_concurrency":
+            continue
+        values = [r[key] for r in results]
+        if key in SUMMED:
+            out[key] = sum(values)
+        else:
+            out[key] = None if any(v is None for v in values) else float(np.median(values))
+    return out
+
+
+def repeat_figures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The REPEAT_METRICS of each repeat, in order (what a point's record keeps of them)."""
+    return [{k: r.get(k) for k in REPEAT_METRICS} for r in results]
+
+
+def repeat_spread(point: dict[str, Any], metric: str) -> Spread | None:
+    """The spread of `metric` over a saved point's repeats (sparkbook.repeats), None without repeats."""
+    values = [r.get(metric) for r in (point.get("sparkbook") or {}).get("repeats") or []]
+    return spread(values) if values and None not in values else None
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A repeat whose TTFT p99 exceeded STALL_FACTOR x the median TTFT, and the requests over that line."""
+
+    max_concurrency: int
+    repeat: int
+    median_ttft_ms: float  # this repeat's
+    baseline_ttft_ms: float  # the median the line is drawn from: the lowest of the point's repeats' medians
+    p99_ttft_ms: float
+    requests: list[dict[str, float]]  # {"index": position in the repeat's prompts, "ttft_ms", "sent_at_s": after the
+    #                                    repeat's first request}
+
+
+def median_ttft_ms(records: list[RequestRecord]) -> float | None:
+    """Median TTFT of the completed requests, in ms (None without any)."""
+    ttfts = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
+    return 1000.0 * float(np.median(ttfts)) if ttfts else None
+
+
+def find_stall(records: list[RequestRecord], max_concurrency: int, repeat: int, baseline_ms: float | None = None,
+               factor: float = STALL_FACTOR) -> Stall | None:
+    """The stall of one repeat, or None: its TTFT p99 above `factor` x the median, the median being the lower of
+    its own and `baseline_ms` (the point's calmest repeat: a stall that holds a wave of requests raises the
+    repeat's own median; measured on one H200, 12 of 64 requests at 1.11 s put it at 112 ms against 64 ms)."""
+    timed = [(i, r) for i, r in enumerate(records) if r.ok and r.ttft_s is not None]
+    if len(timed) < 2:
+        return None
+    ttfts = np.asarray([r.ttft_s for _, r in timed]) * 1000.0
+    median, p99 = float(np.median(ttfts)), float(np.percentile(ttfts, 99))
+    base = min(median, baseline_ms) if baseline_ms else median
+    if p99 <= factor * base:
+        return None
+    start = min(r.sent_at for _, r in timed)
+    hit = [{"index": i, "ttft_ms": round(r.ttft_s * 1000.0, 1), "sent_at_s": round(r.sent_at - start, 3)}
+           for i, r in timed if r.ttft_s * 1000.0 > factor * base]
+    return Stall(max_concurrency, repeat, median, base, p99, hit)
+
+
+def stall_rows(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per stalled repeat of the saved points (sparkbook.stalls): where, how bad, which requests."""
+    return [{"concurrency": s["max_concurrency"], "repeat": s["repeat"], "TTFT ms p50": round(s["median_ttft_ms"], 1),
+             "TTFT ms p50 (calmest repeat)": round(s["baseline_ttft_ms"], 1),
+             "TTFT ms p99": round(s["p99_ttft_ms"], 1), "requests hit": len(s["requests"]),
+             "request index: TTFT ms": ", ".join(f"{q['index']}: {q['ttft_ms']:,.0f}" for q in s["requests"])}
+            for p in points for s in (p.get("sparkbook") or {}).get("stalls") or []]
+
+
 def table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per sweep point with the numbers a reader compares first (rounded)."""
+    """One row per saved sweep point with the numbers a reader compares first (rounded): the medians over its
+    repeats, the output throughput's min-max and standard deviation over them, and the repeats that stalled."""
     def r(value: float | None, digits: int = 1) -> float | None:
         return None if value is None else round(value, digits)
 
+    def extras(p: dict[str, Any]) -> dict[str, Any]:
+        tput = repeat_spread(p, "output_throughput")
+        stalls = (p.get("sparkbook") or {}).get("stalls") or []
+        return {"repeats": len(tput.values) if tput else 1,
+                "tok/s min-max": f"{tput.low:,.1f}-{tput.high:,.1f}" if tput else None,
+                "stdev %": r(tput.stdev_pct, 2) if tput else None,
+                "stalled repeats": ", ".join(str(s["repeat"]) for s in stalls) or None}
+
     return [{"concurrency": p["max_concurrency"], "completed": p["completed"], "failed": p["failed"],
-             "output tok/s": r(p["output_throughput"]), "req/s": r(p["request_throughput"], 2),
+             "output tok/s": r(p["output_throughput"]), **extras(p), "req/s": r(p["request_throughput"], 2),
              "TTFT ms p50": r(p["median_ttft_ms"]), "TTFT p99": r(p["p99_ttft_ms"]),
              "TPOT ms p50": r(p["median_tpot_ms"], 2), "TPOT p99": r(p["p99_tpot_ms"], 2),
              "ITL/chunk p50": r(p["median_itl_ms"], 2), "ITL/token p50": r(p["median_itl_per_token_ms"], 2),
@@ -321,7 +461,12 @@ class Delta:
 
 
 def _relative_noise_pct(point: dict[str, Any], metric: str) -> float:
-    """Relative standard error of a mean/median latency metric (median: 1.253 × that of the mean)."""
+    """Relative standard error of a point's metric, in %. With two or more repeats: from their spread (the
+    run-to-run noise; the median of n repeats: 1.253 x stdev / sqrt(n)). Else, for a mean/median latency metric,
+    from its requests (median: 1.253 × the mean's); 0 for throughput of a single run."""
+    repeats = repeat_spread(point, metric)
+    if repeats and len(repeats.values) > 1:
+        return 1.2533 * repeats.stdev_pct / math.sqrt(len(repeats.values))
     stat, _, rest = metric.partition("_")
     std, n, centre = point.get(f"std_{rest}"), point.get("completed") or 0, point.get(metric)
     if stat not in ("mean", "median") or std is None or not centre or n < 2:
@@ -334,8 +479,8 @@ def compare(now: Iterable[dict[str, Any]], earlier: Iterable[dict[str, Any]], me
             floor_pct: float = 5.0, sigmas: float = 2.0) -> list[Delta]:
     """Per concurrency and metric: the change, and `worse` when it is in the bad direction beyond the noise.
 
-    Noise = max(floor_pct, sigmas × the two runs' relative standard errors combined); throughput has only
-    the floor (one number per point).
+    Noise = max(floor_pct, sigmas × the two runs' relative standard errors combined): from the repeats of a point
+    where it has them, else from its requests; throughput of a single run has only the floor (one number).
     """
     before = {p["max_concurrency"]: p for p in earlier}
     deltas = []

@@ -1,8 +1,8 @@
 """Two runs side by side: what changed (params, image and versions, decisions) and what it did to the figures.
 
 The sweep points are compared by core.benchstats.compare: per concurrency and metric the % change and the noise
-band (the larger of a 5 % floor and twice the runs' combined relative standard error over their requests), so a
-move inside the band is not called a regression.
+band (the larger of a 5 % floor and twice the runs' combined relative standard error: over a point's repeats where
+it has them, else over its requests), so a move inside the band is not called a regression.
 """
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ class Comparison:
                   + (f"  ({f.change_pct:+.1f} %)" if f.change_pct is not None else "") for f in self.figures]
         if not sweep:
             return "\n".join(lines)
-        lines += ["", "sweep points (B against A; noise band = max(5 %, 2 x combined relative standard error)):"]
+        lines += ["", "sweep points (B against A; noise band = max(5 %, 2 x combined relative standard error, "
+                      "over repeats where a point has them)):"]
         lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} % "
                   f"(noise +-{d.noise_pct:.1f} %){'  WORSE' if d.worse else ''}" for d in self.deltas] or [
             "  no concurrency measured in both"]

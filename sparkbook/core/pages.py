@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .archive import MANIFEST, PARAMS_COPY, STATUSES, RunRecord, fmt, row, runs
+from .archive import MANIFEST, PARAMS_COPY, STATE, STATUSES, RunRecord, fmt, row, runs
 from .compare import Comparison
 
 SEVERITIES = ("blocker", "warning", "fact")
@@ -60,8 +60,15 @@ def _findings(r: RunRecord) -> str:
              f'{e(f.get("text"))}</li>' for s in SEVERITIES for f in by[s]]
     items += [f"<li>{e(f)}</li>" for f in other]
     counts = ", ".join(f"{len(by[s])} {s}(s)" for s in SEVERITIES)
-    return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>" if r.findings else \
-        "<h2>Findings</h2><p>none recorded (02-diagnosis did not run in this run dir)</p>"
+    if r.findings:
+        return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>"
+    if not any(nb.get("name", "").startswith("02") for nb in r.notebooks):
+        why = "02-diagnosis did not run in this run dir"
+    elif (r.run_dir / STATE).exists():
+        why = "02-diagnosis found nothing to report"
+    else:
+        why = f"this run dir keeps no {STATE}: the findings are in 02-diagnosis.ipynb"
+    return f"<h2>Findings</h2><p>none recorded ({e(why)})</p>"
 
 
 def _decision(d: dict[str, Any]) -> str:
@@ -160,7 +167,8 @@ def compare_page(c: Comparison, here: Path) -> str:
             f"<h2>Params that differ</h2>{'<p>' + e(c.params_note) + '</p>' if c.params_note else ''}"
             f"{_table(params)}<h2>Image and versions</h2>{_table(image)}<h2>Decisions that differ</h2>"
             f"{_table(decisions)}<h2>Figures</h2>{_table(figures)}<h2>Sweep points</h2><p>noise band: the larger of "
-            f"5 % and twice the runs' combined relative standard error over their requests</p>"
+            f"5 % and twice the runs' combined relative standard error (over a point's repeats where it has them, "
+            f"else over its requests)</p>"
             f"{_table(deltas, raw=('verdict',))}")
     return _page(f"sparkbook compare {c.a.run_id} {c.b.run_id}", body)
 

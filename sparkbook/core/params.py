@@ -228,9 +228,10 @@ class BenchmarkPlan(Strict):
     output_len: int = Field(128, ge=2)
     num_prompts: int = Field(32, ge=1)
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = [1, 2, 4, 8, 16]
-    warmup_requests: int = Field(2, ge=0)
-    warmup_at_concurrency: bool = Field(False, description="warm up each point with at least `concurrency` requests "
-                                        "all in flight (kernels compiled for that batch size before measuring)")
+    warmup_requests: int = Field(2, ge=0, description="warm-up per point (0: none): max(this, 2 x concurrency) "
+                                 "distinct prompts, `concurrency` in flight, staggered output lengths, not counted")
+    repeats: int = Field(1, ge=1, le=20, description="measurements per point after its warm-up, fresh prompts each; "
+                         "the point reports their median and spread (default 3 where the nodes list GPUs, else 1)")
     clients: int = Field(1, ge=1, le=64)
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
 
@@ -275,6 +276,19 @@ class Params(Strict):
     def secret_values(self) -> dict[str, str]:
         """The named secrets as this controller's environment holds them (those it lacks are left out)."""
         return {name: os.environ[name] for name in self.secrets if os.environ.get(name)}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_repeats(cls, data: Any) -> Any:
+        """benchmark.repeats unset: 3 where the nodes list GPUs (their batched points move between identical runs),
+        else 1 (the lab's CPU vLLM)."""
+        if not isinstance(data, dict) or not isinstance(data.get("benchmark") or {}, dict):
+            return data
+        bench = dict(data.get("benchmark") or {})
+        if "repeats" not in bench:
+            nodes = data.get("nodes") if isinstance(data.get("nodes"), list) else []
+            bench["repeats"] = 3 if any(isinstance(n, dict) and n.get("gpus") for n in nodes) else 1
+        return {**data, "benchmark": bench}
 
     @model_validator(mode="after")
     def _cluster_consistent(self) -> Params:

@@ -5,8 +5,8 @@
   bench_pair.py table OUT_DIR                   the two JSON files side by side, with the ratio runbook / plain
   bench_pair.py agree BASE_URL MODEL TOKENIZER OUT ROUNDS  sparkbook's client and `vllm bench serve` alternating on
                                                 one server at C=1 and C=8, ROUNDS times; medians side by side (issue 6)
-Same load for both: the params' input_len / output_len, PAIR_PROMPTS prompts per point (default 32), warm-up of
-max(2, C) requests with C in flight before each point (the fused-MoE kernels compile for that batch size first).
+Same load for both: the params' input_len / output_len, PAIR_PROMPTS prompts per point (default 32), the sweep's
+warm-up before each point (distinct prompts, C in flight, staggered lengths: benchstats.warmup_lengths).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def env(params_file: str) -> None:
 
 def bench(label: str, base_url: str, model: str, out: str, prompts: int, input_len: int, output_len: int) -> None:
     plan = BenchmarkPlan(input_len=input_len, output_len=output_len, num_prompts=prompts, concurrency=[1, 16],
-                         warmup_requests=2, warmup_at_concurrency=True)
+                         warmup_requests=2)
     target = Target(base_url, model)
     points = sweep(target, plan, local_runner(target),
                    on_point=lambda p: print(f"{label} C={p.result['max_concurrency']}: "
@@ -62,8 +62,7 @@ AGREE = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 
 def agree(base_url: str, model: str, tokenizer: str, out: str, rounds: int) -> None:
     """Alternate the two clients on one server; each round: sparkbook C=1 and C=8, then vllm bench C=1 and C=8."""
-    plan = BenchmarkPlan(input_len=64, output_len=128, num_prompts=32, concurrency=[1, 8], warmup_requests=2,
-                         warmup_at_concurrency=True)
+    plan = BenchmarkPlan(input_len=64, output_len=128, num_prompts=32, concurrency=[1, 8], warmup_requests=2)
     target, folder = Target(base_url, model), Path(out)
     runs: dict[str, dict[int, list[dict]]] = {"sparkbook": {1: [], 8: []}, "vllm": {1: [], 8: []}}
     for r in range(rounds):

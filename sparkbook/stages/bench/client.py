@@ -177,6 +177,30 @@ async def _load(target: Target, prompts: list[Prompt], output_len: int, concurre
     return LoadResult(list(records), started, finished, time.thread_time() - cpu0, chunks)
 
 
+async def _prefill_groups(target: Target, groups: list[list[Prompt]], companion: Prompt | None,
+                          companion_len: int) -> list[RequestRecord]:
+    """Each group's prompts sent together for one output token (prefill only), one group after another; with a
+    `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last group;
+    given up when the server refuses it)."""
+    records: list[RequestRecord] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def decode_beside() -> None:
+            while (await one_request(session, target, companion, companion_len)).ok:
+                pass
+
+        beside = asyncio.create_task(decode_beside()) if companion is not None else None
+        try:
+            if beside is not None:
+                await asyncio.sleep(0.05)  # its prefill done: the groups' steps hold one decode each
+            for group in groups:
+                records += await asyncio.gather(*(one_request(session, target, p, 1) for p in group))
+        finally:
+            if beside is not None:
+                beside.cancel()
+                await asyncio.gather(beside, return_exceptions=True)
+    return records
+
+
 def _run(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
     """Run a coroutine on a fresh event loop in a worker thread (works inside a kernel's running loop)."""
     with ThreadPoolExecutor(1) as pool:
@@ -205,8 +229,15 @@ def served_models(target: Target) -> list[str]:
 
 def run_load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
              timeout_s: float, start_at: float | None = None) -> LoadResult:
-    """Send every prompt, at most `concurrency` in flight; the whole batch is bounded by `timeout_s`."""
+    """Send every prompt, at most `concurrency` in flight (a request goes only when an earlier one has ended);
+    the whole batch is bounded by `timeout_s`."""
     return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
+
+
+def prefill_groups(target: Target, groups: list[list[Prompt]], timeout_s: float, companion: Prompt | None = None,
+                   companion_len: int = 2) -> list[RequestRecord]:
+    """Prefill-only groups (see _prefill_groups), bounded by `timeout_s`: what they return is not measured."""
+    return _run(_prefill_groups(target, groups, companion, companion_len), timeout_s)
 
 
 def run_load_on_engine(target: dict[str, Any], prompts: list[Prompt], output_len: int, concurrency: int,

@@ -5,7 +5,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from ...core.benchstats import BatchCeiling
+from ...core.benchstats import BatchCeiling, repeat_spread
 
 
 def _concurrency_axis(ax: Any, concurrency: list[int]) -> None:
@@ -17,11 +17,17 @@ def _concurrency_axis(ax: Any, concurrency: list[int]) -> None:
 
 def throughput_figure(points: list[dict[str, Any]], ceilings: list[BatchCeiling] | None = None,
                       earlier: list[dict[str, Any]] | None = None) -> Figure:
-    """Output tokens/s against concurrency; the decode ceiling at each concurrency and an earlier run when given."""
+    """Output tokens/s (median of the repeats, their min-max as error bars) against concurrency; the decode ceiling
+    at each concurrency and an earlier run when given."""
     fig = Figure(figsize=(6.5, 4))
     ax = fig.subplots()
     conc = [p["max_concurrency"] for p in points]
-    ax.plot(conc, [p["output_throughput"] for p in points], "o-", label="output tok/s (this run)")
+    tput = [p["output_throughput"] for p in points]
+    spreads = [repeat_spread(p, "output_throughput") for p in points]
+    bars = [[t - s.low if s else 0.0 for t, s in zip(tput, spreads)],
+            [s.high - t if s else 0.0 for t, s in zip(tput, spreads)]]
+    ax.errorbar(conc, tput, yerr=bars, fmt="o-", capsize=3,
+                label="output tok/s (this run; median, min-max of the repeats)")
     if earlier:
         ax.plot([p["max_concurrency"] for p in earlier], [p["output_throughput"] for p in earlier], "s--",
                 alpha=0.6, label="output tok/s (earlier run)")

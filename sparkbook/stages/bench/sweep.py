@@ -1,7 +1,8 @@
 """The benchmark stage: warm-up, a concurrency sweep from one or several load generators, results on disk.
 
-Each sweep point: warm-up requests (not counted) → scrape /metrics → the load → scrape again → a summary
-with `vllm bench serve`'s field names, the server-side token cross-check and the client's own CPU cost.
+Each sweep point: warm-up requests (not counted; distinct prompts at the point's concurrency) → scrape /metrics →
+`repeats` loads of fresh prompts → scrape again → the median and spread of the repeats' summaries with
+`vllm bench serve`'s field names, stalled repeats, the server-side token cross-check and the client's own CPU cost.
 With `clients > 1` the load runs on that many local ipyparallel engines, concurrency split between them,
 started together at an agreed wall-clock instant; their per-request records are merged.
 """
@@ -18,10 +19,12 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from .client import (TEMPERATURE, LoadResult, Prompt, Target, metrics, run_load, run_load_on_engine, text_prompts,
-                          tokenize)
-from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, client_load, cross_check,
-                                known_bandwidth_gbs, point_timeout_s, summarize)
+from .client import (TEMPERATURE, LoadResult, Prompt, Target, make_prompts, metrics, prefill_groups, run_load,
+                     run_load_on_engine, text_prompts, tokenize)
+from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, Stall, aggregate_repeats,
+                                client_load, cross_check, find_stall, known_bandwidth_gbs, median_ttft_ms,
+                                point_timeout_s, prefill_groups as group_sizes, prompt_seed, repeat_figures,
+                                summarize, warmup_count)
 from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.errors import SparkbookError
 from ...core.nodes import Node
@@ -34,12 +37,14 @@ COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_
 
 @dataclass(frozen=True)
 class Point:
-    """One concurrency of the sweep: the vLLM-named result and the evidence around it."""
+    """One concurrency of the sweep: the vLLM-named result (medians over the repeats) and the evidence around it."""
 
     result: dict[str, Any]
     cross_checks: list[CrossCheck]
-    clients: list[ClientLoad]
-    records: list[RequestRecord]
+    clients: list[ClientLoad]  # per load generator, summed over the repeats
+    records: list[RequestRecord]  # every repeat's, in order
+    repeats: list[dict[str, Any]]  # each repeat's REPEAT_METRICS
+    stalls: list[Stall]
 
 
 class LoadRunner(Protocol):
@@ -107,13 +112,24 @@ def prompt_pool(target: Target) -> list[int]:
     return sorted(set(tokenize(target)))
 
 
-def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> LoadResult:
-    """`warmup_requests` full-length requests at min(concurrency, warmup_requests) in flight; not counted.
-    With `warmup_at_concurrency`, max(warmup_requests, concurrency) requests at `concurrency` in flight: the
-    server then compiles what that batch size needs (vLLM's fused-MoE kernels) before the measurement."""
-    n = max(plan.warmup_requests, concurrency) if plan.warmup_at_concurrency else plan.warmup_requests
-    prompts = text_prompts(target, pool, n, plan.input_len, seed=-concurrency)
-    return run_load(target, prompts, plan.output_len, max(1, min(concurrency, n)), timeout_s)
+def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> None:
+    """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
+    than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
+    of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
+    warmup_count full-length requests `concurrency` at a time."""
+    alone = group_sizes(plan, concurrency)
+    if not alone:
+        return
+    beside = [k for k in alone if k < concurrency]
+    ids = iter(make_prompts(pool, sum(alone) + sum(beside) + 1, plan.input_len, prompt_seed(concurrency, -2)))
+    companion = next(ids)
+    prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
+    if beside:
+        prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
+                       companion_len=plan.output_len)
+    prompts = text_prompts(target, pool, warmup_count(plan, concurrency), plan.input_len,
+                           seed=prompt_seed(concurrency, -1))
+    run_load(target, prompts, plan.output_len, concurrency, timeout_s)
 
 
 class BenchmarkError(SparkbookError):
@@ -128,7 +144,7 @@ class ServerGone(BenchmarkError):
 
 def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
                   timeout_s: float) -> Point:
-    """Warm up, then run `num_prompts` fresh prompts at `concurrency` between two /metrics scrapes.
+    """Warm up, then `repeats` times `num_prompts` fresh prompts at `concurrency`, between two /metrics scrapes.
     Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
     try:
         return _measure_point(target, plan, pool, concurrency, runner, timeout_s)
@@ -140,19 +156,25 @@ def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurre
 
 def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
                    timeout_s: float) -> Point:
-    if plan.warmup_requests:
-        warm_up(target, plan, pool, concurrency, timeout_s)
-    prompts = text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=concurrency)
+    warm_up(target, plan, pool, concurrency, timeout_s)
+    prompt_sets = [text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=prompt_seed(concurrency, r))
+                   for r in range(plan.repeats)]
     before = metrics(target)
-    loads = runner(prompts, plan.output_len, concurrency, timeout_s)
+    runs = [runner(prompts, plan.output_len, concurrency, timeout_s) for prompts in prompt_sets]
     after = metrics(target)
-    records = [r for load in loads for r in load.records]
-    duration = max(load.finished_at for load in loads) - min(load.started_at for load in loads)
-    result = summarize(records, duration, concurrency)
+    by_repeat = [[r for load in loads for r in load.records] for loads in runs]
+    summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
+                           concurrency) for records, loads in zip(by_repeat, runs)]
+    result = aggregate_repeats(summaries)
     checks = cross_check(before, after, {name: result[field] for name, field in COUNTERS.items()})
-    clients = [client_load(i, sum(r.output_tokens for r in load.records if r.ok), load.chunks, load.cpu_s,
-                           load.finished_at - load.started_at) for i, load in enumerate(loads)]
-    return Point(result, checks, clients, records)
+    clients = [client_load(i, sum(r.output_tokens for load in loads for r in load.records if r.ok),
+                           sum(load.chunks for load in loads), sum(load.cpu_s for load in loads),
+                           sum(load.finished_at - load.started_at for load in loads))
+               for i, loads in enumerate(zip(*runs))]
+    baseline = min((m for m in map(median_ttft_ms, by_repeat) if m is not None), default=None)
+    stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r, baseline))]
+    return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
+                 stalls)
 
 
 def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner,
@@ -208,12 +230,15 @@ def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) 
     return {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "sparkbook", "endpoint_type": "vllm",
         "model_id": target.model, "base_url": target.base_url, "request_rate": "inf", "burstiness": 1.0,
-        "random_input_len": plan.input_len, "random_output_len": plan.output_len, "num_warmups": plan.warmup_requests,
+        "random_input_len": plan.input_len, "random_output_len": plan.output_len,
+        "num_warmups": warmup_count(plan, point.result["max_concurrency"]),
         **point.result,
         "input_lens": [r.prompt_tokens for r in ok], "output_lens": [r.output_tokens for r in ok],
         "ttfts": [r.ttft_s for r in ok], "itls": [r.chunk_gaps_s for r in ok],
         "errors": [r.error for r in point.records],
         "sparkbook": {"load_generators": clients, "itl_definition": "per chunk (vLLM); itl_per_token: per token",
+                      "aggregation": "counts summed over the repeats, every other figure their median",
+                      "repeats": point.repeats, "stalls": [asdict(s) for s in point.stalls],
                       "server_cross_check": [asdict(c) for c in point.cross_checks],
                       "client_load": [asdict(c) for c in point.clients],
                       "chunk_tokens": [r.chunk_tokens for r in ok]},

@@ -1,0 +1,79 @@
+"""Every link of every committed HTML page under outputs/ (the cluster indexes, each run's index.html) resolves to a
+file committed in the repo, so the pages open on a clean clone with no broken links (issue 18, item 6)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tracked(pattern: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--", pattern], cwd=REPO, capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return [p for p in out.split("\0") if p]
+
+
+class Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.links += [v for k, v in attrs if k in ("href", "src") and v]
+
+
+def local_links(page: Path) -> list[str]:
+    """The page's links to files (external addresses, in-page anchors and data: URIs left out)."""
+    parser = Links()
+    parser.feed(page.read_text())
+    return [link for link in parser.links
+            if not urlsplit(link).scheme and not link.startswith("#") and not link.startswith("//")]
+
+
+PAGES = tracked("outputs/*.html")
+
+
+def test_the_cluster_indexes_and_run_pages_are_committed():
+    clusters = {p.split("/")[1] for p in tracked("outputs/*/manifest.json")}
+    assert clusters >= {"lab", "h200-duo", "h200-duo-mp"}
+    for cluster in clusters:
+        assert f"outputs/{cluster}/index.html" in PAGES
+    for manifest in tracked("outputs/*/manifest.json"):
+        assert str(Path(manifest).parent / "index.html") in PAGES
+
+
+def broken_links(root: Path, page: str, files: set[str]) -> list[str]:
+    """The page's file links (relative to its folder) whose target is not among `files` (paths from `root`)."""
+    return [link for link in local_links(root / page)
+            if os.path.normpath(os.path.join(os.path.dirname(page), unquote(urlsplit(link).path))) not in files]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_resolves_to_a_committed_file(page: str):
+    assert local_links(REPO / page), f"{page} links to nothing"
+    assert broken_links(REPO, page, set(tracked("outputs"))) == [], f"{page} links to files not in the repo"
+
+
+def test_a_broken_link_is_caught(tmp_path: Path):
+    (tmp_path / "c" / "r").mkdir(parents=True)
+    (tmp_path / "c" / "index.html").write_text(
+        '<a href="r/index.html">run</a> <a href="https://example.org/x">x</a> <a href="#top">t</a>'
+        '<a href="r/params.yaml">params</a><img src="r/bench/throughput.png"><a href="../c/r/06-benchmark.ipynb">06</a>')
+    files = {"c/index.html", "c/r/index.html", "c/r/06-benchmark.ipynb"}
+    assert broken_links(tmp_path, "c/index.html", files) == ["r/params.yaml", "r/bench/throughput.png"]
+
+
+def test_a_run_page_says_why_it_shows_no_findings():
+    """The H200 records keep their notebooks but no state.json: 02 ran, its findings are in the notebook."""
+    from sparkbook.core import archive, pages
+    run_dir = REPO / "outputs/h200-duo/20261130T144302Z"
+    page = pages.run_page(archive.read_run(run_dir))
+    assert "this run dir keeps no state.json: the findings are in 02-diagnosis.ipynb" in page
+    lab = pages.run_page(archive.read_run(REPO / "outputs/lab/20261130T150551Z"))
+    assert "1 blocker(s)" in lab and "none recorded" not in lab

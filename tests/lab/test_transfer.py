@@ -209,7 +209,8 @@ def test_keep_installed_keeps_the_image_that_serves_the_model(lab, tmp_path) -> 
         if not worker_holds(run, OLD):
             assert distribute.distribute(run, OLD).verified
         target = images.model_target(run)
-        candidates = [images.evaluate(run, ref, target, {}) for ref in images.candidate_refs(run)]
+        machines = images.node_machines(run)
+        candidates = [images.evaluate(run, ref, target, {}, machines) for ref in images.candidate_refs(run)]
         policy, installed = images.image_policy(run)
         ids = distribute.image_ids(run, installed)
         kept = images.choose(candidates, [], policy, installed, ids)

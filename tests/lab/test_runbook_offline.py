@@ -1,6 +1,8 @@
 """The whole runbook on the path real hardware takes (issues 22, 16): params/lab-hf.yaml's candidate shaped like vLLM's
 official image (ENTRYPOINT `vllm serve`), the model by hf_id from a hub cache that is not root's and that only the head
-holds at the start: 03 copies it to the worker over the fabric."""
+holds at the start: 03 copies it to the worker over the fabric, as to the seed's worker without internet.
+It runs after test_runbook_lab (file order): its reset would remove the shared full run's server that those tests
+read; test_unit_managed, later, resets the lab again and leaves the old deployment stopped for nbval."""
 from __future__ import annotations
 
 import json

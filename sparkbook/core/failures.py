@@ -38,6 +38,10 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"failed to be inspected", r"Error in inspecting model architecture"),
               "the architecture is registered but its module does not import (grafted or mismatched files): "
               "use an image whose own vLLM ships the model (03)"),
+    Signature("argument not recognized",
+              (r"error: unrecognized arguments:", r"error: argument --\S+: invalid"),
+              "this image's vLLM does not know an argument of the serve command (its argparse refused it): remove "
+              "it from serve.extra_args, or choose an image whose vLLM has it (03)"),
     Signature(GRAPH_OOM,
               (r"CUDA out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
               "lower serve.gpu_memory_utilization to the lowest that still holds weights and KV cache (02's memory "

@@ -7,6 +7,9 @@ from sparkbook.core.failures import TIMEOUT, UNKNOWN, classify, not_ready, remed
 from sparkbook.core.params import ServeSettings
 
 SAMPLES = {
+    "argument not recognized":  # the lab's vLLM 0.32 given an argument it does not have (issue 18's failed run)
+        "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...\n"
+        "vllm: error: unrecognized arguments: --planted-unknown-flag",
     "architecture not supported":
         "ValueError: Model architectures ['HYV4ForCausalLM'] are not supported for now. Supported architectures: ...",
     "architecture failed to be inspected":

@@ -23,6 +23,7 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
+from sparkbook.lab.models import hf_cache
 from sparkbook.core.runtime import runtime_for
 from sparkbook.stages import diagnose, distribute, images, modelcopy
 
@@ -80,20 +81,17 @@ def tree(root: Path) -> dict[str, str]:
 
 
 def make_bulk(files: int, size: int) -> str:
-    """A model in the head's hub cache, `files` weight blobs of `size` random bytes named by their sha256."""
-    repo = hub("lab-0") / BULK_REPO
-    shutil.rmtree(repo, ignore_errors=True)
-    rev = hashlib.sha1(f"{files}x{size}".encode()).hexdigest()
-    (repo / "blobs").mkdir(parents=True)
-    (repo / "snapshots" / rev).mkdir(parents=True)
-    for i in range(files):
-        data = os.urandom(size)
-        digest = hashlib.sha256(data).hexdigest()
-        (repo / "blobs" / digest).write_bytes(data)
-        (repo / "snapshots" / rev / f"model-{i:05d}.safetensors").symlink_to(f"../../blobs/{digest}")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(rev)
-    return rev
+    """A model in the head's hub cache (laid out by the lab's own hf_cache), `files` weight blobs of `size`
+    random bytes; returns its revision."""
+    src = hub("lab-0").parent / ".bulk-src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    try:
+        for i in range(files):
+            (src / f"model-{i:05d}.safetensors").write_bytes(os.urandom(size))
+        return hf_cache(src, BULK_ID, hub("lab-0")).name
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
 
 
 def drop_bulk() -> None:
@@ -104,7 +102,7 @@ def drop_bulk() -> None:
 
 def test_worker_missing_the_model_gets_it_over_the_fabric(open_run) -> None:  # type: ignore[no-untyped-def]
     run = open_run()
-    shutil.rmtree(hub("lab-1") / HF_REPO)
+    shutil.rmtree(hub("lab-1") / HF_REPO, ignore_errors=True)  # the lab starts without it there
     found = [f for f in diagnose.model_findings(diagnose.model_files_all(run.cluster, run.params.model))
              if f.text.startswith("lab-1")]
     assert [(f.severity, "03 copies it from lab-0" in f.text) for f in found] == [("warning", True)], found
@@ -121,7 +119,7 @@ def test_worker_missing_the_model_gets_it_over_the_fabric(open_run) -> None:  # 
 
 def test_disk_too_small_is_refused_before_anything_is_sent(open_run) -> None:  # type: ignore[no-untyped-def]
     run = open_run(reserve="100000G")
-    shutil.rmtree(hub("lab-1") / HF_REPO)
+    shutil.rmtree(hub("lab-1") / HF_REPO, ignore_errors=True)  # the lab starts without it there
     try:
         with pytest.raises(modelcopy.DiskTooSmall) as err:
             modelcopy.copy_model(run)

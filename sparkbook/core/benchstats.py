@@ -11,14 +11,15 @@ Statistics use numpy's mean, median, population std and linearly interpolated pe
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from .modelinfo import ModelFacts, served_kv_bytes_per_token
 from .params import BenchmarkPlan
-from prometheus_client.parser import text_string_to_metric_families
 
 METRICS = ("ttft", "tpot", "itl", "itl_per_token", "e2el")
 STATS = ("mean", "median", "std", "p90", "p99")

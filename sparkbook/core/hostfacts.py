@@ -4,8 +4,8 @@ Parsers shared by 01 (cleanup's inventory) and 02 (diagnosis's node facts).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .errors import ProbeOutputError
 from .modelinfo import CUDA_UNSEEN_PER_GPU_BYTES, GIB, UNIFIED_UNSEEN_BYTES, NodeMemory

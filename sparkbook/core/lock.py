@@ -12,7 +12,7 @@ import json
 import os
 import socket
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
@@ -48,7 +48,7 @@ class Holder:
 
     def age_s(self) -> float:
         try:
-            return (datetime.now(timezone.utc) - datetime.fromisoformat(self.started)).total_seconds()
+            return (datetime.now(UTC) - datetime.fromisoformat(self.started)).total_seconds()
         except ValueError:
             return float("inf")
 
@@ -56,7 +56,7 @@ class Holder:
 def me(run_id: str, params_file: str | Path) -> Holder:
     pid = os.getpid()
     return Holder(run_id, socket.gethostname(), pid, getpass.getuser(),
-                  datetime.now(timezone.utc).isoformat(timespec="seconds"), str(params_file), _start_ticks(pid))
+                  datetime.now(UTC).isoformat(timespec="seconds"), str(params_file), _start_ticks(pid))
 
 
 def _start_ticks(pid: int) -> int | None:

@@ -10,18 +10,19 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Callable, Generic, Sequence, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
 
-from .errors import SparkbookError
 from . import sshconfig
+from .errors import SparkbookError
 from .params import NodeSpec, Params, SSHSettings
 from .sshconfig import SSHTarget
 
@@ -130,7 +131,7 @@ class Node(ABC):
             stdin: bytes | None = None, check: bool = False) -> Result:
         """Run argv on the node; the node kills it after `timeout` seconds (default from params)."""
         timeout = timeout or self.ssh.command_timeout_s
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        started, t0 = datetime.now(UTC), time.monotonic()
         out, err, code = self._exec(_remote_argv(argv, env, timeout), timeout + KILL_GRACE_S + 5, stdin)
         timed_out = code in (124, 137) or code is None
         result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, timed_out)
@@ -249,7 +250,7 @@ class SSHNode(Node):
                                   f"the SSH handshake within {self.ssh.connect_timeout_s:g} s ({exc}): is sshd hung "
                                   "or stopped?") from None
             raise Unreachable(self.name, f"SSH to {where} failed: {exc}") from None
-        except (OSError, socket.timeout) as exc:
+        except (TimeoutError, OSError) as exc:
             raise Unreachable(self.name, f"cannot reach {where} within {self.ssh.connect_timeout_s:g} s: "
                               f"{exc or type(exc).__name__}") from None
 
@@ -298,7 +299,7 @@ class SSHNode(Node):
                timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
         """Run argv with stdin fed from `source` or stdout copied to `sink`, in chunks (for image streams)."""
         timeout = timeout or self.ssh.command_timeout_s
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        started, t0 = datetime.now(UTC), time.monotonic()
         channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         channel.settimeout(timeout)
         channel.exec_command(shlex.join(_remote_argv(argv, None, timeout)))
@@ -372,7 +373,7 @@ class LocalNode(Node):
     def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: IO[bytes] | None = None,
                timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
         timeout = timeout or self.ssh.command_timeout_s
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        started, t0 = datetime.now(UTC), time.monotonic()
         # stderr goes to a file: a pipe nobody reads while stdout is copied would stop the process when it fills
         with tempfile.TemporaryFile() as err_file, \
                 subprocess.Popen(_remote_argv(argv, None, timeout), stdin=subprocess.PIPE if source else None,

@@ -4,16 +4,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import state
+from .context import Context
 from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .progress import Progress
 from .redact import Redactor
+from .runtime import runtime_for
 from .state import H
 
 DECISION_MIME = "application/vnd.sparkbook.decision+json"
@@ -21,7 +24,7 @@ EVENTS = "events.jsonl"
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ class Run:
         if self._cluster is None:
             self._cluster = Cluster(self.params, on_trust=self._trusted, progress=Progress)
         return self._cluster
+
+    def context(self, image: str | None = None) -> Context:
+        """What the stages are handed (params, nodes, runtime, run dir; the image from 04 on)."""
+        return Context(self.params, self.cluster, runtime_for(self.params), self.run_dir, image)
 
     def _trusted(self, host: str, fingerprint: str) -> None:
         self.record("host_key_trusted", {"host": host, "fingerprint": fingerprint})

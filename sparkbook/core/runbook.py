@@ -7,17 +7,18 @@ import os
 import shutil
 import tarfile
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from . import lock, pages
 from .archive import PARAMS_COPY, read_run
+from .benchstats import point_timeout_s
 from .errors import SparkbookError
 from .nodes import Cluster, HostKeyMismatch, NodeError
-from .benchstats import point_timeout_s
 from .params import Params, load_params
 from .progress import Progress
 from .record import now, read_events
@@ -133,7 +134,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         parameters = {**manifest.parameters, **parameters}
         run_id = manifest.run_id
     else:
-        run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = (out_root / params.cluster / run_id).resolve()
         todo = select(names, start, only)
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),

@@ -21,9 +21,10 @@ picks one, and no stage asks which it got. Its verbs:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Protocol, Sequence, runtime_checkable
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
 
 import docker
 import docker.errors
@@ -260,7 +261,7 @@ class DockerNodes:
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
              env: dict[str, str] | None = None) -> Result:
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        started, t0 = datetime.now(UTC), time.monotonic()
         container = self.client(node).containers.get(place.name)
         code, (out, err) = container.exec_run(_timeout_argv(argv, timeout), environment=env or {}, demux=True)
         return Result(node.name, tuple(argv), code, (out or b"").decode(errors="replace"),

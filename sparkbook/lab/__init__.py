@@ -21,9 +21,10 @@ import fcntl
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from . import cluster
 from .cluster import LabError, NodeSpec, lab_home
@@ -46,8 +47,8 @@ class NodeStatus:
     ip: str
     netns: str
     docker_host: str            # unix:// socket of the node's dockerd, usable from the host
-    init_pid: Optional[int]     # host PID of the node's init (PID 1 of its pid namespace)
-    hostname: Optional[str]     # as the node reports it over SSH (None: SSH failed)
+    init_pid: int | None     # host PID of the node's init (PID 1 of its pid namespace)
+    hostname: str | None     # as the node reports it over SSH (None: SSH failed)
     sshd: bool
     dockerd: bool
     images: list[str] = field(default_factory=list)
@@ -65,9 +66,9 @@ class LabStatus:
     key_file: str
     known_hosts: str
     ssh_config: str
-    params_file: Optional[str]
+    params_file: str | None
     actions: list[str] = field(default_factory=list)   # what the call that made this status changed
-    seconds: Optional[float] = None                    # how long that call took
+    seconds: float | None = None                    # how long that call took
 
     @property
     def healthy(self) -> bool:
@@ -159,7 +160,7 @@ def params_file(nodes: int = 2) -> Path:
 # status
 
 
-def _ssh_hostname(s: NodeSpec) -> tuple[Optional[str], str]:
+def _ssh_hostname(s: NodeSpec) -> tuple[str | None, str]:
     try:
         p = subprocess.run(["ssh", "-F", str(cluster.ssh_config_file()), "-o", "ConnectTimeout=5", s.ip,
                             "hostname"], capture_output=True, text=True, timeout=20)
@@ -292,6 +293,7 @@ def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str], progress
     builder already has is copied to the head (and the worker tags to the workers), so a cold `up`
     overlaps building and loading. Returns (tag -> image ID, model name -> dir)."""
     import threading
+
     from . import builder, images, models
     result: dict = {}
 

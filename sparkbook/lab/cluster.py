@@ -26,9 +26,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 Progress = Optional[Callable[[str], None]]
 
@@ -153,7 +154,7 @@ def run(cmd: list[str], *, check: bool = True, timeout: float = CMD_TIMEOUT, inp
     return p
 
 
-def proc_starttime(pid: int) -> Optional[int]:
+def proc_starttime(pid: int) -> int | None:
     """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
     try:
         data = Path(f"/proc/{pid}/stat").read_text()
@@ -165,7 +166,7 @@ def proc_starttime(pid: int) -> Optional[int]:
     return int(rest[19])
 
 
-def pid_alive(pid: Optional[int], starttime: Optional[int]) -> bool:
+def pid_alive(pid: int | None, starttime: int | None) -> bool:
     return bool(pid) and starttime is not None and proc_starttime(pid) == starttime
 
 

@@ -38,9 +38,10 @@ import json
 import shlex
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from .cluster import LabError, NodeSpec, lab_home, run, ssh_config_file
 
@@ -346,7 +347,7 @@ def ensure(specs: list[NodeSpec], params: dict, base_image: str, progress: Progr
 
 
 def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: float = 180,
-               progress: Progress = None, roles: Optional[set[str]] = None) -> dict[str, float]:
+               progress: Progress = None, roles: set[str] | None = None) -> dict[str, float]:
     """Until every old-deployment service (of `roles`, default all) answers its health URL;
     returns seconds waited for each. Raises LabError when one exits or the time is up."""
     want = [c for c in plan(specs, params, base_image) if roles is None or c.role in roles]
@@ -382,7 +383,7 @@ def _on_head(head: NodeSpec, command: str, timeout: float = 30, check: bool = Tr
     return run(["ssh", "-F", str(ssh_config_file()), head.ip, command], timeout=timeout, check=check)
 
 
-def manager_pid(head: NodeSpec) -> Optional[int]:
+def manager_pid(head: NodeSpec) -> int | None:
     """The running manager's PID (in the head's PID namespace) from its pidfile, when that process's command
     line is the manager's; None when it does not run."""
     out = _on_head(head, f"p=$(cat {MANAGER_PIDFILE} 2>/dev/null) && echo $p && tr '\\0' ' ' < /proc/$p/cmdline",
@@ -417,7 +418,7 @@ def stop_manager(specs: list[NodeSpec], progress: Progress = None, timeout: floa
     return [f"stop {head.name}/old-cluster-manager[{pid}]"]
 
 
-def health(c: dict, ip: str) -> Optional[bool]:
+def health(c: dict, ip: str) -> bool | None:
     """For a container dict of :func:`containers` with a lab port label: does it answer? None: not ours."""
     port = c["labels"].get(f"{LABEL}.port")
     if not port or c["labels"].get(DEPLOYMENT_LABEL) != "old":

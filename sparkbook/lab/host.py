@@ -9,7 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 Progress = Optional[Callable[[str], None]]
 

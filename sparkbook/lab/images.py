@@ -17,8 +17,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkbook.lab.builder import (BUILDER_DIR, Progress, default_progress, docker_cmd, ensure_builder,
-                                   image_id, image_label, lab_lock, stream)
+from sparkbook.lab.builder import (
+    BUILDER_DIR,
+    Progress,
+    default_progress,
+    docker_cmd,
+    ensure_builder,
+    image_id,
+    image_label,
+    lab_lock,
+    stream,
+)
 
 RECIPES_DIR = Path(__file__).parent / "images"
 TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")

@@ -21,9 +21,10 @@ import re
 import shlex
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 import paramiko
 

@@ -16,15 +16,16 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from ..core.handoff import ImageChoice
 from ..core.errors import SparkbookError
+from ..core.handoff import ImageChoice
 from ..core.hostfacts import goarch
-from ..core.state import MissingState
 from ..core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ..core.modelinfo import ModelFacts
 from ..core.nodes import Node
 from ..core.record import Alternative, Decision, Run
 from ..core.runtime import runtime_for
+from ..core.state import MissingState
+
 
 @dataclass(frozen=True)
 class ModelTarget:

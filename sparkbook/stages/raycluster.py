@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, stop_before_delay, wait_fixed
 

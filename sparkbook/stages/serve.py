@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx
 from tenacity import Retrying, retry_if_result, wait_fixed

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from sparkbook.stages.bench.sweep import local_runner, sweep, vllm_bench_argv
-from sparkbook.stages.bench.client import Target
 from sparkbook.core.params import BenchmarkPlan
+from sparkbook.stages.bench.client import Target
+from sparkbook.stages.bench.sweep import local_runner, sweep, vllm_bench_argv
 
 KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "failed")
 

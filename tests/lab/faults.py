@@ -10,11 +10,12 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 # what a sparkbook step may start on a node: its containers, Ray, vLLM, image streams, a port holder, a probe
 WATCHED = re.compile(r"vllm|\bray\b|raylet|gcs_server|docker (save|load)|http\.server|config\.json|sleep infinity")

@@ -13,9 +13,9 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.stages import distribute, raycluster, serve
 from sparkbook.core import topology
 from sparkbook.core.runtime import runtime_for
+from sparkbook.stages import distribute, raycluster, serve
 
 pytestmark = pytest.mark.lab
 LAB_PARAMS = sblab.params_file(2)  # the active lab's (SPARKBOOK_LAB_ID)

@@ -24,13 +24,12 @@ import pytest
 import yaml
 
 from sparkbook import open_run
-
-from sparkbook.stages.bench import sweep as bench
-from sparkbook.stages.bench.client import Target
 from sparkbook.core.benchstats import agreement
-from sparkbook.lab.builder import builder_docker_host
 from sparkbook.core.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.modelinfo import ModelFacts, model_facts
+from sparkbook.lab.builder import builder_docker_host
+from sparkbook.stages.bench import sweep as bench
+from sparkbook.stages.bench.client import Target
 
 pytestmark = pytest.mark.lab
 

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lab_browser import CHROMEDRIVER, CHROMIUM, chromium, start_lab, widgets_extension_active
 
 import sparkbook.lab as sblab
 from sparkbook.core import runbook
 from sparkbook.core.params import load_params
 from sparkbook.core.progress import WIDGET_CLASS
-
-from lab_browser import CHROMEDRIVER, CHROMIUM, chromium, start_lab, widgets_extension_active
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 import sparkbook.lab as sblab
-from sparkbook.lab import cluster, deployment
 from sparkbook.core.params import load_params
+from sparkbook.lab import cluster, deployment
 
 pytestmark = pytest.mark.lab
 

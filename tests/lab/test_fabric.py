@@ -11,8 +11,8 @@ import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml

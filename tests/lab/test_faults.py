@@ -14,19 +14,18 @@ import os
 import time
 from pathlib import Path
 
+import faults
 import pytest
 import yaml
+from faults import Row
 
 import sparkbook.lab as sblab
-from sparkbook.stages import cleanup, diagnose, distribute, raycluster, serve
-from sparkbook.stages.bench import sweep as bench
-from sparkbook.stages.bench.client import Target
 from sparkbook.core import record, topology
 from sparkbook.core.record import open_run
 from sparkbook.core.runtime import runtime_for
-
-import faults
-from faults import Row
+from sparkbook.stages import cleanup, diagnose, distribute, raycluster, serve
+from sparkbook.stages.bench import sweep as bench
+from sparkbook.stages.bench.client import Target
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"  # what 03 chooses for the lab model

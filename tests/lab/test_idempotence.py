@@ -13,8 +13,8 @@ import pytest
 
 from sparkbook.core import runbook
 from sparkbook.core.params import load_params
-from sparkbook.core.topology import container_name
 from sparkbook.core.record import read_events
+from sparkbook.core.topology import container_name
 
 pytestmark = pytest.mark.lab
 _INSPECT = "{{.Id}} {{.State.StartedAt}} {{.Image}}"

@@ -23,8 +23,8 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.lab.models import hf_cache
 from sparkbook.core.runtime import runtime_for
+from sparkbook.lab.models import hf_cache
 from sparkbook.stages import diagnose, distribute, images, modelcopy
 
 pytestmark = pytest.mark.lab

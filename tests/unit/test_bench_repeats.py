@@ -15,14 +15,25 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from sparkbook.core.benchstats import (RequestRecord, aggregate_repeats, compare, find_stall, median_ttft_ms,
-                                       point_timeout_s,
-                                       prefill_groups, prompt_seed, repeat_spread, spread, stall_rows, table,
-                                       warmup_count)
+from sparkbook.core.benchstats import (
+    RequestRecord,
+    aggregate_repeats,
+    compare,
+    find_stall,
+    median_ttft_ms,
+    point_timeout_s,
+    prefill_groups,
+    prompt_seed,
+    repeat_spread,
+    spread,
+    stall_rows,
+    table,
+    warmup_count,
+)
 from sparkbook.core.params import BenchmarkPlan, Params
 from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import Target, make_prompts, run_load
-from sparkbook.stages.bench.sweep import save, sweep, local_runner, load_results
+from sparkbook.stages.bench.sweep import load_results, local_runner, save, sweep
 
 
 class FakeServer:

@@ -3,11 +3,24 @@ from __future__ import annotations
 
 import pytest
 
+from sparkbook.core.benchstats import (
+    RequestRecord,
+    agreement,
+    client_load,
+    compare,
+    cross_check,
+    describe_ms,
+    known_bandwidth_gbs,
+    point_timeout_s,
+    prometheus_totals,
+    roofline,
+    served_bytes_per_param,
+    summarize,
+    token_gaps,
+    tpot_s,
+)
 from sparkbook.core.params import BenchmarkPlan
 from sparkbook.stages.bench.sweep import earlier_run, split
-from sparkbook.core.benchstats import (RequestRecord, agreement, client_load, compare, cross_check, describe_ms,
-                                  known_bandwidth_gbs, point_timeout_s, prometheus_totals, roofline, served_bytes_per_param,
-                                  summarize, token_gaps, tpot_s)
 
 
 def rec(ttft: float, gaps: list[float], tokens: int, counts: list[int] | None = None, sent: float = 0.0,

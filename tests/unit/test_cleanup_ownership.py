@@ -5,9 +5,10 @@ for every planned target before acting, and restore.sh reaches nodes by their SS
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from sparkbook.core.params import CleanupTargets, load_params
 from sparkbook.stages import cleanup
 from sparkbook.stages.cleanup import Container, Inventory, Process, Unit, plan, verify, write_restore_plan
 from sparkbook.stages.cleanup.ownership import clients, docker_client, family, parse_show, timespan_s, tree
-from sparkbook.stages.cleanup.restore import bring_back, judge, restore_steps, Seen
+from sparkbook.stages.cleanup.restore import Seen, bring_back, judge, restore_steps
 
 DATA = Path(__file__).parent / "data"
 MEM = Memory(100 << 30, 10 << 30)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from sparkbook.stages.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
+from sparkbook.stages.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan
 
 MEM = Memory(100 << 30, 10 << 30)
 

@@ -7,8 +7,9 @@ import importlib
 import inspect
 import pkgutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -16,9 +17,9 @@ import sparkbook
 from sparkbook import cli
 from sparkbook.core import lock
 from sparkbook.core.errors import SparkbookError
-from sparkbook.core.state import MissingState
 from sparkbook.core.nodes import Cluster, Unreachable
 from sparkbook.core.params import load_params
+from sparkbook.core.state import MissingState
 
 
 def package_exceptions() -> list[type[BaseException]]:

@@ -9,8 +9,17 @@ import pytest
 
 from sparkbook import open_run
 from sparkbook.core.errors import SparkbookError
-from sparkbook.core.handoff import (Action, BenchmarkSummary, BenchPoint, CleanupOutcome, Diagnosis, Endpoint,
-                                    ImageChoice, JoinedNode, RayCluster)
+from sparkbook.core.handoff import (
+    Action,
+    BenchmarkSummary,
+    BenchPoint,
+    CleanupOutcome,
+    Diagnosis,
+    Endpoint,
+    ImageChoice,
+    JoinedNode,
+    RayCluster,
+)
 from sparkbook.core.imageprobes import RegistryProbe
 from sparkbook.core.modelinfo import ModelFacts
 from sparkbook.core.record import Finding, Run

@@ -7,18 +7,28 @@ import io
 import json
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from sparkbook.core import probes
-
-from sparkbook.stages import distribute, images
-from sparkbook.stages.images import (FAILS_INSPECTION, LOADS, NOT_REGISTERED, Candidate, ImageFacts, InspectionProbe,
-                              ModelTarget, RegistryProbe, arch_covers, choose, classify)
 from sparkbook.core.nodes import Result
+from sparkbook.stages import distribute, images
+from sparkbook.stages.images import (
+    FAILS_INSPECTION,
+    LOADS,
+    NOT_REGISTERED,
+    Candidate,
+    ImageFacts,
+    InspectionProbe,
+    ModelTarget,
+    RegistryProbe,
+    arch_covers,
+    choose,
+    classify,
+)
 
 REGISTRY = '''
 import os
@@ -172,7 +182,7 @@ def test_model_target_from_state_else_from_config_on_the_head() -> None:
 
 # --- distribution ---------------------------------------------------------------------------------------------
 def result(node: str, argv: list[str], code: int = 0, out: str = "") -> Result:
-    return Result(node, tuple(argv), code, out, "", datetime.now(timezone.utc), 0.1)
+    return Result(node, tuple(argv), code, out, "", datetime.now(UTC), 0.1)
 
 
 class FakeNode:

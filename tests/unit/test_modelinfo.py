@@ -3,8 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.modelinfo import (GIB, RESERVE_BYTES, NodeMemory, estimate_params, kv_bytes_per_token, memory_fit,
-                                      model_facts, quantization, ranks_per_node)
+from sparkbook.core.modelinfo import (
+    GIB,
+    RESERVE_BYTES,
+    NodeMemory,
+    estimate_params,
+    kv_bytes_per_token,
+    memory_fit,
+    model_facts,
+    quantization,
+    ranks_per_node,
+)
 from sparkbook.core.params import load_params
 
 QWEN3_30B_A3B = {  # published: 30.5B total, 3.3B active

@@ -6,13 +6,14 @@ one argv element, quoted by construction (test_redact_and_quoting.py; against th
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from sparkbook.core.params import ParamsError, Params, load_params
+from sparkbook.core.params import Params, ParamsError, load_params
 
 HOSTILE = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "| touch /tmp/pwned",
            "&& touch /tmp/pwned", "x\ntouch /tmp/pwned", "ok\n", "> /tmp/pwned"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -22,7 +22,7 @@ def _refused(text: str) -> ProbeOutputError:
 
 def test_a_whole_reply_gives_its_document() -> None:
     assert probes.parse(WHOLE, node="lab-0", probe="p") == {"nodes": [], "placement_groups": []}
-    result = Result("lab-0", ("python3",), 0, WHOLE, "", datetime.now(timezone.utc), 0.1, False)
+    result = Result("lab-0", ("python3",), 0, WHOLE, "", datetime.now(UTC), 0.1, False)
     assert probes.parse(result, node="lab-0", probe="p")["nodes"] == []
 
 

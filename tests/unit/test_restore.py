@@ -4,9 +4,10 @@ run whose cleanup stopped nothing (no node is contacted)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -17,8 +18,17 @@ from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
 from sparkbook.core.record import open_run, read_events
-from sparkbook.stages.cleanup import (Container, Inventory, Listener, Plan, Step, answering, listeners, plan,
-                                      write_restore_plan)
+from sparkbook.stages.cleanup import (
+    Container,
+    Inventory,
+    Listener,
+    Plan,
+    Step,
+    answering,
+    listeners,
+    plan,
+    write_restore_plan,
+)
 from sparkbook.stages.cleanup.restore import Seen, conflicts, judge, restore_steps
 
 MEM = Memory(100 << 30, 10 << 30)

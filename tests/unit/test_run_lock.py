@@ -6,9 +6,10 @@ import dataclasses
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_lock_of_a_dead_process_is_stale_and_cleared_only_on_request(params: Par
 
 
 def test_lock_older_than_the_limit_is_stale_even_from_another_host(params: Params, head, live_pid: int) -> None:
-    old = (datetime.now(timezone.utc) - timedelta(hours=2)).isoformat(timespec="seconds")
+    old = (datetime.now(UTC) - timedelta(hours=2)).isoformat(timespec="seconds")
     lock.acquire(params, head, _holder("run-a", live_pid, host="elsewhere", started=old), params_file="x")
     assert "more than run_lock.stale_after_s" in lock.staleness(lock.read(head, params.run_lock.path), 3600)
     recent = _holder("run-a", live_pid, host="elsewhere")

@@ -1,7 +1,7 @@
 """Commands and env built from params (lab: mp multi-node; spark-duo: ray), the executor decision, the Ray gate."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,9 +9,9 @@ import pytest
 
 from sparkbook.core import topology
 from sparkbook.core.nodes import Outcome, Result
+from sparkbook.core.params import ParamsError, load_params
 from sparkbook.stages import raycluster as rc
 from sparkbook.stages import serve
-from sparkbook.core.params import ParamsError, load_params
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 CPU = serve.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
@@ -247,7 +247,7 @@ class _Files:
 
     def exec(self, node, place, argv, timeout=120):
         return Result(node.name, tuple(argv), 0 if (node.name, argv[-1]) in self.present else 1, "", "",
-                      datetime.now(timezone.utc), 0.0)
+                      datetime.now(UTC), 0.0)
 
 
 def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab, monkeypatch):

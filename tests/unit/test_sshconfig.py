@@ -1,8 +1,9 @@
 """A node's host as an ssh config alias: resolved as `ssh HOST` would, params' explicit settings first (issue 22)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sparkbook.core.params import load_params
 from sparkbook.core.sshconfig import target

@@ -12,9 +12,10 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Coroutine, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -151,7 +152,7 @@ async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Pr
                     last = now
                 if data.get("usage"):
                     usage = data["usage"]
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
         return RequestRecord(False, sent_at, error=f"{type(exc).__name__}: {exc}"[:200])
     if ttft is None or last is None:
         return RequestRecord(False, sent_at, error="no tokens streamed")

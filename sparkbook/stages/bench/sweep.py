@@ -8,28 +8,55 @@ started together at an agreed wall-clock instant; their per-request records are 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
-from .client import (TEMPERATURE, LoadResult, Prompt, Target, make_prompts, metrics, prefill_groups, run_load,
-                     run_load_on_engine, text_prompts, tokenize)
-from ...core.benchstats import (ClientLoad, CrossCheck, Delta, RequestRecord, Roofline, Stall, aggregate_repeats,
-                                client_load, cross_check, find_stall, known_bandwidth_gbs, median_ttft_ms,
-                                point_timeout_s, prefill_groups as group_sizes, prompt_seed, repeat_figures,
-                                summarize, warmup_count)
-from ...core.handoff import BenchmarkSummary, BenchPoint
+from ...core.benchstats import (
+    ClientLoad,
+    CrossCheck,
+    Delta,
+    RequestRecord,
+    Roofline,
+    Stall,
+    aggregate_repeats,
+    client_load,
+    cross_check,
+    find_stall,
+    known_bandwidth_gbs,
+    median_ttft_ms,
+    point_timeout_s,
+    prompt_seed,
+    repeat_figures,
+    summarize,
+    warmup_count,
+)
+from ...core.benchstats import prefill_groups as group_sizes
 from ...core.errors import SparkbookError
+from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
+from .client import (
+    TEMPERATURE,
+    LoadResult,
+    Prompt,
+    Target,
+    make_prompts,
+    metrics,
+    prefill_groups,
+    run_load,
+    run_load_on_engine,
+    text_prompts,
+    tokenize,
+)
 
 BENCH_DIR = "bench"
 COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}
@@ -148,7 +175,7 @@ def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurre
     Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
     try:
         return _measure_point(target, plan, pool, concurrency, runner, timeout_s)
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise ServerGone(f"the server at {target.base_url} ({target.model}) stopped answering during the "
                          f"c={concurrency} point: {type(exc).__name__}: {str(exc)[:200]}",
                          remediation="read 05's serve log tails on the head and serve again (05)") from None

@@ -8,15 +8,15 @@ import json
 import re
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from ...core.docker_ssh import docker_client, unavailable
-from ...core.handoff import Action, CleanupOutcome
 from ...core.errors import SparkbookError
+from ...core.handoff import Action, CleanupOutcome
 from ...core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
 from ...core.nodes import Cluster, Node, Outcome, shell
 from ...core.params import CleanupTargets

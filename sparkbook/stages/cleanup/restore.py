@@ -16,8 +16,19 @@ from ...core.nodes import Cluster, Node
 from ...core.params import CleanupTargets
 from ...core.record import Run, tail
 from ...core.state import MissingState
-from . import (PROBE_TIMEOUT_S, STOP_GRACE_S, CleanupError, Container, Inventory, Step, act, container_top,
-               inventory_all, listeners, probe_health)
+from . import (
+    PROBE_TIMEOUT_S,
+    STOP_GRACE_S,
+    CleanupError,
+    Container,
+    Inventory,
+    Step,
+    act,
+    container_top,
+    inventory_all,
+    listeners,
+    probe_health,
+)
 
 READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
 GRACE_S = 15  # then it must still run and answer this much later (the old vLLM died after 11 s)

@@ -1,0 +1,49 @@
+"""What every stage function is handed: one small frozen context instead of `(params, cluster, runtime, ...)`.
+
+Stages read it and return values; they never record into the run (the notebook records what they return).
+`Run.context()` builds it; `with_image` gives the same context with the image 03 chose, which the node
+places (04's containers, 05's serving processes) are named from.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from .nodes import Cluster, Node
+from .params import NodeSpec, Params
+from .runtime import Place, Runtime
+from .topology import places as _places
+
+
+@dataclass(frozen=True)
+class Context:
+    """The cluster a stage acts on: its params, its nodes, the runtime on them, the run dir for logs and,
+    from 04 on, the image its places run."""
+
+    params: Params
+    cluster: Cluster
+    runtime: Runtime
+    run_dir: Path
+    image: str | None = None
+
+    def with_image(self, ref: str) -> Context:
+        return dataclasses.replace(self, image=ref)
+
+    @property
+    def head(self) -> Node:
+        return self.cluster.head
+
+    @property
+    def head_spec(self) -> NodeSpec:
+        return self.params.head
+
+    @property
+    def places(self) -> dict[str, Place]:
+        """One place per node (04's containers; 05 serves in the same ones), named from the chosen image."""
+        if self.image is None:
+            raise ValueError("this context has no image yet: use ctx.with_image(ImageChoice.ref)")
+        return _places(self.params, self.image)
+
+    def place(self, node: str) -> Place:
+        return self.places[node]

@@ -42,6 +42,7 @@ class Decision:
     reason: str
     alternatives: list[Alternative] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    key: str | None = None  # stable name the records read it by ("image", "executor"), whatever the question's words
 
     def markdown(self) -> str:
         lines = [f"**Decision — {self.question}**", "", f"Chosen: **{self.choice}** — {self.reason}"]

@@ -6,14 +6,15 @@ import re
 from pathlib import Path
 
 import pytest
+from committed import examples
 from rundirs import NAMES, make_run, point
 
 from sparkbook import cli
 from sparkbook.core import archive, pages, runbook
 
 REPO = Path(__file__).resolve().parents[2]
-LAB_RUN = REPO / "outputs/lab/20261130T150551Z"
-H200_RUN = REPO / "outputs/h200-duo/20261130T144302Z"
+LAB_RUN = examples() / "lab/20261130T150551Z"
+H200_RUN = examples() / "h200-duo/20261130T144302Z"
 FAILED_05 = {"ename": "ServeError", "evalue": "vllm serve did not become healthy\nmore", "cell_index": 2,
              "exec_count": 3}
 OOM = {"at": "t", "stage": "05-serve", "kind": "serve_attempts",
@@ -94,8 +95,8 @@ def test_the_cluster_index_links_only_what_exists_and_filters_by_status(tmp_path
 
 def test_the_committed_clusters_index_without_broken_links() -> None:
     for cluster in ("lab", "h200-duo", "h200-duo-mp"):
-        page = pages.cluster_page(cluster, archive.runs(REPO / "outputs" / cluster))
-        assert all((REPO / "outputs" / cluster / h).exists() for h in _hrefs(page)), cluster
+        page = pages.cluster_page(cluster, archive.runs(examples() / cluster))
+        assert all((examples() / cluster / h).exists() for h in _hrefs(page)), cluster
 
 
 def test_a_run_page_shows_status_figures_findings_failing_cell_and_what_did_not_run(tmp_path: Path) -> None:
@@ -153,7 +154,7 @@ def test_a_notebooks_own_run_dir_is_read_from_its_state_and_events_but_not_liste
 
 
 def test_runs_named_by_a_params_file_a_cluster_or_nothing() -> None:
-    outputs = REPO / "outputs"
+    outputs = examples()
     assert archive.cluster_dirs(str(REPO / "params/h200-duo.yaml"), outputs) == [outputs / "h200-duo"]
     assert archive.cluster_dirs("lab", outputs) == [outputs / "lab"]
     assert {"lab", "h200-duo", "h200-duo-mp"} <= {d.name for d in archive.cluster_dirs(None, outputs)}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from committed import examples
 
 from sparkbook.core.benchstats import (
     RequestRecord,
@@ -164,10 +165,10 @@ def test_stall_is_p99_over_ten_times_the_median_and_names_its_requests():
 
 
 def test_a_stall_that_holds_a_whole_wave_is_measured_against_the_calmest_repeat():
-    """The H200 record (outputs/h200-duo-mp/bench-repeats, session 1, the three repeats measured first on a fresh
+    """The H200 record (outputs/examples/h200-duo-mp/bench-repeats, session 1, the three repeats measured first on a fresh
     server): in repeat 1, 12 of 64 requests (one wave) waited 1.11 s for a fused-MoE kernel compile. That wave raised
     the repeat's own median TTFT to 112 ms, and p99 was 9.9x of it; against the calmest repeat's median it is 17x."""
-    path = Path("outputs/h200-duo-mp/bench-repeats/session1-staggered-warmup/after-r0.json")
+    path = examples() / "h200-duo-mp/bench-repeats/session1-staggered-warmup/after-r0.json"
     repeats = [[RequestRecord(q["ok"], q["sent_at"], q["ttft_s"], q["ttft_s"] + 3.0, [], [], 64, 256)
                 for q in run["requests"]] for run in json.loads(path.read_text())["runs"]]
     assert find_stall(repeats[1], 16, 1) is None, "its own median hides it"

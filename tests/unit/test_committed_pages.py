@@ -1,22 +1,16 @@
-"""Every link of every committed HTML page under outputs/ (the cluster indexes, each run's index.html) resolves to a
-file committed in the repo, so the pages open on a clean clone with no broken links (issue 18, item 6)."""
+"""Every link of every committed HTML page under outputs/examples/ (the cluster indexes, each run's index.html)
+resolves to a file committed in the repo, so the pages open on a clean clone with no broken links (issue 18, item 6).
+Pages are read as git holds them (a copy of the index), never from the working tree: a local run writes its own
+outputs/<cluster>/ beside the examples and must not change what these tests see (issue 27)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def tracked(pattern: str) -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z", "--", pattern], cwd=REPO, capture_output=True, text=True,
-                         timeout=30, check=True).stdout
-    return [p for p in out.split("\0") if p]
+from committed import EXAMPLES, examples, tracked
 
 
 class Links(HTMLParser):
@@ -36,15 +30,15 @@ def local_links(page: Path) -> list[str]:
             if not urlsplit(link).scheme and not link.startswith("#") and not link.startswith("//")]
 
 
-PAGES = tracked("outputs/*.html")
+PAGES = tracked(f"{EXAMPLES}/*.html")
 
 
 def test_the_cluster_indexes_and_run_pages_are_committed():
-    clusters = {p.split("/")[1] for p in tracked("outputs/*/manifest.json")}
+    clusters = {p.split("/")[2] for p in tracked(f"{EXAMPLES}/*/manifest.json")}
     assert clusters >= {"lab", "h200-duo", "h200-duo-mp"}
     for cluster in clusters:
-        assert f"outputs/{cluster}/index.html" in PAGES
-    for manifest in tracked("outputs/*/manifest.json"):
+        assert f"{EXAMPLES}/{cluster}/index.html" in PAGES
+    for manifest in tracked(f"{EXAMPLES}/*/manifest.json"):
         assert str(Path(manifest).parent / "index.html") in PAGES
 
 
@@ -56,8 +50,9 @@ def broken_links(root: Path, page: str, files: set[str]) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_link_resolves_to_a_committed_file(page: str):
-    assert local_links(REPO / page), f"{page} links to nothing"
-    assert broken_links(REPO, page, set(tracked("outputs"))) == [], f"{page} links to files not in the repo"
+    root = examples().parents[1]  # the copy's repo root: it holds exactly what git tracks under outputs/examples
+    assert local_links(root / page), f"{page} links to nothing"
+    assert broken_links(root, page, set(tracked())) == [], f"{page} links to files not in the repo"
 
 
 def test_a_broken_link_is_caught(tmp_path: Path):
@@ -72,8 +67,8 @@ def test_a_broken_link_is_caught(tmp_path: Path):
 def test_a_run_page_says_why_it_shows_no_findings():
     """The H200 records keep their notebooks but no state.json: 02 ran, its findings are in the notebook."""
     from sparkbook.core import archive, pages
-    run_dir = REPO / "outputs/h200-duo/20261130T144302Z"
+    run_dir = examples() / "h200-duo/20261130T144302Z"
     page = pages.run_page(archive.read_run(run_dir))
     assert "this run dir keeps no state.json: the findings are in 02-diagnosis.ipynb" in page
-    lab = pages.run_page(archive.read_run(REPO / "outputs/lab/20261130T150551Z"))
+    lab = pages.run_page(archive.read_run(examples() / "lab/20261130T150551Z"))
     assert "1 blocker(s)" in lab and "none recorded" not in lab

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from committed import examples
 from rundirs import make_run, point
 
 from sparkbook import cli
@@ -75,7 +76,8 @@ def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path
 
 
 def test_the_committed_gpu_records_ray_against_mp() -> None:
-    c = compare.compare_runs(REPO / "outputs/h200-duo/20261130T144302Z", REPO / "outputs/h200-duo-mp/20261130T161541Z")
+    c = compare.compare_runs(examples() / "h200-duo/20261130T144302Z",
+                          examples() / "h200-duo-mp/20261130T161541Z")
     assert [(x.a, x.b) for x in c.image if x.what == "executor"] == [("ray", "mp")]
     assert [x.what for x in c.decisions] == ["05: Which distributed executor serves the model?"]
     c64 = next(d for d in c.deltas if d.max_concurrency == 64 and d.metric == "output_throughput")

@@ -3,16 +3,16 @@ Qwen3-30B-A3B shapes) and the lab's tiny MLA model; the plot draws it per point.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from committed import examples
 from test_modelinfo import DEEPSEEK_V3, LLAMA3_8B, QWEN3_30B_A3B
 
 from sparkbook.core import benchstats
 from sparkbook.core.modelinfo import ModelFacts, model_facts
 from sparkbook.stages.bench.plot import throughput_figure
 
-LAB_STATE = Path(__file__).resolve().parents[2] / "outputs/lab/20261130T150551Z/state.json"
+LAB_STATE = examples() / "lab/20261130T150551Z/state.json"
 
 
 def test_experts_touched_is_k_for_one_token_and_tends_to_all_experts() -> None:
@@ -41,7 +41,7 @@ def test_dense_ceiling_by_hand() -> None:
 
 
 def test_moe_ceiling_by_hand() -> None:
-    """Qwen3-30B-A3B as in outputs/h200-duo: bf16, TP=2 at 4800 GB/s per GPU, 64 in / 256 out (context 192)."""
+    """Qwen3-30B-A3B as in outputs/examples/h200-duo: bf16, TP=2 at 4800 GB/s per GPU, 64 in / 256 out (context 192)."""
     facts = model_facts(QWEN3_30B_A3B, None, [], "/m")
     expert = 3 * 2048 * 768
     assert (facts.experts, facts.experts_per_token, facts.moe_layers, facts.expert_params) == (128, 8, 48, expert)

@@ -1,6 +1,7 @@
 # Two entry points, both self-installing on a fresh Debian machine (root):
 #   make runbook   the whole runbook against the lab; the executed run is archived under outputs/lab/
 #   make test      the test suite (unit, lab integration, nbval over notebooks/) against the lab
+# and the quick one, no root and no lab: make unit (lint, then the unit tests)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ export SPARKBOOK_HEADLESS := 1
 
 BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 
-.PHONY: setup lab runbook test unit bench
+.PHONY: setup lab runbook test unit bench lint
 setup: $(BIN)/sparkbook
 # Debian's Chromium and chromedriver for the browser test (tests/lab/test_browser.py); no browser downloads
 $(BROWSER) &:
@@ -30,10 +31,15 @@ lab: setup /usr/bin/rsync
 runbook: lab
 	$(BIN)/sparkbook run params/lab.yaml -p confirm_cleanup=true --archive
 
-unit: setup
+# ruff (E,F,W,I,B,UP) and mypy (strict on sparkbook.core) as pyproject.toml configures them
+lint: setup
+	$(BIN)/ruff check sparkbook tests
+	$(BIN)/mypy sparkbook
+
+unit: setup lint
 	$(BIN)/pytest tests/unit
 
-test: lab $(BROWSER)
+test: lab $(BROWSER) lint
 	$(BIN)/pytest tests notebooks --nbval-lax -m "not benchmark"
 
 bench: lab

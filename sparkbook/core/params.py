@@ -87,7 +87,8 @@ class SSHSettings(Strict):
             raise ValueError(f"known_hosts: {self.known_hosts} does not exist; strict host keys need it "
                              "(or set host_key_policy: trust_on_first_use to record the keys on first contact)")
         if self.host_key_policy == "trust_on_first_use" and self.known_hosts is None:
-            raise ValueError("host_key_policy: trust_on_first_use needs a known_hosts file to record the fingerprints it trusts")
+            raise ValueError("host_key_policy: trust_on_first_use needs a known_hosts file to record the "
+                             "fingerprints it trusts")
         return self
 
 
@@ -286,7 +287,9 @@ class Params(Strict):
             return data
         bench = dict(data.get("benchmark") or {})
         if "repeats" not in bench:
-            nodes = data.get("nodes") if isinstance(data.get("nodes"), list) else []
+            nodes = data.get("nodes")
+            if not isinstance(nodes, list):
+                nodes = []
             bench["repeats"] = 3 if any(isinstance(n, dict) and n.get("gpus") for n in nodes) else 1
         return {**data, "benchmark": bench}
 

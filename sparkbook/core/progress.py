@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 HEADLESS_ENV = "SPARKBOOK_HEADLESS"
 WIDGET_CLASS = "sparkbook-progress"  # the CSS class of the widget's box (the browser test looks for it)
@@ -39,7 +40,8 @@ class Progress:
         self._lock = threading.Lock()
         self._widget = self._make_widget() if interactive() else None
 
-    def _make_widget(self):  # type: ignore[no-untyped-def]
+    def _make_widget(self) -> tuple[Any, Any]:
+        """The bar and its status label (ipywidgets has no type hints: Any)."""
         import ipywidgets as widgets
         from IPython.display import display
 
@@ -47,7 +49,7 @@ class Progress:
         text = widgets.Label(value=self._status(""))
         box = widgets.HBox([widgets.Label(value=self.label), bar, text])
         box.add_class(WIDGET_CLASS)
-        display(box)
+        display(box)  # type: ignore[no-untyped-call]  # IPython's display() has no annotations
         return bar, text
 
     def __enter__(self) -> Progress:

@@ -21,15 +21,15 @@ import fcntl
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 from . import cluster
 from .cluster import LabError, NodeSpec, lab_home
 
-Progress = Optional[Callable[[str], None]]
+Progress = Callable[[str], None] | None
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
 DEFAULT_LAB_HOME = Path("/var/lib/sparkbook-lab")
@@ -52,7 +52,7 @@ class NodeStatus:
     sshd: bool
     dockerd: bool
     images: list[str] = field(default_factory=list)
-    containers: list[dict] = field(default_factory=list)  # name, image, state, status, labels
+    containers: list[dict[str, Any]] = field(default_factory=list)  # name, image, state, status, labels
     error: str = ""
 
 
@@ -87,7 +87,8 @@ class LabStatus:
                          f"init_pid={n.init_pid}")
             lines.append(f"        images: {', '.join(n.images) or '-'}")
             for c in n.containers:
-                ans = {True: " (answers)", False: " (not answering yet)"}.get(c.get("answers"), "")
+                answers = c.get("answers")
+                ans = "" if answers is None else " (answers)" if answers else " (not answering yet)"
                 lines.append(f"        container {c['name']:15} {c['state']}{ans}  {c['image']}")
             if n.error:
                 lines.append(f"        error: {n.error}")
@@ -106,7 +107,7 @@ def _say(progress: Progress, msg: str) -> None:
 
 
 @contextlib.contextmanager
-def _lock():
+def _lock() -> Iterator[None]:
     """One lab operation at a time on this machine (tests of several engineers share the lab)."""
     lab_home().mkdir(parents=True, exist_ok=True)
     with open(lab_home() / f"lab{cluster._SUFFIX}.lock", "w") as fh:
@@ -121,9 +122,10 @@ def _lock():
 # params
 
 
-def _load_yaml(path: Path) -> dict:
+def _load_yaml(path: Path) -> dict[str, Any]:
     import yaml
-    return yaml.safe_load(path.read_text())
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
 
 
 def params_file(nodes: int = 2) -> Path:
@@ -177,7 +179,7 @@ def node_images(s: NodeSpec) -> list[str]:
     return sorted(set(out.split()))
 
 
-def _node_status(s: NodeSpec, st: dict) -> NodeStatus:
+def _node_status(s: NodeSpec, st: dict[str, Any]) -> NodeStatus:
     from . import deployment
     ns = st.get("nodes", {}).get(s.name, {})
     alive = cluster.pid_alive(ns.get("init_pid"), ns.get("init_start"))
@@ -242,7 +244,7 @@ def _sync_models(specs: list[NodeSpec], trees: dict[str, Path], progress: Progre
     models into every node's model cache (LAB_HOME/nodes/<n>/models = /srv/models); the hub cache
     (LAB_HOME/nodes/<n>/hf = /home/lab/.cache/huggingface) onto the head only and removed from the workers, as
     the seed's offline worker had no weights (03 copies them). Symlinks are kept (the hub's snapshots)."""
-    def listing(root: Path) -> list:
+    def listing(root: Path) -> list[tuple[str, bool, int, int]]:
         if not root.is_dir():
             return []
         return sorted((str(p.relative_to(root)), p.is_symlink(), p.stat().st_size, int(p.stat().st_mtime))
@@ -288,14 +290,15 @@ def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> lis
     return drop
 
 
-def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str], progress: Progress):
+def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str],
+                         progress: Progress) -> tuple[dict[str, str], dict[str, Path]]:
     """images.ensure_images + models.ensure_models in a thread; meanwhile each lab image that the
     builder already has is copied to the head (and the worker tags to the workers), so a cold `up`
     overlaps building and loading. Returns (tag -> image ID, model name -> dir)."""
     import threading
 
     from . import builder, images, models
-    result: dict = {}
+    result: dict[str, Any] = {}  # what the thread hands back: built, models or error
 
     def work() -> None:
         try:
@@ -324,7 +327,9 @@ def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str], progress
                 break  # one image per round: look at the build thread again
     if "error" in result:
         raise result["error"]
-    return result["built"], result["models"]
+    built: dict[str, str] = result["built"]
+    trees: dict[str, Path] = result["models"]
+    return built, trees
 
 
 def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = False) -> list[str]:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 LAB_HOME = Path(os.environ.get("SPARKBOOK_LAB_HOME", "/var/lib/sparkbook-lab"))
 BUILDER_DIR = LAB_HOME / "builder"
@@ -149,7 +150,7 @@ def stop_builder(force: bool = False) -> bool:
         return True
 
 
-def stream(argv: Sequence[str], progress: Progress | None = None, *, stdin: int | None = None,
+def stream(argv: Sequence[str], progress: Progress | None = None, *, stdin: int | IO[bytes] | None = None,
            env: dict[str, str] | None = None, cwd: Path | None = None) -> list[str]:
     """Run ``argv``, passing each output line (stdout+stderr) to ``progress``; return all lines.
 

@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from types import FrameType
+from typing import Any
 
-Progress = Optional[Callable[[str], None]]
+Progress = Callable[[str], None] | None
 
 # ---------------------------------------------------------------------------------------------
 # Layout. The default lab (LAB_ID 0) matches params/lab.yaml (tests/lab/test_cluster.py checks that).
@@ -144,7 +145,7 @@ def _say(progress: Progress, msg: str) -> None:
 
 
 def run(cmd: list[str], *, check: bool = True, timeout: float = CMD_TIMEOUT, input: str | None = None,
-        env: dict | None = None) -> subprocess.CompletedProcess:
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input, env=env)
     except subprocess.TimeoutExpired as e:
@@ -167,7 +168,9 @@ def proc_starttime(pid: int) -> int | None:
 
 
 def pid_alive(pid: int | None, starttime: int | None) -> bool:
-    return bool(pid) and starttime is not None and proc_starttime(pid) == starttime
+    if not pid or starttime is None:
+        return False
+    return proc_starttime(pid) == starttime
 
 
 def _children(pid: int) -> list[int]:
@@ -185,7 +188,7 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _kill_and_wait(pid: int, starttime: int, sig: int, timeout: float) -> bool:
+def _kill_and_wait(pid: int, starttime: int | None, sig: int, timeout: float) -> bool:
     """Send sig to pid (if it is still the same process) and wait for it to go; True when gone."""
     if not pid_alive(pid, starttime):
         return True
@@ -206,14 +209,15 @@ def _kill_and_wait(pid: int, starttime: int, sig: int, timeout: float) -> bool:
 # State file
 
 
-def load_state() -> dict:
+def load_state() -> dict[str, Any]:
     try:
-        return json.loads(state_file().read_text())
+        state: dict[str, Any] = json.loads(state_file().read_text())
+        return state
     except (OSError, ValueError):
         return {}
 
 
-def save_state(state: dict) -> None:
+def save_state(state: dict[str, Any]) -> None:
     state_file().parent.mkdir(parents=True, exist_ok=True)
     tmp = state_file().with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
@@ -245,7 +249,7 @@ def ensure_keys(specs: list[NodeSpec], progress: Progress = None) -> None:
     known_hosts_file().write_text("".join(lines))
     ssh_config_file().write_text("".join(cfg))
     # each node's ~/.ssh (bind-mounted on /root/.ssh in the node): node-to-node ssh by name or IP
-    node_known = "".join(f"{s.ip},{s.name} {line.split(' ', 1)[1]}" for s, line in zip(specs, lines))
+    node_known = "".join(f"{s.ip},{s.name} {line.split(' ', 1)[1]}" for s, line in zip(specs, lines, strict=True))
     node_cfg = "Host *\n  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 10\n"
     files = {"id_ed25519": key_file().read_text(), "id_ed25519.pub": key_file().with_suffix(".pub").read_text(),
              "authorized_keys": key_file().with_suffix(".pub").read_text(), "known_hosts": node_known,
@@ -303,7 +307,7 @@ def _iptables_has(rule: list[str]) -> bool:
     return run(["iptables", "-w", "5", "-C", *rule], check=False).returncode == 0
 
 
-def ensure_bridge(state: dict, progress: Progress = None) -> None:
+def ensure_bridge(state: dict[str, Any], progress: Progress = None) -> None:
     if not _link_exists(BRIDGE):
         _say(progress, f"network: bridge {BRIDGE} {HOST_IP}/{PREFIX_LEN}")
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
@@ -325,7 +329,7 @@ def ensure_bridge(state: dict, progress: Progress = None) -> None:
     save_state(state)
 
 
-def ensure_netns(s: NodeSpec, state: dict) -> None:
+def ensure_netns(s: NodeSpec, state: dict[str, Any]) -> None:
     """The node's network namespace: lo, eth0 = s.ip on the lab bridge, no default route."""
     nodes = state.setdefault("netns", [])
     if s.netns not in _netns_list():
@@ -358,7 +362,7 @@ def ensure_netns(s: NodeSpec, state: dict) -> None:
 # Nodes
 
 
-def _node_config(s: NodeSpec, specs: list[NodeSpec]) -> dict:
+def _node_config(s: NodeSpec, specs: list[NodeSpec]) -> dict[str, Any]:
     d = s.dir
     return {
         "name": s.name,
@@ -378,16 +382,17 @@ def _node_config(s: NodeSpec, specs: list[NodeSpec]) -> dict:
     }
 
 
-def _node_state(state: dict, name: str) -> dict:
-    return state.setdefault("nodes", {}).setdefault(name, {})
+def _node_state(state: dict[str, Any], name: str) -> dict[str, Any]:
+    node: dict[str, Any] = state.setdefault("nodes", {}).setdefault(name, {})
+    return node
 
 
-def node_alive(state: dict, s: NodeSpec) -> bool:
+def node_alive(state: dict[str, Any], s: NodeSpec) -> bool:
     ns = state.get("nodes", {}).get(s.name, {})
     return pid_alive(ns.get("init_pid"), ns.get("init_start"))
 
 
-def start_node(s: NodeSpec, specs: list[NodeSpec], state: dict, progress: Progress = None) -> None:
+def start_node(s: NodeSpec, specs: list[NodeSpec], state: dict[str, Any], progress: Progress = None) -> None:
     for sub in [*NODE_MOUNTS, "logs", "ssh", "etc"]:
         (s.dir / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(s.dir / "tmp", 0o1777)
@@ -453,7 +458,7 @@ def wait_node_ready(s: NodeSpec, timeout: float = 60) -> None:
                    f"logs in {s.log_dir}")
 
 
-def stop_node(name: str, ns: dict, timeout: float = 20) -> None:
+def stop_node(name: str, ns: dict[str, Any], timeout: float = 20) -> None:
     init_pid, init_start = ns.get("init_pid"), ns.get("init_start")
     un_pid, un_start = ns.get("unshare_pid"), ns.get("unshare_start")
     if init_pid and not _kill_and_wait(init_pid, init_start, signal.SIGTERM, timeout):
@@ -487,7 +492,7 @@ def _kill_netns_pids(netns: str, progress: Progress = None) -> None:
 
 def _cgroup_cleanup(netns_names: list[str]) -> list[str]:
     """Remove the (empty) cgroups the node daemons made under /<netns> in every v1 hierarchy."""
-    left = []
+    left: list[str] = []
     if not CGROUP_ROOT.is_dir():
         return left
     for ctrl in CGROUP_ROOT.iterdir():
@@ -544,7 +549,7 @@ def start(n: int, progress: Progress = None) -> tuple[list[NodeSpec], bool]:
     return specs, changed
 
 
-def down(progress: Progress = None) -> dict:
+def down(progress: Progress = None) -> dict[str, list[str]]:
     """Remove everything the state file lists, then check nothing is left. Safe to run twice."""
     state = load_state()
     nodes = state.get("nodes", {})
@@ -605,7 +610,7 @@ def down(progress: Progress = None) -> dict:
     return left
 
 
-def leftovers() -> dict:
+def leftovers() -> dict[str, list[str]]:
     """What of this lab is still on this machine: processes, namespaces, links, mounts, rules."""
     procs = []
     for p in Path("/proc").iterdir():
@@ -680,7 +685,7 @@ def node_init(cfg_path: str) -> None:  # pragma: no cover - runs inside the node
         children[p.pid] = what
         log(f"started {what} pid {p.pid}")
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         if stopping:
             return
@@ -696,12 +701,12 @@ def node_init(cfg_path: str) -> None:  # pragma: no cover - runs inside the node
     signal.signal(signal.SIGINT, on_term)
     spawn("dockerd")
     spawn("sshd")
-    deadline = None
+    deadline: float | None = None  # set once stopping
     restarts = {"dockerd": 0, "sshd": 0}
     while True:
         if stopping and deadline is None:
             deadline = time.monotonic() + 15
-        if stopping and (not children or time.monotonic() > deadline):
+        if deadline is not None and (not children or time.monotonic() > deadline):
             log("exit")
             os._exit(0)  # the kernel kills whatever is left in this pid namespace
         try:

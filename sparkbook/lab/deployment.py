@@ -36,16 +36,17 @@ import fnmatch
 import hashlib
 import json
 import shlex
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 from .cluster import LabError, NodeSpec, lab_home, run, ssh_config_file
 
-Progress = Optional[Callable[[str], None]]
+Progress = Callable[[str], None] | None
 
 LABEL = "org.sparkbook.lab"
 DEPLOYMENT_LABEL = f"{LABEL}.deployment"  # = "old"
@@ -198,7 +199,7 @@ def manager_argv(specs: list[NodeSpec], base_image: str) -> list[str]:
     """The manager's command line on the head: a --member for the head's daemon and the first worker's (over
     SSH), the seed's two nodes."""
     members = [f"{'local' if s is specs[0] else f'ssh://root@{s.ip}'},{role},{port}"
-               for s, (role, port) in zip(specs, MANAGED_ROLES)]
+               for s, (role, port) in zip(specs, MANAGED_ROLES, strict=False)]  # the seed's first two nodes
     return ["python3", str(_script(MANAGER_NAME, MANAGER_PY)), "--pidfile", MANAGER_PIDFILE, "--log", MANAGER_LOG,
             "--name", MANAGED_NAME, "--image", base_image, "--service", str(service_script()),
             *[x for m in members for x in ("--member", m)]]
@@ -244,7 +245,7 @@ class OldContainer:
         return f"http://{self.host}:{self.port}{self.health_path}"
 
 
-def plan(specs: list[NodeSpec], params: dict, base_image: str) -> list[OldContainer]:
+def plan(specs: list[NodeSpec], params: dict[str, Any], base_image: str) -> list[OldContainer]:
     """The old deployment for these nodes, from the lab params (installed image, model cache)."""
     installed = params["runtime"]["installed_image"]
     cache = params.get("model", {}).get("cache_dir", "/srv/models")
@@ -274,13 +275,13 @@ def plan(specs: list[NodeSpec], params: dict, base_image: str) -> list[OldContai
         out.append(OldContainer(w.name, "old-reranker", base_image, "reranker", 8002,
                                 [*svc, "reranker", "8002", str(MEMORY_HOLD_MIB)], mounts=svc_mount,
                                 host=w.ip))
-    for s, (role, port) in zip(specs, MANAGED_ROLES):
+    for s, (role, port) in zip(specs, MANAGED_ROLES, strict=False):  # the seed's first two nodes
         out.append(OldContainer(s.name, MANAGED_NAME, base_image, role, port, [], host=s.ip, managed=True))
     _check_allow_lists(out, params, manager_argv(specs, base_image))
     return out
 
 
-def _check_allow_lists(out: list[OldContainer], params: dict, manager: list[str]) -> None:
+def _check_allow_lists(out: list[OldContainer], params: dict[str, Any], manager: list[str]) -> None:
     """The lab's containers are on cleanup.containers, the manager's command line on cleanup.processes, and its
     containers on NO allow-list (01 must find them through their owner)."""
     cleanup = params.get("cleanup", {})
@@ -294,11 +295,11 @@ def _check_allow_lists(out: list[OldContainer], params: dict, manager: list[str]
                        f"{procs}")
 
 
-def _docker(s: NodeSpec, *args: str, timeout: float = 120, check: bool = True):
+def _docker(s: NodeSpec, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(["docker", "-H", s.docker_host, *args], timeout=timeout, check=check)
 
 
-def containers(s: NodeSpec) -> list[dict]:
+def containers(s: NodeSpec) -> list[dict[str, Any]]:
     """All containers of a node's daemon: name, image, state, status, labels."""
     ids = _docker(s, "ps", "-aq", "--no-trunc").stdout.split()
     if not ids:
@@ -313,7 +314,8 @@ def containers(s: NodeSpec) -> list[dict]:
     return rows
 
 
-def remove_extras(specs: list[NodeSpec], params: dict, base_image: str, progress: Progress = None) -> list[str]:
+def remove_extras(specs: list[NodeSpec], params: dict[str, Any], base_image: str,
+                  progress: Progress = None) -> list[str]:
     """Remove every container that is not part of the old deployment (what a previous runbook run left:
     new vLLM servers, Ray containers), so the lab starts from its initial state. Returns what was removed."""
     names = {c.name for c in plan(specs, params, base_image) if not c.managed}
@@ -327,7 +329,7 @@ def remove_extras(specs: list[NodeSpec], params: dict, base_image: str, progress
     return removed
 
 
-def ensure(specs: list[NodeSpec], params: dict, base_image: str, progress: Progress = None) -> list[str]:
+def ensure(specs: list[NodeSpec], params: dict[str, Any], base_image: str, progress: Progress = None) -> list[str]:
     """(Re)create the old deployment containers that are not running as planned; returns what was started."""
     want = plan(specs, params, base_image)
     actions = []
@@ -346,7 +348,7 @@ def ensure(specs: list[NodeSpec], params: dict, base_image: str, progress: Progr
     return actions
 
 
-def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: float = 180,
+def wait_ready(specs: list[NodeSpec], params: dict[str, Any], base_image: str, timeout: float = 180,
                progress: Progress = None, roles: set[str] | None = None) -> dict[str, float]:
     """Until every old-deployment service (of `roles`, default all) answers its health URL;
     returns seconds waited for each. Raises LabError when one exits or the time is up."""
@@ -379,7 +381,8 @@ def wait_ready(specs: list[NodeSpec], params: dict, base_image: str, timeout: fl
     return done
 
 
-def _on_head(head: NodeSpec, command: str, timeout: float = 30, check: bool = True):
+def _on_head(head: NodeSpec, command: str, timeout: float = 30,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(["ssh", "-F", str(ssh_config_file()), head.ip, command], timeout=timeout, check=check)
 
 
@@ -418,7 +421,7 @@ def stop_manager(specs: list[NodeSpec], progress: Progress = None, timeout: floa
     return [f"stop {head.name}/old-cluster-manager[{pid}]"]
 
 
-def health(c: dict, ip: str) -> bool | None:
+def health(c: dict[str, Any], ip: str) -> bool | None:
     """For a container dict of :func:`containers` with a lab port label: does it answer? None: not ours."""
     port = c["labels"].get(f"{LABEL}.port")
     if not port or c["labels"].get(DEPLOYMENT_LABEL) != "old":
@@ -426,7 +429,7 @@ def health(c: dict, ip: str) -> bool | None:
     path = "/proxy/health" if c["labels"].get(ROLE_LABEL) == "proxy" else "/health"
     try:
         with _OPENER.open(f"http://{ip}:{port}{path}", timeout=2) as r:
-            return r.status == 200
+            return bool(r.status == 200)
     except OSError:
         return False
 

@@ -9,10 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
-from typing import Optional
+from collections.abc import Callable, Sequence
 
-Progress = Optional[Callable[[str], None]]
+Progress = Callable[[str], None] | None
 
 APT_PACKAGES = ("docker.io", "openssh-server", "openssh-client", "debootstrap", "iptables", "iproute2",
                 "iputils-ping", "tini", "procps", "util-linux", "ca-certificates", "curl")
@@ -25,7 +24,7 @@ def _say(progress: Progress, msg: str) -> None:
         progress(msg)
 
 
-def missing_apt_packages(packages=APT_PACKAGES) -> list[str]:
+def missing_apt_packages(packages: Sequence[str] = APT_PACKAGES) -> list[str]:
     if not shutil.which("dpkg-query"):
         return []
     out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Status}\n", *packages],

@@ -76,8 +76,9 @@ def test_invalid_run_request_exit_2_in_one_line(base: dict[str, Any], write_para
     assert code == cli.EXIT_INVALID and err.startswith("error: unknown parameter(s) ['confirm_cleanpu']")
     assert err.count("\n") == 1
     code, err = main(["restore", str(tmp_path / "no-run")], capsys)
-    assert (code, err) == (cli.EXIT_INVALID, f"error: {tmp_path / 'no-run' / 'restore-plan.json'} not found: 01-cleanup "
-                                             "writes it after it stops something\n")
+    assert (code, err) == (cli.EXIT_INVALID,
+                           f"error: {tmp_path / 'no-run' / 'restore-plan.json'} not found: 01-cleanup "
+                           "writes it after it stops something\n")
 
 
 def test_a_held_lock_exits_3_with_its_remediation(base: dict[str, Any], write_params: Callable[..., Path],

@@ -32,7 +32,7 @@ def _params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: P
     config = tmp_path / "ssh_config"
     config.write_text(CONFIG.format(known=tmp_path / "spark_known_hosts"))
     base["ssh"] = {"config_file": str(config), **ssh}
-    for node, host in zip(base["nodes"], ("spark-1", "spark-2")):
+    for node, host in zip(base["nodes"], ("spark-1", "spark-2"), strict=True):
         node["host"] = host
     return load_params(write_params(base))
 

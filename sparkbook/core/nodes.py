@@ -101,10 +101,21 @@ def _filled(template: str, values: dict[str, str | int]) -> str:
     return template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
 
 
+def with_timeout(argv: Sequence[str], timeout: float) -> list[str]:
+    """argv under coreutils' `timeout`, TERM at `timeout` s and KILL KILL_GRACE_S later: the side that runs it
+    enforces the limit, so nothing stays running after we give up (`ended_by_timeout` reads its exit code)."""
+    return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *argv]
+
+
+def ended_by_timeout(code: int | None) -> bool:
+    """Whether a command run `with_timeout` was ended by it: 124 (TERM), 137 (KILL), or no exit code (cut off)."""
+    return code is None or code in (124, 137)
+
+
 def _remote_argv(argv: Sequence[str], env: dict[str, str] | None, timeout: float) -> list[str]:
-    """Wrap argv so the node itself enforces the timeout: nothing stays running after we give up."""
+    """argv with its environment, under the node-side timeout."""
     prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
-    return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *prefix, *argv]
+    return with_timeout([*prefix, *argv], timeout)
 
 
 class Node(ABC):
@@ -133,8 +144,7 @@ class Node(ABC):
         timeout = timeout or self.ssh.command_timeout_s
         started, t0 = datetime.now(UTC), time.monotonic()
         out, err, code = self._exec(_remote_argv(argv, env, timeout), timeout + KILL_GRACE_S + 5, stdin)
-        timed_out = code in (124, 137) or code is None
-        result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, timed_out)
+        result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, ended_by_timeout(code))
         return result.check() if check else result
 
     @abstractmethod
@@ -324,7 +334,7 @@ class SSHNode(Node):
         finally:
             channel.close()  # a broken sink or source ends the remote side at once, not at its timeout
         return Result(self.name, tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"),
-                      started, time.monotonic() - t0, code in (124, 137) or code is None)
+                      started, time.monotonic() - t0, ended_by_timeout(code))
 
     def put(self, local: Path, remote: str) -> None:
         with self.client().open_sftp() as sftp:
@@ -392,7 +402,7 @@ class LocalNode(Node):
             err_file.seek(0)
             err = err_file.read()
         return Result(self.name, tuple(argv), code, (out or b"").decode(errors="replace"),
-                      err.decode(errors="replace"), started, time.monotonic() - t0, code in (124, 137) or code is None)
+                      err.decode(errors="replace"), started, time.monotonic() - t0, ended_by_timeout(code))
 
     def put(self, local: Path, remote: str) -> None:
         shutil.copyfile(local, remote)

@@ -15,8 +15,8 @@ import pytest
 import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.imageprobes import probe_registry
-from sparkbook.core.runtime import runtime_for
-from sparkbook.stages import distribute, images
+from sparkbook.core.runtime import image_source_for
+from sparkbook.stages.images import choice, distribute
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
@@ -41,8 +41,8 @@ def run(lab, tmp_path):  # type: ignore[no-untyped-def]
 
 
 def test_registry_probe_tells_the_three_images_apart(run) -> None:  # type: ignore[no-untyped-def]
-    arch = images.model_target(run).architecture
-    probes = {ref: probe_registry(run, ref, arch) for ref in (OLD, GRAFT, NEW)}
+    arch = choice.model_target(run.context(), None).architecture
+    probes = {ref: probe_registry(run.context(), ref, arch) for ref in (OLD, GRAFT, NEW)}
     report("registry_probe_s", {ref: p.duration_s for ref, p in probes.items()})
     assert not probes[OLD].registered and probes[OLD].n_architectures > 300
     assert probes[GRAFT].registered and probes[GRAFT].module == "vllm.models.hy_v4"
@@ -117,13 +117,13 @@ def images_rows(run_dir: Path) -> list[dict]:
 @pytest.mark.benchmark
 def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) -> None:  # type: ignore[no-untyped-def]
     """The same image both ways, back to back (the grafted one: nothing else on the worker uses it)."""
-    worker, image_info = run.cluster.workers[0], runtime_for(run.params).image
+    worker, image_info = run.cluster.workers[0], image_source_for(run.params).image
     assert image_info(worker, GRAFT) is None
     size = image_info(run.cluster.head, GRAFT)[1]
     try:
         seconds = plain_pipe(GRAFT, run.cluster.head.spec.host, worker.spec.host)
         rmi(worker.spec.host, GRAFT)
-        copy = distribute.copy_image(run, GRAFT, worker, size)
+        copy = distribute.copy_image(run.context(), GRAFT, worker, size)
         assert not copy.error and image_info(worker, GRAFT)[0] == image_info(run.cluster.head, GRAFT)[0]
         plain_mb_s = copy.bytes / 1e6 / seconds
         report("copy_mb_s_graft", {"streamed": copy.mb_s, "plain ssh pipe": round(plain_mb_s, 1),

@@ -96,7 +96,7 @@ class DockerNodes:
             kwargs["ipc_mode"] = "host"
         if gpus:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        return client.containers.run(place.image, **kwargs).id
+        return str(client.containers.run(place.image, **kwargs).id)
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
              env: dict[str, str] | None = None) -> Result:
@@ -129,7 +129,7 @@ class DockerNodes:
 
     def alive(self, node: Node, place: Place) -> bool:
         try:
-            return self.client(node).containers.get(place.name).status == "running"
+            return bool(self.client(node).containers.get(place.name).status == "running")
         except docker.errors.NotFound:
             return False
 

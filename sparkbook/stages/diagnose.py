@@ -126,7 +126,8 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
     except Exception as exc:  # absence of Docker is a fact of the node
         docker = unavailable(exc)
     cuda = (s.get("cuda") or ["?"])[0] or "?"
-    gpus = [Gpu(*[p.strip() for p in line.split(",")][:3], cuda) for line in s.get("gpu", []) if line.count(",") >= 2]
+    gpus = [Gpu(name.strip(), cc.strip(), driver.strip(), cuda)
+            for name, cc, driver, *_ in (line.split(",") for line in s.get("gpu", []) if line.count(",") >= 2)]
     has_gpu = s.get("hasgpu", ["none"])[0] != "none"
     gpu = f"{len(gpus)} x {gpus[0].name}" if gpus else ("nvidia-smi lists no GPU" if has_gpu else NO_GPU)
     disk = (s.get("disk") or [""])[0].split()
@@ -212,7 +213,7 @@ def model_dir(node: Node, model: ModelSpec) -> str:
     """model.path, or the snapshot dir of model.hf_id in the node's Hugging Face cache ("" if absent)."""
     if model.path:
         return model.path
-    repo = "models--" + model.hf_id.replace("/", "--")
+    repo = "models--" + (model.hf_id or "").replace("/", "--")
     return node.run(shell(MODEL_DIR, cache=model.cache_dir, repo=repo), timeout=PROBE_TIMEOUT_S).stdout.strip()
 
 
@@ -249,17 +250,17 @@ def model_files_all(ctx: Context) -> dict[str, Outcome[ModelFiles]]:
 
 def config_source(files: dict[str, Outcome[ModelFiles]], head: str) -> ModelFiles:
     """The copy 02 reads the model's facts from: the head's, else the first node that has a config.json."""
-    have = [o.value for n, o in sorted(files.items(), key=lambda i: i[0] != head) if o.ok and o.value.config]
+    have = [o.ok_value for n, o in sorted(files.items(), key=lambda i: i[0] != head) if o.ok and o.ok_value.config]
     if not have:
         raise DiagnosisError("no node has the model's config.json: " + "; ".join(
-            f"{n}: {o.value.error if o.ok else o.error}" for n, o in files.items()))
+            f"{n}: {o.ok_value.error if o.ok else o.error}" for n, o in files.items()))
     return have[0]
 
 
 def model_rows(files: dict[str, Outcome[ModelFiles]]) -> list[dict[str, object]]:
-    return [{"node": n, "dir": o.value.dir if o.ok else "-", "config sha": o.value.config_sha if o.ok else "-",
-             "weight files GiB": round(sum(o.value.file_sizes) / GIB, 4) if o.ok else "-",
-             "problem": (o.value.error if o.ok else str(o.error))} for n, o in files.items()]
+    return [{"node": n, "dir": o.ok_value.dir if o.ok else "-", "config sha": o.ok_value.config_sha if o.ok else "-",
+             "weight files GiB": round(sum(o.ok_value.file_sizes) / GIB, 4) if o.ok else "-",
+             "problem": (o.ok_value.error if o.ok else str(o.error))} for n, o in files.items()]
 
 
 # --- findings ---------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def node_findings(facts: dict[str, Outcome[NodeFacts]], params: Params) -> list[
     for n, o in facts.items():
         if not o.ok:
             continue
-        f, spec = o.value, params.node(n)
+        f, spec = o.ok_value, params.node(n)
         if spec.fabric_ip.is_loopback:
             out.append(Finding("warning", "fabric", f"{n}: fabric_ip {spec.fabric_ip} is a loopback address: Ray "
                                                     "reports the host's own address instead (04's gate) and vLLM's "
@@ -306,12 +307,12 @@ def link_findings(results: dict[str, Outcome[list[Link]]], params: Params) -> li
 
 def model_findings(files: dict[str, Outcome[ModelFiles]]) -> list[Finding]:
     out = unreachable(files)
-    shas = {o.value.config_sha for o in files.values() if o.ok and o.value.config}
+    shas = {o.ok_value.config_sha for o in files.values() if o.ok and o.ok_value.config}
     for n, o in files.items():
-        if o.ok and o.value.error:
-            holder = next((m for m, h in files.items() if h.ok and h.value.config and not h.value.error), None)
-            out.append(Finding("warning", "model", f"{n}: {o.value.error}; 03 copies it from {holder}") if holder
-                       else Finding("blocker", "model", f"{n}: {o.value.error}"))
+        if o.ok and o.ok_value.error:
+            holder = next((m for m, h in files.items() if h.ok and h.ok_value.config and not h.ok_value.error), None)
+            out.append(Finding("warning", "model", f"{n}: {o.ok_value.error}; 03 copies it from {holder}") if holder
+                       else Finding("blocker", "model", f"{n}: {o.ok_value.error}"))
     if len(shas) > 1:
         out.append(Finding("blocker", "model", f"the nodes hold different config.json files: {sorted(shas)}"))
     return out

@@ -35,7 +35,7 @@ def report(key: str, value: object) -> None:
 
 @pytest.fixture
 def run(lab, tmp_path):  # type: ignore[no-untyped-def]
-    r = sparkbook.open_run(REPO / "params" / "lab.yaml", tmp_path / "run", stage="03-test")
+    r = sparkbook.open_run(sblab.params_file(2), tmp_path / "run", stage="03-test")
     yield r
     r.close()
 
@@ -51,7 +51,7 @@ def test_registry_probe_tells_the_three_images_apart(run) -> None:  # type: igno
 
 
 def sparkbook_run(outputs: Path) -> Path:
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "sparkbook"), "run", "params/lab.yaml", "--only", "03",
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "sparkbook"), "run", str(sblab.params_file(2)), "--only", "03",
                            "--outputs", str(outputs)], cwd=REPO, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "SPARKBOOK_HEADLESS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -71,7 +71,7 @@ def distribution(run_dir: Path) -> dict:
 
 def plain_pipe(ref: str, head: str, worker: str) -> float:
     """MB/s of `ssh head docker save REF | ssh worker docker load` (the measurement to match, not the product)."""
-    ssh = ["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config"]
+    ssh = ["ssh", "-F", str(sblab.cluster.ssh_config_file())]
     t0 = time.monotonic()
     save = subprocess.Popen([*ssh, head, "docker", "save", ref], stdout=subprocess.PIPE)
     load = subprocess.run([*ssh, worker, "docker", "load"], stdin=save.stdout, capture_output=True, timeout=900)
@@ -81,7 +81,7 @@ def plain_pipe(ref: str, head: str, worker: str) -> float:
 
 
 def rmi(worker: str, ref: str) -> None:
-    subprocess.run(["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config", worker, "docker", "rmi", ref],
+    subprocess.run(["ssh", "-F", str(sblab.cluster.ssh_config_file()), worker, "docker", "rmi", ref],
                    capture_output=True, timeout=120, check=True)
 
 
@@ -130,5 +130,5 @@ def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) ->
                                    "ratio": round(copy.mb_s / plain_mb_s, 2)})
         assert copy.mb_s >= 0.9 * plain_mb_s
     finally:
-        subprocess.run(["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config", worker.spec.host, "docker", "rmi", GRAFT],
+        subprocess.run(["ssh", "-F", str(sblab.cluster.ssh_config_file()), worker.spec.host, "docker", "rmi", GRAFT],
                        capture_output=True, timeout=120)

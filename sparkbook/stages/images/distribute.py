@@ -258,7 +258,8 @@ class _DDProgress:
     """A sink for dd's progress lines: the bytes it has passed on, shown on the bar."""
 
     def __init__(self) -> None:
-        self.bytes, self.bar = 0, None
+        self.bytes = 0
+        self.bar: Progress | None = None
 
     def write(self, chunk: bytes) -> None:
         found = DD_BYTES.findall(chunk)

@@ -457,7 +457,7 @@ def listings(ctx: Context) -> dict[str, Listing]:
     """Every node's listing; nodes follow the head's location of the model where they lack it."""
     model = ctx.params.model
     outcomes = ctx.cluster.fan_out(lambda n: listing(n, model), timeout=LIST_TIMEOUT_S * 3)
-    found = {name: o.value for name, o in outcomes.items() if o.ok}
+    found = {name: o.ok_value for name, o in outcomes.items() if o.ok}
     if len(found) < len(outcomes):
         raise ModelCopyError(outcomes.errors())
     located = next((lst.root for lst in found.values() if lst.exists and wanted(lst)), None)
@@ -476,7 +476,7 @@ def copy_model(ctx: Context) -> ModelCopy:
     outcomes = ctx.cluster.fan_out(lambda n: copy_node(ctx, cp, next(p for p in cp.nodes if p.node == n.name)),
                                    [ctx.cluster.nodes[p.node] for p in cp.nodes],
                                    timeout=ctx.params.model.transfer.timeout_s + 600, label="model copies")
-    copies = [o.value if o.ok else NodeCopy(name, 0, 0, o.duration_s, [], str(o.error))
+    copies = [o.ok_value if o.ok else NodeCopy(name, 0, 0, o.duration_s, [], str(o.error))
               for name, o in outcomes.items()]
     after = listings(ctx)
     matches = {n: not lacking(cp.wanted, lst.entries) for n, lst in after.items()}

@@ -30,8 +30,8 @@ from typing import Protocol, runtime_checkable
 from .nodes import Cluster, FanOut, Node, Result
 from .params import DockerRuntime, Params
 
-LABEL = "org.sparkbook.run"
-ID_TIMEOUT_S = 30
+ID_TIMEOUT_S = 30  # reading an image's ID on a node
+
 # The shell scripts of both implementations' process control.
 # Start argv as the leader of a new session, its ID in "$1.pid", output to "$1" ($0 is the log path).
 SPAWN_SH = ('mkdir -p "$(dirname "$0")"; '
@@ -41,9 +41,8 @@ RUNNING_SH = ('p=$(cat "$0" 2>/dev/null) && s=$(cut -d")" -f2 "/proc/$p/stat" 2>
               'case $s in " Z"*|" X"*) exit 1;; esac')
 # TERM the session leader's process group, wait up to $1 s, then KILL what is left.
 KILL_SH = ('p=$(cat "$0" 2>/dev/null) || exit 0; kill -TERM -"$p" 2>/dev/null; i=0; '
-         'while kill -0 -"$p" 2>/dev/null && [ $i -lt "$1" ]; do sleep 1; i=$((i+1)); done; '
-         'kill -KILL -"$p" 2>/dev/null; '
-         'rm -f "$0"; exit 0')
+           'while kill -0 -"$p" 2>/dev/null && [ $i -lt "$1" ]; do sleep 1; i=$((i+1)); done; '
+           'kill -KILL -"$p" 2>/dev/null; rm -f "$0"; exit 0')
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ import docker.errors
 from .docker_ssh import docker_client
 from .nodes import Cluster, FanOut, Node, NodeError, Result, ended_by_timeout, with_timeout
 from .params import DockerRuntime
-from .runtime import ID_TIMEOUT_S, KILL_SH, LABEL, RUNNING_SH, SPAWN_SH, Existing, Place, Spawned
+from .runtime import ID_TIMEOUT_S, KILL_SH, RUNNING_SH, SPAWN_SH, Existing, Place, Spawned
 
+LABEL = "org.sparkbook.run"  # on every container sparkbook starts
 DAEMON_TIMEOUT_S = 20
 
 

@@ -220,16 +220,16 @@ def layer_skip(ctx: Context, ref: str, node: Node) -> tuple[list[str], list[str]
     return diff_ids, layerdelta.layers_to_skip(diff_ids, [line.split(",") for line in held])
 
 
-def fabric_dest(ctx: Context, node: Node) -> tuple[str, str]:
-    """(user@fabric_ip, "") where the head reaches `node`'s fabric IP by SSH with docker there, else ("", why)."""
+def fabric_dest(ctx: Context, node: Node) -> tuple[str | None, str | None]:
+    """(user@fabric_ip, None) where the head reaches `node`'s fabric IP by SSH with docker there, else (None, why)."""
     spec, ssh = node.spec, ctx.params.ssh
     dest = f"{spec.ssh_user or ssh.user}@{spec.fabric_ip}"
     r = ctx.head.run(["ssh", "-p", str(spec.ssh_port or ssh.port), "-o", "BatchMode=yes", "-o",
-                              f"ConnectTimeout={ssh.connect_timeout_s:g}", dest, "docker", "version", "--format",
-                              "{{.Server.Version}}"], timeout=REACH_TIMEOUT_S)
+                      f"ConnectTimeout={ssh.connect_timeout_s:g}", dest, "docker", "version", "--format",
+                      "{{.Server.Version}}"], timeout=REACH_TIMEOUT_S)
     if r.ok:
-        return dest, ""
-    return "", (f"{ctx.head.name} cannot run docker on {node.name}'s fabric IP {spec.fabric_ip} over SSH "
+        return dest, None
+    return None, (f"{ctx.head.name} cannot run docker on {node.name}'s fabric IP {spec.fabric_ip} over SSH "
                 f"(exit {r.exit_code}: {(r.stderr.strip() or r.stdout.strip())[-200:]})")
 
 

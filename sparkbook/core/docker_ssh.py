@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import cast
 
 import docker
 from docker.transport import SSHHTTPAdapter
@@ -23,7 +24,7 @@ def unavailable(exc: Exception) -> str:
     return f"unavailable: {text}"
 
 
-class _NodeSSHAdapter(SSHHTTPAdapter):
+class _NodeSSHAdapter(SSHHTTPAdapter):  # type: ignore[misc]  # docker-py ships no types
     """docker-py's SSH adapter riding on the node's own SSH connection: no second handshake per client,
     the same key, known_hosts and strict policy; closing the client leaves the node's connection open."""
 
@@ -68,7 +69,7 @@ def _new_client(node: Node, timeout: float) -> docker.DockerClient:
     if node.local:
         return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=int(timeout))
     api = docker.APIClient(base_url="tcp://127.0.0.1:9", version=MIN_API, timeout=int(timeout))
-    adapter = _NodeSSHAdapter(node, timeout)
+    adapter = _NodeSSHAdapter(cast(SSHNode, node), timeout)  # not local: an SSH node
     api.mount("http+docker://ssh", adapter)
     api._custom_adapter = adapter
     api.base_url = "http+docker://ssh"

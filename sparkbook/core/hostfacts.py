@@ -102,10 +102,10 @@ def _mib(value: str) -> int | None:
 def memory_from(info: dict[str, int], gpu_csv: list[str]) -> Memory:
     """Memory from meminfo and `nvidia-smi --query-gpu=memory.total,memory.used` lines (none: no GPU)."""
     totals = [[_mib(v) for v in line.split(",")] for line in gpu_csv if line.count(",") == 1]
-    known = [t for t in totals if t[0] is not None]
+    known = [(total, used or 0) for total, used in totals if total is not None]
     return Memory(info["MemTotal"], info["MemAvailable"],
-                  sum(t[0] for t in known) if known else None,
-                  sum(t[1] or 0 for t in known) if known else None, len(totals))
+                  sum(total for total, _ in known) if known else None,
+                  sum(used for _, used in known) if known else None, len(totals))
 
 
 def gpu_apps(rc: int, lines: list[str]) -> tuple[str, list[GpuApp]]:

@@ -1,20 +1,21 @@
 """Probes that run inside an image (or the Python environment): one JSON document each (`probes.parse`).
 
 Shared by 02 (is the model registered in the installed image?) and 03 (every candidate).
-    run_probe(run, image, name, args) -> (document, error)   a probe script in a fresh container of the image
-    probe_registry(run, image, architecture) -> RegistryProbe   static parse of the registry, no vLLM import
-    probe_installed(run, architecture) -> RegistryProbe | None  the old deployment's image
+    run_probe(ctx, image, name, args) -> (document, error)   a probe script in a fresh container of the image
+    probe_registry(ctx, image, architecture) -> RegistryProbe   static parse of the registry, no vLLM import
+    probe_installed(ctx, architecture) -> RegistryProbe | None  the old deployment's image
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from . import probes
+from .context import Context
 from .errors import ProbeOutputError
 from .nodes import Node, NodeError, Result
-from .record import Run
-from .runtime import runtime_for
+from .runtime import image_source_for
 
 REGISTRY_TIMEOUT_S = 30
 
@@ -37,12 +38,12 @@ class RegistryProbe:
     error: str = ""
 
 
-def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | None = None,
-              env: dict[str, str] | None = None, timeout: float) -> tuple[dict, str]:
+def run_probe(ctx: Context, image: str, name: str, args: list[str], *, node: Node | None = None,
+              env: dict[str, str] | None = None, timeout: float) -> tuple[dict[str, Any], str]:
     """Run probe script `name` in a fresh container of `image`; (its JSON document, or an error)."""
-    node = node or run.cluster.head
+    node = node or ctx.head
     try:
-        result = in_image(run, node, image, ["python3", "-c", probes.source(name), *args], env or {}, timeout)
+        result = in_image(ctx, node, image, ["python3", "-c", probes.source(name), *args], env or {}, timeout)
     except NodeError as exc:
         return {}, _first_line(str(exc))
     if result.timed_out:
@@ -53,18 +54,17 @@ def run_probe(run: Run, image: str, name: str, args: list[str], *, node: Node | 
         return {}, f"{exc}; exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
 
 
-def in_image(run: Run, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
+def in_image(ctx: Context, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
     """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed
     (the runtime's `one_off`: for Docker the node's own `docker run --rm`, in one SSH call), with the node's GPUs
     where params list any for it: a CUDA image probed without them cannot load libcuda."""
-    return runtime_for(run.params).one_off(node, image, argv, env=env, timeout=timeout,
-                                           gpus=bool(run.params.node(node.name).gpus))
+    return ctx.runtime.one_off(node, image, argv, env=env, timeout=timeout, gpus=bool(ctx.params.node(node.name).gpus))
 
 
-def probe_registry(run: Run, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:
+def probe_registry(ctx: Context, image: str, architecture: str, node: Node | None = None) -> RegistryProbe:
     """Is `architecture` registered in `image`'s vLLM? Parses registry.py in the image (no vLLM import)."""
     t0 = time.monotonic()
-    doc, error = run_probe(run, image, "registry", [architecture], node=node, timeout=REGISTRY_TIMEOUT_S)
+    doc, error = run_probe(ctx, image, "registry", [architecture], node=node, timeout=REGISTRY_TIMEOUT_S)
     return RegistryProbe(
         image=image, architecture=architecture, vllm_version=doc.get("vllm_version"),
         registered=bool(doc.get("registered")), module=doc.get("module"), class_name=doc.get("class_name"),
@@ -73,15 +73,15 @@ def probe_registry(run: Run, image: str, architecture: str, node: Node | None = 
         duration_s=round(time.monotonic() - t0, 2), error=error or doc.get("error", ""))
 
 
-def probe_installed(run: Run, architecture: str) -> RegistryProbe | None:
+def probe_installed(ctx: Context, architecture: str) -> RegistryProbe | None:
     """The registry probe of the old deployment's image (runtime.installed_image); None where there is none:
     a Python runtime has no installed image, and a Docker runtime may name none."""
-    installed = runtime_for(run.params).installed()
-    return probe_registry(run, installed, architecture) if installed else None
+    installed = image_source_for(ctx.params).installed()
+    return probe_registry(ctx, installed, architecture) if installed else None
 
 
-def no_installed_reason(run: Run) -> str:
-    return runtime_for(run.params).no_installed_reason()
+def no_installed_reason(ctx: Context) -> str:
+    return image_source_for(ctx.params).no_installed_reason()
 
 
 def _first_line(text: str) -> str:

@@ -152,7 +152,7 @@ def _attention_params(c: dict[str, Any], hidden: int, heads: int) -> int:
         qr = c.get("q_lora_rank")
         q = hidden * qr + qr * heads * (nope + rope) if qr else hidden * heads * (nope + rope)
         kv = hidden * (c["kv_lora_rank"] + rope) + c["kv_lora_rank"] * heads * (nope + v)
-        return q + kv + heads * v * hidden
+        return int(q + kv + heads * v * hidden)
     head_dim = c.get("head_dim") or hidden // heads
     kv_heads = c.get("num_key_value_heads") or heads
     return 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
@@ -162,7 +162,7 @@ def _experts(c: dict[str, Any]) -> tuple[int, int, int]:
     """(routed experts per MoE layer, experts per token, one expert's intermediate size); experts 0 when dense."""
     experts = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0
     top_k = c.get("num_experts_per_tok") or c.get("moe_topk") or 0
-    return experts, top_k, c.get("moe_intermediate_size") or c.get("intermediate_size")
+    return int(experts), int(top_k), int(c.get("moe_intermediate_size") or c.get("intermediate_size") or 0)
 
 
 def moe_shape(config: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -288,6 +288,7 @@ def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory])
             continue
         w = weights_rank * ranks
         reserve = RESERVE_BYTES * ranks if name in gpu_nodes else 0  # CPU ranks: no CUDA context or graph pool
+        kv: float
         if serve.kv_cache_memory_bytes:
             kv = _size_bytes(serve.kv_cache_memory_bytes) * ranks
             planned = w + kv + reserve

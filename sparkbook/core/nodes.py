@@ -10,13 +10,13 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Generic, TypeVar
+from typing import IO, Any, Generic, Protocol, TypeVar, cast
 
 import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
@@ -101,10 +101,27 @@ def _filled(template: str, values: dict[str, str | int]) -> str:
     return template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
 
 
+class Sink(Protocol):
+    """Where a stream's stdout goes, chunk by chunk: a file, or something that counts what passed."""
+
+    def write(self, chunk: bytes, /) -> object: ...
+
+
+def with_timeout(argv: Sequence[str], timeout: float) -> list[str]:
+    """argv under coreutils' `timeout`, TERM at `timeout` s and KILL KILL_GRACE_S later: the side that runs it
+    enforces the limit, so nothing stays running after we give up (`ended_by_timeout` reads its exit code)."""
+    return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *argv]
+
+
+def ended_by_timeout(code: int | None) -> bool:
+    """Whether a command run `with_timeout` was ended by it: 124 (TERM), 137 (KILL), or no exit code (cut off)."""
+    return code is None or code in (124, 137)
+
+
 def _remote_argv(argv: Sequence[str], env: dict[str, str] | None, timeout: float) -> list[str]:
-    """Wrap argv so the node itself enforces the timeout: nothing stays running after we give up."""
+    """argv with its environment, under the node-side timeout."""
     prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
-    return ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:g}", *prefix, *argv]
+    return with_timeout([*prefix, *argv], timeout)
 
 
 class Node(ABC):
@@ -133,8 +150,7 @@ class Node(ABC):
         timeout = timeout or self.ssh.command_timeout_s
         started, t0 = datetime.now(UTC), time.monotonic()
         out, err, code = self._exec(_remote_argv(argv, env, timeout), timeout + KILL_GRACE_S + 5, stdin)
-        timed_out = code in (124, 137) or code is None
-        result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, timed_out)
+        result = Result(self.name, tuple(argv), code, out, err, started, time.monotonic() - t0, ended_by_timeout(code))
         return result.check() if check else result
 
     @abstractmethod
@@ -142,7 +158,7 @@ class Node(ABC):
         """argv as given (already wrapped in its timeout): (stdout, stderr, exit code or None if cut off)."""
 
     @abstractmethod
-    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: IO[bytes] | None = None,
+    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: Sink | None = None,
                timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
         """Run argv with stdin fed from `source` or stdout copied to `sink`, in chunks (for image streams)."""
 
@@ -207,13 +223,14 @@ class SSHNode(Node):
 
     def client(self) -> paramiko.SSHClient:
         with self._lock:
-            transport = self._client.get_transport() if self._client else None
-            if transport is None or not transport.is_active():
+            client = self._client
+            transport = client.get_transport() if client else None
+            if client is None or transport is None or not transport.is_active():
                 self._client = None
                 client = self.new_client()
                 self._connect(client)
                 self._client = client
-            return self._client
+            return client
 
     def connect(self) -> None:
         self.client()
@@ -262,10 +279,10 @@ class SSHNode(Node):
         hop = self.new_client(target.jump)
         self._connect(hop, target.jump)
         self._jumps.append(hop)
-        return hop.get_transport().open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
+        return self._transport(hop).open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
                                                 timeout=self.ssh.connect_timeout_s)
 
-    def _connect_with_retry(self, client: paramiko.SSHClient, kwargs: dict[str, object],
+    def _connect_with_retry(self, client: paramiko.SSHClient, kwargs: dict[str, Any],
                             sock: Callable[[], socket.socket | paramiko.Channel], tries: int = 3) -> None:
         """A loaded node can drop the banner exchange: retry that (after 1 s, 2 s, ...), never a refusal or a
         host-key problem."""
@@ -273,6 +290,13 @@ class SSHNode(Node):
                  retry=retry_if_exception(lambda exc: isinstance(exc, paramiko.SSHException) and "banner" in str(exc)),
                  before_sleep=lambda state: client.close(), reraise=True)(
             lambda: client.connect(**kwargs, sock=sock()))
+
+    def _transport(self, client: paramiko.SSHClient) -> paramiko.Transport:
+        """The client's live transport (Unreachable where the connection has just gone)."""
+        transport = client.get_transport()
+        if transport is None:
+            raise Unreachable(self.name, "the SSH connection closed")
+        return transport
 
     def close(self) -> None:
         with self._lock:
@@ -282,7 +306,7 @@ class SSHNode(Node):
 
     # --- commands ---------------------------------------------------------------------------
     def _exec(self, argv: list[str], deadline_s: float, stdin: bytes | None) -> tuple[str, str, int | None]:
-        channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+        channel = self._transport(self.client()).open_session(timeout=self.ssh.connect_timeout_s)
         try:
             channel.settimeout(self.ssh.connect_timeout_s)
             channel.exec_command(shlex.join(argv))
@@ -295,12 +319,12 @@ class SSHNode(Node):
             channel.close()
         return out.decode(errors="replace"), err.decode(errors="replace"), code
 
-    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: IO[bytes] | None = None,
+    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: Sink | None = None,
                timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
         """Run argv with stdin fed from `source` or stdout copied to `sink`, in chunks (for image streams)."""
         timeout = timeout or self.ssh.command_timeout_s
         started, t0 = datetime.now(UTC), time.monotonic()
-        channel = self.client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+        channel = self._transport(self.client()).open_session(timeout=self.ssh.connect_timeout_s)
         channel.settimeout(timeout)
         channel.exec_command(shlex.join(_remote_argv(argv, None, timeout)))
         out = bytearray()
@@ -324,17 +348,23 @@ class SSHNode(Node):
         finally:
             channel.close()  # a broken sink or source ends the remote side at once, not at its timeout
         return Result(self.name, tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"),
-                      started, time.monotonic() - t0, code in (124, 137) or code is None)
+                      started, time.monotonic() - t0, ended_by_timeout(code))
 
     def put(self, local: Path, remote: str) -> None:
         with self.client().open_sftp() as sftp:
-            sftp.get_channel().settimeout(self.ssh.command_timeout_s)
+            _sftp_timeout(sftp, self.ssh.command_timeout_s)
             sftp.put(str(local), remote)
 
     def get(self, remote: str, local: Path) -> None:
         with self.client().open_sftp() as sftp:
-            sftp.get_channel().settimeout(self.ssh.command_timeout_s)
+            _sftp_timeout(sftp, self.ssh.command_timeout_s)
             sftp.get(remote, str(local))
+
+
+def _sftp_timeout(sftp: paramiko.SFTPClient, seconds: float) -> None:
+    channel = sftp.get_channel()
+    if channel is not None:
+        channel.settimeout(seconds)
 
 
 def _tcp_nodelay(kwargs: dict[str, object]) -> socket.socket:
@@ -351,7 +381,7 @@ class BulkNode(SSHNode):
     aes-ctr + hmac-sha2-256 costs about a fifth more CPU per byte, which a busy 2-core node feels."""
 
     def connect_kwargs(self, target: SSHTarget | None = None) -> dict[str, object]:
-        ciphers = [c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c]
+        ciphers = [c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c]  # type: ignore[attr-defined]
         return {**super().connect_kwargs(target), "disabled_algorithms": {"ciphers": ciphers}}
 
 
@@ -370,7 +400,7 @@ class LocalNode(Node):
             return (exc.stdout or b"").decode(errors="replace"), (exc.stderr or b"").decode(errors="replace"), None
         return proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"), proc.returncode
 
-    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: IO[bytes] | None = None,
+    def stream(self, argv: Sequence[str], *, source: IO[bytes] | None = None, sink: Sink | None = None,
                timeout: float | None = None, on_bytes: Callable[[int], None] | None = None) -> Result:
         timeout = timeout or self.ssh.command_timeout_s
         started, t0 = datetime.now(UTC), time.monotonic()
@@ -378,8 +408,9 @@ class LocalNode(Node):
         with tempfile.TemporaryFile() as err_file, \
                 subprocess.Popen(_remote_argv(argv, None, timeout), stdin=subprocess.PIPE if source else None,
                                  stdout=subprocess.PIPE, stderr=err_file) as proc:
-            pipe_from, pipe_to = (source, proc.stdin) if source else (proc.stdout, sink)
-            while pipe_to is not None and (chunk := pipe_from.read(1 << 20)):
+            pipe_from = source if source else proc.stdout
+            pipe_to: Sink | None = proc.stdin if source else sink
+            while pipe_from is not None and pipe_to is not None and (chunk := pipe_from.read(1 << 20)):
                 pipe_to.write(chunk)
                 if on_bytes:
                     on_bytes(len(chunk))
@@ -392,7 +423,7 @@ class LocalNode(Node):
             err_file.seek(0)
             err = err_file.read()
         return Result(self.name, tuple(argv), code, (out or b"").decode(errors="replace"),
-                      err.decode(errors="replace"), started, time.monotonic() - t0, code in (124, 137) or code is None)
+                      err.decode(errors="replace"), started, time.monotonic() - t0, ended_by_timeout(code))
 
     def put(self, local: Path, remote: str) -> None:
         shutil.copyfile(local, remote)
@@ -459,6 +490,13 @@ class Outcome(Generic[T]):
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def ok_value(self) -> T:
+        """The value of an outcome that is ok (test `ok` first): typed as T, where `value` may be None."""
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.value)
+
 
 class FanOut(dict[str, Outcome[T]], Generic[T]):
     """A fan-out's outcomes by node name (a dict, in the order the nodes were given), with the failed and the
@@ -506,7 +544,7 @@ class Cluster:
     def workers(self) -> list[Node]:
         return [self.nodes[s.name] for s in self.params.workers]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes.values())
 
     def fan_out(self, step: Callable[[Node], T], nodes: Sequence[Node] | None = None,

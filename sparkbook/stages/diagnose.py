@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.context import Context
 from ..core.docker_ssh import docker_client, unavailable
 from ..core.errors import ProbeOutputError, SparkbookError
 from ..core.fabric import hca_findings
@@ -13,7 +14,7 @@ from ..core.handoff import Diagnosis
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
 from ..core.modelinfo import GIB, SEED_SHARE, FitRow, NodeMemory
-from ..core.nodes import Cluster, Node, Outcome, bash, shell
+from ..core.nodes import Node, Outcome, bash, shell
 from ..core.params import ModelSpec, NodeSpec, Params
 from ..core.record import Alternative, Decision, Finding, unreachable
 
@@ -104,8 +105,10 @@ echo ==hasgpu==; command -v nvidia-smi || echo none
 if command -v ip >/dev/null; then
 echo ==net==; ip -o -4 addr show dev {netdev} 2>&1; echo ==link==; ip -o link show dev {netdev} 2>&1
 else  # no iproute2: the host's local IPv4 addresses (not per device) and the device's sysfs entries
-echo ==net==; awk '/\/32 host LOCAL/ {{print "0: ip-absent inet " p "/32"}} {{p=$2}}' /proc/net/fib_trie 2>/dev/null | sort -u
-echo ==link==; echo "0: {netdev}: mtu $(cat /sys/class/net/{netdev}/mtu 2>/dev/null) state $(tr a-z A-Z </sys/class/net/{netdev}/operstate 2>/dev/null)"
+echo ==net==; awk '/\/32 host LOCAL/ {{print "0: ip-absent inet " p "/32"}} {{p=$2}}' /proc/net/fib_trie 2>/dev/null \
+  | sort -u
+echo ==link==; echo "0: {netdev}: mtu $(cat /sys/class/net/{netdev}/mtu 2>/dev/null) \
+state $(tr a-z A-Z </sys/class/net/{netdev}/operstate 2>/dev/null)"
 fi
 echo ==roce==; if command -v ibdev2netdev >/dev/null; then ibdev2netdev; else echo "ibdev2netdev not present"; fi
 echo ==meminfo==; cat /proc/meminfo
@@ -123,7 +126,8 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
     except Exception as exc:  # absence of Docker is a fact of the node
         docker = unavailable(exc)
     cuda = (s.get("cuda") or ["?"])[0] or "?"
-    gpus = [Gpu(*[p.strip() for p in line.split(",")][:3], cuda) for line in s.get("gpu", []) if line.count(",") >= 2]
+    gpus = [Gpu(name.strip(), cc.strip(), driver.strip(), cuda)
+            for name, cc, driver, *_ in (line.split(",") for line in s.get("gpu", []) if line.count(",") >= 2)]
     has_gpu = s.get("hasgpu", ["none"])[0] != "none"
     gpu = f"{len(gpus)} x {gpus[0].name}" if gpus else ("nvidia-smi lists no GPU" if has_gpu else NO_GPU)
     disk = (s.get("disk") or [""])[0].split()
@@ -139,8 +143,8 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
                      "; ".join(s.get("roce", [])) or "-")
 
 
-def facts_all(cluster: Cluster, params: Params) -> dict[str, Outcome[NodeFacts]]:
-    return cluster.fan_out(lambda n: node_facts(n, n.spec, params), timeout=FANOUT_TIMEOUT_S)
+def facts_all(ctx: Context) -> dict[str, Outcome[NodeFacts]]:
+    return ctx.cluster.fan_out(lambda n: node_facts(n, n.spec, ctx.params), timeout=FANOUT_TIMEOUT_S)
 
 
 # --- fabric links -----------------------------------------------------------------------------------
@@ -186,8 +190,8 @@ def _links(node: str, peers: dict[str, str], text: str) -> list[Link]:
     return sorted(out, key=lambda link: link.dst)
 
 
-def links_all(cluster: Cluster, params: Params) -> dict[str, Outcome[list[Link]]]:
-    return cluster.fan_out(lambda n: links(n, params), timeout=FANOUT_TIMEOUT_S)
+def links_all(ctx: Context) -> dict[str, Outcome[list[Link]]]:
+    return ctx.cluster.fan_out(lambda n: links(n, ctx.params), timeout=FANOUT_TIMEOUT_S)
 
 
 # --- the model on the nodes -------------------------------------------------------------------------
@@ -209,7 +213,7 @@ def model_dir(node: Node, model: ModelSpec) -> str:
     """model.path, or the snapshot dir of model.hf_id in the node's Hugging Face cache ("" if absent)."""
     if model.path:
         return model.path
-    repo = "models--" + model.hf_id.replace("/", "--")
+    repo = "models--" + (model.hf_id or "").replace("/", "--")
     return node.run(shell(MODEL_DIR, cache=model.cache_dir, repo=repo), timeout=PROBE_TIMEOUT_S).stdout.strip()
 
 
@@ -220,8 +224,9 @@ def model_files(node: Node, model: ModelSpec) -> ModelFiles:
         return ModelFiles(node.name, "", None, None, [], f"{model.hf_id} is not in {model.cache_dir}")
     r = node.run(shell(MODEL_FILES, dir=where), timeout=PROBE_TIMEOUT_S)
     if r.timed_out:
-        return ModelFiles(node.name, where, None, None, [], f"reading {where} did not return within "
-                                                             f"{PROBE_TIMEOUT_S} s (a hung mount or file?): ended on the node")
+        return ModelFiles(node.name, where, None, None, [],
+                          f"reading {where} did not return within {PROBE_TIMEOUT_S} s (a hung mount or file?): "
+                          "ended on the node")
     if not r.ok:
         return ModelFiles(node.name, where, None, None, [], f"no config.json in {where}")
     return _model_files(node.name, where, r.stdout)
@@ -239,23 +244,23 @@ def _model_files(node: str, where: str, text: str) -> ModelFiles:
                                                        f"is not valid JSON: {exc}")
 
 
-def model_files_all(cluster: Cluster, model: ModelSpec) -> dict[str, Outcome[ModelFiles]]:
-    return cluster.fan_out(lambda n: model_files(n, model), timeout=FANOUT_TIMEOUT_S)
+def model_files_all(ctx: Context) -> dict[str, Outcome[ModelFiles]]:
+    return ctx.cluster.fan_out(lambda n: model_files(n, ctx.params.model), timeout=FANOUT_TIMEOUT_S)
 
 
-def model_source(files: dict[str, Outcome[ModelFiles]], head: str) -> ModelFiles:
-    """The head's copy of the model files, else the first node that has a config.json."""
-    have = [o.value for n, o in sorted(files.items(), key=lambda i: i[0] != head) if o.ok and o.value.config]
+def config_source(files: dict[str, Outcome[ModelFiles]], head: str) -> ModelFiles:
+    """The copy 02 reads the model's facts from: the head's, else the first node that has a config.json."""
+    have = [o.ok_value for n, o in sorted(files.items(), key=lambda i: i[0] != head) if o.ok and o.ok_value.config]
     if not have:
         raise DiagnosisError("no node has the model's config.json: " + "; ".join(
-            f"{n}: {o.value.error if o.ok else o.error}" for n, o in files.items()))
+            f"{n}: {o.ok_value.error if o.ok else o.error}" for n, o in files.items()))
     return have[0]
 
 
 def model_rows(files: dict[str, Outcome[ModelFiles]]) -> list[dict[str, object]]:
-    return [{"node": n, "dir": o.value.dir if o.ok else "-", "config sha": o.value.config_sha if o.ok else "-",
-             "weight files GiB": round(sum(o.value.file_sizes) / GIB, 4) if o.ok else "-",
-             "problem": (o.value.error if o.ok else str(o.error))} for n, o in files.items()]
+    return [{"node": n, "dir": o.ok_value.dir if o.ok else "-", "config sha": o.ok_value.config_sha if o.ok else "-",
+             "weight files GiB": round(sum(o.ok_value.file_sizes) / GIB, 4) if o.ok else "-",
+             "problem": (o.ok_value.error if o.ok else str(o.error))} for n, o in files.items()]
 
 
 # --- findings ---------------------------------------------------------------------------------------
@@ -264,7 +269,7 @@ def node_findings(facts: dict[str, Outcome[NodeFacts]], params: Params) -> list[
     for n, o in facts.items():
         if not o.ok:
             continue
-        f, spec = o.value, params.node(n)
+        f, spec = o.ok_value, params.node(n)
         if spec.fabric_ip.is_loopback:
             out.append(Finding("warning", "fabric", f"{n}: fabric_ip {spec.fabric_ip} is a loopback address: Ray "
                                                     "reports the host's own address instead (04's gate) and vLLM's "
@@ -302,12 +307,12 @@ def link_findings(results: dict[str, Outcome[list[Link]]], params: Params) -> li
 
 def model_findings(files: dict[str, Outcome[ModelFiles]]) -> list[Finding]:
     out = unreachable(files)
-    shas = {o.value.config_sha for o in files.values() if o.ok and o.value.config}
+    shas = {o.ok_value.config_sha for o in files.values() if o.ok and o.ok_value.config}
     for n, o in files.items():
-        if o.ok and o.value.error:
-            holder = next((m for m, h in files.items() if h.ok and h.value.config and not h.value.error), None)
-            out.append(Finding("warning", "model", f"{n}: {o.value.error}; 03 copies it from {holder}") if holder
-                       else Finding("blocker", "model", f"{n}: {o.value.error}"))
+        if o.ok and o.ok_value.error:
+            holder = next((m for m, h in files.items() if h.ok and h.ok_value.config and not h.ok_value.error), None)
+            out.append(Finding("warning", "model", f"{n}: {o.ok_value.error}; 03 copies it from {holder}") if holder
+                       else Finding("blocker", "model", f"{n}: {o.ok_value.error}"))
     if len(shas) > 1:
         out.append(Finding("blocker", "model", f"the nodes hold different config.json files: {sorted(shas)}"))
     return out
@@ -370,15 +375,16 @@ def diagnosis(findings: list[Finding], probe: RegistryProbe | None, architecture
 # does not register the model, or its registry probe failed): 03 probes every candidate image and chooses one whose
 # own vLLM registers and loads the model. Every other blocker would only fail the run later, after the image copy
 # and a long load: a node that does not answer, the fabric (the fabric IP not on its netdev, no ping, TCP filtered),
-# the model (missing or different on a node: no stage copies the model between nodes) and the memory fit.
+# the model (on no node, or different config.json files on the nodes: 03 copies the model only to nodes that lack
+# it, from one that holds it) and the memory fit.
 RESOLVED_LATER = {"image": "03-image-selection probes every candidate image and chooses one whose own vLLM registers "
                            "and loads the model"}
 REMEDIATION = {
     "node": "bring the node back (sshd running, its address in params right) or take it out of params.nodes",
     "fabric": "put fabric_ip on fabric_netdev (or correct them in params), let ping and TCP pass between the nodes' "
               "fabric IPs",
-    "model": "put the same model files on every node (model.path, or model.hf_id in model.cache_dir): the runbook "
-             "copies no model between nodes",
+    "model": "put the model on one node, the head (model.path, or model.hf_id in model.cache_dir): 03 copies it "
+             "from there to every node that lacks it; a node that holds different files must have them removed first",
     "memory": "lower serve.max_model_len, kv_cache_memory_bytes or gpu_memory_utilization, spread the model over more "
               "GPUs (tensor/pipeline parallel), or free memory on the node",
 }

@@ -15,8 +15,8 @@ import pytest
 import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.imageprobes import probe_registry
-from sparkbook.core.runtime import runtime_for
-from sparkbook.stages import distribute, images
+from sparkbook.core.runtime import image_source_for
+from sparkbook.stages.images import choice, distribute
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
@@ -35,14 +35,14 @@ def report(key: str, value: object) -> None:
 
 @pytest.fixture
 def run(lab, tmp_path):  # type: ignore[no-untyped-def]
-    r = sparkbook.open_run(REPO / "params" / "lab.yaml", tmp_path / "run", stage="03-test")
+    r = sparkbook.open_run(sblab.params_file(2), tmp_path / "run", stage="03-test")
     yield r
     r.close()
 
 
 def test_registry_probe_tells_the_three_images_apart(run) -> None:  # type: ignore[no-untyped-def]
-    arch = images.model_target(run).architecture
-    probes = {ref: probe_registry(run, ref, arch) for ref in (OLD, GRAFT, NEW)}
+    arch = choice.model_target(run.context(), None).architecture
+    probes = {ref: probe_registry(run.context(), ref, arch) for ref in (OLD, GRAFT, NEW)}
     report("registry_probe_s", {ref: p.duration_s for ref, p in probes.items()})
     assert not probes[OLD].registered and probes[OLD].n_architectures > 300
     assert probes[GRAFT].registered and probes[GRAFT].module == "vllm.models.hy_v4"
@@ -51,7 +51,7 @@ def test_registry_probe_tells_the_three_images_apart(run) -> None:  # type: igno
 
 
 def sparkbook_run(outputs: Path) -> Path:
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "sparkbook"), "run", "params/lab.yaml", "--only", "03",
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "sparkbook"), "run", str(sblab.params_file(2)), "--only", "03",
                            "--outputs", str(outputs)], cwd=REPO, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "SPARKBOOK_HEADLESS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -71,7 +71,7 @@ def distribution(run_dir: Path) -> dict:
 
 def plain_pipe(ref: str, head: str, worker: str) -> float:
     """MB/s of `ssh head docker save REF | ssh worker docker load` (the measurement to match, not the product)."""
-    ssh = ["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config"]
+    ssh = ["ssh", "-F", str(sblab.cluster.ssh_config_file())]
     t0 = time.monotonic()
     save = subprocess.Popen([*ssh, head, "docker", "save", ref], stdout=subprocess.PIPE)
     load = subprocess.run([*ssh, worker, "docker", "load"], stdin=save.stdout, capture_output=True, timeout=900)
@@ -81,7 +81,7 @@ def plain_pipe(ref: str, head: str, worker: str) -> float:
 
 
 def rmi(worker: str, ref: str) -> None:
-    subprocess.run(["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config", worker, "docker", "rmi", ref],
+    subprocess.run(["ssh", "-F", str(sblab.cluster.ssh_config_file()), worker, "docker", "rmi", ref],
                    capture_output=True, timeout=120, check=True)
 
 
@@ -117,18 +117,18 @@ def images_rows(run_dir: Path) -> list[dict]:
 @pytest.mark.benchmark
 def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) -> None:  # type: ignore[no-untyped-def]
     """The same image both ways, back to back (the grafted one: nothing else on the worker uses it)."""
-    worker, image_info = run.cluster.workers[0], runtime_for(run.params).image
+    worker, image_info = run.cluster.workers[0], image_source_for(run.params).image
     assert image_info(worker, GRAFT) is None
     size = image_info(run.cluster.head, GRAFT)[1]
     try:
         seconds = plain_pipe(GRAFT, run.cluster.head.spec.host, worker.spec.host)
         rmi(worker.spec.host, GRAFT)
-        copy = distribute.copy_image(run, GRAFT, worker, size)
+        copy = distribute.copy_image(run.context(), GRAFT, worker, size)
         assert not copy.error and image_info(worker, GRAFT)[0] == image_info(run.cluster.head, GRAFT)[0]
         plain_mb_s = copy.bytes / 1e6 / seconds
         report("copy_mb_s_graft", {"streamed": copy.mb_s, "plain ssh pipe": round(plain_mb_s, 1),
                                    "ratio": round(copy.mb_s / plain_mb_s, 2)})
         assert copy.mb_s >= 0.9 * plain_mb_s
     finally:
-        subprocess.run(["ssh", "-F", "/var/lib/sparkbook-lab/ssh/config", worker.spec.host, "docker", "rmi", GRAFT],
+        subprocess.run(["ssh", "-F", str(sblab.cluster.ssh_config_file()), worker.spec.host, "docker", "rmi", GRAFT],
                        capture_output=True, timeout=120)

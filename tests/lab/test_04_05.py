@@ -15,7 +15,8 @@ import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core import topology
 from sparkbook.core.runtime import runtime_for
-from sparkbook.stages import distribute, raycluster, serve
+from sparkbook.stages import raycluster, serve
+from sparkbook.stages.images import distribute
 
 pytestmark = pytest.mark.lab
 LAB_PARAMS = sblab.params_file(2)  # the active lab's (SPARKBOOK_LAB_ID)
@@ -37,7 +38,7 @@ def env(lab, tmp_path_factory):
     """A run on the lab with the 0.32 image on every node (03's distribution), its containers removed after."""
     tmp = tmp_path_factory.mktemp("t0405")
     run = sparkbook.open_run(_params_file(tmp, "lab.yaml"), tmp / "run", stage="test-04-05")
-    dist = distribute.distribute(run, IMAGE)
+    dist = distribute.distribute(run.context(), IMAGE)
     assert len(set(dist.ids.values())) == 1, dist
     runtime = runtime_for(run.params)
     yield run, runtime, dist.image_id, tmp

@@ -23,7 +23,8 @@ from sparkbook.core import fabric
 from sparkbook.core.runtime import runtime_for
 from sparkbook.core.topology import places
 from sparkbook.lab import cluster as labcluster
-from sparkbook.stages import distribute, raycluster
+from sparkbook.stages import raycluster
+from sparkbook.stages.images import distribute
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"
@@ -34,7 +35,7 @@ def ray04(lab, tmp_path_factory):
     """04's containers and Ray cluster on the lab (gate passed); removed after the module."""
     tmp = tmp_path_factory.mktemp("fabric")
     run = sparkbook.open_run(sblab.params_file(2), tmp / "run", stage="test-fabric")
-    image_id = distribute.distribute(run, IMAGE).image_id
+    image_id = distribute.distribute(run.context(), IMAGE).image_id
     runtime = runtime_for(run.params)
     containers = raycluster.start_containers(run.params, run.cluster, runtime, IMAGE, image_id)
     started = raycluster.start_ray(run.params, run.cluster, runtime, IMAGE)

@@ -43,8 +43,8 @@ def _own_cpu_s() -> float:
 def _steps(params_file: Path, run_dir: Path) -> dict[str, float]:
     run = sparkbook.open_run(params_file, run_dir, stage="fan-out bench")
     t0, own0, all0 = time.monotonic(), _own_cpu_s(), _machine_cpu_s()
-    outcomes = [cleanup.inventory_all(run.cluster, run.params.cleanup), diagnose.facts_all(run.cluster, run.params),
-                diagnose.links_all(run.cluster, run.params), diagnose.model_files_all(run.cluster, run.params.model)]
+    outcomes = [cleanup.inventory_all(run.cluster, run.params.cleanup), diagnose.facts_all(run.context()),
+                diagnose.links_all(run.context()), diagnose.model_files_all(run.context())]
     wall, own, machine = time.monotonic() - t0, _own_cpu_s() - own0, _machine_cpu_s() - all0
     run.close()
     failed = [f"{n}: {o.error}" for step in outcomes for n, o in step.items() if not o.ok]

@@ -23,7 +23,8 @@ import sparkbook.lab as sblab
 from sparkbook.core import record, topology
 from sparkbook.core.record import open_run
 from sparkbook.core.runtime import runtime_for
-from sparkbook.stages import cleanup, diagnose, distribute, raycluster, serve
+from sparkbook.stages import cleanup, diagnose, raycluster, serve
+from sparkbook.stages.images import distribute
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import Target
 
@@ -108,7 +109,7 @@ def test_image_missing_on_worker_and_copy_cannot_reach_it(nodes, runs, watch, at
     before = watch.seen()
     with faults.firewall(nodes["lab-1"].netns, ["INPUT", "-p", "tcp", "--dport", "22", "--syn", "-j", "DROP"]):
         t0 = time.monotonic()
-        call = faults.bounded(lambda: distribute.distribute(run, missing), HANG_S)
+        call = faults.bounded(lambda: distribute.distribute(run.context(), missing), HANG_S)
     message = str(call.error) if call.error else call.value.message
     assert call.error or not call.value.verified, "the copy claims success to a node it cannot reach"
     assert not _holders(nodes, missing)["lab-1"], "lab-1 holds a half-copied image"
@@ -124,7 +125,7 @@ def copy_started(nodes, runs, watch):
     if all(_holders(nodes, IMAGE).values()):
         return None
     run = runs("03-distribute")
-    started = faults.start(lambda: distribute.distribute(run, IMAGE))
+    started = faults.start(lambda: distribute.distribute(run.context(), IMAGE))
     end = time.monotonic() + 120
     while not started[1].done() and time.monotonic() < end:
         seen = watch.seen().processes
@@ -141,7 +142,7 @@ def test_worker_sshd_stopped(nodes, runs, copy_started, watch, report):
     with faults.stopped(faults.daemon_pid(nodes["lab-1"].init_pid, "sshd")):
         t0 = time.monotonic()
         inv = faults.bounded(lambda: cleanup.inventory_all(run.cluster, run.params.cleanup), HANG_S)  # 01
-        facts = faults.bounded(lambda: diagnose.facts_all(run.cluster, run.params), HANG_S)  # 02
+        facts = faults.bounded(lambda: diagnose.facts_all(run.context()), HANG_S)  # 02
     found = [f.text for f in record.unreachable(inv.value) + record.unreachable(facts.value)]
     assert inv.value["lab-0"].ok and facts.value["lab-0"].ok
     assert len(found) == 2 and all(t.startswith("lab-1: ") for t in found), found
@@ -157,7 +158,7 @@ def test_fabric_cut_between_head_and_worker(nodes, runs, copy_started, watch, re
     with faults.firewall(nodes["lab-1"].netns, ["OUTPUT", "-d", head_ip, "-j", "DROP"],
                          ["INPUT", "-s", head_ip, "-j", "DROP"]):
         t0 = time.monotonic()
-        call = faults.bounded(lambda: diagnose.links_all(run.cluster, run.params), HANG_S)
+        call = faults.bounded(lambda: diagnose.links_all(run.context()), HANG_S)
     found = [f.text for f in diagnose.link_findings(call.value, run.params)]
     cut = [t for t in found if t.startswith("lab-1 -> lab-0 (head)") and "cannot reach lab-0" in t]
     assert cut, found
@@ -173,7 +174,7 @@ def test_remote_command_that_never_returns_meets_its_timeout(runs, copy_started,
     before = watch.seen()
     with faults.fifo_instead(config):
         t0 = time.monotonic()
-        call = faults.bounded(lambda: diagnose.model_files_all(run.cluster, run.params.model), HANG_S)
+        call = faults.bounded(lambda: diagnose.model_files_all(run.context()), HANG_S)
     files = call.value
     found = [f.text for f in diagnose.model_findings(files)]
     assert files["lab-0"].ok and files["lab-0"].value.config, "the head's model files were read"

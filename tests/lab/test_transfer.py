@@ -23,9 +23,10 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core.runtime import runtime_for
+from sparkbook.core.runtime import image_source_for
 from sparkbook.lab.models import hf_cache
-from sparkbook.stages import diagnose, distribute, images, modelcopy
+from sparkbook.stages import diagnose
+from sparkbook.stages.images import choice, distribute, modelcopy
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
@@ -103,16 +104,16 @@ def drop_bulk() -> None:
 def test_worker_missing_the_model_gets_it_over_the_fabric(open_run) -> None:  # type: ignore[no-untyped-def]
     run = open_run()
     shutil.rmtree(hub("lab-1") / HF_REPO, ignore_errors=True)  # the lab starts without it there
-    found = [f for f in diagnose.model_findings(diagnose.model_files_all(run.cluster, run.params.model))
+    found = [f for f in diagnose.model_findings(diagnose.model_files_all(run.context()))
              if f.text.startswith("lab-1")]
     assert [(f.severity, "03 copies it from lab-0" in f.text) for f in found] == [("warning", True)], found
-    copied = modelcopy.copy_model(run)
+    copied = modelcopy.copy_model(run.context())
     assert copied.verified and copied.source == "lab-0", copied.message
     (one,) = copied.copies
     assert one.node == "lab-1" and "sha256 of 1 files" in one.verified and one.bytes_sent > 2_500_000
     assert tree(hub("lab-1") / HF_REPO) == tree(hub("lab-0") / HF_REPO)
     assert not (hub("lab-1") / f".{HF_REPO}{modelcopy.INCOMING}").exists(), "the staging dir is gone"
-    again = modelcopy.copy_model(run)
+    again = modelcopy.copy_model(run.context())
     assert again.copies == [] and "nothing copied" in again.message
     report("model_copy_hf", one.__dict__)
 
@@ -122,14 +123,14 @@ def test_disk_too_small_is_refused_before_anything_is_sent(open_run) -> None:  #
     shutil.rmtree(hub("lab-1") / HF_REPO, ignore_errors=True)  # the lab starts without it there
     try:
         with pytest.raises(modelcopy.DiskTooSmall) as err:
-            modelcopy.copy_model(run)
+            modelcopy.copy_model(run.context())
         text = str(err.value)
         assert text.startswith(f"lab-1: /home/lab/.cache/huggingface/hub/{HF_REPO}: the disk has ")
         assert "GB free" in text
         assert "short by" in text and err.value.node == "lab-1"
         assert not (hub("lab-1") / f".{HF_REPO}{modelcopy.INCOMING}").exists(), "nothing was staged"
     finally:
-        assert modelcopy.copy_model(open_run()).verified  # the worker holds the model again
+        assert modelcopy.copy_model(open_run().context()).verified  # the worker holds the model again
 
 
 def test_killed_copy_resumes_without_resending_finished_files(open_run) -> None:  # type: ignore[no-untyped-def]
@@ -141,7 +142,7 @@ def test_killed_copy_resumes_without_resending_finished_files(open_run) -> None:
     try:
         run = open_run(hf_id=BULK_ID, streams=1, bwlimit_mbs=20)
         result: list[modelcopy.ModelCopy] = []
-        copier = threading.Thread(target=lambda: result.append(modelcopy.copy_model(run)), daemon=True)
+        copier = threading.Thread(target=lambda: result.append(modelcopy.copy_model(run.context())), daemon=True)
         copier.start()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(finished(stage, size)) < 2:
@@ -157,7 +158,7 @@ def test_killed_copy_resumes_without_resending_finished_files(open_run) -> None:
         done = finished(stage, size)
         unfinished = (files - len(done)) * size
         assert 2 <= len(done) < files
-        resumed = modelcopy.copy_model(open_run(hf_id=BULK_ID, streams=1))
+        resumed = modelcopy.copy_model(open_run(hf_id=BULK_ID, streams=1).context())
         assert resumed.verified, resumed.message
         (again,) = resumed.copies
         assert again.bytes_sent <= unfinished + 1_000_000, (again.bytes_sent, unfinished)
@@ -175,7 +176,7 @@ def finished(stage: Path, size: int) -> list[Path]:
 
 
 def worker_holds(run, ref: str) -> bool:  # type: ignore[no-untyped-def]
-    return runtime_for(run.params).image(run.cluster.workers[0], ref) is not None
+    return image_source_for(run.params).image(run.cluster.workers[0], ref) is not None
 
 
 def rmi(run, ref: str) -> None:  # type: ignore[no-untyped-def]
@@ -185,10 +186,10 @@ def rmi(run, ref: str) -> None:  # type: ignore[no-untyped-def]
 def test_image_delta_sends_only_the_layers_the_worker_lacks(open_run) -> None:  # type: ignore[no-untyped-def]
     run = open_run()
     if not worker_holds(run, OLD):
-        assert distribute.distribute(run, OLD).verified
+        assert distribute.distribute(run.context(), OLD).verified
     rmi(run, GRAFT)
     try:
-        d = distribute.distribute(run, GRAFT)
+        d = distribute.distribute(run.context(), GRAFT)
         assert d.verified, d.message
         (copy,) = d.copies
         assert copy.mode.startswith("delta: 6 of 8 layers") and copy.route.startswith("fabric 10.77.")
@@ -203,20 +204,21 @@ def test_keep_installed_keeps_the_image_that_serves_the_model(lab, tmp_path) -> 
     data["model"] = {"path": "/srv/models/qwen3-tiny", "served_name": "qwen3-tiny", "cache_dir": "/srv/models"}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
     run = sparkbook.open_run(tmp_path / "p.yaml", tmp_path / "run", stage="03-test")
+    ctx = run.context()
     try:
         if not worker_holds(run, OLD):
-            assert distribute.distribute(run, OLD).verified
-        target = images.model_target(run)
-        machines = images.node_machines(run)
-        candidates = [images.evaluate(run, ref, target, {}, machines) for ref in images.candidate_refs(run)]
-        policy, installed = images.image_policy(run)
-        ids = distribute.image_ids(run, installed)
-        kept = images.choose(candidates, [], policy, installed, ids)
+            assert distribute.distribute(ctx, OLD).verified
+        target = choice.model_target(ctx, None)
+        machines = choice.node_machines(ctx)
+        candidates = [choice.evaluate(ctx, ref, target, {}, machines) for ref in choice.candidate_refs(ctx)]
+        policy, installed = choice.image_policy(ctx)
+        ids = distribute.image_ids(ctx, installed)
+        kept = choice.choose(candidates, [], policy, installed, ids)
         assert (policy, kept.choice) == ("keep_installed", OLD)
         assert kept.reason.startswith("image_policy keep_installed")
-        newest = images.choose(candidates, [], "newest", installed, ids)
+        newest = choice.choose(candidates, [], "newest", installed, ids)
         assert newest.choice != OLD and newest.reason.startswith("image_policy newest")
-        assert distribute.distribute(run, kept.choice).copies == [], "the kept image is on every node: nothing copied"
+        assert distribute.distribute(ctx, kept.choice).copies == [], "the kept image is on every node: nothing copied"
         report("image_policy_keep", {"kept": kept.choice, "newest would be": newest.choice, "reason": kept.reason})
     finally:
         run.close()
@@ -232,7 +234,7 @@ def test_bench_model_copy_against_plain_rsync(open_run) -> None:  # type: ignore
     try:
         for _ in range(2):
             shutil.rmtree(hub("lab-1") / BULK_REPO, ignore_errors=True)
-            copied = modelcopy.copy_model(open_run(hf_id=BULK_ID))
+            copied = modelcopy.copy_model(open_run(hf_id=BULK_ID).context())
             assert copied.verified
             ours.append(copied.copies[0].mb_s)
             shutil.rmtree(hub("lab-1") / f".plain-{BULK_REPO}", ignore_errors=True)
@@ -256,11 +258,11 @@ def test_bench_image_delta_against_whole_stream(open_run) -> None:  # type: igno
     on the head, sparkbook's whole stream, then its delta."""
     run = open_run()
     if not worker_holds(run, OLD):
-        assert distribute.distribute(run, OLD).verified
+        assert distribute.distribute(run.context(), OLD).verified
     worker = run.cluster.workers[0]
-    dest, why = distribute.fabric_dest(run, worker)
+    dest, why = distribute.fabric_dest(run.context(), worker)
     assert dest, why
-    size = runtime_for(run.params).image(run.cluster.head, GRAFT)[1]
+    size = image_source_for(run.params).image(run.cluster.head, GRAFT)[1]
     out = {}
     try:
         rmi(run, GRAFT)
@@ -271,10 +273,10 @@ def test_bench_image_delta_against_whole_stream(open_run) -> None:  # type: igno
         out["bare pipe"] = {"bytes": size, "seconds": round(time.monotonic() - t0, 1)}
         for mode in ("whole", "delta"):
             rmi(run, GRAFT)
-            skip = distribute.layer_skip(run, GRAFT, worker) if mode == "delta" else None
-            copy = distribute.push_image(run, GRAFT, worker, dest, size, skip)
-            assert not copy.error and distribute.image_ids(run, GRAFT)[worker.name] == \
-                runtime_for(run.params).image(run.cluster.head, GRAFT)[0]
+            skip = distribute.layer_skip(run.context(), GRAFT, worker) if mode == "delta" else None
+            copy = distribute.push_image(run.context(), GRAFT, worker, dest, size, skip)
+            assert not copy.error and distribute.image_ids(run.context(), GRAFT)[worker.name] == \
+                image_source_for(run.params).image(run.cluster.head, GRAFT)[0]
             out[mode] = {"bytes": copy.bytes, "seconds": round(copy.seconds, 1)}
         report("bench_image_graft", out)
         assert out["delta"]["bytes"] * 20 < out["whole"]["bytes"]

@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from sparkbook.core import probes
+from sparkbook.core.imageprobes import RegistryProbe
 from sparkbook.core.nodes import Result
-from sparkbook.stages import distribute, images
-from sparkbook.stages.images import (
+from sparkbook.stages.images import choice, distribute
+from sparkbook.stages.images.choice import (
     FAILS_INSPECTION,
     LOADS,
     NOT_REGISTERED,
@@ -24,7 +25,6 @@ from sparkbook.stages.images import (
     ImageFacts,
     InspectionProbe,
     ModelTarget,
-    RegistryProbe,
     arch_covers,
     choose,
     classify,
@@ -163,21 +163,17 @@ def test_choose_rejects_each_with_its_reason() -> None:
 def test_choose_prefers_the_newest_of_several_and_fails_without_any() -> None:
     d = choose([candidate("a", "0.30.0", LOADS), candidate("b", "0.32.0", LOADS)], [])
     assert d.choice == "b" and "newer vLLM" in d.alternatives[0].rejected_because
-    with pytest.raises(images.NoUsableImage, match="old"):
+    with pytest.raises(choice.NoUsableImage, match="old"):
         choose([candidate("old", "0.28.0", NOT_REGISTERED)], [])
 
 
 def test_model_target_from_state_else_from_config_on_the_head() -> None:
-    def recall(kind: type) -> object:
-        raise KeyError(kind.key)
-
     head = SimpleNamespace(name="h", read_text=lambda path: json.dumps(
         {"architectures": ["HYV4ForCausalLM"], "model_type": "hy_v4"}) if path == "/m/config.json" else "")
-    run = SimpleNamespace(recall=recall, cluster=SimpleNamespace(head=head),
-                          params=SimpleNamespace(model=SimpleNamespace(path="/m")))
-    assert images.model_target(run) == ModelTarget("HYV4ForCausalLM", "hy_v4", "/m", "config.json on h")
-    run.recall = lambda kind: SimpleNamespace(architectures=["A"], model_type="t", dir_on_nodes="/d")
-    assert images.model_target(run).source == "state (02-diagnosis)"
+    ctx = SimpleNamespace(head=head, params=SimpleNamespace(model=SimpleNamespace(path="/m")))
+    assert choice.model_target(ctx, None) == ModelTarget("HYV4ForCausalLM", "hy_v4", "/m", "config.json on h")
+    recorded = SimpleNamespace(architectures=["A"], model_type="t", dir_on_nodes="/d")
+    assert choice.model_target(ctx, recorded).source == "state (02-diagnosis)"
 
 
 # --- distribution ---------------------------------------------------------------------------------------------
@@ -215,15 +211,15 @@ def test_copy_image_streams_the_head_save_into_the_node_load(monkeypatch: pytest
     monkeypatch.setenv("SPARKBOOK_HEADLESS", "1")
     payload = bytes(range(256)) * 40_000
     head, worker = FakeNode("h", payload), FakeNode("w")
-    run = SimpleNamespace(cluster=SimpleNamespace(head=head))
-    copy = distribute.copy_image(run, "img:1", worker, len(payload))
+    ctx = SimpleNamespace(head=head)
+    copy = distribute.copy_image(ctx, "img:1", worker, len(payload))
     assert worker.connected, "the loading side is reached before the head's docker save starts"
     assert bytes(worker.received) == payload and copy.bytes == len(payload) and not copy.error
     assert copy.loaded == "Loaded image: img:1" and copy.mb_s > 0
 
 
 def test_plan_and_distribution_messages() -> None:
-    p = distribute.CopyPlan("img:1", "h", "sha256:a", 10, {"h": "sha256:a", "w1": None, "w2": "sha256:b"})
+    p = distribute.ImageCopyPlan("img:1", "h", "sha256:a", 10, {"h": "sha256:a", "w1": None, "w2": "sha256:b"})
     assert p.to_copy == ["w1", "w2"]
     same = distribute.Distribution("img:1", "sha256:a", [], ["h", "w1"], {"h": "sha256:a", "w1": "sha256:a"})
     assert same.verified and "nothing copied" in same.message
@@ -248,17 +244,17 @@ def test_a_driver_error_is_the_nodes_not_a_rejection_of_the_image(error: str) ->
     i = InspectionProbe("cuda", "HYV4ForCausalLM", False, None, f"ImportError: {error}", error, f"ImportError: {error}",
                         error, False, 5.0, 9.0)
     v = classify(f, r, i, executor="ray", capabilities={})
-    assert v.status == images.NODE_DRIVER and error[:100] in v.summary and "not the image" in v.summary
+    assert v.status == choice.NODE_DRIVER and error[:100] in v.summary and "not the image" in v.summary
     c = Candidate(f, r, i, v)
-    with pytest.raises(images.NoUsableImage) as raised:
+    with pytest.raises(choice.NoUsableImage) as raised:
         choose([c], [])
     assert "NVIDIA driver or container toolkit" in raised.value.remediation
-    assert images.failure_reports([c]).startswith("no candidate registers")  # not reported as a graft
+    assert choice.failure_reports([c]).startswith("no candidate registers")  # not reported as a graft
 
 
 @pytest.mark.parametrize("error", _lines("cuda-image-errors.txt"))
 def test_an_image_error_is_not_a_driver_error(error: str) -> None:
-    assert images.driver_error(error) == ""
+    assert choice.driver_error(error) == ""
     f, r = facts("cuda", "0.32.0", cuda="13.0"), registry("cuda", True)
     i = InspectionProbe("cuda", "HYV4ForCausalLM", False, None, "ValueError: failed to be inspected",
                         "failed to be inspected", error, error, False, 5.0, 9.0)
@@ -275,7 +271,7 @@ def test_same_major_lower_minor_cubins_run(archs: list[str], cc: str, ok: bool) 
 
 def test_cpu_architecture_must_match_every_node() -> None:
     sparks = {"spark-1": "aarch64", "spark-2": "aarch64"}
-    assert images.arch_mismatch("arm64", sparks) == [] and images.arch_mismatch(None, sparks) == []
+    assert choice.arch_mismatch("arm64", sparks) == [] and choice.arch_mismatch(None, sparks) == []
     f = dataclasses.replace(facts("amd", "0.32.0"), architecture="amd64")
     v = classify(f, registry("amd", True), inspection("amd", True), executor="ray", capabilities={}, machines=sparks)
     assert v.status == LOADS and not v.usable
@@ -287,16 +283,16 @@ def test_cpu_architecture_must_match_every_node() -> None:
 
 
 def test_an_image_of_another_cpu_than_the_head_is_not_run() -> None:
-    why = images.arch_mismatch("amd64", {"spark-1": "aarch64"})[0]
-    r, i = images._not_probed("amd", "HYV4ForCausalLM", why)
+    why = choice.arch_mismatch("amd64", {"spark-1": "aarch64"})[0]
+    r, i = choice._not_probed("amd", "HYV4ForCausalLM", why)
     f = dataclasses.replace(facts("amd", "0.32.0"), architecture="amd64", error=why)
     v = classify(f, r, i, executor="ray", capabilities={}, machines={"spark-1": "aarch64"})
-    assert v.status == images.WRONG_CPU and v.blocking == [why]
-    with pytest.raises(images.NoUsableImage, match="linux/amd64, spark-1 is aarch64"):
+    assert v.status == choice.WRONG_CPU and v.blocking == [why]
+    with pytest.raises(choice.NoUsableImage, match="linux/amd64, spark-1 is aarch64"):
         choose([Candidate(f, r, i, v)], [])
 
 
-def test_probes_get_the_gpus_params_list_for_their_node(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probes_get_the_gpus_params_list_for_their_node() -> None:
     from sparkbook.core import imageprobes
     seen: list[tuple[str, bool]] = []
 
@@ -304,11 +300,10 @@ def test_probes_get_the_gpus_params_list_for_their_node(monkeypatch: pytest.Monk
         def one_off(self, node, image, argv, *, env, timeout, gpus):  # type: ignore[no-untyped-def]
             seen.append((node.name, gpus))
 
-    monkeypatch.setattr(imageprobes, "runtime_for", lambda params: Runtime())
     specs = {"gpu": SimpleNamespace(gpus=[0, 1]), "cpu": SimpleNamespace(gpus=[])}
-    run = SimpleNamespace(params=SimpleNamespace(node=specs.__getitem__))
+    ctx = SimpleNamespace(runtime=Runtime(), params=SimpleNamespace(node=specs.__getitem__))
     for name in specs:
-        imageprobes.in_image(run, SimpleNamespace(name=name), "img", ["true"], {}, 5)  # type: ignore[arg-type]
+        imageprobes.in_image(ctx, SimpleNamespace(name=name), "img", ["true"], {}, 5)  # type: ignore[arg-type]
     assert seen == [("gpu", True), ("cpu", False)]
 
 

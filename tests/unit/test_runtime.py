@@ -1,5 +1,5 @@
-"""The Runtime interface and the fan-out result, on `transport: local` nodes running real commands here:
-both runtimes implement every verb, the Python runtime's verbs work end to end, the Docker runtime's CLI verbs
+"""The Runtime and ImageSource interfaces and the fan-out result, on `transport: local` nodes running real commands
+here: both runtimes implement every verb, the Python runtime's verbs work end to end, the Docker runtime's CLI verbs
 read a stand-in `docker`, and a fan-out names every node that failed."""
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import pytest
 from sparkbook.core.errors import SparkbookError
 from sparkbook.core.nodes import Cluster, FanOut, LocalNode, Node
 from sparkbook.core.params import load_params
-from sparkbook.core.runtime import DockerNodes, Place, PythonNodes, Runtime, runtime_for
+from sparkbook.core.runtime import ImageSource, Place, Runtime, image_source_for, runtime_for
+from sparkbook.core.runtime_docker import DockerImages, DockerNodes
+from sparkbook.core.runtime_python import PythonImages, PythonNodes
 
 # a stand-in `docker`: one image is held, the daemon never answers, `run` prints its argv one per line
 FAKE_DOCKER = """#!/bin/sh
@@ -61,6 +63,9 @@ def test_both_runtimes_implement_the_protocol_and_nodes_one_interface(local) -> 
     docker_rt, python_rt = runtime_for(docker_cluster.params), runtime_for(python_cluster.params)
     assert isinstance(docker_rt, DockerNodes) and isinstance(python_rt, PythonNodes)
     assert isinstance(docker_rt, Runtime) and isinstance(python_rt, Runtime)
+    docker_src, python_src = image_source_for(docker_cluster.params), image_source_for(python_cluster.params)
+    assert isinstance(docker_src, DockerImages) and isinstance(python_src, PythonImages)
+    assert isinstance(docker_src, ImageSource) and isinstance(python_src, ImageSource)
     node = python_cluster.head
     assert isinstance(node, LocalNode) and isinstance(node, Node) and node.local
     node.connect()
@@ -69,16 +74,16 @@ def test_both_runtimes_implement_the_protocol_and_nodes_one_interface(local) -> 
 
 def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no-untyped-def]
     cluster = local({"kind": "python", "python": sys.executable})
-    rt, node = runtime_for(cluster.params), cluster.head
-    assert rt.candidates() == [sys.executable] and not rt.copies_images and "Python runtime" in rt.not_reusable
-    assert rt.image(node, sys.executable) is None and rt.lacks(node, sys.executable, None) == ""
-    assert rt.installed() is None and "runtime python" in rt.no_installed_reason()
+    rt, src, node = runtime_for(cluster.params), image_source_for(cluster.params), cluster.head
+    assert src.candidates() == [sys.executable] and not src.copies_images and "Python runtime" in rt.not_reusable
+    assert src.image(node, sys.executable) is None and rt.lacks(node, sys.executable, None) is None
+    assert src.installed() is None and "runtime python" in src.no_installed_reason()
     assert rt.devices(node) == [] and rt.existing(node, Place(node.name, "x")) is None
     preflight = rt.preflight(cluster)
     assert preflight == {} and not preflight.failed and preflight.values_or_raise() == []
     out = rt.one_off(node, None, ["python", "-c", "import sys; print(sys.executable)"], timeout=30)
     assert out.ok and out.stdout.strip() == sys.executable, out
-    assert rt.identity(node, sys.executable) is None  # no vLLM in this interpreter
+    assert src.identity(node, sys.executable) is None  # no vLLM in this interpreter
 
     place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}", None, {"SB_UNIT": "x y"})
     log = f"/tmp/sparkbook/{place.name}/out.log"
@@ -100,14 +105,14 @@ def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no
 
 def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> None:  # type: ignore[no-untyped-def]
     cluster = local({"kind": "docker", "images": ["held:1", "other:2"], "env": {"E": "v w"}})
-    rt, node = runtime_for(cluster.params), cluster.head
-    assert rt.candidates() == ["held:1", "other:2"] and rt.copies_images and rt.not_reusable == ""
-    assert rt.image(node, "held:1") == ("sha256:abc", 1234) and rt.image(node, "other:2") is None
-    assert rt.identity(node, "held:1") == "sha256:abc" and rt.identity(node, "other:2") is None
-    assert rt.lacks(node, "held:1") == "" and rt.lacks(node, "held:1", "sha256:abc") == ""
+    rt, src, node = runtime_for(cluster.params), image_source_for(cluster.params), cluster.head
+    assert src.candidates() == ["held:1", "other:2"] and src.copies_images and rt.not_reusable is None
+    assert src.image(node, "held:1") == ("sha256:abc", 1234) and src.image(node, "other:2") is None
+    assert src.identity(node, "held:1") == "sha256:abc" and src.identity(node, "other:2") is None
+    assert rt.lacks(node, "held:1") is None and rt.lacks(node, "held:1", "sha256:abc") is None
     assert rt.lacks(node, "held:1", "sha256:def") == "holds another held:1 (sha256:abc; expected sha256:def)"
     assert rt.lacks(node, "other:2") == "holds no other:2 (absent; expected any)"
-    assert rt.installed() is None and "installed_image is not set" in rt.no_installed_reason()
+    assert src.installed() is None and "installed_image is not set" in src.no_installed_reason()
     argv = rt.one_off(node, "held:1", ["python3", "-c", "x"], env={"F": "1"}, timeout=7).stdout.splitlines()
     assert argv == ["run", "--rm", "--pull", "never", "--network", "none", "--label", "org.sparkbook.run=one-off",
                     "-v", "/srv/models:/srv/models:ro", "-e", "E=v w", "-e", "F=1", "--entrypoint", "timeout",

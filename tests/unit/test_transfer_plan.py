@@ -10,9 +10,8 @@ import tarfile
 
 import pytest
 
-from sparkbook.core import layerdelta
-from sparkbook.stages import modelcopy
-from sparkbook.stages.modelcopy import Entry, Listing
+from sparkbook.stages.images import layerdelta, modelcopy
+from sparkbook.stages.images.modelcopy import Entry, Listing
 
 BLOB = "a" * 64
 REV = "1" * 40
@@ -185,7 +184,7 @@ def test_02_warns_of_a_model_another_node_holds_and_blocks_one_no_node_holds() -
 
 
 def test_the_save_command_filters_only_where_the_node_holds_layers() -> None:
-    from sparkbook.stages import distribute
+    from sparkbook.stages.images import distribute
 
     assert distribute.save_argv("img:1", None) == ["docker", "save", "img:1"]
     assert distribute.save_argv("img:1", (DIFFS, [])) == ["docker", "save", "img:1"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from importlib.resources import files
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProbeOutputError
 
@@ -31,7 +31,7 @@ def source(name: str) -> str:
     return (files(__name__) / f"{name}.py").read_text() + _RUN
 
 
-def parse(reply: Result | str, *, node: str, probe: str) -> dict:
+def parse(reply: Result | str, *, node: str, probe: str) -> dict[str, Any]:
     """The document of a probe's whole reply (a command's Result or its stdout); ProbeOutputError otherwise."""
     text = reply if isinstance(reply, str) else reply.stdout
     lines = text.splitlines()

@@ -1,30 +1,34 @@
 """Image selection: probe each candidate image for the model (facts, registry, inspection), classify, decide.
 
-    model_target(run) -> ModelTarget                   the model's architecture, model_type and directory
-    probe_registry(run, image, architecture, node=None) -> RegistryProbe   static parse, no vLLM import
-    probe_facts(run, image, node=None) -> ImageFacts   vLLM, torch, CUDA, Python, Ray, CUDA architectures
-    probe_inspection(run, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
-    compute_capabilities(run) / node_machines(run) / image_architecture(run, image)   what the nodes need
-    classify(facts, registry, inspection, ...) -> Verdict;  evaluate(run, image, target, caps, machines) -> Candidate
-    rows / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision / image_state / summary
+    model_target(ctx, recorded) -> ModelTarget         the model's architecture, model_type and directory
+    probe_registry(ctx, image, architecture, node=None) -> RegistryProbe   static parse, no vLLM import
+    probe_facts(ctx, image, node=None) -> ImageFacts   vLLM, torch, CUDA, Python, Ray, CUDA architectures
+    probe_inspection(ctx, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
+    compute_capabilities(ctx) / node_machines(ctx)     what the nodes need
+    classify(facts, registry, inspection, ...) -> ImageVerdict
+    evaluate(ctx, image, target, caps, machines) -> Candidate   every probe of one candidate, and its verdict
+    rows / inspection_logs / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision
+    image_policy(ctx) / image_state / summary
 """
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..core.errors import SparkbookError
-from ..core.handoff import ImageChoice
-from ..core.hostfacts import goarch
-from ..core.imageprobes import RegistryProbe, probe_registry, run_probe
-from ..core.modelinfo import ModelFacts
-from ..core.nodes import Node
-from ..core.record import Alternative, Decision, Run
-from ..core.runtime import runtime_for
-from ..core.state import MissingState
+from ...core.context import Context
+from ...core.errors import SparkbookError
+from ...core.handoff import ImageChoice
+from ...core.hostfacts import goarch
+from ...core.imageprobes import RegistryProbe, probe_registry, run_probe
+from ...core.modelinfo import ModelFacts
+from ...core.nodes import Node
+from ...core.record import Alternative, Decision
+from ...core.runtime import image_source_for
+from ...core.state import MissingState
 
 
 @dataclass(frozen=True)
@@ -37,24 +41,21 @@ class ModelTarget:
     source: str  # "state (02-diagnosis)" | "config.json on <head>"
 
 
-def model_target(run: Run) -> ModelTarget:
-    """The model as 02-diagnosis recorded it; when the state lacks it, read config.json on the head."""
-    try:
-        model = run.recall(ModelFacts)
-        return ModelTarget(model.architectures[0], model.model_type, model.dir_on_nodes or _model_dir(run),
+def model_target(ctx: Context, recorded: ModelFacts | None) -> ModelTarget:
+    """The model as 02-diagnosis recorded it (`recorded`); where the state lacks it, read config.json on the head."""
+    if recorded is not None:
+        return ModelTarget(recorded.architectures[0], recorded.model_type, recorded.dir_on_nodes or _model_dir(ctx),
                            "state (02-diagnosis)")
-    except KeyError:
-        head = run.cluster.head
-        config = json.loads(head.read_text(f"{_model_dir(run)}/config.json"))
-        return ModelTarget(config["architectures"][0], config.get("model_type", ""), _model_dir(run),
-                           f"config.json on {head.name}")
+    config = json.loads(ctx.head.read_text(f"{_model_dir(ctx)}/config.json"))
+    return ModelTarget(config["architectures"][0], config.get("model_type", ""), _model_dir(ctx),
+                       f"config.json on {ctx.head.name}")
 
 
-def _model_dir(run: Run) -> str:
-    if run.params.model.path is None:
+def _model_dir(ctx: Context) -> str:
+    if ctx.params.model.path is None:
         raise MissingState("model.path is not set and 02-diagnosis has not recorded the model's directory",
                            stage="03-image-selection", remediation="run 02 first")
-    return run.params.model.path
+    return ctx.params.model.path
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class InspectionProbe:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ImageVerdict:
     """One candidate's classification, the findings that go with it, and whether it can be chosen."""
 
     image: str
@@ -117,7 +118,7 @@ class Candidate:
     facts: ImageFacts
     registry: RegistryProbe
     inspection: InspectionProbe
-    verdict: Verdict
+    verdict: ImageVerdict
 
     @property
     def image(self) -> str:
@@ -144,21 +145,22 @@ GRAFT_EXPLANATION = (
     "image whose own vLLM implements the architecture, not more grafting.")
 
 
-def candidate_refs(run: Run) -> list[str]:
+def candidate_refs(ctx: Context) -> list[str]:
     """The candidate images from params (the Python runtime has one candidate: its interpreter's env)."""
-    return runtime_for(run.params).candidates()
+    return image_source_for(ctx.params).candidates()
 
 
-def probe_facts(run: Run, image: str, node: Node | None = None) -> ImageFacts:
+def probe_facts(ctx: Context, image: str, node: Node | None = None) -> ImageFacts:
     """Versions in `image` on `node` (default: the head), with its image ID and size there."""
-    node = node or run.cluster.head
+    node = node or ctx.head
     t0 = time.monotonic()
-    image_id, size = runtime_for(run.params).image(node, image) or (None, None)
-    doc, error = run_probe(run, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
-    return _facts(image, image_id, size, doc, error, t0, image_architecture(run, image, node))
+    source = image_source_for(ctx.params)
+    image_id, size = source.image(node, image) or (None, None)
+    doc, error = run_probe(ctx, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
+    return _facts(image, image_id, size, doc, error, t0, source.architecture(node, image))
 
 
-def _facts(image: str, image_id: str | None, size: int | None, doc: dict, error: str, t0: float,
+def _facts(image: str, image_id: str | None, size: int | None, doc: dict[str, Any], error: str, t0: float,
            architecture: str | None) -> ImageFacts:
     return ImageFacts(
         image=image, image_id=image_id, size_bytes=size, python=doc.get("python"),
@@ -169,11 +171,11 @@ def _facts(image: str, image_id: str | None, size: int | None, doc: dict, error:
         architecture=architecture)
 
 
-def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | None = None,
+def probe_inspection(ctx: Context, image: str, target: ModelTarget, node: Node | None = None,
                      timeout: float = INSPECT_TIMEOUT_S) -> InspectionProbe:
     """The image's vLLM inspects the architecture as `vllm serve` does (fresh VLLM_CACHE_ROOT, offline)."""
     t0 = time.monotonic()
-    doc, error = run_probe(run, image, "inspect_model", [target.architecture, target.model_type], node=node,
+    doc, error = run_probe(ctx, image, "inspect_model", [target.architecture, target.model_type], node=node,
                               env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}, timeout=timeout)
     return InspectionProbe(
         image=image, architecture=target.architecture, inspected=bool(doc.get("inspected")),
@@ -184,27 +186,18 @@ def probe_inspection(run: Run, image: str, target: ModelTarget, node: Node | Non
         probe_error=error or ("" if "inspected" in doc else doc.get("error", "")))
 
 
-def compute_capabilities(run: Run) -> dict[str, list[str]]:
+def compute_capabilities(ctx: Context) -> dict[str, list[str]]:
     """Each GPU node's compute capabilities (nvidia-smi); nodes without GPUs in params are left out."""
-    gpu_nodes = [run.cluster.nodes[s.name] for s in run.params.nodes if s.gpus]
+    gpu_nodes = [ctx.cluster.nodes[s.name] for s in ctx.params.nodes if s.gpus]
     argv = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
-    outcomes = run.cluster.fan_out(lambda n: n.run(argv, timeout=30, check=True).stdout.split(), gpu_nodes)
+    outcomes = ctx.cluster.fan_out(lambda n: n.run(argv, timeout=30, check=True).stdout.split(), gpu_nodes)
     return {name: sorted(set(o.value or [])) for name, o in outcomes.items()}
 
 
-def node_machines(run: Run) -> dict[str, str]:
+def node_machines(ctx: Context) -> dict[str, str]:
     """Each node's CPU architecture (`uname -m`: x86_64, aarch64); a node that does not answer is left out."""
-    outcomes = run.cluster.fan_out(lambda n: n.run(["uname", "-m"], timeout=30, check=True).stdout.strip())
+    outcomes = ctx.cluster.fan_out(lambda n: n.run(["uname", "-m"], timeout=30, check=True).stdout.strip())
     return {name: o.value for name, o in outcomes.items() if o.ok and o.value}
-
-
-def image_architecture(run: Run, image: str, node: Node) -> str | None:
-    """The image's CPU architecture as Docker records it (`docker image inspect`: amd64, arm64); None for a
-    Python environment or an image the node does not hold."""
-    if run.params.runtime.kind != "docker":
-        return None
-    r = node.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", image], timeout=30)
-    return r.stdout.strip() or None if r.ok else None
 
 
 def arch_mismatch(architecture: str | None, machines: dict[str, str]) -> list[str]:
@@ -255,7 +248,7 @@ def driver_error(*texts: str) -> str:
 
 
 def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str,
-             capabilities: dict[str, list[str]], machines: dict[str, str] | None = None) -> Verdict:
+             capabilities: dict[str, list[str]], machines: dict[str, str] | None = None) -> ImageVerdict:
     """not registered / registered but fails inspection / loads, a node's driver problem (not the image's), plus
     Ray, CPU-architecture and CUDA-architecture findings."""
     arch, image = registry.architecture, facts.image
@@ -274,7 +267,8 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
         status, summary = LOADS, f"vLLM {facts.vllm_version} resolves {arch} natively and inspection passes"
     elif native or inspection.cause:
         status = FAILS_INSPECTION
-        summary = f"registers {arch} ({registry.module}) but fails inspection: {inspection.cause or inspection.error_line}"
+        summary = (f"registers {arch} ({registry.module}) but fails inspection: "
+                   f"{inspection.cause or inspection.error_line}")
     else:
         status, summary = NOT_REGISTERED, (
             f"vLLM {facts.vllm_version} does not register {arch}: {inspection.error_line}" if facts.vllm_version
@@ -283,33 +277,35 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
         flags.append(f"Transformers fallback: with `--model-impl auto` vLLM would serve {arch} through its "
                      "Transformers backend (it may report ready and fail on the first request); not counted as support")
     if executor == "ray" and not facts.ray_version:
-        blocking.append("no Ray in the image (or environment), and serve.executor is ray: install Ray in it or use the mp executor")
+        blocking.append("no Ray in the image (or environment), and serve.executor is ray: install Ray in it or use "
+                        "the mp executor")
     for node, caps in capabilities.items():
         missing = [c for c in caps if not arch_covers(facts.cuda_archs, c)]
         if missing and facts.cuda_archs:
-            blocking.append(f"CUDA architectures {facts.cuda_archs} lack {node}'s compute capability {', '.join(missing)}")
+            blocking.append(f"CUDA architectures {facts.cuda_archs} lack {node}'s compute capability "
+                            f"{', '.join(missing)}")
         elif missing and facts.torch_cuda:
             flags.append(f"CUDA architecture list unreadable ({facts.cuda_archs_source or 'not set'}); "
                          f"{node} needs {', '.join(missing)}")
-    return Verdict(image, status, summary, flags, blocking)
+    return ImageVerdict(image, status, summary, flags, blocking)
 
 
-def evaluate(run: Run, image: str, target: ModelTarget, capabilities: dict[str, list[str]],
+def evaluate(ctx: Context, image: str, target: ModelTarget, capabilities: dict[str, list[str]],
              machines: dict[str, str]) -> Candidate:
     """Every probe of one candidate on the head, and its verdict. An image of another CPU architecture than the
     head's is not run (it would fail with an exec format error, or crawl under emulation)."""
-    head = run.cluster.head
-    architecture = image_architecture(run, image, head)
+    head, source = ctx.head, image_source_for(ctx.params)
+    architecture = source.architecture(head, image)
     wrong = arch_mismatch(architecture, {head.name: machines[head.name]} if head.name in machines else {})
     if wrong:
-        image_id, size = runtime_for(run.params).image(head, image) or (None, None)
+        image_id, size = source.image(head, image) or (None, None)
         facts = _facts(image, image_id, size, {}, wrong[0], time.monotonic(), architecture)
         registry, inspection = _not_probed(image, target.architecture, wrong[0])
     else:
-        facts = probe_facts(run, image)
-        registry = probe_registry(run, image, target.architecture)
-        inspection = probe_inspection(run, image, target)
-    verdict = classify(facts, registry, inspection, executor=run.params.serve.executor, capabilities=capabilities,
+        facts = probe_facts(ctx, image)
+        registry = probe_registry(ctx, image, target.architecture)
+        inspection = probe_inspection(ctx, image, target)
+    verdict = classify(facts, registry, inspection, executor=ctx.params.serve.executor, capabilities=capabilities,
                        machines=machines)
     return Candidate(facts, registry, inspection, verdict)
 
@@ -344,16 +340,14 @@ def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
     return out
 
 
-def record_probes(run: Run, candidates: list[Candidate]) -> list[str]:
-    """Record every probe as an event and write each inspection's full text to a log; returns the log paths."""
-    paths = []
+def inspection_logs(candidates: list[Candidate]) -> dict[str, str]:
+    """Each inspection's full text, by the name of the log the notebook writes it to (the table keeps one line)."""
+    logs = {}
     for c in candidates:
-        run.record("image_probe", c)
         slug = c.image.replace("/", "_").replace(":", "_")
-        text = "\n\n".join(filter(None, [f"# {c.image}: {c.verdict.status}", c.inspection.error,
-                                         c.inspection.cause_text, c.inspection.probe_error]))
-        paths.append(str(run.write_log(f"03-inspect-{slug}.txt", text)))
-    return paths
+        logs[f"03-inspect-{slug}.txt"] = "\n\n".join(filter(None, [
+            f"# {c.image}: {c.verdict.status}", c.inspection.error, c.inspection.cause_text, c.inspection.probe_error]))
+    return logs
 
 
 def failure_reports(candidates: list[Candidate]) -> str:
@@ -395,13 +389,13 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
               f"({chosen.registry.module}) and inspection resolves it to {i.resolved}; Ray {f.ray_version or 'absent'}"
               + (f"; {'; '.join(chosen.verdict.flags)}" if chosen.verdict.flags else ""))
     return Decision(f"Which image serves {i.architecture}?", chosen.image, reason, alternatives,
-                    ["candidates table above (events.jsonl: image_probe)", *evidence])
+                    ["candidates table above (events.jsonl: image_probe)", *evidence], key="image")
 
 
-def image_policy(run: Run) -> tuple[str, str | None]:
+def image_policy(ctx: Context) -> tuple[str, str | None]:
     """(runtime.image_policy, runtime.installed_image); the Python runtime has one candidate: `newest`, none."""
-    rt = run.params.runtime
-    return (rt.image_policy, rt.installed_image) if rt.kind == "docker" else ("newest", None)
+    source = image_source_for(ctx.params)
+    return source.policy, source.installed()
 
 
 def keep_installed(usable: list[Candidate], installed: str | None,

@@ -1,16 +1,16 @@
 """Put one image on every node with the same image ID: `docker save` on the head streamed into `docker load`.
 
-    image_ids(run, ref) -> {node: id | None}         what must match on every node (the image ID), per node
-    plan(run, ref) -> CopyPlan                       which nodes need the image (the head is the source)
-    layer_skip(run, ref, node) -> (diff IDs, held)   the image's layers and those the node holds (not sent again)
-    push_image(run, ref, node, dest, size, skip) -> Copy   the head pushes to the node's fabric IP (ssh on the head)
-    copy_image(run, ref, node, size_bytes, skip) -> Copy   relayed through this machine to the node's host
-    distribute(run, ref) -> Distribution             plan, copy where needed (fabric first), verify every ID
+    image_ids(ctx, ref) -> {node: id | None}         what must match on every node (the image ID), per node
+    plan(ctx, ref) -> ImageCopyPlan                  which nodes need the image (the head is the source)
+    layer_skip(ctx, ref, node) -> (diff IDs, held)   the image's layers and those the node holds (not sent again)
+    push_image(ctx, ref, node, dest, size, skip) -> Copy   the head pushes to the node's fabric IP (ssh on the head)
+    copy_image(ctx, ref, node, size_bytes, skip) -> Copy   relayed through this machine to the node's host
+    distribute(ctx, ref) -> Distribution             plan, copy where needed (fabric first), verify every ID
 
 No node ever pulls from a registry: the head's image is the only source (the seed's worker had no internet).
 The head sends over the fabric (the nodes' direct link) where it reaches the node's fabric IP by SSH; else the
 stream is relayed through this machine to `host`, and the copy says why. Layers the node already holds (a shared
-base, the previous version) are left out of the stream (core/layerdelta); where that load fails the whole image is
+base, the previous version) are left out of the stream (layerdelta); where that load fails the whole image is
 sent, and the copy says so.
 """
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import IO
 
 import paramiko
 
-from ..core import layerdelta
-from ..core.nodes import Node, NodeError, Result
-from ..core.progress import Progress
-from ..core.record import Run
-from ..core.runtime import ID_TIMEOUT_S, runtime_for
+from ...core.context import Context
+from ...core.nodes import Node, NodeError, Result
+from ...core.progress import Progress
+from ...core.runtime import ID_TIMEOUT_S, image_source_for
+from . import layerdelta
 
 PIPE_BYTES = 1 << 20
 MIN_RATE_BPS = 10e6  # the copy's timeout assumes at least this rate, plus COPY_SLACK_S
@@ -47,7 +47,7 @@ DD_BYTES = re.compile(rb"(\d+) bytes")
 
 
 @dataclass(frozen=True)
-class CopyPlan:
+class ImageCopyPlan:
     """The source image on the head and, per node, whether it already holds the same ID."""
 
     image: str
@@ -112,36 +112,37 @@ class Distribution:
                            f"({done[node].mb_s} MB/s)"
                            + "".join(f"; {x}" for x in (done[node].route, done[node].mode) if x)
                            + (f": {done[node].error}" if done[node].error else "")
-                 if node in done else ("its own environment: nothing to copy" if self.note else "already held: skipped")}
+                 if node in done else
+                 ("its own environment: nothing to copy" if self.note else "already held: skipped")}
                 for node, held in self.ids.items()]
 
 
-def image_ids(run: Run, ref: str, timeout: float = ID_TIMEOUT_S + 30) -> dict[str, str | None]:
-    rt = runtime_for(run.params)
-    outcomes = run.cluster.fan_out(lambda n: rt.identity(n, ref), timeout=timeout)
+def image_ids(ctx: Context, ref: str, timeout: float = ID_TIMEOUT_S + 30) -> dict[str, str | None]:
+    source = image_source_for(ctx.params)
+    outcomes = ctx.cluster.fan_out(lambda n: source.identity(n, ref), timeout=timeout)
     return {name: o.value if o.ok else None for name, o in outcomes.items()}
 
 
-def plan(run: Run, ref: str) -> CopyPlan:
+def plan(ctx: Context, ref: str) -> ImageCopyPlan:
     """Which nodes lack `ref` with the head's ID; fails when the head itself does not hold it."""
-    head = run.cluster.head
-    source = runtime_for(run.params).image(head, ref)
+    head = ctx.head
+    source = image_source_for(ctx.params).image(head, ref)
     if source is None:
         raise NodeError(head.name, f"does not hold {ref}: sparkbook copies images from the head and never pulls "
                                    "(load it there first)")
-    return CopyPlan(ref, head.name, *source, image_ids(run, ref))
+    return ImageCopyPlan(ref, head.name, *source, image_ids(ctx, ref))
 
 
-def copy_image(run: Run, ref: str, node: Node, size_bytes: int,
+def copy_image(ctx: Context, ref: str, node: Node, size_bytes: int,
                skip: tuple[list[str], list[str]] | None = None) -> Copy:
     """Stream `docker save REF` from the head into `docker load` on `node` over SSH, with progress; with `skip`
     (the image's diff IDs, the chain IDs the node holds) the head leaves those layers out of the stream."""
-    head, target = run.cluster.head.streaming(), node.streaming()
+    head, target = ctx.head.streaming(), node.streaming()
     try:
         target.connect()  # reach the loading side first: an unread `docker save` runs on for minutes on the head
         return _copy(head, ref, target, size_bytes, save_argv(ref, skip))
     finally:
-        for extra in {head, target} - {run.cluster.head, node}:
+        for extra in {head, target} - {ctx.head, node}:
             extra.close()
 
 
@@ -184,7 +185,8 @@ def _copy(head: Node, ref: str, node: Node, size_bytes: int, save: list[str] | N
     return Copy(node.name, sent[0], seconds, loaded.stdout.strip() if loaded else "", "; ".join([*errors, *broke]))
 
 
-def _load(node: Node, reader: IO[bytes], timeout: float, advance: Callable[[int], None]) -> tuple[Result | None, list[str]]:
+def _load(node: Node, reader: IO[bytes], timeout: float,
+          advance: Callable[[int], None]) -> tuple[Result | None, list[str]]:
     """`docker load` on the node fed from `reader`; (its result, or None and why the stream broke)."""
     try:
         return node.stream(["docker", "load"], source=reader, timeout=timeout, on_bytes=advance), []
@@ -200,44 +202,44 @@ def _save(head: Node, argv: list[str], write_fd: int, timeout: float, saved: lis
         pass
 
 
-def environment_check(run: Run, python: str) -> Distribution:
+def environment_check(ctx: Context, python: str) -> Distribution:
     """The Python runtime has no image to copy: each node runs its own environment. Check instead that every
     node's interpreter holds the head's vLLM version (the `ids` are those versions: the runtime's identity)."""
-    ids = image_ids(run, python, timeout=ID_TIMEOUT_S + 60)
-    head = ids.get(run.cluster.head.name) or "no vLLM on the head"
+    ids = image_ids(ctx, python, timeout=ID_TIMEOUT_S + 60)
+    head = ids.get(ctx.head.name) or "no vLLM on the head"
     return Distribution(python, head, [], list(ids), ids,
                         note=f"runtime python: no image to distribute (nothing copied); each node runs {python}")
 
 
-def layer_skip(run: Run, ref: str, node: Node) -> tuple[list[str], list[str]]:
+def layer_skip(ctx: Context, ref: str, node: Node) -> tuple[list[str], list[str]]:
     """(the image's diff IDs on the head, the chain IDs of those layers `node` already holds)."""
-    head = run.cluster.head
+    head = ctx.head
     diff_ids = head.run([*LAYERS, ref], timeout=ID_TIMEOUT_S, check=True).stdout.strip().split(",")
     held = node.run(["sh", "-c", 'ids=$(docker images -aq); [ -z "$ids" ] || exec "$@" $ids', "layers", *LAYERS],
                     timeout=ID_TIMEOUT_S, check=True).stdout.split()
     return diff_ids, layerdelta.layers_to_skip(diff_ids, [line.split(",") for line in held])
 
 
-def fabric_dest(run: Run, node: Node) -> tuple[str, str]:
-    """(user@fabric_ip, "") where the head reaches `node`'s fabric IP by SSH with docker there, else ("", why)."""
-    spec, ssh = node.spec, run.params.ssh
+def fabric_dest(ctx: Context, node: Node) -> tuple[str | None, str | None]:
+    """(user@fabric_ip, None) where the head reaches `node`'s fabric IP by SSH with docker there, else (None, why)."""
+    spec, ssh = node.spec, ctx.params.ssh
     dest = f"{spec.ssh_user or ssh.user}@{spec.fabric_ip}"
-    r = run.cluster.head.run(["ssh", "-p", str(spec.ssh_port or ssh.port), "-o", "BatchMode=yes", "-o",
-                              f"ConnectTimeout={ssh.connect_timeout_s:g}", dest, "docker", "version", "--format",
-                              "{{.Server.Version}}"], timeout=REACH_TIMEOUT_S)
+    r = ctx.head.run(["ssh", "-p", str(spec.ssh_port or ssh.port), "-o", "BatchMode=yes", "-o",
+                      f"ConnectTimeout={ssh.connect_timeout_s:g}", dest, "docker", "version", "--format",
+                      "{{.Server.Version}}"], timeout=REACH_TIMEOUT_S)
     if r.ok:
-        return dest, ""
-    return "", (f"{run.cluster.head.name} cannot run docker on {node.name}'s fabric IP {spec.fabric_ip} over SSH "
+        return dest, None
+    return None, (f"{ctx.head.name} cannot run docker on {node.name}'s fabric IP {spec.fabric_ip} over SSH "
                 f"(exit {r.exit_code}: {(r.stderr.strip() or r.stdout.strip())[-200:]})")
 
 
-def push_image(run: Run, ref: str, node: Node, dest: str, size_bytes: int,
+def push_image(ctx: Context, ref: str, node: Node, dest: str, size_bytes: int,
                skip: tuple[list[str], list[str]] | None = None) -> Copy:
     """The head streams `docker save` (held layers left out) into `docker load` on `dest` (the node's fabric IP)."""
-    spec, head = node.spec, run.cluster.head
+    spec, head = node.spec, ctx.head
     argv = ["bash", "--norc", "--noprofile", "-c", PUSH.format(
         ref=shlex.quote(ref), filter=filter_command(*skip) if skip else "cat",
-        port=spec.ssh_port or run.params.ssh.port, connect=f"{run.params.ssh.connect_timeout_s:g}",
+        port=spec.ssh_port or ctx.params.ssh.port, connect=f"{ctx.params.ssh.connect_timeout_s:g}",
         dest=shlex.quote(dest))]
     timeout = COPY_SLACK_S + size_bytes / MIN_RATE_BPS
     counter = _DDProgress()
@@ -256,7 +258,8 @@ class _DDProgress:
     """A sink for dd's progress lines: the bytes it has passed on, shown on the bar."""
 
     def __init__(self) -> None:
-        self.bytes, self.bar = 0, None
+        self.bytes = 0
+        self.bar: Progress | None = None
 
     def write(self, chunk: bytes) -> None:
         found = DD_BYTES.findall(chunk)
@@ -266,16 +269,16 @@ class _DDProgress:
                 self.bar.update(self.bytes / 1e6)
 
 
-def send(run: Run, ref: str, node: Node, size_bytes: int) -> Copy:
+def send(ctx: Context, ref: str, node: Node, size_bytes: int) -> Copy:
     """One node: over the fabric where the head reaches it (else relayed to its host, saying why), held layers
     left out; where the delta load fails, the whole image again, saying so."""
-    skip = layer_skip(run, ref, node)
-    dest, why_not = fabric_dest(run, node)
+    skip = layer_skip(ctx, ref, node)
+    dest, why_not = fabric_dest(ctx, node)
 
     def one(s: tuple[list[str], list[str]] | None) -> Copy:
         if dest:
-            return push_image(run, ref, node, dest, size_bytes, s)
-        c = copy_image(run, ref, node, size_bytes, s)
+            return push_image(ctx, ref, node, dest, size_bytes, s)
+        c = copy_image(ctx, ref, node, size_bytes, s)
         return replace(c, route=f"host {node.spec.host} through this machine: {why_not}")
 
     mode = (f"delta: {len(skip[1])} of {len(skip[0])} layers already on {node.name}, left out" if skip[1]
@@ -287,12 +290,12 @@ def send(run: Run, ref: str, node: Node, size_bytes: int) -> Copy:
     return copy
 
 
-def distribute(run: Run, ref: str) -> Distribution:
+def distribute(ctx: Context, ref: str) -> Distribution:
     """Copy `ref` from the head to every node lacking its ID (one at a time), then verify every node's ID.
     For the Python runtime nothing is copied: `environment_check` compares every node's vLLM version."""
-    if not runtime_for(run.params).copies_images:
-        return environment_check(run, ref)
-    p = plan(run, ref)
-    copies = [send(run, ref, run.cluster.nodes[name], p.size_bytes) for name in p.to_copy]
+    if not image_source_for(ctx.params).copies_images:
+        return environment_check(ctx, ref)
+    p = plan(ctx, ref)
+    copies = [send(ctx, ref, ctx.cluster.nodes[name], p.size_bytes) for name in p.to_copy]
     skipped = [name for name in p.held if name not in p.to_copy]
-    return Distribution(ref, p.image_id, copies, skipped, image_ids(run, ref))
+    return Distribution(ref, p.image_id, copies, skipped, image_ids(ctx, ref))

@@ -2,9 +2,9 @@
 
     listing(node, model, root=None) -> Listing      what a node holds: HF cache (refs/main, snapshot, blobs) or a dir
     wanted(listing) -> dict[path, Entry]            what a complete copy consists of (from the source's listing)
-    plan(listings, head) -> CopyPlan                the source node and, per node, the entries it lacks or holds wrong
+    plan(listings, head) -> ModelCopyPlan           the source node and, per node, the entries it lacks or holds wrong
     streams(entries, n) -> list[list[Entry]]        the files split into n streams of about equal bytes
-    copy_model(run) -> ModelCopy                    plan; each lacking node: disk check, rsync streams, verify, rename
+    copy_model(ctx) -> ModelCopy                    plan; each lacking node: disk check, rsync streams, verify, rename
 
 A node lacking the model gets it from a node that has it (the head first): rsync runs ON the source and pushes
 to the target's fabric IP, into a staging dir beside the model (`.<name>.sparkbook-incoming`), with --partial and
@@ -21,12 +21,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Literal
 
-from ..core.errors import SparkbookError
-from ..core.nodes import Node, shell
-from ..core.params import ModelSpec, NodeSpec, Params
-from ..core.progress import Progress
-from ..core.record import Run
+from ...core.context import Context
+from ...core.errors import SparkbookError
+from ...core.nodes import Node, shell
+from ...core.params import ModelSpec, NodeSpec, Params
+from ...core.progress import Progress
 
 STAGE = "03-image-selection"
 INCOMING = ".sparkbook-incoming"
@@ -69,9 +70,21 @@ class Entry:
     """One file or symlink of the model, by its path relative to the model's root."""
 
     path: str
-    kind: str  # "f" file | "l" symlink
+    kind: Literal["f", "l"]  # find's type: a regular file | a symlink
     size: int
     target: str = ""  # a symlink's target
+
+    @property
+    def is_link(self) -> bool:
+        match self.kind:
+            case "l":
+                return True
+            case "f":
+                return False
+
+    @property
+    def is_file(self) -> bool:
+        return not self.is_link
 
 
 @dataclass(frozen=True)
@@ -104,7 +117,7 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
-class CopyPlan:
+class ModelCopyPlan:
     """The source (a node with a complete copy) and what each other node needs from it."""
 
     source: str
@@ -116,7 +129,7 @@ class CopyPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.size for e in self.wanted.values() if e.kind == "f")
+        return sum(e.size for e in self.wanted.values() if e.is_file)
 
 
 @dataclass(frozen=True)
@@ -204,7 +217,7 @@ def roots(model: ModelSpec) -> list[str]:
 def parse_listing(node: str, root: str, layout: str, text: str) -> Listing:
     """The LISTING script's output -> Listing."""
     pieces = re.split(r"^==(\w+)==$", text, flags=re.M)
-    parts = dict(zip(pieces[1::2], pieces[2::2]))
+    parts = dict(zip(pieces[1::2], pieces[2::2], strict=False))
     if not parts.get("free", "").split():
         raise ModelCopyError(f"{node}: cannot list {root}: {text.strip()[-300:]}", node=node)
     entries = _entries(parts.get("files", ""))
@@ -217,8 +230,9 @@ def _entries(text: str) -> dict[str, Entry]:
     out = {}
     for line in filter(None, text.splitlines()):
         kind, size, path, target = (line.split("\t") + ["", "", ""])[:4]
-        if kind in ("f", "l"):
-            out[path] = Entry(path, kind, int(size), target)
+        match kind:
+            case "f" | "l":
+                out[path] = Entry(path, kind, int(size), target)
     return out
 
 
@@ -248,7 +262,7 @@ def wanted(src: Listing) -> dict[str, Entry]:
         if not path.startswith(prefix):
             continue
         out[path] = e
-        if e.kind == "l":
+        if e.is_link:
             blob = posixpath.normpath(posixpath.join(posixpath.dirname(path), e.target))
             if blob not in src.entries:
                 return {}  # a snapshot link to a missing blob: not a complete copy
@@ -260,10 +274,10 @@ def lacking(want: dict[str, Entry], have: dict[str, Entry]) -> list[Entry]:
     """The wanted entries a node lacks or holds with another size (file) or target (symlink)."""
     return [e for path, e in sorted(want.items())
             if path not in have or have[path].kind != e.kind
-            or (e.size != have[path].size if e.kind == "f" else e.target != have[path].target)]
+            or (e.size != have[path].size if e.is_file else e.target != have[path].target)]
 
 
-def plan(listings: dict[str, Listing], head: str) -> CopyPlan:
+def plan(listings: dict[str, Listing], head: str) -> ModelCopyPlan:
     """The source (the head where its copy is complete, else the first node whose is) and each other node's needs."""
     complete = [n for n in [head, *listings] if wanted(listings[n])]
     if not complete:
@@ -281,9 +295,9 @@ def plan(listings: dict[str, Listing], head: str) -> CopyPlan:
             done.append(name)
             continue
         staged_ok = {p for p, e in lst.staged.items() if p in want and not lacking({p: want[p]}, {p: e})}
-        left = sum(e.size for e in need if e.kind == "f" and e.path not in staged_ok)
+        left = sum(e.size for e in need if e.is_file and e.path not in staged_ok)
         nodes.append(NodePlan(name, lst.root, need, left, lst.free_bytes))
-    return CopyPlan(src.node, src.root, src.layout, want, nodes, done)
+    return ModelCopyPlan(src.node, src.root, src.layout, want, nodes, done)
 
 
 def _describe(lst: Listing) -> str:
@@ -313,7 +327,7 @@ def streams(entries: list[Entry], n: int) -> list[list[Entry]]:
 
 def hash_checks(want: list[Entry], verify: str) -> list[str]:
     """The staged files whose sha256 is checked: HF blobs named by their sha256, or every file (sha256_all)."""
-    return [e.path for e in want if e.kind == "f"
+    return [e.path for e in want if e.is_file
             and (verify == "sha256_all" or (e.path.startswith("blobs/") and SHA256.match(PurePosixPath(e.path).name)))]
 
 
@@ -350,10 +364,10 @@ def sent_bytes(stats: str) -> int:
     return int(re.sub(r"[,.]", "", m.group(1))) if m else 0
 
 
-def copy_node(run: Run, cp: CopyPlan, p: NodePlan) -> NodeCopy:
+def copy_node(ctx: Context, cp: ModelCopyPlan, p: NodePlan) -> NodeCopy:
     """One target: its streams in parallel (the source pushes over the fabric), then verify, then rename."""
-    params, t = run.params, run.params.model.transfer
-    source, target = run.cluster.nodes[cp.source], run.cluster.nodes[p.node]
+    params, t = ctx.params, ctx.params.model.transfer
+    source, target = ctx.cluster.nodes[cp.source], ctx.cluster.nodes[p.node]
     stage = staging_dir(p.root)
     target.run(["mkdir", "-p", stage], timeout=LIST_TIMEOUT_S, check=True)
     files = list(p.entries)
@@ -378,7 +392,7 @@ def copy_node(run: Run, cp: CopyPlan, p: NodePlan) -> NodeCopy:
     errors = [e for _, e in results if e]
     if errors:
         return NodeCopy(p.node, len(files), sent, seconds, [], "; ".join(errors))
-    verified, problem = verify(run, cp, p, stage)
+    verified, problem = verify(ctx, cp, p, stage)
     if problem:
         return NodeCopy(p.node, len(files), sent, seconds, verified, problem)
     r = target.run(shell(FINALIZE, root=p.root, stage=stage), timeout=LIST_TIMEOUT_S)
@@ -402,7 +416,7 @@ def _stream(source: Node, params: Params, p: NodePlan, src_root: str, stage: str
 
 def _watch(target: Node, stage: str, p: NodePlan, stop: threading.Event) -> None:
     """Progress per node: the bytes in its staging dir, every POLL_S."""
-    total = sum(e.size for e in p.entries if e.kind == "f")
+    total = sum(e.size for e in p.entries if e.is_file)
     with Progress(f"model to {p.node}", total=total / 1e6, unit=" MB") as bar:
         while not stop.wait(POLL_S):
             r = target.run(["du", "-sb", stage], timeout=30)
@@ -410,23 +424,23 @@ def _watch(target: Node, stage: str, p: NodePlan, stop: threading.Event) -> None
                 bar.update(int(r.stdout.split()[0]) / 1e6)
 
 
-def verify(run: Run, cp: CopyPlan, p: NodePlan, stage: str) -> tuple[list[str], str]:
+def verify(ctx: Context, cp: ModelCopyPlan, p: NodePlan, stage: str) -> tuple[list[str], str]:
     """The staged copy against the source: sizes (and symlink targets) of every entry, then the sha256s. A file
     whose hash is wrong is removed, so the next run sends it again. Returns (what was verified, problem)."""
-    target = run.cluster.nodes[p.node]
-    staged = listing(target, run.params.model, p.root).staged
+    target = ctx.cluster.nodes[p.node]
+    staged = listing(target, ctx.params.model, p.root).staged
     bad = lacking({e.path: e for e in p.entries}, staged)
     if bad:
         return [], (f"{p.node}: after the copy {stage} lacks or holds with another size: "
                     + ", ".join(e.path for e in bad[:5]))
-    checked = hash_checks(p.entries, run.params.model.transfer.verify)
+    checked = hash_checks(p.entries, ctx.params.model.transfer.verify)
     if not checked:
         return ["sizes"], ""
     expected = {path: PurePosixPath(path).name for path in checked if SHA256.match(PurePosixPath(path).name)}
-    if run.params.model.transfer.verify == "sha256_all":
-        expected = _sha256(run.cluster.nodes[cp.source], cp.root, checked)
+    if ctx.params.model.transfer.verify == "sha256_all":
+        expected = _sha256(ctx.cluster.nodes[cp.source], cp.root, checked)
     got = target.run(["sh", "-c", HASHES.format(dir=shlex.quote(stage)), "sha256", *checked],
-                     timeout=run.params.model.transfer.timeout_s)
+                     timeout=ctx.params.model.transfer.timeout_s)
     wrong = hash_mismatches(expected, got.stdout)
     if wrong:
         target.run(["rm", "-f", *(f"{stage}/{w}" for w in wrong)], timeout=LIST_TIMEOUT_S)
@@ -439,31 +453,31 @@ def _sha256(node: Node, root: str, paths: list[str]) -> dict[str, str]:
     return {path: digest for digest, _, path in (line.partition("  ") for line in r.stdout.splitlines())}
 
 
-def listings(run: Run) -> dict[str, Listing]:
+def listings(ctx: Context) -> dict[str, Listing]:
     """Every node's listing; nodes follow the head's location of the model where they lack it."""
-    model = run.params.model
-    outcomes = run.cluster.fan_out(lambda n: listing(n, model), timeout=LIST_TIMEOUT_S * 3)
-    found = {name: o.value for name, o in outcomes.items() if o.ok}
+    model = ctx.params.model
+    outcomes = ctx.cluster.fan_out(lambda n: listing(n, model), timeout=LIST_TIMEOUT_S * 3)
+    found = {name: o.ok_value for name, o in outcomes.items() if o.ok}
     if len(found) < len(outcomes):
         raise ModelCopyError(outcomes.errors())
     located = next((lst.root for lst in found.values() if lst.exists and wanted(lst)), None)
     if located:  # a node without the model gets it where the source keeps it (cache_dir/hub or cache_dir)
-        found = {n: lst if lst.root == located else listing(run.cluster.nodes[n], model, located)
+        found = {n: lst if lst.root == located else listing(ctx.cluster.nodes[n], model, located)
                  for n, lst in found.items()}
     return found
 
 
-def copy_model(run: Run) -> ModelCopy:
+def copy_model(ctx: Context) -> ModelCopy:
     """Plan, refuse when a disk is too small (before sending anything), copy each lacking node, verify all."""
-    cp = plan(listings(run), run.cluster.head.name)
-    reserve = size_bytes(run.params.model.transfer.reserve)
+    cp = plan(listings(ctx), ctx.head.name)
+    reserve = size_bytes(ctx.params.model.transfer.reserve)
     for p in cp.nodes:
         check_disk(p, reserve)
-    outcomes = run.cluster.fan_out(lambda n: copy_node(run, cp, next(p for p in cp.nodes if p.node == n.name)),
-                                   [run.cluster.nodes[p.node] for p in cp.nodes],
-                                   timeout=run.params.model.transfer.timeout_s + 600, label="model copies")
-    copies = [o.value if o.ok else NodeCopy(name, 0, 0, o.duration_s, [], str(o.error))
+    outcomes = ctx.cluster.fan_out(lambda n: copy_node(ctx, cp, next(p for p in cp.nodes if p.node == n.name)),
+                                   [ctx.cluster.nodes[p.node] for p in cp.nodes],
+                                   timeout=ctx.params.model.transfer.timeout_s + 600, label="model copies")
+    copies = [o.ok_value if o.ok else NodeCopy(name, 0, 0, o.duration_s, [], str(o.error))
               for name, o in outcomes.items()]
-    after = listings(run)
+    after = listings(ctx)
     matches = {n: not lacking(cp.wanted, lst.entries) for n, lst in after.items()}
     return ModelCopy(cp.source, cp.root, copies, cp.complete, matches)

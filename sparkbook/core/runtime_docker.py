@@ -1,0 +1,200 @@
+"""vLLM in Docker containers, through each node's own Docker daemon: process control (`DockerNodes`) and the
+candidate images 03 chooses among (`DockerImages`)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import docker
+import docker.errors
+
+from .docker_ssh import docker_client
+from .nodes import Cluster, FanOut, Node, NodeError, Result, ended_by_timeout, with_timeout
+from .params import DockerRuntime
+from .runtime import ID_TIMEOUT_S, KILL_SH, RUNNING_SH, SPAWN_SH, Existing, Place, Spawned
+
+LABEL = "org.sparkbook.run"  # on every container sparkbook starts
+DAEMON_TIMEOUT_S = 20
+
+
+
+class DockerNodes:
+    """Containers from the run's image on each node, through each node's own Docker daemon."""
+
+    not_reusable: str | None = None
+
+    def __init__(self, spec: DockerRuntime, model_cache: str, secrets: dict[str, str] | None = None):
+        self.spec, self.model_cache, self.secrets = spec, model_cache, secrets or {}
+
+    def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str | None:
+        held = image_id_on(node, ref)
+        if held is None or (image_id and held != image_id):
+            return (f"holds {'no' if held is None else 'another'} {ref} ({held or 'absent'}; "
+                    f"expected {image_id or 'any'})")
+        return None
+
+    def preflight(self, cluster: Cluster) -> FanOut[None]:
+        """Every node's Docker daemon asked in parallel (`_daemon_answers`)."""
+        return cluster.fan_out(_daemon_answers, timeout=DAEMON_TIMEOUT_S + cluster.params.ssh.connect_timeout_s + 15)
+
+    def devices(self, node: Node) -> list[str]:
+        """/dev/infiniband where the node has it (a privileged container sees every device anyway)."""
+        if self.spec.privileged:
+            return []
+        return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
+
+    def existing(self, node: Node, place: Place) -> Existing | None:
+        try:
+            attrs = self.client(node).containers.get(place.name).attrs
+        except docker.errors.NotFound:
+            return None
+        return Existing(attrs["Id"], attrs["State"]["Status"], attrs["Image"],
+                        dict(e.split("=", 1) for e in attrs["Config"]["Env"] or []),
+                        [d["PathOnHost"] for d in attrs["HostConfig"].get("Devices") or []],
+                        attrs["State"]["StartedAt"])
+
+    def client(self, node: Node) -> docker.DockerClient:
+        """The node's Docker client (docker_ssh keeps one per node, shared with the run's other steps)."""
+        try:
+            return docker_client(node)
+        except docker.errors.DockerException as exc:
+            raise NodeError(node.name, f"its Docker daemon does not answer: {exc}") from None
+
+    def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                timeout: float = 120, gpus: bool = False) -> Result:
+        """argv in a fresh container of `image`: no network, model cache read-only, removed; `--gpus all` where `gpus`.
+
+        This is the node's own `docker run --rm` in one SSH call: a probe costs about a second less than
+        docker-py's round trips, which keeps the registry probe within its 3 s. The command inside carries
+        its own timeout, so the daemon removes the container even if the CLI is killed. The image's
+        ENTRYPOINT (vLLM's official images: `vllm serve`) is replaced by that timeout, as vLLM's
+        run_cluster.sh replaces it. No secret goes in: without a network, nothing could use it."""
+        cache = self.model_cache
+        flags = [a for k, v in {**self.spec.env, **(env or {})}.items() for a in ("-e", f"{k}={v}")]
+        if gpus:
+            flags += ["--gpus", "all"]
+        entrypoint, *command = with_timeout(argv, timeout)
+        return node.run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--label",
+                         f"{LABEL}=one-off", "-v", f"{cache}:{cache}:ro", *flags, "--entrypoint", entrypoint,
+                         str(image), *command], timeout=timeout + 30)
+
+    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
+        """(Re)create the place's container: host network, shm, model cache, env and the params' secrets (through
+        the Docker API, never on a command line), an init that reaps orphans (killed serve processes leave
+        children), `sleep infinity` as its entrypoint whatever the image declares; returns its ID."""
+        client = self.client(node)
+        self.stop(node, place)
+        kwargs: dict[str, object] = dict(
+            name=place.name, entrypoint=["sleep", "infinity"], detach=True, network_mode="host", init=True,
+            shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env, **self.secrets},
+            labels={LABEL: place.name},
+            volumes={self.model_cache: {"bind": self.model_cache, "mode": "rw"}}, privileged=self.spec.privileged,
+            ulimits=[docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)]
+            if self.spec.nofile else [],
+            devices=[f"{d}:{d}" for d in devices])
+        if self.spec.ipc_host:
+            kwargs["ipc_mode"] = "host"
+        if gpus:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return str(client.containers.run(place.image, **kwargs).id)
+
+    def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        started, t0 = datetime.now(UTC), time.monotonic()
+        container = self.client(node).containers.get(place.name)
+        code, (out, err) = container.exec_run(with_timeout(argv, timeout), environment=env or {}, demux=True)
+        return Result(node.name, tuple(argv), code, (out or b"").decode(errors="replace"),
+                      (err or b"").decode(errors="replace"), started, time.monotonic() - t0, ended_by_timeout(code))
+
+    def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
+              env: dict[str, str] | None = None) -> Spawned:
+        """Start argv in the background inside the container, stdout and stderr to `log` (a container path)."""
+        container = self.client(node).containers.get(place.name)
+        container.exec_run(["sh", "-c", SPAWN_SH, log, *argv], environment=env or {}, detach=True)
+        return Spawned(node.name, place.name, log)
+
+    def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
+        """Whether the spawned process still runs (False once its container is gone)."""
+        return self.alive(node, place) and self.exec(node, place, ["sh", "-c", RUNNING_SH, spawned.pid_file],
+                                                     timeout=15).ok
+
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
+        """End the spawned process and its children (its process group), TERM then KILL."""
+        if self.alive(node, place):
+            self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
+
+    def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
+        argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]
+        return self.exec(node, place, argv, timeout=30).stdout
+
+    def alive(self, node: Node, place: Place) -> bool:
+        try:
+            return bool(self.client(node).containers.get(place.name).status == "running")
+        except docker.errors.NotFound:
+            return False
+
+    def stop(self, node: Node, place: Place) -> bool:
+        """Remove the place's container; True if there was one."""
+        try:
+            self.client(node).containers.get(place.name).remove(force=True)
+            return True
+        except docker.errors.NotFound:
+            return False
+
+    def close(self) -> None:
+        """Nothing of its own to close: the Docker clients ride on the nodes' SSH connections, closed with the run."""
+
+
+def _daemon_answers(node: Node) -> None:
+    """Raise unless the node's Docker daemon answers `docker version` within DAEMON_TIMEOUT_S."""
+    r = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=DAEMON_TIMEOUT_S)
+    if not r.ok:
+        why = f"no answer within {DAEMON_TIMEOUT_S} s" if r.timed_out else (r.stderr or r.stdout).strip()[-300:]
+        raise NodeError(node.name, f"its Docker daemon does not answer ({why}): start it and run 04 again")
+
+
+class DockerImages:
+    """The params' candidate images, as each node's Docker daemon holds them."""
+
+    copies_images = True
+
+    def __init__(self, spec: DockerRuntime):
+        self.spec = spec
+        self.policy: str = spec.image_policy
+
+    def candidates(self) -> list[str]:
+        return list(self.spec.images)
+
+    def image(self, node: Node, ref: str) -> tuple[str, int] | None:
+        """(ID, size in bytes) of `ref` in the node's daemon, None where it has no such image."""
+        return _inspect(node, ref)
+
+    def identity(self, node: Node, ref: str) -> str | None:
+        """The image ID of `ref` on the node."""
+        return image_id_on(node, ref)
+
+    def architecture(self, node: Node, ref: str) -> str | None:
+        """`docker image inspect`'s Architecture (amd64, arm64); None where the node does not hold it."""
+        r = node.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref], timeout=ID_TIMEOUT_S)
+        return r.stdout.strip() or None if r.ok else None
+
+    def installed(self) -> str | None:
+        return self.spec.installed_image
+
+    def no_installed_reason(self) -> str:
+        return "runtime.installed_image is not set: no old deployment's image to probe; 03 probes the candidates"
+
+
+def _inspect(node: Node, ref: str) -> tuple[str, int] | None:
+    result = node.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", ref], timeout=ID_TIMEOUT_S)
+    if not result.ok or len(result.stdout.split()) != 2:
+        return None
+    image_id, size = result.stdout.split()
+    return image_id, int(size)
+
+
+def image_id_on(node: Node, ref: str) -> str | None:
+    """The ID of image `ref` in the node's daemon; None where it holds none."""
+    held = _inspect(node, ref)
+    return held[0] if held else None

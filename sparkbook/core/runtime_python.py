@@ -1,0 +1,144 @@
+"""vLLM in a Python environment on each node (no Docker): process control (`PythonNodes`) and the one candidate
+03 has, the environment itself (`PythonImages`)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from .nodes import Cluster, FanOut, Node, Result
+from .params import PythonRuntime
+from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned
+
+# commands the stages start by name, as modules of the Python runtime's interpreter
+MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
+_VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
+
+
+class PythonNodes:
+    """A Python environment on each node (no Docker): the interpreter named in params runs everything."""
+
+    not_reusable: str | None = "the Python runtime keeps no container to compare: Ray is started afresh"
+
+    def __init__(self, spec: PythonRuntime, secrets: dict[str, str] | None = None):
+        self.spec, self.secrets = spec, secrets or {}
+
+    def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str | None:
+        """Nothing to hold: each node runs its own environment."""
+        return None
+
+    def preflight(self, cluster: Cluster) -> FanOut[None]:
+        """Nothing to ask: the interpreter runs where the node's commands run."""
+        return FanOut()
+
+    def devices(self, node: Node) -> list[str]:
+        return []
+
+    def existing(self, node: Node, place: Place) -> Existing | None:
+        return None
+
+    def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
+        bindir = self.spec.python.rsplit("/", 1)[0]
+        return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", **self.spec.env, **(extra or {})}
+
+    def _argv(self, argv: Sequence[str]) -> list[str]:
+        """`python`/`python3` is the params' interpreter; the `ray` and `vllm` commands are its modules, so the
+        environment's own Ray and vLLM run whatever scripts (or none) its bin directory holds."""
+        if not argv:
+            return []
+        head, rest = argv[0], list(argv[1:])
+        if head in ("python", "python3"):
+            return [self.spec.python, *rest]
+        if head in MODULES:
+            return [self.spec.python, "-m", MODULES[head], *rest]
+        return list(argv)
+
+    def one_off(self, node: Node, image: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                timeout: float = 120, gpus: bool = False) -> Result:
+        """The environment sees the host's GPUs as it is (`gpus` changes nothing)."""
+        return node.run(self._argv(argv), env=self._env(env), timeout=timeout)
+
+    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
+        self.stop(node, place)
+        node.run(["mkdir", "-p", self._dir(place)], check=True, timeout=30)
+        return self._dir(place)
+
+    def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        return node.run(self._argv(argv), env=self._env({**place.env, **(env or {})}), timeout=timeout)
+
+    def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
+              env: dict[str, str] | None = None) -> Spawned:
+        """setsid the process into its own session; its session ID goes to `log`.pid and to the place's list.
+        The params' secrets reach it exported from stdin (`KEY=value` lines), never on its command line."""
+        script = ('while IFS= read -r kv; do export "$kv"; done; mkdir -p "$(dirname "$1")"; '
+                  'setsid sh -c \'echo $$ >>"$0"/sids; echo $$ >"$1.pid"; '
+                  'l=$1; shift; exec "$@" >"$l" 2>&1 </dev/null\' "$0" "$1" "${@:2}" </dev/null >/dev/null 2>&1 &')
+        secrets = "".join(f"{k}={v}\n" for k, v in self.secrets.items()).encode()
+        node.run(["bash", "-c", script, self._dir(place), log, *self._argv(argv)],
+                 env=self._env({**place.env, **(env or {})}), stdin=secrets, timeout=30, check=True)
+        return Spawned(node.name, place.name, log)
+
+    def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
+        return node.run(["sh", "-c", RUNNING_SH, spawned.pid_file], timeout=15).ok
+
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
+        node.run(["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
+
+    def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
+        argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]
+        return node.run(argv, timeout=30).stdout
+
+    def alive(self, node: Node, place: Place) -> bool:
+        sids = node.run(["cat", f"{self._dir(place)}/sids"], timeout=30).stdout.split()
+        return any(node.run(["pgrep", "-s", sid], timeout=30).ok for sid in sids)
+
+    def stop(self, node: Node, place: Place) -> bool:
+        """Kill every process of the sessions this place spawned (by session ID, never by name)."""
+        sids = node.run(["cat", f"{self._dir(place)}/sids"], timeout=30).stdout.split()
+        for sid in sids:
+            node.run(["pkill", "-TERM", "-s", sid], timeout=30)
+        if sids:
+            time.sleep(2)
+            for sid in sids:
+                node.run(["pkill", "-KILL", "-s", sid], timeout=30)
+        node.run(["rm", "-rf", self._dir(place)], timeout=30)
+        return bool(sids)
+
+    @staticmethod
+    def _dir(place: Place) -> str:
+        return f"/tmp/sparkbook/{place.name}"
+
+    def close(self) -> None:
+        pass
+
+
+class PythonImages:
+    """The Python environment named in params: one candidate, its interpreter, nothing to copy."""
+
+    copies_images = False
+    policy = "newest"  # one candidate: there is nothing to keep or choose
+
+    def __init__(self, spec: PythonRuntime):
+        self.spec, self.nodes = spec, PythonNodes(spec)
+
+    def candidates(self) -> list[str]:
+        return [self.spec.python]
+
+    def image(self, node: Node, ref: str) -> tuple[str, int] | None:
+        """A Python environment has no image."""
+        return None
+
+    def identity(self, node: Node, ref: str) -> str | None:
+        """The vLLM version of the node's interpreter ("vLLM X.Y.Z"); None where it has no vLLM."""
+        return self.nodes.one_off(node, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None
+
+    def architecture(self, node: Node, ref: str) -> str | None:
+        """An environment runs on its node's CPU: nothing to compare."""
+        return None
+
+    def installed(self) -> str | None:
+        return None
+
+    def no_installed_reason(self) -> str:
+        return (f"runtime python: vLLM runs in the environment of {self.spec.python} on each node, there is no "
+                "installed image to probe; 03 asks that environment's own vLLM (registry and inspection)")

@@ -6,8 +6,9 @@ from .nodes import Cluster, Node
 from .params import NodeSpec, Params
 from .runtime import Place, Runtime, Spawned
 
+LOG_DIR = "/tmp/sparkbook/logs"  # in the node containers: every process the stages spawn there logs here
 RAY_TEMP_DIR = "/tmp/sparkbook/ray"
-RAY_LOG = "/tmp/sparkbook/logs/ray.log"
+RAY_LOG = f"{LOG_DIR}/ray.log"
 NODE_RESOURCE = "sparkbook_node_{}"
 
 

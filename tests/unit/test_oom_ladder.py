@@ -1,12 +1,15 @@
 """The graph-capture OOM ladder from 02's memory fit (issue 23 item 2), on vLLM's own log and error texts."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sparkbook.core.failures import GRAPH_OOM, UNKNOWN, classify, remedy
+from sparkbook.core.context import Context
 from sparkbook.core.modelinfo import GIB, RESERVE_BYTES, ModelFacts, utilization_floor
 from sparkbook.core.params import ServeSettings, load_params
-from sparkbook.stages import serve
+from sparkbook.stages.serve import bringup, commands, launch
+from sparkbook.stages.serve.failures import GRAPH_OOM, UNKNOWN, classify, remedy
 
 # A Ray worker's graph-capture OOM, vllm-project/vllm#15598 (its log lines; the error line is the issue's title).
 GRAPH_OOM_RAY = """\
@@ -85,22 +88,23 @@ def test_floor_holds_weights_kv_for_max_model_len_and_the_reserve(duo):
 def test_a_graph_capture_oom_serve_reaches_eager_within_max_remedies(duo, monkeypatch):
     """bring_up with every node operation replaced: each launch with CUDA graphs OOMs in capture (the real V1
     text), an eager one is ready. The first remedy jumps to the fit's floor, the second goes eager."""
-    monkeypatch.setattr(serve, "lost", lambda *a: {})
-    monkeypatch.setattr(serve, "find_running", lambda *a: (None, "nothing serving"))
-    for name in ("stop_earlier", "stop_serving", "_remember"):
-        monkeypatch.setattr(serve, name, lambda *a: None)
-    monkeypatch.setattr(serve, "port_taken", lambda *a: None)
-    monkeypatch.setattr(serve, "launch", lambda c, r, w, plan, attempt: serve.Launch(plan, attempt, {}, 0.0))
+    monkeypatch.setattr(bringup, "lost", lambda *a: {})
+    monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
+    for name in ("stop_earlier", "stop_serving", "remember"):
+        monkeypatch.setattr(bringup, name, lambda *a: None)
+    monkeypatch.setattr(bringup, "port_taken", lambda *a: None)
+    monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
 
-    def wait_ready(c, r, w, launched, timeout_s, on_round):
+    def wait_ready(ctx, launched, timeout_s, on_round):
         if launched.plan.settings.enforce_eager:
-            return serve.Readiness(True, 300.0, 290.0, ["model"], {})
+            return launch.Readiness(True, 300.0, 290.0, ["model"], {})
         logs = {"a": GRAPH_OOM_V1}
-        return serve.Readiness(False, 600.0, None, [], logs, classify(logs))
+        return launch.Readiness(False, 600.0, None, [], logs, classify(logs))
 
-    monkeypatch.setattr(serve, "wait_ready", wait_ready)
+    monkeypatch.setattr(bringup, "wait_ready", wait_ready)
     floor = utilization_floor(_facts(119), duo, {"a": GB10, "b": GB10})
-    up = serve.bring_up(duo, None, None, {}, serve.plan(duo, "ray"), floor=floor)
+    ctx = Context(duo, None, None, Path("/tmp"), image="img")  # every node operation is replaced above
+    up = bringup.bring_up(ctx, commands.plan(ctx, "ray"), floor=floor)
     assert up.ok and len(up.attempts) == duo.serve.max_remedies + 1 == 3
     assert [r.change for r in up.remedies] == [{"gpu_memory_utilization": 0.54}, {"enforce_eager": True}]
     assert "--enforce-eager" in up.launched.plan.commands[0].argv

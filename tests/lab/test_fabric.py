@@ -138,7 +138,8 @@ def _by_hand(run, runtime, sizes: list[int]) -> list[float]:
         n, where[n.name], ["python3", "-c", HAND, str(ranks[n.name]), master, ",".join(map(str, sizes)), str(ITERS)],
         timeout=300))
     assert all(o.ok and o.value.ok for o in hand.values()), hand
-    return [max(a, b) for a, b in zip(*(json.loads(o.value.stdout.strip().splitlines()[-1]) for o in hand.values()))]
+    medians = (json.loads(o.value.stdout.strip().splitlines()[-1]) for o in hand.values())
+    return [max(a, b) for a, b in zip(*medians, strict=True)]
 
 
 @pytest.mark.benchmark

@@ -99,7 +99,8 @@ def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     base["nodes"][1].update(name="lab-1", host="10.77.0.11")
     cluster = Cluster(load_params(write_params(base)))
-    path = write_restore_plan(Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path), tmp_path / "lab.yaml", Plan(p.targets))
+    ctx = Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path)
+    path = write_restore_plan(ctx, tmp_path / "lab.yaml", Plan(p.targets))
     steps = json.loads(path.read_text())["steps"]
     assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"

@@ -140,8 +140,8 @@ def test_sizes_step_from_small_to_large_and_ranks_follow_gpus():
     assert (cfg["backend"], cfg["device"], cfg["master"], cfg["netdev"]) == ("nccl", 1, "192.168.200.12:29502",
                                                                                "enp1s0f1np1")
     mixed = params.model_copy(update={"nodes": [params.nodes[0], params.nodes[1].model_copy(update={"gpus": []})]})
-    assert {(c["backend"], c["device"]) for c in (allreduce.config(mixed, r, 3, [0, 2], 1) for r in allreduce.ranks(mixed))} \
-        == {("gloo", -1)}
+    configs = (allreduce.config(mixed, r, 3, [0, 2], 1) for r in allreduce.ranks(mixed))
+    assert {(c["backend"], c["device"]) for c in configs} == {("gloo", -1)}
 
 
 def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:
@@ -155,7 +155,8 @@ def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:
 
 def test_a_healthy_spark_pair_passes():
     params = _params(hcas=["rocep1s0f1"])
-    test = allreduce.collect(params, allreduce.ranks(params), {0: _doc(0, 35, 160, 170, 1), 1: _doc(1, 35, 160, 165, 0)}, 9)
+    docs = {0: _doc(0, 35, 160, 170, 1), 1: _doc(1, 35, 160, 165, 0)}
+    test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
     result = allreduce.verdict(params, test)
     assert result.ok, result.problems
     assert [r["limit"] for r in allreduce.rows(test, result)] == ["<= 150 us", ">= 120.00 Gb/s busbw"]
@@ -165,7 +166,8 @@ def test_a_healthy_spark_pair_passes():
 
 def test_a_slow_link_fails_naming_the_sending_node_with_figures_and_causes():
     params = _params(hcas=["rocep1s0f1"])
-    test = allreduce.collect(params, allreduce.ranks(params), {0: _doc(0, 400, 13, 13, 1), 1: _doc(1, 400, 13, 160, 0)}, 9)
+    docs = {0: _doc(0, 400, 13, 13, 1), 1: _doc(1, 400, 13, 160, 0)}
+    test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
     result = allreduce.verdict(params, test)
     text = " ".join(result.problems)
     assert "a 32 KiB all_reduce takes 400 us, the limit is 150 us" in text
@@ -188,8 +190,8 @@ def test_a_rank_without_its_document_is_an_error_naming_its_node():
 def test_06_shows_04s_figures_beside_the_decode_time(tmp_path):
     assert fabric.beside_decode(fabric.recorded_proof(tmp_path), None)[0]["value"].startswith("not recorded")
     params = _params()
-    test = allreduce.collect(params, allreduce.ranks(params), {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)},
-                             9)
+    docs = {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)}
+    test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
     state.store(tmp_path, allreduce.proof(test), lambda data: data, "04-ray-cluster")  # as 04's run.remember does
     rows = fabric.beside_decode(fabric.recorded_proof(tmp_path), 37.0)
     assert [r["value"] for r in rows] == ["40.0 us", "160.00 Gb/s", "37.00 ms", "925"]

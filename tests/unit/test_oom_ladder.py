@@ -17,7 +17,7 @@ GRAPH_OOM_RAY = """\
 (RayWorkerWrapper pid=1463574, ip=192.168.10.60) INFO 03-27 10:29:01 [worker.py:267] model weights take 20.64GiB; non_torch_memory takes 0.28GiB; PyTorch activation peak memory takes 1.52GiB; the rest of the memory reserved for KV Cache is 21.20GiB. [repeated 30x across cluster]
 RayWorkerWrapper pid=1861983) INFO 03-27 10:29:03 [model_runner.py:1442] Capturing cudagraphs for decoding. This may lead to unexpected consequences if the model is not static. To run the model in eager mode, set 'enforce_eager=True' or use '--enforce-eager' in the CLI. If out-of-memory error occurs during cudagraph capture, consider decreasing `gpu_memory_utilization` or switching to eager mode. You can also reduce the `max_num_seqs` as needed to decrease memory usage.
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 6 has a total capacity of 44.53 GiB of which 448.00 KiB is free.
-"""
+"""  # noqa: E501 (log lines as vLLM wrote them)
 
 # A V1 worker's capture ending in the CUDA driver's own OOM, vllm-project/vllm#19186.
 GRAPH_OOM_V1 = """\
@@ -26,7 +26,7 @@ GRAPH_OOM_V1 = """\
 (VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]   File "/usr/local/lib/python3.10/site-packages/torch/cuda/graphs.py", line 186, in __exit__
 (VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]     self.cuda_graph.capture_end()
 (VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] RuntimeError: CUDA error: out of memory
-"""
+"""  # noqa: E501 (log lines as vLLM wrote them)
 
 # vLLM's KV-cache errors, as raised: vllm/v1/core/kv_cache_utils.py (_check_enough_kv_cache_memory, commit 001cabc1;
 # the numbers in the second are made up) and vllm/worker/worker.py (raise_if_cache_size_invalid, before V1).

@@ -68,7 +68,8 @@ def test_the_plan_and_the_restore_plan_carry_what_each_target_held(
     assert vllm.holds() == "ports 8000; http://10.77.0.10:8000/health; 1200 MiB"
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     cluster = Cluster(load_params(write_params(base)))
-    steps = restore_steps(write_restore_plan(Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path), tmp_path / "lab.yaml", Plan(p.targets)))
+    ctx = Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path)
+    steps = restore_steps(write_restore_plan(ctx, tmp_path / "lab.yaml", Plan(p.targets)))
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
     assert steps == [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000],
                           "http://10.77.0.10:8000/health", 1200.0, 0, ssh=ssh),

@@ -135,15 +135,17 @@ def test_gate_names_the_node_whose_fabric_ip_is_wrong(lab):
     g = formation.gate(ctx(lab), _containers(lab, {"lab-1": "10.77.0.12"}), _join(lab, {"lab-1": "10.77.0.12"}))
     assert not g.ok
     (failure,) = g.failures
-    assert failure.startswith("lab-1: ") and "10.77.0.11 is not on eth0" in failure and "Ray reports IP 10.77.0.12" in failure
+    assert failure.startswith("lab-1: ") and "10.77.0.11 is not on eth0" in failure
+    assert "Ray reports IP 10.77.0.12" in failure
     with pytest.raises(formation.GateFailed, match="lab-1"):
         formation.check(g)
 
 
 def test_gate_names_missing_nodes_short_resources_and_pending_groups(lab):
-    g = formation.gate(ctx(lab), _containers(lab), _join(lab, {"lab-1": "absent"}, pgs=[{"id": "pg1", "state": "PENDING"}],
-                                             cpus=0.0))
-    assert g.failures == ["lab-0: offers 0 CPU, needs 1", "lab-1: not in the Ray cluster", "placement group pg1 is pending"]
+    join = _join(lab, {"lab-1": "absent"}, pgs=[{"id": "pg1", "state": "PENDING"}], cpus=0.0)
+    g = formation.gate(ctx(lab), _containers(lab), join)
+    assert g.failures == ["lab-0: offers 0 CPU, needs 1", "lab-1: not in the Ray cluster",
+                          "placement group pg1 is pending"]
 
 
 def test_gate_expects_gpus_where_params_list_them(duo):
@@ -210,13 +212,15 @@ def test_output_fields_reach_the_argv_of_every_serving_node(write_params, base):
 def test_without_output_fields_no_parser_flags_and_the_api_binds_every_interface(write_params, base):
     (cmd, *_) = commands.plan(ctx(load_params(write_params(base))), "ray").commands
     assert cmd.argv[cmd.argv.index("--host") + 1] == "0.0.0.0"
-    assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice", "--chat-template"} & set(cmd.argv)
+    assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice",
+                "--chat-template"} & set(cmd.argv)
 
 
 def test_the_seed_cluster_serves_qwen35_with_the_recipes_parsers():
     (cmd,) = commands.plan(ctx(load_params(PARAMS / "spark-duo.yaml")), "ray").commands
     assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "qwen3"
-    assert cmd.argv[cmd.argv.index("--tool-call-parser") + 1] == "qwen3_coder" and "--enable-auto-tool-choice" in cmd.argv
+    assert cmd.argv[cmd.argv.index("--tool-call-parser") + 1] == "qwen3_coder"
+    assert "--enable-auto-tool-choice" in cmd.argv
 
 
 @pytest.mark.parametrize("field, value, says", [

@@ -65,7 +65,8 @@ def test_no_text_anywhere_fails():
 
 
 def test_completion_text_is_judged_only_for_being_there():
-    assert smoke.judge("completion", {"choices": [{"text": " Paris.", "finish_reason": "length"}]}, None, 32).problem is None
+    paris = {"choices": [{"text": " Paris.", "finish_reason": "length"}]}
+    assert smoke.judge("completion", paris, None, 32).problem is None
     assert smoke.judge("completion", {"choices": [{"text": "", "finish_reason": "stop"}]}, None, 32).problem
 
 
@@ -100,7 +101,7 @@ def test_the_decision_names_the_serve_output_fields():
 
 def test_the_lab_models_reply_passes_as_before():
     # the lab's tiny model (no reasoning parser, 32 tokens): its chat text in a lab run's events.jsonl, 2026-12-01
-    lab = ("ial newlineshaarg where list can turtleile Ifdisho\ufffddd without)):QUscri iscolure decodeUTF charactthod(),"
-           " will\u0012idathtypeample")
+    lab = ("ial newlineshaarg where list can turtleile Ifdisho\ufffddd without)):QUscri iscolure "
+           "decodeUTF charactthod(), will\u0012idathtypeample")
     reply = smoke.judge("chat", {"choices": [{"message": {"role": "assistant", "content": lab}}]}, None, 32)
     assert reply.problem is None and reply.text == lab

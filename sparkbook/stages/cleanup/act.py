@@ -72,15 +72,19 @@ def _gone_with_owner(node: Node, t: CleanupTarget) -> str:
         return any(c.name == t.name for c in client.containers.list(filters={"name": f"^{t.name}$"}))
 
     if Retrying(stop=stop_after_delay(t.stop_timeout_s), wait=wait_fixed(1), retry=retry_if_result(bool),
-                retry_error_callback=lambda state: state.outcome.result())(live):
+                retry_error_callback=lambda state: state.outcome.result() if state.outcome else None)(live):
         raise CleanupError(f"{t.name} still runs {t.stop_timeout_s:.0f} s after {t.owner} stopped",
                            node=node.name, remediation=f"stop it by hand: docker stop {t.name}")
     return f"gone with {t.owner}"
 
 
+def _stopping(t: CleanupTarget) -> Callable[[Node], str]:
+    return lambda node: _stop_one(node, t)
+
+
 def stop(ctx: Context, p: Plan) -> list[Action]:
     """Stop every target in plan order; a failure is recorded and the rest still run."""
-    return [act(ctx.cluster.nodes[t.node], t.name, t.stop, lambda n, t=t: _stop_one(n, t)) for t in p.targets]
+    return [act(ctx.cluster.nodes[t.node], t.name, t.stop, _stopping(t)) for t in p.targets]
 
 
 def act(node: Node, name: str, command: str, do: Callable[[Node], str]) -> Action:
@@ -99,7 +103,8 @@ def verify(p: Plan, before: list[Inventory], after: list[Inventory]) -> Verifica
     planned = {(t.node, t.name) for t in p.targets}
     stopped = [{"node": t.node, "name": t.name, "stopped": not _running(a[t.node], t)} for t in p.targets
                if t.node in a]
-    changes, elsewhere = [], []
+    changes: list[str] = []
+    elsewhere: list[str] = []
     for node, inv in b.items():
         if node not in a:
             changes.append(f"{node}: no inventory after cleanup")

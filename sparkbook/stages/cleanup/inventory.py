@@ -209,11 +209,11 @@ LAUNCH_PROBE = ("for p in \"$@\"; do echo \"==$p==\"; readlink /proc/$p/cwd; "
 def _processes(node: Node, lines: list[str], procs: dict[int, tuple[int, str]], patterns: list[str]) -> list[Process]:
     """Processes whose name or command line matches; each with its descendants and how it was launched (working
     directory and exact argv from /proc, so restore can launch it again)."""
-    found = []
+    found: list[tuple[int, str, str]] = []
     for line in lines if patterns else []:
-        pid, comm, args = (line.split(None, 2) + ["", ""])[:3]
-        if matching(comm, patterns) or matching(args, patterns):
-            found.append((int(pid), comm, args))
+        number, name, command = (line.split(None, 2) + ["", ""])[:3]
+        if matching(name, patterns) or matching(command, patterns):
+            found.append((int(number), name, command))
     if not found:
         return []
     text = node.run(["sh", "-c", LAUNCH_PROBE, "sh", *[str(p) for p, _, _ in found]], timeout=PROBE_TIMEOUT_S).stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -191,7 +192,7 @@ def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple
             continue
         own = _target_pids(inv, s)
         ours = {pid for c in _ours(inv, new) for pid in c.pids}
-        held = {}  # port -> its holders (a port listened on by IPv4 and IPv6 sockets is one conflict)
+        held: dict[int, set[int]] = {}  # port -> its holders (listened on by IPv4 and IPv6 sockets: one conflict)
         for lis in inv.listeners:
             if lis.port in s.ports and set(lis.pids) - own:
                 held.setdefault(lis.port, set()).update(set(lis.pids) - own)
@@ -268,8 +269,10 @@ def _restore_one(node: Node, step: Step) -> str:
 def bring_back(cluster: Cluster, steps: list[Step]) -> list[Action]:
     """Run the restore plan written by `write_restore_plan`, step by step; an owned container has no step of its
     own (its owner brings it back; verify_restore checks it)."""
-    return [act(cluster.nodes[s.node], s.name, s.restore or "-", lambda n, s=s: _restore_one(n, s))
-            for s in steps if not s.owner]
+    def restoring(step: Step) -> Callable[[Node], str]:
+        return lambda node: _restore_one(node, step)
+
+    return [act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s)) for s in steps if not s.owner]
 
 
 def _stop_container(node: Node, name: str, recorded_id: str) -> str:
@@ -283,7 +286,10 @@ def _stop_container(node: Node, name: str, recorded_id: str) -> str:
 
 def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
     """Stop exactly the node containers this run started, by name, checked against their recorded IDs."""
-    return [act(cluster.nodes[node], name, f"docker stop {name}", lambda n, c=(name, cid): _stop_container(n, *c))
+    def stopping(name: str, recorded_id: str) -> Callable[[Node], str]:
+        return lambda node: _stop_container(node, name, recorded_id)
+
+    return [act(cluster.nodes[node], name, f"docker stop {name}", stopping(name, cid))
             for node, (name, cid) in new.items() if node in cluster.nodes]
 
 
@@ -349,7 +355,7 @@ def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float =
         return pending
 
     Retrying(stop=stop_after_delay(ready_timeout_s), wait=wait_fixed(2), retry=retry_if_result(bool),
-             retry_error_callback=lambda state: state.outcome.result())(still_starting)
+             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None)(still_starting)
     time.sleep(grace_s)
     return [judge(s, observe(cluster.nodes[s.node], s)) for s in steps]
 

@@ -50,7 +50,10 @@ _VIA = re.compile(r"\bvia (NET/\w+|P2P|SHM|COLLNET)")
 
 def parse_nccl(log: str) -> Transport:
     """The transport in NCCL_DEBUG=INFO output (one rank's, or several ranks' interleaved)."""
-    hcas, ifs, channels, network = [], [], [], ""
+    hcas: list[str] = []
+    ifs: list[str] = []
+    channels: list[str] = []
+    network = ""
     for line in log.splitlines():
         for regex, into in ((_IB_USING, hcas), (_SOCKET_USING, ifs)):
             m = regex.search(line)
@@ -341,7 +344,8 @@ def rows(test: AllReduceTest, result: FabricVerdict) -> list[dict[str, object]]:
 
 def transport_rows(test: AllReduceTest) -> list[dict[str, object]]:
     """Per node: the link rate the kernel reports, NCCL's network and devices, and each link's measured rate."""
-    out = [{"node": n, "link rate": f"{test.link_mbps[n] / 1000:g} Gb/s" if test.link_mbps.get(n) else "unknown",
+    out: list[dict[str, object]] = [
+           {"node": n, "link rate": f"{mbps / 1000:g} Gb/s" if (mbps := test.link_mbps.get(n)) else "unknown",
             "NCCL network": t.network or ("-" if test.backend == "gloo" else "not logged"),
             "devices": ", ".join(t.hcas or t.socket_ifs) or "-", "channels via": ", ".join(t.channels) or "-"}
            for n, t in test.transports.items()]

@@ -48,7 +48,8 @@ class NodeContainer:
 def netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list[str]:
     """IPv4 addresses of `netdev` as the container (host network) sees them (probes/netdev_ips.py)."""
     out = runtime.exec(node, place, ["python3", "-c", probes.source("netdev_ips"), netdev], timeout=30)
-    return probes.parse(out, node=node.name, probe=f"addresses of {netdev}")["addresses"]
+    addresses: list[str] = probes.parse(out, node=node.name, probe=f"addresses of {netdev}")["addresses"]
+    return addresses
 
 
 def start_containers(ctx: Context, image_id: str | None = None) -> list[NodeContainer]:

@@ -86,7 +86,7 @@ def status(ctx: Context, settle_s: float = 20.0) -> Result:
     params, head = ctx.params, ctx.head
     return Retrying(stop=stop_after_delay(settle_s), wait=wait_fixed(POLL_S),
                     retry=retry_if_result(lambda result: active_nodes(result.stdout) < len(params.nodes)),
-                    retry_error_callback=lambda state: state.outcome.result())(
+                    retry_error_callback=lambda state: state.outcome.result() if state.outcome else None)(
         ctx.runtime.exec, head, ctx.place(head.name), ["ray", "status", "--address", address(params)], timeout=60)
 
 
@@ -120,7 +120,7 @@ class Snapshot:
     placement_groups: list[dict[str, str]]
 
     def by_name(self) -> dict[str, RayNode]:
-        return {n.name(): n for n in self.nodes if n.alive and n.name()}
+        return {name: n for n in self.nodes if n.alive and (name := n.name())}
 
 
 def snapshot(ctx: Context) -> Snapshot:
@@ -176,7 +176,9 @@ def wait_for_join(ctx: Context, containers: list[NodeContainer], started: list[R
         return Join(joined, missing, time.monotonic() - t0, snap, why)
 
     def timed_out(state: RetryCallState) -> Join:
-        return replace(state.outcome.result(), stopped_because=f"not joined within {params.ray.join_timeout_s:g} s")
+        assert state.outcome is not None  # called after a round returned
+        last: Join = state.outcome.result()
+        return replace(last, stopped_because=f"not joined within {params.ray.join_timeout_s:g} s")
 
     return Retrying(stop=stop_after_delay(params.ray.join_timeout_s), wait=wait_fixed(POLL_S),
                     retry=retry_if_result(lambda join: not join.ok and not join.stopped_because),

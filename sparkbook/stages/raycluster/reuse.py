@@ -31,7 +31,7 @@ class Reuse:
         question = "Reuse the running Ray cluster or start a new one?"
         evidence = [f"{c.node}: container {c.id} of image {image_id[:19]}, running since {self.started[c.node]}"
                     for c in self.containers]
-        if self.ok:
+        if self.reason is None:
             return Decision(question, "reused: the running cluster", "every node's container runs the chosen image "
                             "with this stage's environment, every node is in Ray and the gate passes: nothing is "
                             "restarted", [Alternative("start new containers and Ray", "would tear down a healthy "
@@ -71,7 +71,7 @@ def reusable(ctx: Context, image_id: str) -> Reuse:
     where = ctx.places
     outcomes = cluster.fan_out(lambda n: _existing(params, runtime, n, where[n.name], image_id))
     bad = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]
-    found = [o.value for o in outcomes.values() if o.ok]
+    found = [o.value for o in outcomes.values() if o.ok and o.value is not None]
     containers, started = [c for c, _ in found], {c.node: at for c, at in found}
     gone = {} if bad else lost(params, cluster, runtime)
     bad += [f"{name}: {why}" for name, why in gone.items()]

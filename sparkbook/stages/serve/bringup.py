@@ -106,7 +106,7 @@ def endpoint(result: BringUp) -> Endpoint:
                     commands={c.node: c.argv for c in launched.plan.commands},
                     env={c.node: c.env for c in launched.plan.commands},
                     logs={n: s.log for n, s in launched.spawned.items()},
-                    ready_s=result.reused_from["ready_s"] if result.reused_from
+                    ready_s=result.reused_from.ready_s if result.reused_from
                     else round(result.readiness.seconds, 1),
-                    attempts=result.reused_from["attempts"] if result.reused_from else len(result.attempts),
+                    attempts=result.reused_from.attempts if result.reused_from else len(result.attempts),
                     reused=result.reused_from is not None)

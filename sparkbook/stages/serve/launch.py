@@ -84,7 +84,8 @@ def tails(ctx: Context, launched: Launch) -> dict[str, str]:
         return ctx.runtime.read(node, ctx.places[node.name], launched.spawned[node.name].log, tail_bytes=TAIL_BYTES)
 
     outcomes = ctx.cluster.fan_out(read, [ctx.cluster.nodes[n] for n in launched.spawned], timeout=60)
-    return {n: (o.value if o.ok else f"(log unreadable: {o.error})") for n, o in outcomes.items()}
+    return {n: o.value if o.ok and o.value is not None else f"(log unreadable: {o.error})"
+            for n, o in outcomes.items()}
 
 
 def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
@@ -98,7 +99,7 @@ def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
         return ""
 
     outcomes = ctx.cluster.fan_out(check, [ctx.cluster.nodes[n] for n in ctx.places], timeout=60)
-    return {n: (o.value if o.ok else f"unreachable: {o.error}") for n, o in outcomes.items()
+    return {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
             if not o.ok or o.value}
 
 
@@ -141,7 +142,9 @@ def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
         return None
 
     with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0)) as client:
-        return Retrying(wait=wait_fixed(POLL_S), retry=retry_if_result(lambda ready: ready is None))(round_, client)
+        ready = Retrying(wait=wait_fixed(POLL_S), retry=retry_if_result(lambda r: r is None))(round_, client)
+    assert ready is not None  # asked again until a round returns one
+    return ready
 
 
 def _last_line(ctx: Context, launched: Launch) -> str:
@@ -151,6 +154,15 @@ def _last_line(ctx: Context, launched: Launch) -> str:
     return lines[-1][-120:] if lines else "(no output yet)"
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A server an earlier run started and this one kept: how that run got it ready."""
+
+    attempt: int  # the attempt that is serving (its log is serve-ATTEMPT.log)
+    attempts: int
+    ready_s: float
+
+
 @dataclass
 class BringUp:
     """Every attempt of the serve stage, the remediations between them, and the one that is serving."""
@@ -158,7 +170,7 @@ class BringUp:
     attempts: list[tuple[Launch, Readiness]] = field(default_factory=list)
     remedies: list[Remedy] = field(default_factory=list)
     reuse: Decision | None = None  # whether a server already running was kept
-    reused_from: dict[str, object] | None = None  # its record (SERVING) when it was
+    reused_from: Kept | None = None  # what its record (reuse.SERVING) says of it when it was
 
     @property
     def ok(self) -> bool:
@@ -175,7 +187,7 @@ class BringUp:
     def decisions(self) -> list[Decision]:
         retries = [Decision(f"How to retry after {r.cause}?", ", ".join(f"{k}={v}" for k, v in r.change.items()),
                             r.reason, [Alternative(o, why) for o, why in r.alternatives],
-                            [f"attempt {i + 1}: {self.attempts[i][1].cause.summary()}"])
+                            [f"attempt {i + 1}: {cause.summary()}" for cause in [self.attempts[i][1].cause] if cause])
                    for i, r in enumerate(self.remedies)]
         return ([self.reuse] if self.reuse else []) + retries
 

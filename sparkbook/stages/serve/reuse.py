@@ -15,15 +15,18 @@ from ...core.record import Alternative, Decision
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
 from .commands import ServeCommand, ServePlan
-from .launch import BringUp, Launch, Readiness, get, log_path, tails
+from .launch import BringUp, Kept, Launch, Readiness, get, log_path, tails
 
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)
 
 
-def _plan_data(p: ServePlan) -> dict[str, object]:
-    return json.loads(json.dumps({"executor": p.executor, "settings": p.settings.model_dump(mode="json"),
-                                  "commands": [dataclasses.asdict(c) for c in p.commands], "base_url": p.base_url,
-                                  "model": p.model, "model_dir": p.model_dir}))
+def _plan_data(p: ServePlan) -> dict[str, Any]:
+    """The plan as its JSON record has it (what a later run compares its own plan with)."""
+    data: dict[str, Any] = json.loads(json.dumps({
+        "executor": p.executor, "settings": p.settings.model_dump(mode="json"),
+        "commands": [dataclasses.asdict(c) for c in p.commands], "base_url": p.base_url, "model": p.model,
+        "model_dir": p.model_dir}))
+    return data
 
 
 def _plan_from(data: dict[str, Any]) -> ServePlan:
@@ -77,7 +80,8 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
         "still runs, and it answers /health with the model listed",
         [Alternative("start vllm serve again", "would stop a healthy server of the same model and configuration")],
         [f"{running.base_url}/health: 200", f"/v1/models: {', '.join(models)}",
-         f"started by attempt {record['attempt']}, ready then in {record['ready_s']} s"]), reused_from=record), ""
+         f"started by attempt {record['attempt']}, ready then in {record['ready_s']} s"]),
+        reused_from=Kept(record["attempt"], record["attempts"], record["ready_s"])), ""
 
 
 def start_decision(why: str) -> Decision:

@@ -94,7 +94,7 @@ def _nothing(finish: str, max_tokens: int) -> tuple[str, str]:
 def smoke_test(base_url: str, model: str, settings: ServeSettings | None = None,
                timeout_s: float = 180) -> list[Smoke]:
     """One chat completion and one completion, each judged (`judge`); their text, time and token counts."""
-    settings = settings or ServeSettings()
+    settings = settings or ServeSettings.model_validate({})
     max_tokens, out = smoke_tokens(settings), []
     with httpx.Client(timeout=timeout_s) as client:
         for kind, path, body, prompt in REQUESTS:

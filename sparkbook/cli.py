@@ -112,10 +112,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from .core.record import open_run, read_events
-    from .stages.cleanup import RESTORE_FILE, CleanupError, restore
+    from .stages.cleanup import restore
+    from .stages.cleanup.act import CleanupError
 
     run_dir = Path(args.run_dir)
-    plan_file = run_dir / RESTORE_FILE
+    plan_file = run_dir / restore.RESTORE_FILE
     manifest = run_dir / runbook.MANIFEST
     if plan_file.is_file():
         params_file, steps = json.loads(plan_file.read_text())["params_file"], restore.restore_steps(plan_file)

@@ -6,6 +6,7 @@
                                                      each node's memory
     03-image-selection  ImageChoice     "image"      the chosen image and its ID on every node
     04-ray-cluster      RayCluster      "ray"        the Ray address, each node's container, what Ray reports
+    04-ray-cluster      FabricProof     "fabric"     the all_reduce test's figures, for 06 to set beside its decode
     05-serve            Endpoint        "endpoint"   where to send requests and what was started where
     06-benchmark        BenchmarkSummary "benchmark" single stream, peak, roofline share, regressions
 """
@@ -80,6 +81,20 @@ class RayCluster(Handoff):
     reused: bool
     container_ids: dict[str, str]
     nodes: list[JoinedNode]
+
+
+class FabricProof(Handoff):
+    """04's all_reduce figures that 06 sets beside its decode time: a small size's latency, a large one's busbw."""
+
+    key = "fabric"
+    notebook = "04-ray-cluster"
+
+    backend: str  # nccl | gloo
+    world: int
+    small_bytes: int
+    small_us: float
+    large_bytes: int
+    large_busbw_gbps: float
 
 
 class Endpoint(Handoff):

@@ -6,8 +6,9 @@ from .nodes import Cluster, Node
 from .params import NodeSpec, Params
 from .runtime import Place, Runtime, Spawned
 
+LOG_DIR = "/tmp/sparkbook/logs"  # in the node containers: every process the stages spawn there logs here
 RAY_TEMP_DIR = "/tmp/sparkbook/ray"
-RAY_LOG = "/tmp/sparkbook/logs/ray.log"
+RAY_LOG = f"{LOG_DIR}/ray.log"
 NODE_RESOURCE = "sparkbook_node_{}"
 
 
@@ -51,4 +52,5 @@ def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 
         return f"{what} is not running" + (f" (last log line: {tail[-1][-200:]})" if tail else "")
 
     outcomes = cluster.fan_out(check, timeout=timeout_s)
-    return {n: (o.value if o.ok else f"unreachable: {o.error}") for n, o in outcomes.items() if not o.ok or o.value}
+    return {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
+            if not o.ok or o.value}

@@ -13,10 +13,10 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core import topology
-from sparkbook.core.runtime import runtime_for
-from sparkbook.stages import raycluster, serve
 from sparkbook.stages.images import distribute
+from sparkbook.stages.raycluster import containers as node_containers
+from sparkbook.stages.raycluster import formation
+from sparkbook.stages.serve import bringup, commands, launch, smoke
 
 pytestmark = pytest.mark.lab
 LAB_PARAMS = sblab.params_file(2)  # the active lab's (SPARKBOOK_LAB_ID)
@@ -40,21 +40,21 @@ def env(lab, tmp_path_factory):
     run = sparkbook.open_run(_params_file(tmp, "lab.yaml"), tmp / "run", stage="test-04-05")
     dist = distribute.distribute(run.context(), IMAGE)
     assert len(set(dist.ids.values())) == 1, dist
-    runtime = runtime_for(run.params)
-    yield run, runtime, dist.image_id, tmp
-    raycluster.stop(run.params, run.cluster, runtime)
+    ctx = run.context(IMAGE)
+    yield run, ctx, dist.image_id, tmp
+    node_containers.stop(ctx)
     run.close()
 
 
-def _ray_up(run, runtime, image_id):
-    containers = raycluster.start_containers(run.params, run.cluster, runtime, IMAGE, image_id)
-    started = raycluster.start_ray(run.params, run.cluster, runtime, IMAGE)
-    join = raycluster.wait_for_join(run.params, run.cluster, runtime, IMAGE, containers, started)
-    return containers, join, raycluster.gate(run.params, containers, join)
+def _ray_up(ctx, image_id):
+    containers = node_containers.start_containers(ctx, image_id)
+    started = formation.start_ray(ctx)
+    join = formation.wait_for_join(ctx, containers, started)
+    return containers, join, formation.gate(ctx, containers, join)
 
 
 def test_wrong_fabric_ip_fails_the_gate_naming_the_node(env):
-    run, runtime, image_id, tmp = env
+    run, ctx, image_id, tmp = env
 
     wrong_ip = run.params.nodes[1].fabric_ip + 88  # on no interface
 
@@ -62,40 +62,39 @@ def test_wrong_fabric_ip_fails_the_gate_naming_the_node(env):
         d["nodes"][1]["fabric_ip"] = str(wrong_ip)
 
     bad = sparkbook.open_run(_params_file(tmp, "wrong-ip.yaml", wrong), tmp / "run-wrong", stage="test")
-    _, join, gate = _ray_up(bad, runtime, image_id)
+    _, join, gate = _ray_up(bad.context(IMAGE), image_id)
     assert join.seconds < bad.params.ray.join_timeout_s / 2, "a node that can never join must not be waited on"
     assert "lab-1" in join.stopped_because
-    with pytest.raises(raycluster.GateFailed, match=rf"lab-1: fabric IP {re.escape(str(wrong_ip))} is not on eth0"):
-        raycluster.check(gate)
+    with pytest.raises(formation.GateFailed, match=rf"lab-1: fabric IP {re.escape(str(wrong_ip))} is not on eth0"):
+        formation.check(gate)
     assert all(not f.startswith("lab-0") for f in gate.failures)
     bad.close()
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(env):
-    run, runtime, image_id, _ = env
-    containers, join, gate = _ray_up(run, runtime, image_id)
-    raycluster.check(gate)
+    run, ctx, image_id, _ = env
+    containers, join, gate = _ray_up(ctx, image_id)
+    formation.check(gate)
     assert [r.ray_ip for r in gate.rows] == [str(n.fabric_ip) for n in run.params.nodes]
-    return topology.places(run.params, IMAGE)
+    return ctx
 
 
 def test_ray_cluster_of_two_nodes_passes_the_gate(env, ray_cluster):
-    run, runtime, _, _ = env
-    status = raycluster.status(run.params, runtime, run.cluster.head, ray_cluster["lab-0"])
+    status = formation.status(ray_cluster)
     assert status.ok and status.stdout.count(" node_") == 2
 
 
 def test_tp2_across_both_nodes_serves_text(env, ray_cluster):
-    run, runtime, _, _ = env
-    platform = serve.detect_platform(runtime, run.cluster.head, ray_cluster["lab-0"])
-    executor, decision = serve.choose_executor(run.params, platform)
+    ctx = ray_cluster
+    platform = commands.detect_platform(ctx)
+    executor, decision = commands.choose_executor(ctx, platform)
     assert (platform.device, executor) == ("cpu", "mp")
-    plan = serve.plan(run.params, executor)
-    up = serve.bring_up(run.params, run.cluster, runtime, ray_cluster, plan)
-    assert up.ok, serve.failure_message(up)
+    plan = commands.plan(ctx, executor)
+    up = bringup.bring_up(ctx, plan)
+    assert up.ok, bringup.failure_message(up)
     assert all("--tensor-parallel-size" in c.argv for c in plan.commands) and len(plan.commands) == 2
-    smoke = serve.smoke_test(plan.base_url, plan.model, plan.settings)
-    assert [s.kind for s in smoke] == ["chat", "completion"] and all(s.text for s in smoke)
-    serve.check_smoke(smoke)  # the tiny model has no reasoning parser: its 32 tokens of text pass as before
-    serve.stop_serving(run.cluster, runtime, ray_cluster, up.launched)
+    replies = smoke.smoke_test(plan.base_url, plan.model, plan.settings)
+    assert [s.kind for s in replies] == ["chat", "completion"] and all(s.text for s in replies)
+    smoke.check_smoke(replies)  # the tiny model has no reasoning parser: its 32 tokens of text pass as before
+    launch.stop_serving(ctx, up.launched)

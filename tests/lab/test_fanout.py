@@ -21,7 +21,8 @@ import pytest
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.stages import cleanup, diagnose
+from sparkbook.stages import diagnose
+from sparkbook.stages.cleanup import inventory
 
 pytestmark = [pytest.mark.lab, pytest.mark.benchmark]
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def _own_cpu_s() -> float:
 def _steps(params_file: Path, run_dir: Path) -> dict[str, float]:
     run = sparkbook.open_run(params_file, run_dir, stage="fan-out bench")
     t0, own0, all0 = time.monotonic(), _own_cpu_s(), _machine_cpu_s()
-    outcomes = [cleanup.inventory_all(run.cluster, run.params.cleanup), diagnose.facts_all(run.context()),
+    outcomes = [inventory.inventory_all(run.context()), diagnose.facts_all(run.context()),
                 diagnose.links_all(run.context()), diagnose.model_files_all(run.context())]
     wall, own, machine = time.monotonic() - t0, _own_cpu_s() - own0, _machine_cpu_s() - all0
     run.close()

@@ -22,11 +22,14 @@ from faults import Row
 import sparkbook.lab as sblab
 from sparkbook.core import record, topology
 from sparkbook.core.record import open_run
-from sparkbook.core.runtime import runtime_for
-from sparkbook.stages import cleanup, diagnose, raycluster, serve
+from sparkbook.stages import diagnose
 from sparkbook.stages.images import distribute
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import Target
+from sparkbook.stages.cleanup import inventory
+from sparkbook.stages.raycluster import containers as node_containers
+from sparkbook.stages.raycluster import formation
+from sparkbook.stages.serve import bringup, commands, launch
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"  # what 03 chooses for the lab model
@@ -141,7 +144,7 @@ def test_worker_sshd_stopped(nodes, runs, copy_started, watch, report):
     before = watch.seen()
     with faults.stopped(faults.daemon_pid(nodes["lab-1"].init_pid, "sshd")):
         t0 = time.monotonic()
-        inv = faults.bounded(lambda: cleanup.inventory_all(run.cluster, run.params.cleanup), HANG_S)  # 01
+        inv = faults.bounded(lambda: inventory.inventory_all(run.context()), HANG_S)  # 01
         facts = faults.bounded(lambda: diagnose.facts_all(run.context()), HANG_S)  # 02
     found = [f.text for f in record.unreachable(inv.value) + record.unreachable(facts.value)]
     assert inv.value["lab-0"].ok and facts.value["lab-0"].ok
@@ -195,40 +198,39 @@ def copied(copy_started, nodes):
 
 def test_worker_dockerd_stopped(nodes, runs, copied, watch, report):
     run = runs("04-dockerd-stopped")
-    runtime = runtime_for(run.params)
+    ctx = run.context(IMAGE)
     before = watch.seen()
     try:
         with faults.stopped(faults.daemon_pid(nodes["lab-1"].init_pid, "dockerd")):
             t0 = time.monotonic()
-            call = faults.bounded(lambda: raycluster.start_containers(run.params, run.cluster, runtime, IMAGE), HANG_S)
+            call = faults.bounded(lambda: node_containers.start_containers(ctx), HANG_S)
     finally:
-        runtime.close()
-    assert isinstance(call.error, raycluster.RayStageError), call.error or call.value
+        ctx.runtime.close()
+    assert isinstance(call.error, node_containers.RayStageError), call.error or call.value
     _check(report, Row("a worker's dockerd stopped", "lab-1", call.returned_at - t0, str(call.error),
                        watch.left(before), "raycluster.start_containers"), ("lab-1", "Docker daemon does not answer"))
 
 
 # --- faults after 04 (one Ray cluster shared) --------------------------------------------------------
-def _form(run, runtime) -> None:
+def _form(ctx) -> None:
     """04 as the notebook runs it: containers, Ray, the join wait, the gate."""
-    containers = raycluster.start_containers(run.params, run.cluster, runtime, IMAGE)
-    started = raycluster.start_ray(run.params, run.cluster, runtime, IMAGE)
-    join = raycluster.wait_for_join(run.params, run.cluster, runtime, IMAGE, containers, started)
-    raycluster.check(raycluster.gate(run.params, containers, join))
+    containers = node_containers.start_containers(ctx)
+    started = formation.start_ray(ctx)
+    join = formation.wait_for_join(ctx, containers, started)
+    formation.check(formation.gate(ctx, containers, join))
 
 
 @pytest.fixture(scope="module")
 def cluster(copied, runs):
-    """(run, runtime, places, plan): the Ray cluster formed as 04 does; 05's plan; containers removed after."""
+    """(run, ctx, places, plan): the Ray cluster formed as 04 does; 05's plan; containers removed after."""
     run = runs("04-05-06")
-    runtime = runtime_for(run.params)
-    _form(run, runtime)
-    where = topology.places(run.params, IMAGE)
-    platform = serve.detect_platform(runtime, run.cluster.head, where["lab-0"])
-    executor, _ = serve.choose_executor(run.params, platform)
-    yield run, runtime, where, serve.plan(run.params, executor)
-    raycluster.stop(run.params, run.cluster, runtime)
-    runtime.close()
+    ctx = run.context(IMAGE)
+    _form(ctx)
+    platform = commands.detect_platform(ctx)
+    executor, _ = commands.choose_executor(ctx, platform)
+    yield run, ctx, ctx.places, commands.plan(ctx, executor)
+    node_containers.stop(ctx)
+    ctx.runtime.close()
 
 
 def _in(shells, where, node: str, script: str, *args: str, check: bool = True, detach: bool = False):
@@ -242,7 +244,7 @@ KILL_GROUP = 'kill -KILL -"$(cat "$0")"'  # the process group of a spawned proce
 
 
 def test_serving_port_taken_on_the_head(nodes, cluster, node_shells, watch, report):
-    run, runtime, where, plan = cluster
+    run, ctx, where, plan = cluster
     ip, pid_file = nodes["lab-0"].ip, "/tmp/port-holder.pid"
     before = watch.seen()
     _in(node_shells, where, "lab-0", 'echo $$ >"$0"; exec python3 -m http.server "$1" --bind "$2"', pid_file,
@@ -252,19 +254,19 @@ def test_serving_port_taken_on_the_head(nodes, cluster, node_shells, watch, repo
             'socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)" "$0" "$1" && exit 0; sleep 1; done; exit 1',
             ip, str(PORT))
         t0 = time.monotonic()
-        call = faults.bounded(lambda: serve.bring_up(run.params, run.cluster, runtime, where, plan), HANG_S)
+        call = faults.bounded(lambda: bringup.bring_up(ctx, plan), HANG_S)
     finally:
         _in(node_shells, where, "lab-0", 'kill "$(cat "$0")"', pid_file)
-    assert isinstance(call.error, serve.ServeError), call.error or call.value.table()
+    assert isinstance(call.error, commands.ServeError), call.error or call.value.table()
     _check(report, Row("serving port already taken on the head", "lab-0", call.returned_at - t0, str(call.error),
                        watch.left(before), "serve.bring_up"), ("address already in use on lab-0", f":{PORT}"))
 
 
 def test_vllm_killed_while_the_benchmark_runs(nodes, cluster, node_shells, watch, report):
-    run, runtime, where, plan = cluster
+    run, ctx, where, plan = cluster
     before = watch.seen()
-    up = serve.bring_up(run.params, run.cluster, runtime, where, plan)
-    assert up.ok, serve.failure_message(up)
+    up = bringup.bring_up(ctx, plan)
+    assert up.ok, bringup.failure_message(up)
     try:
         target = Target(plan.base_url, plan.model)
         sweep = faults.start(lambda: bench.run_sweep(target, run.params.benchmark))
@@ -274,18 +276,18 @@ def test_vllm_killed_while_the_benchmark_runs(nodes, cluster, node_shells, watch
         call = faults.finish(sweep, HANG_S)
         left = watch.left(before)
     finally:
-        serve.stop_serving(run.cluster, runtime, where, up.launched)
+        launch.stop_serving(ctx, up.launched)
     assert isinstance(call.error, bench.ServerGone), call.error or "the sweep finished against a killed server"
     _check(report, Row("vLLM server killed while the benchmark runs", "lab-0", call.returned_at - t0,
                        str(call.error), left, "bench.run_sweep"), (f"{nodes['lab-0'].ip}:{PORT}", "stopped answering"))
 
 
 def test_worker_container_killed_while_vllm_starts(cluster, node_shells, watch, report):
-    run, runtime, where, plan = cluster
+    run, ctx, where, plan = cluster
     before = watch.seen()
-    bring_up = faults.start(lambda: serve.bring_up(run.params, run.cluster, runtime, where, plan))
+    bring_up = faults.start(lambda: bringup.bring_up(ctx, plan))
     end = time.monotonic() + 120
-    while _in(node_shells, where, "lab-1", 'kill -0 "$(cat "$0")"', serve.log_path(1) + ".pid", check=False)[0]:
+    while _in(node_shells, where, "lab-1", 'kill -0 "$(cat "$0")"', launch.log_path(1) + ".pid", check=False)[0]:
         assert time.monotonic() < end, "lab-1's vllm serve never started"
         time.sleep(1)
     time.sleep(3)
@@ -294,26 +296,26 @@ def test_worker_container_killed_while_vllm_starts(cluster, node_shells, watch, 
     call = faults.finish(bring_up, HANG_S)
     up = call.value
     assert up is not None and not up.ok, call.error or up.table()
-    d = up.readiness.diagnosis
+    d = up.readiness.cause
     # whichever the watcher sees first: the container gone, or the vllm serve process in it gone
     assert (d.cause, d.node) == ("worker died", "lab-1") and any(e in d.evidence for e in ("not running", "exited")), d
     _check(report, Row("worker container killed while vLLM starts", "lab-1", call.returned_at - t0,
-                       serve.failure_message(up), watch.left(before), "serve.bring_up"), ("worker died", "lab-1"))
+                       bringup.failure_message(up), watch.left(before), "serve.bring_up"), ("worker died", "lab-1"))
 
 
 def test_ray_head_killed_after_the_cluster_formed(cluster, node_shells, watch, report):
-    run, runtime, where, plan = cluster
-    _form(run, runtime)  # the worker fault took lab-1's container: 04 again
+    run, ctx, where, plan = cluster
+    _form(ctx)  # the worker fault took lab-1's container: 04 again
     before = watch.seen()
     _in(node_shells, where, "lab-0", KILL_GROUP, topology.RAY_LOG + ".pid")
     t0 = time.monotonic()
-    call = faults.bounded(lambda: serve.bring_up(run.params, run.cluster, runtime, where, plan), HANG_S)
-    assert isinstance(call.error, serve.ServeError), call.error or call.value.table()
+    call = faults.bounded(lambda: bringup.bring_up(ctx, plan), HANG_S)
+    assert isinstance(call.error, commands.ServeError), call.error or call.value.table()
     _check(report, Row("Ray head killed after the cluster formed", "lab-0", call.returned_at - t0, str(call.error),
                        watch.left(before), "serve.bring_up (topology.lost)"), ("lab-0", "Ray head"))
 
 
 def test_nothing_left_after_the_suite(cluster, watch, at_start):
-    run, runtime, _, _ = cluster
-    raycluster.stop(run.params, run.cluster, runtime)
+    run, ctx, _, _ = cluster
+    node_containers.stop(ctx)
     assert watch.left(at_start) == []

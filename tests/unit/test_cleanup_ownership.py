@@ -12,13 +12,24 @@ from typing import Any
 
 import pytest
 
+from sparkbook.core.context import Context
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.stages import cleanup
-from sparkbook.stages.cleanup import Container, Inventory, Process, Unit, plan, verify, write_restore_plan
-from sparkbook.stages.cleanup.ownership import clients, docker_client, family, parse_show, timespan_s, tree
-from sparkbook.stages.cleanup.restore import Seen, bring_back, judge, restore_steps
+from sparkbook.core.runtime import runtime_for
+from sparkbook.stages.cleanup import inventory, planning
+from sparkbook.stages.cleanup.act import verify
+from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
+from sparkbook.stages.cleanup.ownership import (
+    docker_client_process,
+    docker_clients,
+    family,
+    parse_show,
+    timespan_s,
+    tree,
+)
+from sparkbook.stages.cleanup.planning import plan
+from sparkbook.stages.cleanup.restore import Seen, bring_back, judge, restore_steps, write_restore_plan
 
 DATA = Path(__file__).parent / "data"
 MEM = Memory(100 << 30, 10 << 30)
@@ -64,26 +75,26 @@ def test_real_systemctl_show_gives_main_pid_cgroup_exec_start_and_stop_timeout()
     ("docker -H unix:///run/docker.sock start --detach-keys ctrl-x web", ("", "web")),
 ])
 def test_docker_run_and_start_clients_name_their_container_and_daemon(args: str, want: tuple[str, str]) -> None:
-    client = docker_client(7, args)
+    client = docker_client_process(7, args)
     assert client is not None and (client.host, client.ref) == want
 
 
 @pytest.mark.parametrize("args", ["docker ps -a", "ssh -T -- root@10.77.1.11 docker system dial-stdio",
                                   "docker run --rm img", "python3 docker run --name x", "sshd: root@notty"])
 def test_other_processes_are_not_clients(args: str) -> None:
-    assert docker_client(7, args) is None
+    assert docker_client_process(7, args) is None
 
 
 def seed_inventories(unit: Unit | None = None, worker_state: str = "running") -> list[Inventory]:
     s = seed_sections()
     procs = tree(s["tree"].splitlines())
     if unit is None:
-        unit = cleanup._unit(FakeNode("spark-1a32", f"{s['show']}\n==procs==\n{s['procs']}\n"),
+        unit = inventory._unit(FakeNode("spark-1a32", f"{s['show']}\n==procs==\n{s['procs']}\n"),
                              "vllm-cluster.service", "active")
     head = Inventory("spark-1a32", [Container("vllm_node", "4f1c0b6e2a9d", "vllm-node", "running", [], [2260], 300.0),
                                     Container("tei-embed", "77aa", "tei", "running", [])],
                      "Docker 28", [unit, Unit("ssh.service", "active", [])], "systemd", [], "GB10", [], MEM,
-                     clients=clients(procs), addresses=s["addr"].splitlines())
+                     clients=docker_clients(procs), addresses=s["addr"].splitlines())
     worker = Inventory("spark-5be3", [Container("vllm_node", "9e8d7c6b5a41", "vllm-node", worker_state, [], [31],
                                                 250.0),
                                       Container("grafana", "3", "g", "running", [])],
@@ -163,7 +174,7 @@ def lab_inventories() -> list[Inventory]:
     head = Inventory("lab-0", [Container("old-vllm", "a", "vllm", "running", [], [100], 1200.0),
                                Container("vllm_node", "b", "base", "running", [], [101], 30.0),
                                Container("other", "c", "base", "running", [])],
-                     "Docker 28", [], "no systemd", [lab_process()], "no GPU", [], MEM, clients=clients(procs),
+                     "Docker 28", [], "no systemd", [lab_process()], "no GPU", [], MEM, clients=docker_clients(procs),
                      addresses=["lab-0", "10.77.1.10"])
     worker = Inventory("lab-1", [Container("vllm_node", "d", "base", "running", [], [201], 30.0)], "Docker 28", [],
                        "no systemd", [], "no GPU", [], MEM, addresses=["lab-1", "10.77.1.11"])
@@ -190,10 +201,15 @@ def lab_cluster(write_params: Callable[[dict[str, Any]], Path], base: dict[str, 
     return Cluster(load_params(write_params(base)))
 
 
+def lab_context(write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], run_dir: Path) -> Context:
+    cluster = lab_cluster(write_params, base)
+    return Context(cluster.params, cluster, runtime_for(cluster.params), run_dir)
+
+
 def test_restore_plan_is_written_for_every_target_before_acting_and_reaches_nodes_by_address(
         write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], tmp_path: Path) -> None:
     p = plan(lab_inventories(), LAB)
-    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", p, lab_cluster(write_params, base))
+    path = write_restore_plan(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p)
     steps = restore_steps(path)
     assert {(s.node, s.name) for s in steps} == {(t.node, t.name) for t in p.targets}
     assert [s.name for s in steps] == ["python3[40]", "vllm_node", "vllm_node", "old-vllm"], \
@@ -211,7 +227,7 @@ def test_restore_brings_back_owners_only_and_judges_owned_containers(
         write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     p = plan(lab_inventories(), LAB)
-    steps = restore_steps(write_restore_plan(tmp_path, tmp_path / "lab.yaml", p, lab_cluster(write_params, base)))
+    steps = restore_steps(write_restore_plan(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p))
     ran: list[str] = []
     monkeypatch.setattr("sparkbook.stages.cleanup.restore._restore_one", lambda n, s: ran.append(s.name) or "ok")
     actions = bring_back(lab_cluster(write_params, base), steps)
@@ -233,9 +249,9 @@ def test_a_matched_process_is_recorded_with_its_exact_argv_and_working_directory
     """LAUNCH_PROBE's reply (cmdline NULs turned into \\x1f): an argument with a space survives, unlike `ps` args."""
     procs = tree(["40 1 python3 /srv/mgr.py --title old cluster", "41 40 docker run --rm --name vllm_node img"])
     node = FakeNode("lab-0", "==40==\n/srv\npython3\x1f/srv/mgr.py\x1f--title\x1fold cluster\x1f\n")
-    (pr,) = cleanup._processes(node, ["40 python3 python3 /srv/mgr.py --title old cluster", "41 docker docker run"],
+    (pr,) = inventory._processes(node, ["40 python3 python3 /srv/mgr.py --title old cluster", "41 docker docker run"],
                                procs, ["*mgr.py*"])
     assert (pr.pid, pr.cwd, pr.argv, pr.family) == (40, "/srv", ["python3", "/srv/mgr.py", "--title", "old cluster"],
                                                      [40, 41])
-    assert cleanup.relaunch(pr) == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "
+    assert planning.relaunch(pr) == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "
                                     ">/dev/null 2>&1 & }")

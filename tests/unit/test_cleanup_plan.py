@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import json
 
+from sparkbook.core.context import Context
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.stages.cleanup import Container, Inventory, Plan, Process, Unit, plan, verify, write_restore_plan
+from sparkbook.core.runtime import runtime_for
+from sparkbook.stages.cleanup.act import verify
+from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
+from sparkbook.stages.cleanup.planning import Plan, plan
+from sparkbook.stages.cleanup.restore import write_restore_plan
 
 MEM = Memory(100 << 30, 10 << 30)
 
@@ -94,7 +99,8 @@ def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     base["nodes"][1].update(name="lab-1", host="10.77.0.11")
     cluster = Cluster(load_params(write_params(base)))
-    path = write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster)
+    ctx = Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path)
+    path = write_restore_plan(ctx, tmp_path / "lab.yaml", Plan(p.targets))
     steps = json.loads(path.read_text())["steps"]
     assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"

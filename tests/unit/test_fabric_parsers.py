@@ -1,5 +1,6 @@
-"""core.fabric as pure logic: ibdev2netdev and NCCL_DEBUG=INFO parsed from real outputs (tests/unit/data, each file
-names its source), 02's roce_hcas findings, 04's limits per node kind and link rate, the verdict with its causes."""
+"""core.fabric and 04's all_reduce test as pure logic: ibdev2netdev and NCCL_DEBUG=INFO parsed from real outputs
+(tests/unit/data, each file names its source), 02's roce_hcas findings, 04's limits per node kind and link rate, the
+verdict with its causes, the figures 04 hands 06."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core import fabric
+from sparkbook.core import fabric, state
 from sparkbook.core.params import Params
-from sparkbook.core.record import to_data
+from sparkbook.stages.raycluster import allreduce
 
 DATA = Path(__file__).parent / "data"
 SPARK = ["rocep1s0f1", "roceP2p1s0f1"]
@@ -84,22 +85,22 @@ def test_no_ibdev2netdev_warns_only_where_params_name_hcas():
 
 # --- NCCL_DEBUG=INFO -----------------------------------------------------------------------------------
 def test_nccl_on_roce_with_both_spark_twins():
-    t = fabric.parse_nccl(_text("nccl_ib_spark_twins.log"))
+    t = allreduce.parse_nccl(_text("nccl_ib_spark_twins.log"))
     assert (t.network, t.hcas, t.channels, t.fell_back) == ("IB", SPARK, ["NET/IB"], False)
-    assert fabric.transport_problems("a", _params().nodes[0], t, across_nodes=True) == []
+    assert allreduce.transport_problems("a", _params().nodes[0], t, across_nodes=True) == []
 
 
 def test_nccl_using_one_twin_of_roce_hcas_is_named():
-    t = fabric.parse_nccl(_text("nccl_ib_roce_mlx5.log"))
+    t = allreduce.parse_nccl(_text("nccl_ib_roce_mlx5.log"))
     assert (t.network, t.hcas, t.channels) == ("IB", ["mlx5_10", "mlx5_11"], [])
-    [problem] = fabric.transport_problems("a", _params(hcas=["mlx5_1"]).nodes[0], t, across_nodes=True)
+    [problem] = allreduce.transport_problems("a", _params(hcas=["mlx5_1"]).nodes[0], t, across_nodes=True)
     assert "also uses mlx5_10, mlx5_11" in problem and "'=mlx5_1'" in problem  # NCCL_IB_HCA's prefix match
-    unused, foreign = fabric.transport_problems("a", _params(hcas=["mlx5_10", "mlx5_12"]).nodes[0], t, True)
+    unused, foreign = allreduce.transport_problems("a", _params(hcas=["mlx5_10", "mlx5_12"]).nodes[0], t, True)
     assert "does not use mlx5_12 of roce_hcas" in unused and "uses mlx5_11, which roce_hcas does not name" in foreign
 
 
 def test_nccl_gdrdma_channels_count_as_ib():
-    t = fabric.parse_nccl(_text("nccl_ib_gdrdma.log"))
+    t = allreduce.parse_nccl(_text("nccl_ib_gdrdma.log"))
     assert (t.network, t.hcas, t.channels) == ("IB", ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"], ["NET/IB"])
 
 
@@ -108,39 +109,39 @@ def test_nccl_gdrdma_channels_count_as_ib():
     ("nccl_socket_fallback.log", True, ["ens3"], ["P2P", "NET/Socket"]),
 ])
 def test_a_socket_transport_where_roce_hcas_are_set_is_a_fallback(log, missing, ifs, channels):
-    t = fabric.parse_nccl(_text(log))
+    t = allreduce.parse_nccl(_text(log))
     assert (t.fell_back, t.ib_missing, t.socket_ifs, t.channels) == (True, missing, ifs, channels)
-    [problem] = fabric.transport_problems("b", _params().nodes[1], t, across_nodes=True)
+    [problem] = allreduce.transport_problems("b", _params().nodes[1], t, across_nodes=True)
     assert problem.startswith(f"b: NCCL fell back to NET/Socket over {ifs[0]}")
     assert "HCAs ibdev2netdev shows Up for enp1s0f1np1" in problem
-    assert fabric.transport_problems("b", _params(hcas=[]).nodes[1], t, True) == []  # sockets by design
-    assert fabric.transport_problems("b", _params().nodes[1], t, across_nodes=False) == []
+    assert allreduce.transport_problems("b", _params(hcas=[]).nodes[1], t, True) == []  # sockets by design
+    assert allreduce.transport_problems("b", _params().nodes[1], t, across_nodes=False) == []
 
 
 # --- limits and verdict --------------------------------------------------------------------------------
 def test_limits_per_node_kind_and_link_rate():
-    roce = fabric.limits(_params(), 200000)
+    roce = allreduce.limits(_params(), 200000)
     assert (roce.kind, roce.min_gbps, roce.max_us) == ("roce", 120.0, 150.0)
-    assert fabric.limits(_params(), None).min_gbps == 100.0
-    assert fabric.limits(_params(hcas=[]), 10000).kind == "ethernet"
-    cpu = fabric.limits(_params(gpus=[], hcas=[]), 10000)  # the lab: a veth's nominal rate is no real limit
+    assert allreduce.limits(_params(), None).min_gbps == 100.0
+    assert allreduce.limits(_params(hcas=[]), 10000).kind == "ethernet"
+    cpu = allreduce.limits(_params(gpus=[], hcas=[]), 10000)  # the lab: a veth's nominal rate is no real limit
     assert (cpu.kind, cpu.min_gbps, cpu.max_us) == ("cpu", 0.1, 5000.0)
-    own = fabric.limits(_params(expect_gbps=150, max_allreduce_us=60), 200000)
+    own = allreduce.limits(_params(expect_gbps=150, max_allreduce_us=60), 200000)
     assert (own.min_gbps, own.max_us) == (150, 60) and "fabric.expect_gbps" in own.why
 
 
 def test_sizes_step_from_small_to_large_and_ranks_follow_gpus():
-    assert fabric.sizes(_params(gpus=[], hcas=[])) == [32768, 262144, 2097152, 8 << 20]
-    assert fabric.sizes(_params(allreduce_large_bytes=1 << 20)) == [32768, 262144, 1 << 20]
+    assert allreduce.sizes(_params(gpus=[], hcas=[])) == [32768, 262144, 2097152, 8 << 20]
+    assert allreduce.sizes(_params(allreduce_large_bytes=1 << 20)) == [32768, 262144, 1 << 20]
     params = _params(gpus=[0, 1])
-    ranks = fabric.ranks(params)
+    ranks = allreduce.ranks(params)
     assert [(r.node, r.rank, r.device) for r in ranks] == [("a", 0, 0), ("a", 1, 1), ("b", 2, 0), ("b", 3, 1)]
-    cfg = fabric.config(params, ranks[3], 4, [0, 2], 29502)
+    cfg = allreduce.config(params, ranks[3], 4, [0, 2], 29502)
     assert (cfg["backend"], cfg["device"], cfg["master"], cfg["netdev"]) == ("nccl", 1, "192.168.200.12:29502",
                                                                                "enp1s0f1np1")
     mixed = params.model_copy(update={"nodes": [params.nodes[0], params.nodes[1].model_copy(update={"gpus": []})]})
-    assert {(c["backend"], c["device"]) for c in (fabric.config(mixed, r, 3, [0, 2], 1) for r in fabric.ranks(mixed))} \
-        == {("gloo", -1)}
+    configs = (allreduce.config(mixed, r, 3, [0, 2], 1) for r in allreduce.ranks(mixed))
+    assert {(c["backend"], c["device"]) for c in configs} == {("gloo", -1)}
 
 
 def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:
@@ -154,40 +155,43 @@ def _doc(rank: int, us: float, busbw: float, link_gbps: float, src: int) -> str:
 
 def test_a_healthy_spark_pair_passes():
     params = _params(hcas=["rocep1s0f1"])
-    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 35, 160, 170, 1), 1: _doc(1, 35, 160, 165, 0)}, 9)
-    result = fabric.verdict(params, test)
+    docs = {0: _doc(0, 35, 160, 170, 1), 1: _doc(1, 35, 160, 165, 0)}
+    test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
+    result = allreduce.verdict(params, test)
     assert result.ok, result.problems
-    assert [r["limit"] for r in fabric.rows(test, result)] == ["<= 150 us", ">= 120.00 Gb/s busbw"]
+    assert [r["limit"] for r in allreduce.rows(test, result)] == ["<= 150 us", ">= 120.00 Gb/s busbw"]
     assert [(x.src, x.dst) for x in test.links] == [("b", "a"), ("a", "b")]
-    assert [ax.get_ylabel() for ax in fabric.figure(test, result).axes] == ["all_reduce time (us)", "busbw (Gb/s)"]
+    assert [ax.get_ylabel() for ax in allreduce.figure(test, result).axes] == ["all_reduce time (us)", "busbw (Gb/s)"]
 
 
 def test_a_slow_link_fails_naming_the_sending_node_with_figures_and_causes():
     params = _params(hcas=["rocep1s0f1"])
-    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 400, 13, 13, 1), 1: _doc(1, 400, 13, 160, 0)}, 9)
-    result = fabric.verdict(params, test)
+    docs = {0: _doc(0, 400, 13, 13, 1), 1: _doc(1, 400, 13, 160, 0)}
+    test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
+    result = allreduce.verdict(params, test)
     text = " ".join(result.problems)
     assert "a 32 KiB all_reduce takes 400 us, the limit is 150 us" in text
     assert "busbw at 256 MiB is 13.00 Gb/s, expected at least 120.00 Gb/s (0.6 x the 200 Gb/s link)" in text
     assert "the link b -> a carries 13.00 Gb/s" in text and "a -> b" not in text
-    assert fabric.CAUSES["stale"] in result.causes and fabric.CAUSES["twin"] in result.causes
-    with pytest.raises(fabric.FabricTestFailed, match="likely causes: .*ConnectX-7"):
-        fabric.check(result)
+    assert allreduce.CAUSES["stale"] in result.causes and allreduce.CAUSES["twin"] in result.causes
+    with pytest.raises(allreduce.FabricTestFailed, match="likely causes: .*ConnectX-7"):
+        allreduce.check(result)
 
 
 def test_a_rank_without_its_document_is_an_error_naming_its_node():
     params = _params()
-    test = fabric.collect(params, fabric.ranks(params),
+    test = allreduce.collect(params, allreduce.ranks(params),
                           {0: _doc(0, 35, 160, 170, 1), 1: "NCCL INFO x\nRuntimeError: connection refused\n"}, 30)
-    result = fabric.verdict(params, test)
+    result = allreduce.verdict(params, test)
     assert not result.ok and "b (rank 1): RuntimeError: connection refused" in result.problems[0]
     assert "NCCL INFO" not in result.problems[0]
 
 
 def test_06_shows_04s_figures_beside_the_decode_time(tmp_path):
-    assert fabric.beside_decode(tmp_path, [])[0]["value"].startswith("not recorded")
+    assert fabric.beside_decode(fabric.recorded_proof(tmp_path), None)[0]["value"].startswith("not recorded")
     params = _params()
-    test = fabric.collect(params, fabric.ranks(params), {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)}, 9)
-    (tmp_path / "events.jsonl").write_text(json.dumps({"kind": fabric.EVENT, "data": to_data(test)}) + "\n")
-    rows = fabric.beside_decode(tmp_path, [{"max_concurrency": 1, "median_tpot_ms": 37.0}])
+    docs = {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)}
+    test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
+    state.store(tmp_path, allreduce.proof(test), lambda data: data, "04-ray-cluster")  # as 04's run.remember does
+    rows = fabric.beside_decode(fabric.recorded_proof(tmp_path), 37.0)
     assert [r["value"] for r in rows] == ["40.0 us", "160.00 Gb/s", "37.00 ms", "925"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.failures import TIMEOUT, UNKNOWN, classify, not_ready, remedy
 from sparkbook.core.params import ServeSettings
+from sparkbook.stages.serve.failures import TIMEOUT, UNKNOWN, classify, not_ready, remedy
 
 SAMPLES = {
     "argument not recognized":  # the lab's vLLM 0.32 given an argument it does not have (issue 18's failed run)

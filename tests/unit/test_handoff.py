@@ -141,11 +141,12 @@ def test_a_state_json_that_is_not_json_is_refused_clearly(run: Run) -> None:
 
 
 def test_01_and_02_build_their_hand_offs(tmp_path: Path) -> None:
-    from sparkbook.stages import cleanup, diagnose
+    from sparkbook.stages import diagnose
+    from sparkbook.stages.cleanup import act
 
     actions = [Action("lab-0", "a", "docker stop a", True, "stopped", 1.0),
                Action("lab-1", "b", "docker stop b", False, "NotFound", 0.1)]
-    out = cleanup.outcome(actions, tmp_path / "restore-plan.json")
+    out = act.outcome(actions, tmp_path / "restore-plan.json")
     assert out.stopped == actions[:1] and out.restore_plan == str(tmp_path / "restore-plan.json")
     probe = SAMPLES[2].installed_image
     d = diagnose.diagnosis([Finding("fact", "gpu", "x")], probe, "HYV4ForCausalLM", {})

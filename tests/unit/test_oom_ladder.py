@@ -1,12 +1,15 @@
 """The graph-capture OOM ladder from 02's memory fit (issue 23 item 2), on vLLM's own log and error texts."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sparkbook.core.failures import GRAPH_OOM, UNKNOWN, classify, remedy
+from sparkbook.core.context import Context
 from sparkbook.core.modelinfo import GIB, RESERVE_BYTES, ModelFacts, utilization_floor
 from sparkbook.core.params import ServeSettings, load_params
-from sparkbook.stages import serve
+from sparkbook.stages.serve import bringup, commands, launch
+from sparkbook.stages.serve.failures import GRAPH_OOM, UNKNOWN, classify, remedy
 
 # A Ray worker's graph-capture OOM, vllm-project/vllm#15598 (its log lines; the error line is the issue's title).
 GRAPH_OOM_RAY = """\
@@ -14,7 +17,7 @@ GRAPH_OOM_RAY = """\
 (RayWorkerWrapper pid=1463574, ip=192.168.10.60) INFO 03-27 10:29:01 [worker.py:267] model weights take 20.64GiB; non_torch_memory takes 0.28GiB; PyTorch activation peak memory takes 1.52GiB; the rest of the memory reserved for KV Cache is 21.20GiB. [repeated 30x across cluster]
 RayWorkerWrapper pid=1861983) INFO 03-27 10:29:03 [model_runner.py:1442] Capturing cudagraphs for decoding. This may lead to unexpected consequences if the model is not static. To run the model in eager mode, set 'enforce_eager=True' or use '--enforce-eager' in the CLI. If out-of-memory error occurs during cudagraph capture, consider decreasing `gpu_memory_utilization` or switching to eager mode. You can also reduce the `max_num_seqs` as needed to decrease memory usage.
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 6 has a total capacity of 44.53 GiB of which 448.00 KiB is free.
-"""
+"""  # noqa: E501 (log lines as vLLM wrote them)
 
 # A V1 worker's capture ending in the CUDA driver's own OOM, vllm-project/vllm#19186.
 GRAPH_OOM_V1 = """\
@@ -23,7 +26,7 @@ GRAPH_OOM_V1 = """\
 (VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]   File "/usr/local/lib/python3.10/site-packages/torch/cuda/graphs.py", line 186, in __exit__
 (VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]     self.cuda_graph.capture_end()
 (VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] RuntimeError: CUDA error: out of memory
-"""
+"""  # noqa: E501 (log lines as vLLM wrote them)
 
 # vLLM's KV-cache errors, as raised: vllm/v1/core/kv_cache_utils.py (_check_enough_kv_cache_memory, commit 001cabc1;
 # the numbers in the second are made up) and vllm/worker/worker.py (raise_if_cache_size_invalid, before V1).
@@ -85,22 +88,23 @@ def test_floor_holds_weights_kv_for_max_model_len_and_the_reserve(duo):
 def test_a_graph_capture_oom_serve_reaches_eager_within_max_remedies(duo, monkeypatch):
     """bring_up with every node operation replaced: each launch with CUDA graphs OOMs in capture (the real V1
     text), an eager one is ready. The first remedy jumps to the fit's floor, the second goes eager."""
-    monkeypatch.setattr(serve, "lost", lambda *a: {})
-    monkeypatch.setattr(serve, "find_running", lambda *a: (None, "nothing serving"))
-    for name in ("stop_earlier", "stop_serving", "_remember"):
-        monkeypatch.setattr(serve, name, lambda *a: None)
-    monkeypatch.setattr(serve, "port_taken", lambda *a: None)
-    monkeypatch.setattr(serve, "launch", lambda c, r, w, plan, attempt: serve.Launch(plan, attempt, {}, 0.0))
+    monkeypatch.setattr(bringup, "lost", lambda *a: {})
+    monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
+    for name in ("stop_earlier", "stop_serving", "remember"):
+        monkeypatch.setattr(bringup, name, lambda *a: None)
+    monkeypatch.setattr(bringup, "port_taken", lambda *a: None)
+    monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
 
-    def wait_ready(c, r, w, launched, timeout_s, on_round):
+    def wait_ready(ctx, launched, timeout_s, on_round):
         if launched.plan.settings.enforce_eager:
-            return serve.Readiness(True, 300.0, 290.0, ["model"], {})
+            return launch.Readiness(True, 300.0, 290.0, ["model"], {})
         logs = {"a": GRAPH_OOM_V1}
-        return serve.Readiness(False, 600.0, None, [], logs, classify(logs))
+        return launch.Readiness(False, 600.0, None, [], logs, classify(logs))
 
-    monkeypatch.setattr(serve, "wait_ready", wait_ready)
+    monkeypatch.setattr(bringup, "wait_ready", wait_ready)
     floor = utilization_floor(_facts(119), duo, {"a": GB10, "b": GB10})
-    up = serve.bring_up(duo, None, None, {}, serve.plan(duo, "ray"), floor=floor)
+    ctx = Context(duo, None, None, Path("/tmp"), image="img")  # every node operation is replaced above
+    up = bringup.bring_up(ctx, commands.plan(ctx, "ray"), floor=floor)
     assert up.ok and len(up.attempts) == duo.serve.max_remedies + 1 == 3
     assert [r.change for r in up.remedies] == [{"gpu_memory_utilization": 0.54}, {"enforce_eager": True}]
     assert "--enforce-eager" in up.launched.plan.commands[0].argv

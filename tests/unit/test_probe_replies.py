@@ -13,7 +13,8 @@ import pytest
 from sparkbook.core.errors import ProbeOutputError
 from sparkbook.core.nodes import LocalNode, shell
 from sparkbook.core.params import Params, load_params
-from sparkbook.stages import cleanup, diagnose
+from sparkbook.stages import diagnose
+from sparkbook.stages.cleanup import inventory
 
 
 class CutNode(LocalNode):
@@ -56,7 +57,7 @@ def node(params: Params) -> CutNode:
 
 PROBES = {
     "node facts": lambda n, p: diagnose.node_facts(n, p.nodes[0], p),
-    "inventory": lambda n, p: cleanup.inventory(n, p.cleanup),
+    "inventory": lambda n, p: inventory.inventory(n, p.cleanup),
     "links": lambda n, p: diagnose.links(n, p),
     "model files": lambda n, p: diagnose.model_files(n, p.model),
 }
@@ -65,7 +66,7 @@ PROBES = {
 def _whole(node: CutNode, params: Params, probe: str) -> str:
     """The probe's whole stdout on this machine (the script as the stage sends it)."""
     scripts = {"node facts": shell(diagnose.FACTS, path=params.model.cache_dir, netdev="lo"),
-               "inventory": shell(cleanup.INVENTORY),
+               "inventory": shell(inventory.INVENTORY),
                "model files": shell(diagnose.MODEL_FILES, dir=params.model.path)}
     if probe == "links":
         return node.run(diagnose.bash(diagnose.LINKS, size=1472, port=1, ips="127.0.0.2"), timeout=20).stdout

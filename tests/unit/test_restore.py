@@ -13,23 +13,16 @@ import pytest
 
 from sparkbook import cli
 from sparkbook.core import runbook
+from sparkbook.core.context import Context
 from sparkbook.core.handoff import Action
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
 from sparkbook.core.record import open_run, read_events
-from sparkbook.stages.cleanup import (
-    Container,
-    Inventory,
-    Listener,
-    Plan,
-    Step,
-    answering,
-    listeners,
-    plan,
-    write_restore_plan,
-)
-from sparkbook.stages.cleanup.restore import Seen, conflicts, judge, restore_steps
+from sparkbook.core.runtime import runtime_for
+from sparkbook.stages.cleanup.inventory import Container, Inventory, Listener, answering, listeners
+from sparkbook.stages.cleanup.planning import Plan, plan
+from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, restore_steps, write_restore_plan
 
 MEM = Memory(100 << 30, 10 << 30)
 RUN = Path("/runs/lab/1")
@@ -75,7 +68,8 @@ def test_the_plan_and_the_restore_plan_carry_what_each_target_held(
     assert vllm.holds() == "ports 8000; http://10.77.0.10:8000/health; 1200 MiB"
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     cluster = Cluster(load_params(write_params(base)))
-    steps = restore_steps(write_restore_plan(tmp_path, tmp_path / "lab.yaml", Plan(p.targets), cluster))
+    ctx = Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path)
+    steps = restore_steps(write_restore_plan(ctx, tmp_path / "lab.yaml", Plan(p.targets)))
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
     assert steps == [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000],
                           "http://10.77.0.10:8000/health", 1200.0, 0, ssh=ssh),

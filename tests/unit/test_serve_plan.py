@@ -8,14 +8,20 @@ from types import SimpleNamespace
 import pytest
 
 from sparkbook.core import topology
+from sparkbook.core.context import Context
 from sparkbook.core.nodes import Outcome, Result
 from sparkbook.core.params import ParamsError, load_params
-from sparkbook.stages import raycluster as rc
-from sparkbook.stages import serve
+from sparkbook.stages.raycluster import containers, formation
+from sparkbook.stages.serve import bringup, commands
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
-CPU = serve.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
-CUDA = serve.Platform("cuda", "0.17.1", "2.9.1+cu130", 1)
+def ctx(params, cluster=None, runtime=None):
+    """A context for the pure command builders (and, with stand-ins for nodes and runtime, the pre-launch checks)."""
+    return Context(params, cluster, runtime, Path("/tmp"), image="img")
+
+
+CPU = commands.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
+CUDA = commands.Platform("cuda", "0.17.1", "2.9.1+cu130", 1)
 
 
 @pytest.fixture
@@ -38,10 +44,10 @@ def lab(tmp_path):
 
 
 def test_lab_on_cpu_serves_with_mp_across_both_nodes(lab):
-    executor, decision = serve.choose_executor(lab, CPU)
+    executor, decision = commands.choose_executor(ctx(lab), CPU)
     assert executor == "mp" and decision.choice.startswith("mp")
     assert any("0.32.0+cpu" in e for e in decision.evidence)
-    p = serve.plan(lab, executor)
+    p = commands.plan(ctx(lab), executor)
     head, worker = p.commands
     assert (head.node, worker.node) == ("lab-0", "lab-1")
     assert head.argv[:3] == ["vllm", "serve", "/srv/models/hyv4-tiny"]
@@ -59,9 +65,9 @@ def test_lab_on_cpu_serves_with_mp_across_both_nodes(lab):
 
 
 def test_gpu_cluster_serves_with_ray_from_the_head_only(duo):
-    executor, decision = serve.choose_executor(duo, CUDA)
+    executor, decision = commands.choose_executor(ctx(duo), CUDA)
     assert executor == "ray" and decision.choice == "ray"
-    (cmd,) = serve.plan(duo, executor).commands
+    (cmd,) = commands.plan(ctx(duo), executor).commands
     assert cmd.node == "a"
     assert cmd.argv[2] == "Org/Model-1B"
     assert "--nnodes" not in cmd.argv and "--headless" not in cmd.argv
@@ -71,15 +77,15 @@ def test_gpu_cluster_serves_with_ray_from_the_head_only(duo):
 
 def test_params_with_a_space_stay_one_argument(write_params, base):
     base["serve"]["extra_args"] = ["--override-generation-config", '{"temperature": 0.5}']
-    (cmd, *_) = serve.plan(load_params(write_params(base)), "ray").commands
+    (cmd, *_) = commands.plan(ctx(load_params(write_params(base))), "ray").commands
     assert cmd.argv[-1] == '{"temperature": 0.5}'
 
 
 def test_a_world_smaller_than_the_cluster_uses_the_head_only(write_params, base):
     base["nodes"][0]["gpus"] = [0, 1]
     params = load_params(write_params(base))
-    assert [n.name for n in serve.serving_nodes(params)] == ["a"]
-    (cmd,) = serve.plan(params, "mp").commands
+    assert [n.name for n in commands.serving_nodes(params)] == ["a"]
+    (cmd,) = commands.plan(ctx(params), "mp").commands
     assert "--nnodes" not in cmd.argv
 
 
@@ -94,7 +100,7 @@ def test_container_env_follows_the_anchors(duo):
 
 
 def test_ray_start_argv_head_and_worker(lab):
-    head, worker = (rc.ray_argv(lab, n) for n in lab.nodes)
+    head, worker = (formation.ray_argv(lab, n) for n in lab.nodes)
     assert head[:3] == ["ray", "start", "--block"] and "--head" in head
     assert head[head.index("--temp-dir") + 1] == topology.RAY_TEMP_DIR
     assert head[head.index("--node-ip-address") + 1] == "10.77.0.10"
@@ -105,43 +111,45 @@ def test_ray_start_argv_head_and_worker(lab):
 
 def _containers(params, ips=None):
     ips = ips or {}
-    return [rc.NodeContainer(n.name, topology.container_name(params, n.name), "x", "img", False, [], {},
+    return [containers.NodeContainer(n.name, topology.container_name(params, n.name), "x", "img", False, [], {},
                              str(n.fabric_ip), n.fabric_netdev, [ips.get(n.name, str(n.fabric_ip))])
             for n in params.nodes]
 
 
 def _join(params, ray_ips=None, pgs=(), cpus=2.0):
     ray_ips = ray_ips or {}
-    nodes = [rc.RayNode(ray_ips.get(n.name, str(n.fabric_ip)), True, n.name,
+    nodes = [formation.RayNode(ray_ips.get(n.name, str(n.fabric_ip)), True, n.name,
                         {"CPU": cpus, topology.NODE_RESOURCE.format(n.name): 1.0}) for n in params.nodes
              if ray_ips.get(n.name) != "absent"]
-    snap = rc.Snapshot(nodes, list(pgs))
-    return rc.Join([n.name() for n in nodes], [], 1.0, snap)
+    snap = formation.Snapshot(nodes, list(pgs))
+    return formation.Join([n.name() for n in nodes], [], 1.0, snap)
 
 
 def test_gate_passes_on_a_consistent_cluster(lab):
-    g = rc.gate(lab, _containers(lab), _join(lab))
+    g = formation.gate(ctx(lab), _containers(lab), _join(lab))
     assert g.ok, g.failures
     assert [r.verdict for r in g.rows] == ["ok", "ok"]
 
 
 def test_gate_names_the_node_whose_fabric_ip_is_wrong(lab):
-    g = rc.gate(lab, _containers(lab, {"lab-1": "10.77.0.12"}), _join(lab, {"lab-1": "10.77.0.12"}))
+    g = formation.gate(ctx(lab), _containers(lab, {"lab-1": "10.77.0.12"}), _join(lab, {"lab-1": "10.77.0.12"}))
     assert not g.ok
     (failure,) = g.failures
-    assert failure.startswith("lab-1: ") and "10.77.0.11 is not on eth0" in failure and "Ray reports IP 10.77.0.12" in failure
-    with pytest.raises(rc.GateFailed, match="lab-1"):
-        rc.check(g)
+    assert failure.startswith("lab-1: ") and "10.77.0.11 is not on eth0" in failure
+    assert "Ray reports IP 10.77.0.12" in failure
+    with pytest.raises(formation.GateFailed, match="lab-1"):
+        formation.check(g)
 
 
 def test_gate_names_missing_nodes_short_resources_and_pending_groups(lab):
-    g = rc.gate(lab, _containers(lab), _join(lab, {"lab-1": "absent"}, pgs=[{"id": "pg1", "state": "PENDING"}],
-                                             cpus=0.0))
-    assert g.failures == ["lab-0: offers 0 CPU, needs 1", "lab-1: not in the Ray cluster", "placement group pg1 is pending"]
+    join = _join(lab, {"lab-1": "absent"}, pgs=[{"id": "pg1", "state": "PENDING"}], cpus=0.0)
+    g = formation.gate(ctx(lab), _containers(lab), join)
+    assert g.failures == ["lab-0: offers 0 CPU, needs 1", "lab-1: not in the Ray cluster",
+                          "placement group pg1 is pending"]
 
 
 def test_gate_expects_gpus_where_params_list_them(duo):
-    g = rc.gate(duo, _containers(duo), _join(duo))
+    g = formation.gate(ctx(duo), _containers(duo), _join(duo))
     assert [r.expected for r in g.rows] == ["1 GPU", "1 GPU"]
     assert not g.ok and "offers 0 GPU, needs 1" in g.failures[0]
 
@@ -163,19 +171,19 @@ Recent failures:
     " 1 node_636b92a81a45da52666d6c7a6470304e0b877d78509d4727149b1f45\n", ""), 1),
     ("Active:\n (no active nodes)\nPending:\n 1 node_x\n", 0), ("", 0)])
 def test_ray_status_active_nodes_counts_only_the_active_section(report: str, count: int):
-    assert rc.active_nodes(report) == count
+    assert formation.active_nodes(report) == count
 
 
 def test_a_model_by_hf_id_is_served_offline_from_the_snapshot_02_found(duo):
     snapshot = "/home/u/.cache/huggingface/hub/models--Org--Model-1B/snapshots/0123abc"
-    (cmd,) = serve.plan(duo, "ray", model_dir=snapshot).commands
+    (cmd,) = commands.plan(ctx(duo), "ray", model_dir=snapshot).commands
     assert cmd.argv[2] == snapshot
     assert cmd.env["HF_HUB_CACHE"] == "/home/u/.cache/huggingface/hub" and cmd.env["HF_HUB_OFFLINE"] == "1"
 
 
 def test_a_model_by_hf_id_without_02s_record_is_looked_up_in_the_params_cache(write_params, base):
     base["model"].update(cache_dir="/home/u/.cache/huggingface", offline=False)
-    (cmd,) = serve.plan(load_params(write_params(base)), "ray").commands
+    (cmd,) = commands.plan(ctx(load_params(write_params(base))), "ray").commands
     assert cmd.argv[2] == "Org/Model-1B"
     assert cmd.env["HF_HUB_CACHE"] == "/home/u/.cache/huggingface/hub" and "HF_HUB_OFFLINE" not in cmd.env
 
@@ -194,7 +202,7 @@ def test_the_second_lab_params_differ_from_the_lab_only_in_image_and_model():
 def test_output_fields_reach_the_argv_of_every_serving_node(write_params, base):
     base["serve"].update(reasoning_parser="qwen3", tool_call_parser="qwen3_coder", host="10.9.0.1",
                          chat_template="/srv/models/unsloth.jinja")
-    for cmd in serve.plan(load_params(write_params(base)), "mp").commands:
+    for cmd in commands.plan(ctx(load_params(write_params(base))), "mp").commands:
         for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "qwen3_coder"),
                             ("--chat-template", "/srv/models/unsloth.jinja"), ("--host", "10.9.0.1")):
             assert cmd.argv[cmd.argv.index(flag) + 1] == value
@@ -202,15 +210,17 @@ def test_output_fields_reach_the_argv_of_every_serving_node(write_params, base):
 
 
 def test_without_output_fields_no_parser_flags_and_the_api_binds_every_interface(write_params, base):
-    (cmd, *_) = serve.plan(load_params(write_params(base)), "ray").commands
+    (cmd, *_) = commands.plan(ctx(load_params(write_params(base))), "ray").commands
     assert cmd.argv[cmd.argv.index("--host") + 1] == "0.0.0.0"
-    assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice", "--chat-template"} & set(cmd.argv)
+    assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice",
+                "--chat-template"} & set(cmd.argv)
 
 
 def test_the_seed_cluster_serves_qwen35_with_the_recipes_parsers():
-    (cmd,) = serve.plan(load_params(PARAMS / "spark-duo.yaml"), "ray").commands
+    (cmd,) = commands.plan(ctx(load_params(PARAMS / "spark-duo.yaml")), "ray").commands
     assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "qwen3"
-    assert cmd.argv[cmd.argv.index("--tool-call-parser") + 1] == "qwen3_coder" and "--enable-auto-tool-choice" in cmd.argv
+    assert cmd.argv[cmd.argv.index("--tool-call-parser") + 1] == "qwen3_coder"
+    assert "--enable-auto-tool-choice" in cmd.argv
 
 
 @pytest.mark.parametrize("field, value, says", [
@@ -251,17 +261,17 @@ class _Files:
 
 
 def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab, monkeypatch):
-    assert serve.missing_chat_template(None, None, {}, serve.plan(lab, "mp")) == ""  # none named: nothing to ask
+    assert bringup.missing_chat_template(ctx(lab), commands.plan(ctx(lab), "mp")) is None  # none named: nothing to ask
     template = "/srv/models/unsloth.jinja"
     params = lab.model_copy(update={"serve": lab.serve.model_copy(update={"chat_template": template})})
-    p, where = serve.plan(params, "mp"), {"lab-0": None, "lab-1": None}
-    cluster, runtime = _Cluster(["lab-0", "lab-1"]), _Files({("lab-0", template)})
-    assert serve.missing_chat_template(cluster, runtime, where, p) == "lab-1"
+    p = commands.plan(ctx(params), "mp")
+    on_nodes = ctx(params, _Cluster(["lab-0", "lab-1"]), _Files({("lab-0", template)}))
+    assert bringup.missing_chat_template(on_nodes, p) == "lab-1"
     for name, value in (("lost", {}), ("find_running", (None, "nothing serving")), ("stop_earlier", None),
                         ("port_taken", None)):
-        monkeypatch.setattr(serve, name, lambda *a, v=value: v)
-    monkeypatch.setattr(serve, "launch", lambda *a: pytest.fail("launched despite the missing template"))
-    with pytest.raises(serve.ServeError) as exc:
-        serve.bring_up(params, cluster, runtime, where, p)
+        monkeypatch.setattr(bringup, name, lambda *a, v=value: v)
+    monkeypatch.setattr(bringup, "launch", lambda *a: pytest.fail("launched despite the missing template"))
+    with pytest.raises(commands.ServeError) as exc:
+        bringup.bring_up(on_nodes, p)
     assert exc.value.message == f"serve.chat_template: {template} is not a file where `vllm serve` runs on lab-1"
     assert exc.value.node == "lab-1" and "under model.cache_dir (/srv/models" in exc.value.remediation

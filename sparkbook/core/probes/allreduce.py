@@ -13,6 +13,7 @@ busbw = algbw * 2(n-1)/n, and whether a sum of ones came back as n.
 Then each node leader sends the largest size to the next node's leader in turn (a ring, one link at a time): the
 receiver's rate is that link's, in that direction.
 """
+import functools
 import json
 import signal
 import statistics
@@ -61,10 +62,11 @@ def main():
     sizes = []
     for size in cfg["sizes"]:
         buf = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        warm = torch.tensor([median_s(lambda: dist.all_reduce(buf), cfg["warmup"])], dtype=torch.float64, device=device)
+        once = functools.partial(dist.all_reduce, buf)
+        warm = torch.tensor([median_s(once, cfg["warmup"])], dtype=torch.float64, device=device)
         dist.all_reduce(warm, op=dist.ReduceOp.MAX)
         iters = max(2, min(cfg["iters"], int(cfg["budget_s"] / max(warm.item(), 1e-9))))
-        took = torch.tensor([median_s(lambda: dist.all_reduce(buf), iters)], dtype=torch.float64, device=device)
+        took = torch.tensor([median_s(once, iters)], dtype=torch.float64, device=device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         buf.fill_(1)
         dist.all_reduce(buf)
@@ -79,9 +81,9 @@ def main():
     for i, src in enumerate(leaders if len(leaders) > 1 else []):
         dst = leaders[(i + 1) % len(leaders)]
         if rank == src:
-            op = lambda: dist.send(buf, dst)  # noqa: E731
+            op = functools.partial(dist.send, buf, dst)
         elif rank == dst:
-            op = lambda: dist.recv(buf, src)  # noqa: E731
+            op = functools.partial(dist.recv, buf, src)
         else:
             continue
         median_s(op, 1)  # the pair meets here (and NCCL makes its point-to-point channel)

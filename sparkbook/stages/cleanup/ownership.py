@@ -36,7 +36,7 @@ class UnitShow:
 
 
 @dataclass(frozen=True)
-class DockerClient:
+class DockerClientProcess:
     """A `docker run` / `docker start` client process and the container it keeps running."""
 
     pid: int
@@ -95,7 +95,7 @@ def _ssh_destination(tokens: list[str]) -> tuple[str, list[str]]:
     return (_address(tokens[i]), tokens[i + 1:]) if i < len(tokens) else ("", [])
 
 
-def docker_client(pid: int, args: str) -> DockerClient | None:
+def docker_client_process(pid: int, args: str) -> DockerClientProcess | None:
     """A process's argv -> the container its `docker run`/`docker start` keeps running (None: not such a client)."""
     tokens = args.split()
     host = ""
@@ -117,7 +117,7 @@ def docker_client(pid: int, args: str) -> DockerClient | None:
                     and rest[j - 1] not in START_VALUE_OPTS), "")
     else:
         return None
-    return DockerClient(pid, host, ref) if ref else None
+    return DockerClientProcess(pid, host, ref) if ref else None
 
 
 def _option(tokens: list[str], name: str) -> str:
@@ -129,6 +129,6 @@ def _option(tokens: list[str], name: str) -> str:
     return ""
 
 
-def clients(procs: dict[int, tuple[int, str]]) -> list[DockerClient]:
+def docker_clients(procs: dict[int, tuple[int, str]]) -> list[DockerClientProcess]:
     """Every docker run/start client among a node's processes."""
-    return [c for pid, (_, args) in sorted(procs.items()) if (c := docker_client(pid, args))]
+    return [c for pid, (_, args) in sorted(procs.items()) if (c := docker_client_process(pid, args))]

@@ -1,39 +1,86 @@
-"""`sparkbook restore`: bring back what 01 stopped, after finding what stands in the way of each target (the
-new deployment holding its ports, memory or GPUs), and verify what came back (running after a grace period, its
-health check answering, its memory back in use)."""
+"""The restore plan 01 writes before it acts, and `sparkbook restore`: bring back what 01 stopped, after finding
+what stands in the way of each target (the new deployment holding its ports, memory or GPUs), and verify what came
+back (running after a grace period, its health check answering, its memory back in use)."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from ...core.context import Context
 from ...core.docker_ssh import docker_client
 from ...core.handoff import Action, RayCluster
+from ...core.hostfacts import FANOUT_TIMEOUT_S
 from ...core.nodes import Cluster, Node
 from ...core.params import CleanupTargets
 from ...core.record import Run, tail
 from ...core.state import MissingState
-from . import (
-    PROBE_TIMEOUT_S,
-    STOP_GRACE_S,
-    CleanupError,
-    Container,
-    Inventory,
-    Step,
-    act,
-    container_top,
-    inventory_all,
-    listeners,
-    probe_health,
-)
+from .act import CleanupError, act
+from .inventory import PROBE_TIMEOUT_S, Container, Inventory, container_top, inventory, listeners, probe_health
+from .planning import STOP_GRACE_S, CleanupTarget, Plan, TargetKind
 
+RESTORE_FILE = "restore-plan.json"
 READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
 GRACE_S = 15  # then it must still run and answer this much later (the issue's old vLLM died after 11 s)
 MEMORY_BACK_SHARE = 0.5  # a restored target holds at least this share of the memory it held before cleanup
 LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the restore plan: the target, the command that brings it back, what it held before cleanup."""
+
+    node: str
+    kind: TargetKind
+    name: str
+    restore: str | None
+    note: str = ""
+    ports: list[int] = field(default_factory=list)
+    health_url: str = ""
+    memory_mib: float = 0.0
+    gpu_mib: int = 0
+    owner: str = ""  # an owned container comes back with its owner: no command of its own, checked after it
+    ssh: str = ""  # how restore.sh reaches the node: ssh with its SSH address, user and port
+    match: str = ""  # a process's command line, to find it again
+
+
+def ssh_command(node: Node) -> str:
+    """`ssh` with the node's SSH address (params' host as the ssh config resolves it), user, port, keys,
+    known_hosts and jump host: a node's name is not an address anything resolves. A local node: `sh -c`."""
+    if node.local:
+        return "sh -c"
+    t = node.target  # type: ignore[attr-defined]
+    opts = [x for k in t.key_files for x in ("-i", k)]
+    opts += ["-o", f"UserKnownHostsFile={t.known_hosts}"] if t.known_hosts else []
+    opts += ["-J", f"{t.jump.user}@{t.jump.hostname}:{t.jump.port}"] if t.jump else []
+    return shlex.join(["ssh", *opts, "-p", str(t.port), f"{t.user}@{t.hostname}"])
+
+
+def restore_order(targets: list[CleanupTarget]) -> list[CleanupTarget]:
+    """Reverse plan order, each owned container after its owner (the owner brings it back)."""
+    back = [t for t in reversed(targets) if not t.owner]
+    return [x for t in back for x in [t, *[o for o in targets if o.owner == f"{t.node}/{t.name}"]]]
+
+
+def write_restore_plan(ctx: Context, params_file: Path, p: Plan) -> Path:
+    """Before acting: a restore step for every planned target (a stop that fails or times out may still have
+    stopped it), in reverse order, with what each held (ports, health URL, memory), as JSON beside a readable
+    script that reaches each node by its SSH address."""
+    steps = [Step(t.node, t.kind, t.name, t.restore, t.restore_note, t.ports, t.health_url, t.memory_mib, t.gpu_mib,
+                  t.owner, ssh_command(ctx.cluster.nodes[t.node]), t.match) for t in restore_order(p.targets)]
+    path = ctx.run_dir / RESTORE_FILE
+    path.write_text(json.dumps({"params_file": str(params_file), "steps": [asdict(s) for s in steps]}, indent=2))
+    script = ["#!/bin/sh", "# Brings back what 01-cleanup planned to stop (reverse order), by each node's SSH address.",
+              "# Or: sparkbook restore RUN_DIR", "set -e"]
+    script += [f"{s.ssh} {shlex.quote(s.restore)}" if s.restore else f"# {s.node} {s.name}: {s.note}"
+               for s in steps]
+    (ctx.run_dir / "restore.sh").write_text("\n".join(script) + "\n")
+    return path
 
 
 @dataclass(frozen=True)
@@ -113,11 +160,14 @@ def started_by_run(run: Run) -> dict[str, tuple[str, str]]:
 
 # pure: what stands in the way
 def _target_running(inv: Inventory, s: Step) -> bool:
-    if s.kind == "container":
-        return any(c.name == s.name and c.state == "running" for c in inv.containers)
-    if s.kind == "process":
-        return any(p.args == s.match for p in inv.processes)
-    return s.kind == "unit" and any(u.name == s.name and u.active == "active" for u in inv.units)
+    match s.kind:
+        case "container":
+            return any(c.name == s.name and c.state == "running" for c in inv.containers)
+        case "process":
+            return any(p.args == s.match for p in inv.processes)
+        case "unit":
+            return any(u.name == s.name and u.active == "active" for u in inv.units)
+    return False
 
 
 def _target_pids(inv: Inventory, s: Step) -> set[int]:
@@ -142,7 +192,7 @@ def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple
             continue
         own = _target_pids(inv, s)
         ours = {pid for c in _ours(inv, new) for pid in c.pids}
-        held = {}  # port -> its holders (a port listened on by IPv4 and IPv6 sockets is one conflict)
+        held: dict[int, set[int]] = {}  # port -> its holders (listened on by IPv4 and IPv6 sockets: one conflict)
         for lis in inv.listeners:
             if lis.port in s.ports and set(lis.pids) - own:
                 held.setdefault(lis.port, set()).update(set(lis.pids) - own)
@@ -204,22 +254,25 @@ def judge(s: Step, seen: Seen) -> Check:
 
 # acting
 def _restore_one(node: Node, step: Step) -> str:
-    if step.kind == "container":
-        docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step.name).start()
-        return "started"
-    if step.kind == "unit":
-        return node.run(["systemctl", "start", step.name], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
-    if step.kind == "process" and step.restore:
-        node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True)
-        return "launched"
+    match step.kind:
+        case "container":
+            docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step.name).start()
+            return "started"
+        case "unit":
+            return node.run(["systemctl", "start", step.name], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
+        case "process" if step.restore:
+            node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True)
+            return "launched"
     raise CleanupError(step.note or "no restore command is known", node=node.name)
 
 
 def bring_back(cluster: Cluster, steps: list[Step]) -> list[Action]:
     """Run the restore plan written by `write_restore_plan`, step by step; an owned container has no step of its
     own (its owner brings it back; verify_restore checks it)."""
-    return [act(cluster.nodes[s.node], s.name, s.restore or "-", lambda n, s=s: _restore_one(n, s))
-            for s in steps if not s.owner]
+    def restoring(step: Step) -> Callable[[Node], str]:
+        return lambda node: _restore_one(node, step)
+
+    return [act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s)) for s in steps if not s.owner]
 
 
 def _stop_container(node: Node, name: str, recorded_id: str) -> str:
@@ -233,13 +286,17 @@ def _stop_container(node: Node, name: str, recorded_id: str) -> str:
 
 def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
     """Stop exactly the node containers this run started, by name, checked against their recorded IDs."""
-    return [act(cluster.nodes[node], name, f"docker stop {name}", lambda n, c=(name, cid): _stop_container(n, *c))
+    def stopping(name: str, recorded_id: str) -> Callable[[Node], str]:
+        return lambda node: _stop_container(node, name, recorded_id)
+
+    return [act(cluster.nodes[node], name, f"docker stop {name}", stopping(name, cid))
             for node, (name, cid) in new.items() if node in cluster.nodes]
 
 
 def observe(node: Node, s: Step) -> Seen:
     """A target's state, health (its recorded URL; else a listener on its ports), memory and log tail."""
-    observed = {"container": _observe_container, "process": _observe_process}.get(s.kind, _observe_unit)
+    observed = {"container": _observe_container, "process": _observe_process, "unit": _observe_unit}.get(
+        s.kind, _not_restorable)
     running, state, memory, log = observed(node, s)
     health: bool | None = None
     detail = ""
@@ -274,9 +331,11 @@ def _observe_process(node: Node, s: Step) -> tuple[bool, str, float, str]:
     return bool(found), state, round(sum(int(r[1]) for r in found) / 1024, 1), ""
 
 
+def _not_restorable(node: Node, s: Step) -> tuple[bool, str, float, str]:
+    return False, "not restorable", 0.0, ""
+
+
 def _observe_unit(node: Node, s: Step) -> tuple[bool, str, float, str]:
-    if s.kind != "unit":
-        return False, "not restorable", 0.0, ""
     active = node.run(["systemctl", "is-active", s.name], timeout=PROBE_TIMEOUT_S).stdout.strip()
     mem = node.run(["systemctl", "show", "-p", "MemoryCurrent", "--value", s.name], timeout=PROBE_TIMEOUT_S)
     log = node.run(["journalctl", "-u", s.name, "-n", str(LOG_TAIL_LINES), "--no-pager"], timeout=PROBE_TIMEOUT_S)
@@ -296,7 +355,7 @@ def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float =
         return pending
 
     Retrying(stop=stop_after_delay(ready_timeout_s), wait=wait_fixed(2), retry=retry_if_result(bool),
-             retry_error_callback=lambda state: state.outcome.result())(still_starting)
+             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None)(still_starting)
     time.sleep(grace_s)
     return [judge(s, observe(cluster.nodes[s.node], s)) for s in steps]
 
@@ -335,7 +394,8 @@ def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Invento
     def unseen(errors: str) -> CleanupError:
         return CleanupError(f"cannot see what stands in the way: {errors}",
                             remediation="make every node reachable, then run `sparkbook restore` again")
-    return {inv.node: inv for inv in inventory_all(cluster, targets).values_or_raise(unseen)}
+    found = cluster.fan_out(lambda n: inventory(n, targets), timeout=FANOUT_TIMEOUT_S)
+    return {inv.node: inv for inv in found.values_or_raise(unseen)}
 
 
 def _done(run: Run, out: RestoreOutcome) -> RestoreOutcome:

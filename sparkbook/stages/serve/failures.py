@@ -1,12 +1,13 @@
-"""Known failure signatures in vLLM/Ray logs: a named cause, the line that shows it, and a remediation."""
+"""05's failures: known signatures in vLLM/Ray logs (a named cause, the line that shows it, a remediation) and the
+remediation ladder that retries a graph-capture OOM with less memory, then eager."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from .params import ServeSettings
+from ...core.modelinfo import VLLM_DEFAULT_UTILIZATION
+from ...core.params import ServeSettings
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 GRAPH_OOM = "CUDA out of memory during graph capture"
 
 
@@ -89,7 +90,7 @@ TIMEOUT = "not ready in time"
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class FailureCause:
     """The classified cause of a failed start: where it was seen and the line that proves it."""
 
     cause: str
@@ -106,7 +107,7 @@ class Diagnosis:
         return f"{self.cause} on {self.node}: {self.evidence!r} -> {self.remediation}"
 
 
-def classify(logs: dict[str, str], observed: dict[str, str] | None = None) -> Diagnosis:
+def classify(logs: dict[str, str], observed: dict[str, str] | None = None) -> FailureCause:
     """The most specific known cause over every node's log tail.
 
     `observed` are facts seen without logs ({"lab-1": "container is not running"}): they explain a failure
@@ -121,26 +122,26 @@ def classify(logs: dict[str, str], observed: dict[str, str] | None = None) -> Di
     also = tuple(dict.fromkeys(f"{s.cause} on {n}" for _, n, s, _ in found))
     if found and not (found[0][2].consequence and observed):
         _, node, sig, line = found[0]
-        return Diagnosis(sig.cause, node, line, sig.remediation, also[1:])
+        return FailureCause(sig.cause, node, line, sig.remediation, also[1:])
     if observed:
         node, fact = next(iter(observed.items()))
         died = _by_cause("worker died")
-        return Diagnosis(died.cause, node, fact, died.remediation, also)
+        return FailureCause(died.cause, node, fact, died.remediation, also)
     node = next(iter(logs), "")
     last = next((ln.strip() for ln in reversed((logs.get(node) or "").splitlines()) if ln.strip()), "")
-    return Diagnosis(UNKNOWN, node, last, "read the log tails; add the signature to sparkbook.core.failures")
+    return FailureCause(UNKNOWN, node, last, "read the log tails; add the signature to sparkbook.stages.serve.failures")
 
 
-def not_ready(logs: dict[str, str], node: str, seconds: float) -> Diagnosis:
+def not_ready(logs: dict[str, str], node: str, seconds: float) -> FailureCause:
     """A start that neither failed nor finished in time: a root cause from the logs if one shows,
     otherwise the phase it was in (the last line of `node`'s log)."""
     found = classify(logs)
     if found.known and not _by_cause(found.cause).consequence:
         return found
     last = next((ln.strip() for ln in reversed((logs.get(node) or "").splitlines()) if ln.strip()), "(no output)")
-    return Diagnosis(TIMEOUT, node, last[-300:], f"still starting after {seconds:.0f} s: raise serve.ready_timeout_s "
-                     "if the last line shows progress (a loaded node, a large model), else read the tails",
-                     (f"{found.cause} on {found.node}",) if found.known else ())
+    return FailureCause(TIMEOUT, node, last[-300:], f"still starting after {seconds:.0f} s: raise "
+                        "serve.ready_timeout_s if the last line shows progress (a loaded node, a large model), else "
+                        "read the tails", (f"{found.cause} on {found.node}",) if found.known else ())
 
 
 def _by_cause(cause: str) -> Signature:
@@ -158,17 +159,17 @@ class Remedy:
     alternatives: list[tuple[str, str]] = field(default_factory=list)
 
 
-def remedy(diagnosis: Diagnosis, settings: ServeSettings, floor: float | None = None) -> Remedy | None:
-    """The next automatic remediation for `diagnosis` under `settings`, or None where there is none.
+def remedy(cause: FailureCause, settings: ServeSettings, floor: float | None = None) -> Remedy | None:
+    """The next automatic remediation for `cause` under `settings`, or None where there is none.
 
     Graph-capture OOM: lower gpu_memory_utilization straight to `floor`, the lowest that still holds the
     weights and the KV cache on every node (`modelinfo.utilization_floor`, from 02's memory fit); when the
     floor is not below the current value (it was tried, or nothing fits lower) or unknown (None: no fit),
     --enforce-eager. Each attempt reloads every weight, so the ladder has at most these two steps. Every
     other cause needs a person (or an earlier stage)."""
-    if diagnosis.cause != GRAPH_OOM or settings.enforce_eager:
+    if cause.cause != GRAPH_OOM or settings.enforce_eager:
         return None
-    current = settings.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+    current = settings.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
     eager = ("enforce_eager", "costs decode speed; tried only if less memory is not enough")
     if floor is not None and floor < current:
         change: dict[str, object] = {"gpu_memory_utilization": floor}
@@ -184,4 +185,4 @@ def remedy(diagnosis: Diagnosis, settings: ServeSettings, floor: float | None = 
                   ) + ": skip CUDA graph capture"
         alts = [("lower gpu_memory_utilization", "below the memory fit's floor the weights and the KV cache for "
                  "max_model_len no longer fit")]
-    return Remedy(diagnosis.cause, change, settings.model_copy(update=change), reason, alts)
+    return Remedy(cause.cause, change, settings.model_copy(update=change), reason, alts)

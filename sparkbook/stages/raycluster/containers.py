@@ -1,0 +1,85 @@
+"""04's node containers: one per node from the chosen image, with the fabric env and the addresses its fabric
+netdev has inside it; and their removal (Ray and anything served in them go with them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core import probes
+from ...core.context import Context
+from ...core.errors import SparkbookError
+from ...core.nodes import Node
+from ...core.runtime import Place, Runtime
+from ...core.topology import places
+
+
+class RayStageError(SparkbookError):
+    """The Ray stage could not go on; the message names the node(s)."""
+
+    stage = "04-ray-cluster"
+
+
+
+@dataclass(frozen=True)
+class NodeContainer:
+    """One node's container as started: the flags that matter and the fabric addresses seen inside it."""
+
+    node: str
+    name: str
+    id: str
+    image: str
+    gpus: bool
+    devices: list[str]
+    env: dict[str, str]
+    fabric_ip: str
+    netdev: str
+    netdev_ips: list[str]
+
+    @property
+    def fabric_ip_present(self) -> bool:
+        return self.fabric_ip in self.netdev_ips
+
+    def row(self) -> dict[str, str]:
+        return {"node": self.node, "container": self.name, "id": self.id, "image": self.image,
+                "GPUs": "all" if self.gpus else "none", "devices": ", ".join(self.devices) or "-",
+                f"addresses of {self.netdev}": ", ".join(self.netdev_ips) or "none",
+                "env": " ".join(f"{k}={v}" for k, v in self.env.items())}
+
+
+def netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list[str]:
+    """IPv4 addresses of `netdev` as the container (host network) sees them (probes/netdev_ips.py)."""
+    out = runtime.exec(node, place, ["python3", "-c", probes.source("netdev_ips"), netdev], timeout=30)
+    addresses: list[str] = probes.parse(out, node=node.name, probe=f"addresses of {netdev}")["addresses"]
+    return addresses
+
+
+def start_containers(ctx: Context, image_id: str | None = None) -> list[NodeContainer]:
+    """Remove and recreate every node's container (in parallel) from the context's image, which every node must
+    already hold (with `image_id` where given: 03 put it there); raise naming each node that failed. Every node's
+    Docker daemon must answer first (nothing is started otherwise); a failed start removes the containers
+    the others got."""
+    cluster, runtime, where, image = ctx.cluster, ctx.runtime, ctx.places, ctx.image or ""
+    runtime.preflight(cluster).values_or_raise(RayStageError)
+
+    def one(node: Node) -> NodeContainer:
+        spec, place = node.spec, where[node.name]
+        lacking = runtime.lacks(node, image, image_id)
+        if lacking:
+            raise RayStageError(lacking, node=node.name, remediation="run 03 to distribute it")
+        devices = runtime.devices(node)
+        cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
+        return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
+                             str(spec.fabric_ip), spec.fabric_netdev,
+                             netdev_ips(ctx.runtime, node, place, spec.fabric_netdev))
+
+    outcomes = cluster.fan_out(one)
+    if outcomes.failed:
+        cluster.fan_out(lambda n: runtime.stop(n, where[n.name]), [cluster.nodes[name] for name in outcomes.succeeded])
+    return outcomes.values_or_raise(RayStageError)
+
+
+
+def stop(ctx: Context) -> list[str]:
+    """Remove every node's container (Ray and anything served in it); names of the nodes that had one."""
+    where = places(ctx.params, "")  # by name: whatever image they run
+    outcomes = ctx.cluster.fan_out(lambda n: ctx.runtime.stop(n, where[n.name]))
+    return [name for name, o in outcomes.items() if o.ok and o.value]

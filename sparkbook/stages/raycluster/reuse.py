@@ -1,0 +1,88 @@
+"""04's reuse: a Ray cluster a previous run formed is kept when it is still exactly what this stage would form
+(every node's container runs the chosen image with this stage's environment, every node in Ray, the gate passes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.context import Context
+from ...core.nodes import Node
+from ...core.params import Params
+from ...core.record import Alternative, Decision
+from ...core.runtime import Place, Runtime
+from ...core.topology import lost
+from .containers import NodeContainer, RayStageError, netdev_ips
+from .formation import Join, gate, snapshot
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """The Ray cluster found running, and whether it is the one this stage would form: then it is kept."""
+
+    containers: list[NodeContainer]
+    started: dict[str, str]
+    join: Join | None
+    reason: str | None = None  # why it cannot be reused (None when it can)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    def decision(self, image_id: str) -> Decision:
+        question = "Reuse the running Ray cluster or start a new one?"
+        evidence = [f"{c.node}: container {c.id} of image {image_id[:19]}, running since {self.started[c.node]}"
+                    for c in self.containers]
+        if self.reason is None:
+            return Decision(question, "reused: the running cluster", "every node's container runs the chosen image "
+                            "with this stage's environment, every node is in Ray and the gate passes: nothing is "
+                            "restarted", [Alternative("start new containers and Ray", "would tear down a healthy "
+                                                      "cluster of the same image only to form it again")], evidence)
+        return Decision(question, "start new containers and Ray", self.reason,
+                        [Alternative("reuse the running cluster", self.reason)], evidence)
+
+
+def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_id: str) -> tuple[NodeContainer, str]:
+    """This node's container as it runs now, checked against what start_containers would make."""
+    found = runtime.existing(node, place)
+    if found is None:
+        raise RayStageError(f"has no container {place.name}")
+    if found.status != "running":
+        raise RayStageError(f"container {place.name} is {found.status}")
+    if found.image_id != image_id:
+        raise RayStageError(f"container {place.name} runs image {found.image_id[:19]}, not {image_id[:19]}")
+    wanted = {**params.runtime.env, **place.env, **params.secret_values()}
+    differ = sorted(k for k, v in wanted.items() if found.env.get(k) != v)
+    if differ:
+        raise RayStageError(f"container {place.name} has another environment ({', '.join(differ)})")
+    spec = node.spec
+    return NodeContainer(node.name, place.name, found.id[:12], place.image or "", bool(spec.gpus), found.devices,
+                         place.env, str(spec.fabric_ip), spec.fabric_netdev,
+                         netdev_ips(runtime, node, place, spec.fabric_netdev)), found.started_at
+
+
+def reusable(ctx: Context, image_id: str) -> Reuse:
+    """Whether the cluster a previous run formed is still right: every node's container runs `image_id` with
+    this stage's environment, its Ray runs, every node is in Ray and the gate passes on it."""
+    params, cluster, runtime = ctx.params, ctx.cluster, ctx.runtime
+    if runtime.not_reusable:
+        return Reuse([], {}, None, runtime.not_reusable)
+    daemons = runtime.preflight(cluster)
+    if daemons.failed:
+        return Reuse([], {}, None, daemons.errors())
+    where = ctx.places
+    outcomes = cluster.fan_out(lambda n: _existing(params, runtime, n, where[n.name], image_id))
+    bad = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]
+    found = [o.value for o in outcomes.values() if o.ok and o.value is not None]
+    containers, started = [c for c, _ in found], {c.node: at for c, at in found}
+    gone = {} if bad else lost(params, cluster, runtime)
+    bad += [f"{name}: {why}" for name, why in gone.items()]
+    if bad:
+        return Reuse(containers, started, None, "no running cluster to reuse: " + "; ".join(bad))
+    snap = snapshot(ctx)
+    seen = snap.by_name()
+    join = Join([n.name for n in params.nodes if n.name in seen],
+                [n.name for n in params.nodes if n.name not in seen], 0.0, snap)
+    verdict = gate(ctx, containers, join)
+    if not verdict.ok:
+        return Reuse(containers, started, join, "the running cluster fails the gate: " + "; ".join(verdict.failures))
+    return Reuse(containers, started, join)
+

@@ -1,0 +1,112 @@
+"""05's bring-up: refuse what cannot work before loading a model (04's Ray cluster broken, the serve port taken,
+the chat template missing), keep a server that already serves this plan, else launch and wait, and retry once
+per known remediation; what 06 is handed."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...core import probes
+from ...core.context import Context
+from ...core.errors import ProbeOutputError
+from ...core.handoff import Endpoint
+from ...core.topology import lost
+from .commands import ServeError, ServePlan, plan
+from .failures import FailureCause, classify, remedy
+from .launch import BringUp, host_port, launch, stop_earlier, stop_serving, wait_ready
+from .reuse import find_running, remember, start_decision
+
+
+def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
+    """The classified cause when something already listens on the serve address, else None: found before
+    launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
+    head, port = serve_plan.commands[0].node, host_port(serve_plan)[1]
+    host = str(serve_plan.settings.host)  # where vLLM will bind: 0.0.0.0 collides with a listener on any address
+    r = ctx.runtime.exec(ctx.cluster.nodes[head], ctx.place(head), ["python3", "-c", probes.source("bind"), host, port],
+                         timeout=30)
+    try:
+        bound = probes.parse(r, node=head, probe=f"bind {host}:{port}")
+    except ProbeOutputError:
+        return None  # no whole answer: the launch reports what is wrong
+    if bound["bound"] or "Errno 98" not in bound["error"]:
+        return None
+    return classify({head: f"{host}:{port}: {bound['error']}"})
+
+
+def missing_chat_template(ctx: Context, serve_plan: ServePlan) -> str | None:
+    """Where serve.chat_template is not a file as each serving node's container sees it (None when it is, or when
+    params name none): vLLM would report it only after loading the model."""
+    path = serve_plan.settings.chat_template
+    if path is None:
+        return None
+    nodes, where = [ctx.cluster.nodes[c.node] for c in serve_plan.commands], ctx.places
+    outcomes = ctx.cluster.fan_out(lambda n: ctx.runtime.exec(n, where[n.name], ["test", "-f", path], timeout=30).ok,
+                                   nodes, timeout=60)
+    return ", ".join(n for n, o in outcomes.items() if not (o.ok and o.value)) or None
+
+
+def bring_up(ctx: Context, serve_plan: ServePlan,
+             on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None) -> BringUp:
+    """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
+    serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
+    gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
+    a graph-capture OOM goes straight to --enforce-eager). Raises ServeError, launching
+    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone), the
+    serve port is taken on the head or serve.chat_template is not there."""
+    params = ctx.params
+    gone = lost(params, ctx.cluster, ctx.runtime)
+    if gone:
+        raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
+                         remediation="run 04 again to re-form it")
+    found, why = find_running(ctx, serve_plan)
+    if found is not None:
+        return found
+    result, current = BringUp(reuse=start_decision(why)), serve_plan
+    stop_earlier(ctx, params.serve.max_remedies + 1)
+    taken = port_taken(ctx, serve_plan)
+    if taken is not None:
+        raise ServeError(f"serving did not start: {taken.summary()}")
+    lacking = missing_chat_template(ctx, serve_plan)
+    if lacking:
+        raise ServeError(f"serve.chat_template: {serve_plan.settings.chat_template} is not a file where `vllm serve` "
+                         f"runs on {lacking}", node=lacking.split(", ")[0],
+                         remediation=f"put the template on every node under model.cache_dir ({params.model.cache_dir}, "
+                                     "which the node containers mount at the same path) or correct serve.chat_template")
+    for attempt in range(1, params.serve.max_remedies + 2):
+        launched = launch(ctx, current, attempt)
+        ready = wait_ready(ctx, launched, params.serve.ready_timeout_s, on_round)
+        result.attempts.append((launched, ready))
+        if ready.ok:
+            remember(ctx, serve_plan, result)
+            return result
+        stop_serving(ctx, launched)
+        cause = ready.cause if params.serve.retry_with_remediation else None
+        fix = remedy(cause, current.settings, floor) if cause else None
+        if fix is None or attempt > params.serve.max_remedies:
+            return result
+        result.remedies.append(fix)
+        current = plan(ctx, current.executor, fix.settings, current.model_dir)
+    return result
+
+
+def log_tails(result: BringUp) -> dict[str, str]:
+    """Every attempt's log tail per node, named for the run dir's logs/ folder."""
+    return {f"serve-{node}-attempt{launched.attempt}.log": text
+            for launched, ready in result.attempts for node, text in ready.tails.items()}
+
+
+def failure_message(result: BringUp) -> str:
+    d = result.readiness.cause
+    return f"serving did not start ({len(result.attempts)} attempt(s)): {d.summary() if d else 'unknown'}"
+
+
+def endpoint(result: BringUp) -> Endpoint:
+    """What 06 needs: where to send requests, and exactly what was started where."""
+    launched = result.launched
+    return Endpoint(base_url=launched.plan.base_url, model=launched.plan.model, executor=launched.plan.executor,
+                    commands={c.node: c.argv for c in launched.plan.commands},
+                    env={c.node: c.env for c in launched.plan.commands},
+                    logs={n: s.log for n, s in launched.spawned.items()},
+                    ready_s=result.reused_from.ready_s if result.reused_from
+                    else round(result.readiness.seconds, 1),
+                    attempts=result.reused_from.attempts if result.reused_from else len(result.attempts),
+                    reused=result.reused_from is not None)

@@ -1,0 +1,163 @@
+"""05's commands: the platform the image runs on, the executor that follows from it, and each serving node's exact
+`vllm serve` argv and env, every value from params."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core import probes
+from ...core.context import Context
+from ...core.errors import ProbeOutputError, SparkbookError
+from ...core.params import NodeSpec, Params, ServeSettings
+from ...core.record import Alternative, Decision
+from ...core.topology import address
+
+
+class ServeError(SparkbookError):
+    """Serving could not start; the message names the node and the classified cause."""
+
+    stage = "05-serve"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the image runs on: `cuda` or `cpu`, with the versions that show it."""
+
+    device: str
+    vllm: str
+    torch: str | None
+    gpus: int
+
+    @property
+    def evidence(self) -> list[str]:
+        return [f"vllm {self.vllm}", f"torch {self.torch}", f"torch.cuda.is_available() = {self.device == 'cuda'}",
+                f"visible GPUs: {self.gpus}"]
+
+
+def detect_platform(ctx: Context) -> Platform:
+    """Ask the image itself, in the head's place (a `+cpu` vLLM build or no CUDA in torch means the CPU platform)."""
+    node = ctx.head
+    out = ctx.runtime.exec(node, ctx.place(node.name), ["python3", "-c", probes.source("vllm_platform")], timeout=120)
+    try:
+        data = probes.parse(out, node=node.name, probe="the image's platform")
+    except ProbeOutputError as exc:
+        raise ServeError(f"{node.name}: cannot tell the image's platform (the probe's output has no {exc.missing}, "
+                         f"{exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
+                         node=node.name) from exc
+    cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
+    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"])
+
+
+def choose_executor(ctx: Context, platform: Platform) -> tuple[str, Decision]:
+    """Ray where the platform supports it and params ask for it; `mp` multi-node otherwise."""
+    params = ctx.params
+    wanted = params.serve.executor
+    multi = len(serving_nodes(params)) > 1
+    if platform.device == "cpu" and wanted == "ray":
+        return "mp", Decision(
+            "Which distributed executor serves the model?", "mp" + (" multi-node" if multi else ""),
+            f"vLLM's CPU build refuses Ray as executor (`current platform cpu does not support ray`); "
+            f"the image is vLLM {platform.vllm}. Ray still runs in the node containers (04).",
+            [Alternative("ray", "the image's platform is cpu: vLLM would refuse it at start-up")],
+            platform.evidence + [f"params serve.executor = {wanted}"], key="executor")
+    other = "mp" if wanted == "ray" else "ray"
+    return wanted, Decision(
+        "Which distributed executor serves the model?", wanted, f"params ask for {wanted} and the "
+        f"{platform.device} platform supports it", [Alternative(other, "not what params ask for")],
+        platform.evidence + [f"params serve.executor = {wanted}"], key="executor")
+
+
+# --- the commands ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServeCommand:
+    node: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """The exact commands per node, and where the API will answer."""
+
+    executor: str
+    settings: ServeSettings
+    commands: list[ServeCommand]
+    base_url: str
+    model: str
+    model_dir: str = ""  # where the nodes load the model from (02's snapshot of model.hf_id); '' = from params
+
+    def table(self) -> list[dict[str, str]]:
+        return [{"node": c.node, "env": " ".join(f"{k}={v}" for k, v in c.env.items()),
+                 "command": " ".join(c.argv)} for c in self.commands]
+
+
+def serving_nodes(params: Params) -> list[NodeSpec]:
+    """Head first, then workers, as many as the world size needs (a node without listed GPUs is one rank)."""
+    world = params.serve.tensor_parallel_size * params.serve.pipeline_parallel_size
+    chosen, slots = [], 0
+    for spec in [params.head, *params.workers]:
+        if slots >= world:
+            break
+        chosen.append(spec)
+        slots += len(spec.gpus) or 1
+    return chosen
+
+
+def served_model_path(params: Params, model_dir: str = "") -> tuple[str, dict[str, str]]:
+    """What `vllm serve` loads, and the env that keeps it there. model.path as is; model.hf_id from the
+    snapshot 02 found in the node's cache (else by its id), with HF_HUB_CACHE naming that cache, which is
+    mounted at the same path in the containers (not the containers' own ~/.cache), and HF_HUB_OFFLINE=1
+    unless model.offline is false: a worker without internet then loads what is on its disk instead of
+    asking the Hub."""
+    model = params.model
+    if model.path:
+        return str(model.path), {}
+    hub = model_dir.split("/models--")[0] if "/models--" in model_dir else (
+        model.cache_dir if model.cache_dir.rstrip("/").endswith("/hub") else f"{model.cache_dir.rstrip('/')}/hub")
+    env = {"HF_HUB_CACHE": hub, **({"HF_HUB_OFFLINE": "1"} if model.offline else {})}
+    return model_dir or str(model.hf_id), env
+
+
+def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: NodeSpec, rank: int,
+               nnodes: int, model_dir: str = "") -> list[str]:
+    """One node's `vllm serve` argv, every value from params (the model as `served_model_path` has it)."""
+    model, _ = served_model_path(params, model_dir)
+    argv = ["vllm", "serve", model, "--served-model-name", params.model.served_name,
+            "--host", str(settings.host), "--port", str(settings.port),
+            "--tensor-parallel-size", str(settings.tensor_parallel_size),
+            "--pipeline-parallel-size", str(settings.pipeline_parallel_size),
+            "--distributed-executor-backend", executor, "--dtype", settings.dtype]
+    if executor == "mp" and nnodes > 1:
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", str(params.head.fabric_ip),
+                 "--master-port", str(settings.master_port)]
+        if rank > 0:
+            argv.append("--headless")
+    for flag, value in (("--max-model-len", settings.max_model_len), ("--max-num-seqs", settings.max_num_seqs),
+                        ("--gpu-memory-utilization", settings.gpu_memory_utilization),
+                        ("--kv-cache-memory-bytes", settings.kv_cache_memory_bytes),
+                        ("--reasoning-parser", settings.reasoning_parser),
+                        ("--tool-call-parser", settings.tool_call_parser), ("--chat-template", settings.chat_template)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if settings.tool_call_parser:
+        argv.append("--enable-auto-tool-choice")
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(settings.extra_args)
+
+
+def plan(ctx: Context, executor: str, settings: ServeSettings | None = None, model_dir: str = "") -> ServePlan:
+    """Commands for every node that serves: the head alone for `ray`, one rank per node for `mp`; `model_dir`
+    is where 02 found model.hf_id on the nodes (ModelFacts.dir_on_nodes)."""
+    params = ctx.params
+    settings = settings or params.serve
+    _, model_env = served_model_path(params, model_dir)
+    nodes = serving_nodes(params) if executor == "mp" else [params.head]
+    # the ray executor joins the cluster 04 formed; without RAY_ADDRESS, ray.init() looks for the last
+    # cluster in the default temp dir (not 04's --temp-dir) and may start a private local instance instead
+    joins = {"RAY_ADDRESS": address(params)} if executor == "ray" else {}
+    commands = [ServeCommand(spec.name, serve_argv(params, settings, executor, spec, rank, len(nodes), model_dir),
+                             {**joins, **model_env, **settings.env, **settings.node_env.get(spec.name, {})})
+                for rank, spec in enumerate(nodes)]
+    return ServePlan(executor, settings, commands, f"http://{params.head.fabric_ip}:{settings.port}",
+                     params.model.served_name, model_dir)
+

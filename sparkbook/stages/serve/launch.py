@@ -1,0 +1,199 @@
+"""05's launch and readiness: spawn each node's `vllm serve` in its container, then poll the API from here while
+checking every node's container and process, so a dead node ends the wait with its classified log tail; and the
+record of every attempt of a bring-up."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+from tenacity import Retrying, retry_if_result, wait_fixed
+
+from ...core import probes
+from ...core.context import Context
+from ...core.nodes import Node
+from ...core.record import Alternative, Decision
+from ...core.runtime import Spawned
+from ...core.topology import LOG_DIR
+from .commands import ServePlan
+from .failures import FailureCause, Remedy, classify, not_ready
+
+POLL_S = 1.0
+TAIL_BYTES = 6000
+
+
+@dataclass(frozen=True)
+class Launch:
+    plan: ServePlan
+    attempt: int
+    spawned: dict[str, Spawned]
+    started_at: float
+
+
+def log_path(attempt: int) -> str:
+    return f"{LOG_DIR}/serve-{attempt}.log"
+
+
+def host_port(serve_plan: ServePlan) -> tuple[str, str]:
+    """The serve address of the plan's base URL, as (host, port)."""
+    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
+    return host, port
+
+
+def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
+    """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
+    follow the head's API (they end when it is gone: probes/follow.py)."""
+    t0 = time.monotonic()
+    host, port = host_port(serve_plan)
+    follow = probes.source("follow")
+    spawned = {c.node: ctx.runtime.spawn(ctx.cluster.nodes[c.node], ctx.places[c.node],
+                                         c.argv if rank == 0 else ["python3", "-c", follow, host, port, *c.argv],
+                                         log_path(attempt), env=c.env)
+               for rank, c in enumerate(serve_plan.commands)}
+    return Launch(serve_plan, attempt, spawned, t0)
+
+
+def stop_serving(ctx: Context, launched: Launch) -> None:
+    """End the serve processes of `launched` (their process groups); the containers and Ray stay."""
+    ctx.cluster.fan_out(lambda n: ctx.runtime.kill(n, ctx.places[n.name], launched.spawned[n.name]),
+                        [ctx.cluster.nodes[name] for name in launched.spawned])
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """How a launch ended: ready (with timings) or failed (with the classified cause and log tails)."""
+
+    ok: bool
+    seconds: float
+    health_s: float | None
+    models: list[str]
+    tails: dict[str, str]
+    cause: FailureCause | None = None
+
+
+def get(client: httpx.Client, url: str) -> httpx.Response | None:
+    try:
+        return client.get(url)
+    except httpx.HTTPError:
+        return None
+
+
+def tails(ctx: Context, launched: Launch) -> dict[str, str]:
+    def read(node: Node) -> str:
+        return ctx.runtime.read(node, ctx.places[node.name], launched.spawned[node.name].log, tail_bytes=TAIL_BYTES)
+
+    outcomes = ctx.cluster.fan_out(read, [ctx.cluster.nodes[n] for n in launched.spawned], timeout=60)
+    return {n: o.value if o.ok and o.value is not None else f"(log unreadable: {o.error})"
+            for n, o in outcomes.items()}
+
+
+def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
+    """Nodes whose container (any node's: Ray lives there too) or serve process is gone, with what was seen."""
+    def check(node: Node) -> str:
+        place = ctx.places[node.name]
+        if not ctx.runtime.alive(node, place):
+            return f"container {place.name} is not running"
+        if node.name in launched.spawned and not ctx.runtime.running(node, place, launched.spawned[node.name]):
+            return "its `vllm serve` process exited"
+        return ""
+
+    outcomes = ctx.cluster.fan_out(check, [ctx.cluster.nodes[n] for n in ctx.places], timeout=60)
+    return {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
+            if not o.ok or o.value}
+
+
+def stop_earlier(ctx: Context, attempts: int) -> None:
+    """End serve processes an earlier run of this stage left in the containers (by their recorded IDs)."""
+    def kill_all(node: Node) -> None:
+        for attempt in range(1, attempts + 1):
+            place = ctx.places[node.name]
+            ctx.runtime.kill(node, place, Spawned(node.name, place.name, log_path(attempt)))
+
+    ctx.cluster.fan_out(kill_all, [ctx.cluster.nodes[n] for n in ctx.places])
+
+
+def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
+               on_round: Callable[[float, str], None] = lambda s, note: None) -> Readiness:
+    """Poll /health then /v1/models from here; every round also check each node's container and process,
+    so a dead node ends the wait at once with its classified log tail."""
+    base, model = launched.plan.base_url, launched.plan.model
+    health_s = None
+
+    def round_(client: httpx.Client) -> Readiness | None:
+        """One look: Readiness once ready, dead or past `timeout_s` (counted from the launch); None to go on."""
+        nonlocal health_s
+        elapsed = time.monotonic() - launched.started_at
+        if health_s is None:
+            r = get(client, f"{base}/health")
+            health_s = elapsed if r is not None and r.status_code == 200 else None
+        if health_s is not None:
+            r = get(client, f"{base}/v1/models")
+            models = [m["id"] for m in r.json().get("data", [])] if r is not None and r.status_code == 200 else []
+            if model in models:
+                return Readiness(True, time.monotonic() - launched.started_at, health_s, models,
+                                 tails(ctx, launched))
+        dead = _dead(ctx, launched)
+        if dead or elapsed > timeout_s:
+            logs = tails(ctx, launched)
+            cause = classify(logs, dead) if dead else not_ready(logs, launched.plan.commands[0].node, elapsed)
+            return Readiness(False, elapsed, health_s, [], logs, cause)
+        on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(ctx, launched))
+        return None
+
+    with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0)) as client:
+        ready = Retrying(wait=wait_fixed(POLL_S), retry=retry_if_result(lambda r: r is None))(round_, client)
+    assert ready is not None  # asked again until a round returns one
+    return ready
+
+
+def _last_line(ctx: Context, launched: Launch) -> str:
+    head = launched.plan.commands[0].node
+    text = ctx.runtime.read(ctx.cluster.nodes[head], ctx.places[head], launched.spawned[head].log, tail_bytes=400)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][-120:] if lines else "(no output yet)"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A server an earlier run started and this one kept: how that run got it ready."""
+
+    attempt: int  # the attempt that is serving (its log is serve-ATTEMPT.log)
+    attempts: int
+    ready_s: float
+
+
+@dataclass
+class BringUp:
+    """Every attempt of the serve stage, the remediations between them, and the one that is serving."""
+
+    attempts: list[tuple[Launch, Readiness]] = field(default_factory=list)
+    remedies: list[Remedy] = field(default_factory=list)
+    reuse: Decision | None = None  # whether a server already running was kept
+    reused_from: Kept | None = None  # what its record (reuse.SERVING) says of it when it was
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1][1].ok
+
+    @property
+    def launched(self) -> Launch:
+        return self.attempts[-1][0]
+
+    @property
+    def readiness(self) -> Readiness:
+        return self.attempts[-1][1]
+
+    def decisions(self) -> list[Decision]:
+        retries = [Decision(f"How to retry after {r.cause}?", ", ".join(f"{k}={v}" for k, v in r.change.items()),
+                            r.reason, [Alternative(o, why) for o, why in r.alternatives],
+                            [f"attempt {i + 1}: {cause.summary()}" for cause in [self.attempts[i][1].cause] if cause])
+                   for i, r in enumerate(self.remedies)]
+        return ([self.reuse] if self.reuse else []) + retries
+
+    def table(self) -> list[dict[str, object]]:
+        return [{"attempt": launch_.attempt, "ready": r.ok, "seconds": round(r.seconds, 1),
+                 "health after s": None if r.health_s is None else round(r.health_s, 1),
+                 "cause": r.cause.cause if r.cause else "", "node": r.cause.node if r.cause else "",
+                 "evidence": r.cause.evidence[-160:] if r.cause else ""} for launch_, r in self.attempts]
+

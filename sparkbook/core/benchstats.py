@@ -54,7 +54,7 @@ def token_gaps(record: RequestRecord) -> list[float]:
     """
     counts = record.chunk_tokens or [1] * len(record.chunk_gaps_s)
     gaps, carried = [], 0.0
-    for gap, n in zip(record.chunk_gaps_s, counts):
+    for gap, n in zip(record.chunk_gaps_s, counts, strict=False):
         carried += gap
         if n > 0:
             gaps += [carried / n] * n
@@ -133,7 +133,8 @@ def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
     those below `concurrency` again beside one decoding sequence). vLLM runs a step
     above its CUDA-graph sizes with the real token count, and its fused-MoE Triton kernel is compiled per config
     (nearest tuned M) and per divisibility of the token count: a step of k prefills (+ decodes) the warm-up did not
-    make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s, tests/gpu/bench_repeats)."""
+    make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s,
+    tests/gpu/bench_repeats)."""
     return list(range(1, concurrency + 1)) if plan.warmup_requests else []
 
 

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import SparkbookError
+from .rundir import STATE
 
-STATE = "state.json"
 VERSION_KEY = "schema_version"
 VERSION = 2  # 1: untyped values and no schema_version (before the hand-offs were typed)
 

@@ -30,10 +30,10 @@ def _requests(records: list) -> list[dict]:
 
 def one(kind: str, base_url: str, model: str, out: str) -> None:
     from sparkbook.core.params import BenchmarkPlan
-    from sparkbook.stages.bench.client import Target
+    from sparkbook.stages.bench.client import CompletionsServer
     from sparkbook.stages.bench.sweep import local_runner, sweep
 
-    target, runs = Target(base_url, model), []
+    target, runs = CompletionsServer(base_url, model), []
     started = time.time()
     if kind == "before":  # the old plan field: warm up with max(warmup_requests, C) requests at C
         plan = BenchmarkPlan(**LOAD, warmup_at_concurrency=True)

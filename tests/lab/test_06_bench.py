@@ -6,9 +6,9 @@ executes the notebook headless between `vllm bench serve` runs at concurrency 1 
 sampling in the same image, then alternates sparkbook's sweep and the reference EXTRA_ROUNDS more times, and requires
 the medians over those runs to agree within 5% on output tok/s and median TTFT and TPOT, or, where this shared
 machine's noise is larger (each client's own runs span 10-40% here), one client's median to lie within the range of
-the other's runs. The server runs on one core, both clients on the other; the prompts are 32 per point (the lab's 16 make a c=8
-point two waves, too short). On a machine whose speed holds still (tests/gpu/client_agreement.sh, one H200) the
-medians agreed within 3.7% on every metric.
+the other's runs. The server runs on one core, both clients on the other; the prompts are 32 per point (the lab's 16
+make a c=8 point two waves, too short). On a machine whose speed holds still (tests/gpu/client_agreement.sh, one H200)
+the medians agreed within 3.7% on every metric.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from sparkbook import open_run
 from sparkbook.core.benchstats import agreement
 from sparkbook.core.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.modelinfo import ModelFacts, model_facts
+from sparkbook.core.sweeppoint import read_points
 from sparkbook.lab.builder import builder_docker_host
 from sparkbook.stages.bench import sweep as bench
-from sparkbook.stages.bench.client import Target
+from sparkbook.stages.bench.client import CompletionsServer
 
 pytestmark = pytest.mark.lab
 
@@ -79,7 +80,7 @@ def server():
             running = docker("inspect", "-f", "{{.State.Running}}", SERVER, check=False).stdout.strip()
             assert running == "true" and time.monotonic() < deadline, docker("logs", "--tail", "40", SERVER).stderr
             time.sleep(5)
-        yield Target(url, MODEL)
+        yield CompletionsServer(url, MODEL)
     finally:
         docker("rm", "-f", SERVER, check=False)
 
@@ -101,7 +102,7 @@ def model_state() -> ModelFacts:
     return model_facts(config, None, sizes, f"/models/{MODEL}")
 
 
-def vllm_bench(target: Target, plan, concurrency: int, out: Path, tag: str = "") -> dict:
+def vllm_bench(target: CompletionsServer, plan, concurrency: int, out: Path, tag: str = "") -> dict:
     name = f"vllm-c{concurrency}{tag}.json"
     argv = bench.vllm_bench_argv(target, plan, concurrency, f"/models/{MODEL}", "/results", name)
     try:
@@ -119,7 +120,7 @@ def median_of(runs: list[dict]) -> dict:
 
 
 @pytest.mark.benchmark
-def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None, tmp_path: Path):
+def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client_core: None, tmp_path: Path):
     import papermill
 
     outputs = tmp_path / "outputs" / "lab"
@@ -163,7 +164,7 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
             ours[point.result["max_concurrency"]].append(point.result)
         reference_round(f"round{i}")
 
-    results = bench.load_results(run_dir)
+    results = read_points(run_dir)
     assert [r["max_concurrency"] for r in results] == run.params.benchmark.concurrency
     for r in results:
         assert r["completed"] == run.params.benchmark.num_prompts and r["failed"] == 0

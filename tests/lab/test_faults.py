@@ -25,7 +25,7 @@ from sparkbook.core.record import open_run
 from sparkbook.core.runtime import runtime_for
 from sparkbook.stages import cleanup, diagnose, distribute, raycluster, serve
 from sparkbook.stages.bench import sweep as bench
-from sparkbook.stages.bench.client import Target
+from sparkbook.stages.bench.client import CompletionsServer
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"  # what 03 chooses for the lab model
@@ -265,7 +265,7 @@ def test_vllm_killed_while_the_benchmark_runs(nodes, cluster, node_shells, watch
     up = serve.bring_up(run.params, run.cluster, runtime, where, plan)
     assert up.ok, serve.failure_message(up)
     try:
-        target = Target(plan.base_url, plan.model)
+        target = CompletionsServer(plan.base_url, plan.model)
         sweep = faults.start(lambda: bench.run_sweep(target, run.params.benchmark))
         time.sleep(8)  # into the first point
         _in(node_shells, where, "lab-0", KILL_GROUP, up.launched.spawned["lab-0"].pid_file)

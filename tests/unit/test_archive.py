@@ -9,7 +9,9 @@ import pytest
 from rundirs import NAMES, make_run, point
 
 from sparkbook import cli
-from sparkbook.core import archive, pages, runbook
+from sparkbook.records import archive, pages
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_RUN = REPO / "outputs/lab/20261130T150551Z"
@@ -106,8 +108,8 @@ def test_a_run_page_shows_status_figures_findings_failing_cell_and_what_did_not_
                 {"severity": "blocker", "topic": "image", "text": "img:1 cannot serve X"}]
     run_dir = make_run(tmp_path / "lab", "20261201T110000Z", statuses=["ok"] * 4 + ["failed", "pending"],
                        exception=FAILED_05, events=[OOM], decisions=decisions, findings=findings)
-    manifest = runbook.Manifest.read(run_dir)
-    page = runbook.write_index(run_dir, manifest).read_text()
+    manifest = Manifest.read(run_dir)
+    page = driver.write_index(run_dir, manifest).read_text()
     assert "Status: <b>failed at 05</b>" in page and "Not run: 06-benchmark.ipynb" in page
     assert page.index("img:1 cannot serve X") < page.index("no GPU")  # blockers first
     assert "rejected <b>img:1</b>: does not register X" in page and "registers X" in page
@@ -118,9 +120,9 @@ def test_a_run_page_shows_status_figures_findings_failing_cell_and_what_did_not_
 
 def test_an_only_run_is_partial_not_ok(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "lab", "20261201T120000Z", statuses=["pending", "ok"] + ["pending"] * 4)
-    manifest = runbook.Manifest.read(run_dir)
+    manifest = Manifest.read(run_dir)
     assert manifest.status == "ok"  # what the manifest says of an --only run that succeeded
-    page = runbook.write_index(run_dir, manifest).read_text()
+    page = driver.write_index(run_dir, manifest).read_text()
     assert "Status: <b>partial: 02 ran</b>" in page and "Status: <b>ok" not in page
 
 

@@ -31,9 +31,10 @@ from sparkbook.core.benchstats import (
     warmup_count,
 )
 from sparkbook.core.params import BenchmarkPlan, Params
+from sparkbook.core.sweeppoint import read_points
 from sparkbook.stages.bench import client
-from sparkbook.stages.bench.client import Target, make_prompts, run_load
-from sparkbook.stages.bench.sweep import load_results, local_runner, save, sweep
+from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
+from sparkbook.stages.bench.sweep import local_runner, save, sweep
 
 
 class FakeServer:
@@ -110,8 +111,8 @@ class FakeServer:
         self.thread.join(10)
 
     @property
-    def target(self) -> Target:
-        return Target(f"http://127.0.0.1:{self.port}", "fake")
+    def target(self) -> CompletionsServer:
+        return CompletionsServer(f"http://127.0.0.1:{self.port}", "fake")
 
 
 def rec(ttft: float, sent: float = 0.0) -> RequestRecord:
@@ -250,7 +251,7 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     assert [(s.repeat, [q["index"] for q in s.requests]) for s in one.stalls] == [(2, [3])]
     assert four.stalls == [] and four.result["max_concurrency"] == 4
     save(tmp_path, points, server.target, plan, 1)
-    saved = load_results(tmp_path)
+    saved = read_points(tmp_path)
     assert saved[0]["num_warmups"] == 2 and saved[1]["num_warmups"] == 4
     assert len(saved[0]["sparkbook"]["repeats"]) == 3 and saved[0]["sparkbook"]["stalls"][0]["repeat"] == 2
     rows = table(saved)

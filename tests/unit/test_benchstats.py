@@ -20,7 +20,8 @@ from sparkbook.core.benchstats import (
     tpot_s,
 )
 from sparkbook.core.params import BenchmarkPlan
-from sparkbook.stages.bench.sweep import earlier_run, split
+from sparkbook.core.rundir import earlier_run
+from sparkbook.stages.bench.sweep import split
 
 
 def rec(ttft: float, gaps: list[float], tokens: int, counts: list[int] | None = None, sent: float = 0.0,
@@ -166,7 +167,8 @@ def test_compare_flags_only_worse_beyond_noise():
 def test_agreement_within_tolerance():
     rows = agreement({"max_concurrency": 8, "output_throughput": 104.0, "median_tpot_ms": 10.0},
                      {"output_throughput": 100.0, "median_tpot_ms": 10.6}, ["output_throughput", "median_tpot_ms"])
-    assert [(r.diff_pct, r.within) for r in rows] == [(pytest.approx(4.0), True), (pytest.approx(-5.66, abs=0.01), False)]
+    assert [(r.diff_pct, r.within) for r in rows] == [(pytest.approx(4.0), True),
+                                                      (pytest.approx(-5.66, abs=0.01), False)]
 
 
 def test_client_ceiling_is_tokens_per_cpu_second():

@@ -24,8 +24,8 @@ def throughput_figure(points: list[dict[str, Any]], ceilings: list[BatchCeiling]
     conc = [p["max_concurrency"] for p in points]
     tput = [p["output_throughput"] for p in points]
     spreads = [repeat_spread(p, "output_throughput") for p in points]
-    bars = [[t - s.low if s else 0.0 for t, s in zip(tput, spreads)],
-            [s.high - t if s else 0.0 for t, s in zip(tput, spreads)]]
+    bars = [[t - s.low if s else 0.0 for t, s in zip(tput, spreads, strict=True)],
+            [s.high - t if s else 0.0 for t, s in zip(tput, spreads, strict=True)]]
     ax.errorbar(conc, tput, yerr=bars, fmt="o-", capsize=3,
                 label="output tok/s (this run; median, min-max of the repeats)")
     if earlier:
@@ -53,7 +53,7 @@ def latency_figure(points: list[dict[str, Any]]) -> Figure:
     fig = Figure(figsize=(12, 3.8))
     conc = [p["max_concurrency"] for p in points]
     for ax, (metric, label) in zip(fig.subplots(1, 3), (("ttft", "TTFT"), ("tpot", "TPOT"),
-                                                         ("itl_per_token", "ITL per token"))):
+                                                         ("itl_per_token", "ITL per token")), strict=True):
         for stat, style in (("median", "o-"), ("p90", "^--"), ("p99", "v:")):
             ax.plot(conc, [p[f"{stat}_{metric}_ms"] for p in points], style, label=stat)
         _concurrency_axis(ax, conc)

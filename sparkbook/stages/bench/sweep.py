@@ -8,7 +8,6 @@ started together at an agreed wall-clock instant; their per-request records are 
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -44,11 +43,12 @@ from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
+from ...core.sweeppoint import write_point
 from .client import (
     TEMPERATURE,
+    CompletionsServer,
     LoadResult,
     Prompt,
-    Target,
     make_prompts,
     metrics,
     prefill_groups,
@@ -58,7 +58,6 @@ from .client import (
     tokenize,
 )
 
-BENCH_DIR = "bench"
 COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}
 
 
@@ -84,7 +83,7 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def local_runner(target: Target) -> LoadRunner:
+def local_runner(target: CompletionsServer) -> LoadRunner:
     """The load from this process (one client)."""
     def run(prompts: list[Prompt], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
         return [run_load(target, prompts, output_len, concurrency, timeout_s)]
@@ -114,13 +113,13 @@ class Engines:
         if self._cluster is not None:
             self._cluster.stop_cluster_sync()
 
-    def runner(self, target: Target, start_delay_s: float = 2.0) -> LoadRunner:
+    def runner(self, target: CompletionsServer, start_delay_s: float = 2.0) -> LoadRunner:
         """Each engine runs its share of prompts and concurrency, all starting at the same instant."""
         def run(prompts: list[Prompt], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
             start_at = time.time() + start_delay_s
             shares, sizes = split(concurrency, self.count), split(len(prompts), self.count)
             jobs, offset = [], 0
-            for engine, (share, size) in enumerate(zip(shares, sizes)):
+            for engine, (share, size) in enumerate(zip(shares, sizes, strict=False)):
                 if share and size:
                     jobs.append(self._client[engine].apply_async(
                         run_load_on_engine, asdict(target), prompts[offset:offset + size], output_len, share,
@@ -134,12 +133,13 @@ def _load_result(data: dict[str, Any]) -> LoadResult:
     return LoadResult(**{**data, "records": [RequestRecord(**r) for r in data["records"]]})
 
 
-def prompt_pool(target: Target) -> list[int]:
+def prompt_pool(target: CompletionsServer) -> list[int]:
     """Token ids the server's tokenizer makes of ordinary text: the alphabet prompts are drawn from."""
     return sorted(set(tokenize(target)))
 
 
-def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> None:
+def warm_up(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
+            timeout_s: float) -> None:
     """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
     than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
     of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
@@ -169,7 +169,7 @@ class ServerGone(BenchmarkError):
     """The server stopped answering during the benchmark: the message names it, the point and what was seen."""
 
 
-def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
+def measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
                   timeout_s: float) -> Point:
     """Warm up, then `repeats` times `num_prompts` fresh prompts at `concurrency`, between two /metrics scrapes.
     Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
@@ -181,8 +181,8 @@ def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurre
                          remediation="read 05's serve log tails on the head and serve again (05)") from None
 
 
-def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
-                   timeout_s: float) -> Point:
+def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
+                   runner: LoadRunner, timeout_s: float) -> Point:
     warm_up(target, plan, pool, concurrency, timeout_s)
     prompt_sets = [text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=prompt_seed(concurrency, r))
                    for r in range(plan.repeats)]
@@ -191,20 +191,20 @@ def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurr
     after = metrics(target)
     by_repeat = [[r for load in loads for r in load.records] for loads in runs]
     summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
-                           concurrency) for records, loads in zip(by_repeat, runs)]
+                           concurrency) for records, loads in zip(by_repeat, runs, strict=False)]
     result = aggregate_repeats(summaries)
     checks = cross_check(before, after, {name: result[field] for name, field in COUNTERS.items()})
     clients = [client_load(i, sum(r.output_tokens for load in loads for r in load.records if r.ok),
                            sum(load.chunks for load in loads), sum(load.cpu_s for load in loads),
                            sum(load.finished_at - load.started_at for load in loads))
-               for i, loads in enumerate(zip(*runs))]
+               for i, loads in enumerate(zip(*runs, strict=False))]
     baseline = min((m for m in map(median_ttft_ms, by_repeat) if m is not None), default=None)
     stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r, baseline))]
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
                  stalls)
 
 
-def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner,
+def sweep(target: CompletionsServer, plan: BenchmarkPlan, runner: LoadRunner,
           on_point: Callable[[Point], None] | None = None) -> list[Point]:
     """Every concurrency of the plan, in order, each within its point_timeout_s; `on_point` is told after each."""
     pool = prompt_pool(target)
@@ -216,7 +216,8 @@ def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner,
     return points
 
 
-def run_sweep(target: Target, plan: BenchmarkPlan, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+def run_sweep(target: CompletionsServer, plan: BenchmarkPlan,
+              on_point: Callable[[Point], None] | None = None) -> list[Point]:
     """The sweep from this process (clients == 1) or from `plan.clients` ipyparallel engines."""
     if plan.clients == 1:
         return sweep(target, plan, local_runner(target), on_point=on_point)
@@ -251,7 +252,7 @@ def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7)
 
 
 # --- results on disk -----------------------------------------------------------------------------
-def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) -> dict[str, Any]:
+def point_json(point: Point, target: CompletionsServer, plan: BenchmarkPlan, clients: int) -> dict[str, Any]:
     """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
     ok = [r for r in point.records if r.ok]
     return {
@@ -272,32 +273,10 @@ def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) 
     }
 
 
-def save(run_dir: Path, points: list[Point], target: Target, plan: BenchmarkPlan, clients: int) -> list[Path]:
+def save(run_dir: Path, points: list[Point], target: CompletionsServer, plan: BenchmarkPlan,
+         clients: int) -> list[Path]:
     """bench/c<concurrency>.json per point in the run dir."""
-    folder = run_dir / BENCH_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for point in points:
-        path = folder / f"c{point.result['max_concurrency']:04d}.json"
-        path.write_text(json.dumps(point_json(point, target, plan, clients), indent=1))
-        paths.append(path)
-    return paths
-
-
-def load_results(run_dir: Path) -> list[dict[str, Any]]:
-    """The saved points of a run dir, by concurrency."""
-    points = [json.loads(p.read_text()) for p in sorted((run_dir / BENCH_DIR).glob("c*.json"))]
-    return sorted(points, key=lambda p: p["max_concurrency"])
-
-
-def earlier_run(run_dir: Path) -> Path | None:
-    """The newest other run dir of the same cluster (a sibling) that has bench results."""
-    def newest(folder: Path) -> float:
-        return max(p.stat().st_mtime for p in (folder / BENCH_DIR).glob("c*.json"))
-
-    runs = [d for d in run_dir.parent.iterdir()
-            if d.is_dir() and d.resolve() != run_dir.resolve() and any((d / BENCH_DIR).glob("c*.json"))]
-    return max(runs, key=newest, default=None)
+    return [write_point(run_dir, point_json(point, target, plan, clients)) for point in points]
 
 
 # --- evidence tables and the summary other notebooks read ------------------------------------------
@@ -346,7 +325,7 @@ def summary(results: list[dict[str, Any]], roof: Roofline, bench_dir: Path, earl
     )
 
 
-def vllm_bench_argv(target: Target, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
+def vllm_bench_argv(target: CompletionsServer, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
                     result_filename: str) -> list[str]:
     """`vllm bench serve` with the same lengths, sampling, warm-ups and percentiles: the reference to agree with."""
     return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,

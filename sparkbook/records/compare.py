@@ -12,8 +12,10 @@ from typing import Any
 
 import yaml
 
-from .archive import PARAMS_COPY, RunRecord, bench_points, fmt, read_run
-from .benchstats import Delta, compare
+from ..core.benchstats import Delta, compare
+from ..core.rundir import PARAMS_COPY
+from ..core.sweeppoint import read_points
+from .archive import RunRecord, fmt, read_run
 
 # The sweep metrics compared per concurrency (vllm bench serve's names).
 POINT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
@@ -132,7 +134,7 @@ def _points(run: RunRecord) -> list[dict[str, Any]]:
     if run.bench:
         return run.bench
     try:
-        return bench_points(run.run_dir)
+        return read_points(run.run_dir)
     except (OSError, ValueError, KeyError):
         return []
 

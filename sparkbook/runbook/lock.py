@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
-from .errors import SparkbookError
-from .nodes import Node, shell
-from .params import Params
+from ..core.errors import SparkbookError
+from ..core.nodes import Node, shell
+from ..core.params import Params
 
 HOLDER = "holder.json"
 TIMEOUT_S = 60  # a loaded node's login shell can take most of this before the command starts

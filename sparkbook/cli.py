@@ -69,9 +69,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"archive: {driver.pack_run(run_dir)}")
     failed = [nb for nb in manifest.notebooks if nb.status == "failed"]
     if failed:
-        nb = failed[0]
-        print(f"FAILED at {nb.name} (cell {nb.exception.get('cell_index')}): {nb.exception.get('ename')}: "
-              f"{nb.exception.get('evalue', '')[:500]}\nresume with: sparkbook run {args.params} --resume {run_dir}",
+        nb, exc = failed[0], failed[0].exception or {}
+        print(f"FAILED at {nb.name} (cell {exc.get('cell_index')}): {exc.get('ename')}: "
+              f"{exc.get('evalue', '')[:500]}\nresume with: sparkbook run {args.params} --resume {run_dir}",
               file=sys.stderr)
         return 1
     return 0
@@ -257,7 +257,8 @@ def failure(exc: SparkbookError) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except SparkbookError as exc:
         code, text = failure(exc)
         print(text, file=sys.stderr)

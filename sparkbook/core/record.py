@@ -201,9 +201,9 @@ def _display(bundle: dict[str, Any]) -> None:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:
-        get_ipython = None  # type: ignore[assignment]
+        get_ipython = None
     if get_ipython is not None and get_ipython() is not None:
-        display(bundle, raw=True)
+        display(bundle, raw=True)  # type: ignore[no-untyped-call]
     else:
         print(bundle.get("text/plain") or bundle.get("text/markdown"))
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..core.errors import SparkbookError
 from ..core.record import read_events
-from ..core.rundir import BENCH, MANIFEST, PARAMS_COPY, STATE, is_run_dir
-from ..core.sweeppoint import read_points
+from ..core.rundir import MANIFEST, PARAMS_COPY, STATE, is_run_dir
+from ..core.sweeppoint import SweepPoint, read_points
 
 STATUSES = ("ok", "failed", "partial", "running", "unreadable")
 
@@ -52,7 +52,7 @@ class RunRecord:
     not_run: list[str] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)  # severity, topic, text
     failing_cell: dict[str, Any] | None = None  # notebook, cell_index, ename, evalue, source
-    bench: list[dict[str, Any]] = field(default_factory=list)  # bench/c*.json, by concurrency
+    bench: list[SweepPoint] = field(default_factory=list)  # bench/c*.json, by concurrency
     parameters: dict[str, Any] = field(default_factory=dict)
 
     def decisions(self) -> list[dict[str, Any]]:
@@ -111,7 +111,7 @@ def _cause(record: RunRecord, events: list[dict[str, Any]]) -> str | None:
         return None
     if record.failing_cell["notebook"].startswith("05"):
         attempts = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"]]
-        causes = [a["cause"] for a in attempts if a.get("cause")]
+        causes = [str(a["cause"]) for a in attempts if a.get("cause")]
         if causes:
             return causes[-1]
     evalue = str(record.failing_cell.get("evalue") or "").strip().splitlines()
@@ -127,11 +127,11 @@ def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, An
     """Single stream, peak and roofline share: 06's summary in state.json, else its bench files and events."""
     summary = state.get("benchmark") or {}
     points = record.bench
-    single = next((p for p in points if p.get("max_concurrency") == 1), None)
-    peak = max(points, key=lambda p: p.get("output_throughput") or 0, default=None)
-    record.single_tok_s = summary.get("single_stream_output_tok_s", single and single.get("output_throughput"))
-    record.peak_tok_s = summary.get("peak_output_tok_s", peak and peak.get("output_throughput"))
-    record.peak_concurrency = summary.get("peak_at_concurrency", peak and peak.get("max_concurrency"))
+    single = next((p for p in points if p.max_concurrency == 1), None)
+    peak = max(points, key=lambda p: p.output_throughput or 0, default=None)
+    record.single_tok_s = summary.get("single_stream_output_tok_s", single.output_throughput if single else None)
+    record.peak_tok_s = summary.get("peak_output_tok_s", peak.output_throughput if peak else None)
+    record.peak_concurrency = summary.get("peak_at_concurrency", peak.max_concurrency if peak else None)
     roof = next((e["data"].get("roofline") or {} for e in reversed(events) if e["kind"] == "roofline"), {})
     record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
 
@@ -177,7 +177,7 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
     record.findings = list((state.get("diagnosis") or {}).get("findings") or [])
-    record.bench = read_points(run_dir) if (run_dir / BENCH).is_dir() else []
+    record.bench = read_points(run_dir)
     _figures(record, state, events)
     record.failing_cell = _failing_cell(run_dir, notebooks)
     record.cause = _cause(record, events)

@@ -14,7 +14,7 @@ import yaml
 
 from ..core.benchstats import Delta, compare
 from ..core.rundir import PARAMS_COPY
-from ..core.sweeppoint import read_points
+from ..core.sweeppoint import SweepPoint, read_points
 from .archive import RunRecord, fmt, read_run
 
 # The sweep metrics compared per concurrency (vllm bench serve's names).
@@ -122,14 +122,14 @@ def image_changes(a: RunRecord, b: RunRecord) -> list[Change]:
 
 def decision_changes(a: RunRecord, b: RunRecord) -> list[Change]:
     """Each question either run decided whose choice is not the same in both."""
-    def choices(r: RunRecord) -> dict[str, str]:
+    def choices(r: RunRecord) -> dict[str, str | None]:
         return {f"{d['notebook'][:2]}: {d.get('question')}": d.get("choice") for d in r.decisions()}
 
     ca, cb = choices(a), choices(b)
     return [Change(q, ca.get(q), cb.get(q)) for q in sorted(set(ca) | set(cb)) if ca.get(q) != cb.get(q)]
 
 
-def _points(run: RunRecord) -> list[dict[str, Any]]:
+def _points(run: RunRecord) -> list[SweepPoint]:
     """The sweep points, also of a run dir without a manifest (a notebook's own run dir)."""
     if run.bench:
         return run.bench

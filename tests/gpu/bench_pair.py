@@ -37,9 +37,9 @@ def bench(label: str, base_url: str, model: str, out: str, prompts: int, input_l
                          warmup_requests=2)
     target = CompletionsServer(base_url, model)
     points = sweep(target, plan, local_runner(target),
-                   on_point=lambda p: print(f"{label} C={p.result['max_concurrency']}: "
-                                            f"{p.result['output_throughput']:.1f} tok/s", flush=True))
-    rows = {str(p.result["max_concurrency"]): {k: p.result.get(k) for k in KEYS} for p in points}
+                   on_point=lambda p: print(f"{label} C={p.result.max_concurrency}: "
+                                            f"{p.result.output_throughput:.1f} tok/s", flush=True))
+    rows = {str(p.result.max_concurrency): {k: getattr(p.result, k) for k in KEYS} for p in points}
     Path(out).write_text(json.dumps({"label": label, "base_url": base_url, "plan": plan.model_dump(),
                                      "points": rows}, indent=1))
 
@@ -67,7 +67,7 @@ def agree(base_url: str, model: str, tokenizer: str, out: str, rounds: int) -> N
     runs: dict[str, dict[int, list[dict]]] = {"sparkbook": {1: [], 8: []}, "vllm": {1: [], 8: []}}
     for r in range(rounds):
         for point in sweep(target, plan, local_runner(target)):
-            runs["sparkbook"][point.result["max_concurrency"]].append(point.result)
+            runs["sparkbook"][point.result.max_concurrency].append(point.result.to_json())
         for c in (1, 8):
             name = f"vllm-r{r}-c{c}.json"
             argv = vllm_bench_argv(target, plan, c, tokenizer, str(folder), name)

@@ -39,7 +39,7 @@ def one(kind: str, base_url: str, model: str, out: str) -> None:
         plan = BenchmarkPlan(**LOAD, warmup_at_concurrency=True)
         for _ in range(REPEATS):
             (point,) = sweep(target, plan, local_runner(target))
-            runs.append({**{k: point.result[k] for k in FIELDS}, "requests": _requests(point.records)})
+            runs.append({**{k: point.result.figure(k) for k in FIELDS}, "requests": _requests(point.records)})
         stalls: list = []
     else:
         plan = BenchmarkPlan(**LOAD, repeats=REPEATS)

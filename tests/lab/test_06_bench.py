@@ -27,10 +27,11 @@ from sparkbook import open_run
 from sparkbook.core.benchstats import agreement
 from sparkbook.core.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.modelinfo import ModelFacts, model_facts
-from sparkbook.core.sweeppoint import read_points
+from sparkbook.core.sweeppoint import SweepPoint, read_points
 from sparkbook.lab.builder import builder_docker_host
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer
+from sparkbook.stages.bench.tables import client_rows
 
 pytestmark = pytest.mark.lab
 
@@ -138,7 +139,7 @@ def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client
     plan2 = run.params.benchmark.model_copy(update={"clients": 2, "concurrency": [8]})
     two = bench.run_sweep(server, plan2)
     bench.save(earlier_dir, two, server, plan2, 2)
-    assert two[0].result["completed"] == plan2.num_prompts and len(two[0].clients) == 2
+    assert two[0].result.completed == plan2.num_prompts and len(two[0].clients) == 2
     assert all(c.agrees for c in two[0].cross_checks), two[0].cross_checks
 
     # `vllm bench serve` at 1 and 8 before the notebook and after it, then more interleaved pairs of sparkbook's
@@ -161,10 +162,11 @@ def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client
     reference_round("after")
     for i in range(EXTRA_ROUNDS):
         for point in bench.run_sweep(server, plan.model_copy(update={"concurrency": [1, 8]})):
-            ours[point.result["max_concurrency"]].append(point.result)
+            ours[point.result.max_concurrency].append(point.result.to_json())
         reference_round(f"round{i}")
 
-    results = read_points(run_dir)
+    points = read_points(run_dir)
+    results = [p.to_json() for p in points]
     assert [r["max_concurrency"] for r in results] == run.params.benchmark.concurrency
     for r in results:
         assert r["completed"] == run.params.benchmark.num_prompts and r["failed"] == 0
@@ -177,8 +179,9 @@ def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client
     assert summary.compared_with == str(earlier_dir) and summary.roofline_ceiling_tok_s > 0
 
     for c in (1, 8):
-        ours[c].insert(0, bench.at_concurrency(results, c))
-    rows = [row for c in (1, 8) for row in agreement(median_of(ours[c]), median_of(refs[c]), AGREE)]
+        ours[c].insert(0, bench.at_concurrency(points, c).to_json())
+    rows = [row for c in (1, 8) for row in agreement(SweepPoint.model_validate(median_of(ours[c])),
+                                                     SweepPoint.model_validate(median_of(refs[c])), AGREE)]
     report = [r.__dict__ | {"sparkbook_runs": [x[r.metric] for x in ours[r.max_concurrency]],
                             "vllm_bench_runs": [x[r.metric] for x in refs[r.max_concurrency]]} for r in rows]
     for r in report:
@@ -186,7 +189,7 @@ def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client
                              or min(r["sparkbook_runs"]) <= r["reference"] <= max(r["sparkbook_runs"]))
     (tmp_path / "agreement.json").write_text(json.dumps(report, indent=1))
     one_engine = json.loads((run_dir / "bench" / "c0008.json").read_text())["sparkbook"]["client_load"]
-    print(json.dumps({"summary": summary, "two_engines": bench.client_rows(two), "one_engine": one_engine},
+    print(json.dumps({"summary": summary, "two_engines": client_rows(two), "one_engine": one_engine},
                      indent=1, default=str))
     print("| C | metric | sparkbook median | vllm bench median | diff % | within 5% | sparkbook runs "
           "| vllm bench runs |\n|---|---|---|---|---|---|---|---|")

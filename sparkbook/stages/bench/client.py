@@ -69,7 +69,7 @@ async def _tokenize(target: CompletionsServer, text: str) -> list[int]:
 
 
 async def _detokenize(session: aiohttp.ClientSession, target: CompletionsServer, ids: list[int]) -> str:
-    return (await _json(session, target, "POST", "/detokenize", {"model": target.model, "tokens": ids}))["prompt"]
+    return str((await _json(session, target, "POST", "/detokenize", {"model": target.model, "tokens": ids}))["prompt"])
 
 
 async def _token_ids(session: aiohttp.ClientSession, target: CompletionsServer, text: str) -> list[int]:
@@ -143,7 +143,7 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
                 data = json.loads(line[5:])
                 if choices := data.get("choices"):
                     now = time.perf_counter()
-                    if ttft is None:
+                    if ttft is None or last is None:
                         ttft = now - t0
                     else:
                         gaps.append(now - last)
@@ -185,11 +185,11 @@ async def _prefill_groups(target: CompletionsServer, groups: list[list[Prompt]],
     given up when the server refuses it)."""
     records: list[RequestRecord] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def decode_beside() -> None:
-            while (await one_request(session, target, companion, companion_len)).ok:
+        async def decode_beside(prompt: Prompt) -> None:
+            while (await one_request(session, target, prompt, companion_len)).ok:
                 pass
 
-        beside = asyncio.create_task(decode_beside()) if companion is not None else None
+        beside = asyncio.create_task(decode_beside(companion)) if companion is not None else None
         try:
             if beside is not None:
                 await asyncio.sleep(0.05)  # its prefill done: the groups' steps hold one decode each

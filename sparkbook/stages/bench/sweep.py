@@ -24,7 +24,6 @@ from ...core.benchstats import (
     Delta,
     RequestRecord,
     Roofline,
-    Stall,
     aggregate_repeats,
     client_load,
     cross_check,
@@ -43,7 +42,7 @@ from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
-from ...core.sweeppoint import write_point
+from ...core.sweeppoint import Stall, SweepPoint, write_point
 from .client import (
     TEMPERATURE,
     CompletionsServer,
@@ -58,18 +57,16 @@ from .client import (
     tokenize,
 )
 
-COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}
-
 
 @dataclass(frozen=True)
 class Point:
     """One concurrency of the sweep: the vLLM-named result (medians over the repeats) and the evidence around it."""
 
-    result: dict[str, Any]
+    result: SweepPoint
     cross_checks: list[CrossCheck]
     clients: list[ClientLoad]  # per load generator, summed over the repeats
     records: list[RequestRecord]  # every repeat's, in order
-    repeats: list[dict[str, Any]]  # each repeat's REPEAT_METRICS
+    repeats: list[dict[str, float | None]]  # each repeat's REPEAT_METRICS
     stalls: list[Stall]
 
 
@@ -193,7 +190,7 @@ def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[in
     summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
                            concurrency) for records, loads in zip(by_repeat, runs, strict=False)]
     result = aggregate_repeats(summaries)
-    checks = cross_check(before, after, {name: result[field] for name, field in COUNTERS.items()})
+    checks = cross_check(before, after, server_counts(result))
     clients = [client_load(i, sum(r.output_tokens for load in loads for r in load.records if r.ok),
                            sum(load.chunks for load in loads), sum(load.cpu_s for load in loads),
                            sum(load.finished_at - load.started_at for load in loads))
@@ -202,6 +199,12 @@ def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[in
     stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r, baseline))]
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
                  stalls)
+
+
+def server_counts(result: SweepPoint) -> dict[str, int]:
+    """The client's token counts under the names of the server's counters that should equal them."""
+    return {"vllm:generation_tokens_total": result.total_output_tokens or 0,
+            "vllm:prompt_tokens_total": result.total_input_tokens or 0}
 
 
 def sweep(target: CompletionsServer, plan: BenchmarkPlan, runner: LoadRunner,
@@ -240,7 +243,7 @@ def memory_bandwidth(plan: BenchmarkPlan, head: Node) -> tuple[float, str]:
 def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7) -> Decision:
     """Were the load generators fast enough? Not when one was busier than `busy` of a core at some point."""
     worst = max((c for p in points for c in p.clients), key=lambda c: c.cpu_utilization)
-    at = next(p.result["max_concurrency"] for p in points if worst in p.clients)
+    at = next(p.result.max_concurrency for p in points if worst in p.clients)
     evidence = [f"busiest client: engine {worst.engine} at concurrency {at}, {100 * worst.cpu_utilization:.0f}% of "
                 f"a core, ceiling {worst.ceiling_tok_s or 0:,.0f} tok/s per client process"]
     if worst.cpu_utilization < busy:
@@ -252,76 +255,53 @@ def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7)
 
 
 # --- results on disk -----------------------------------------------------------------------------
-def point_json(point: Point, target: CompletionsServer, plan: BenchmarkPlan, clients: int) -> dict[str, Any]:
+def saved_point(point: Point, target: CompletionsServer, plan: BenchmarkPlan, clients: int) -> SweepPoint:
     """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
     ok = [r for r in point.records if r.ok]
-    return {
+    return SweepPoint.model_validate({
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "sparkbook", "endpoint_type": "vllm",
         "model_id": target.model, "base_url": target.base_url, "request_rate": "inf", "burstiness": 1.0,
         "random_input_len": plan.input_len, "random_output_len": plan.output_len,
-        "num_warmups": warmup_count(plan, point.result["max_concurrency"]),
-        **point.result,
+        "num_warmups": warmup_count(plan, point.result.max_concurrency),
+        **point.result.model_dump(exclude={"sparkbook"}),
         "input_lens": [r.prompt_tokens for r in ok], "output_lens": [r.output_tokens for r in ok],
         "ttfts": [r.ttft_s for r in ok], "itls": [r.chunk_gaps_s for r in ok],
         "errors": [r.error for r in point.records],
         "sparkbook": {"load_generators": clients, "itl_definition": "per chunk (vLLM); itl_per_token: per token",
                       "aggregation": "counts summed over the repeats, every other figure their median",
-                      "repeats": point.repeats, "stalls": [asdict(s) for s in point.stalls],
+                      "repeats": point.repeats, "stalls": point.stalls,
                       "server_cross_check": [asdict(c) for c in point.cross_checks],
                       "client_load": [asdict(c) for c in point.clients],
                       "chunk_tokens": [r.chunk_tokens for r in ok]},
-    }
+    })
 
 
 def save(run_dir: Path, points: list[Point], target: CompletionsServer, plan: BenchmarkPlan,
          clients: int) -> list[Path]:
     """bench/c<concurrency>.json per point in the run dir."""
-    return [write_point(run_dir, point_json(point, target, plan, clients)) for point in points]
+    return [write_point(run_dir, saved_point(point, target, plan, clients)) for point in points]
 
 
-# --- evidence tables and the summary other notebooks read ------------------------------------------
-def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str, Any]]:
-    """Per point: the server's counters against the client's counts, and the prompt lengths it saw."""
-    rows = []
-    for p in points:
-        lens = [r.prompt_tokens for r in p.records if r.ok]
-        row: dict[str, Any] = {"concurrency": p.result["max_concurrency"]}
-        for c in p.cross_checks:
-            short = c.metric.removeprefix("vllm:").removesuffix("_total")
-            row |= {f"server {short}": c.server, f"client {short}": c.client, f"{short} agree": c.agrees}
-        row["prompt tokens (server usage)"] = f"{min(lens, default=0)}..{max(lens, default=0)} (asked {plan.input_len})"
-        rows.append(row)
-    return rows
+# --- the summary other notebooks read -----------------------------------------------------------------
+def at_concurrency(results: list[SweepPoint], concurrency: int) -> SweepPoint | None:
+    return next((r for r in results if r.max_concurrency == concurrency), None)
 
 
-def client_rows(points: list[Point]) -> list[dict[str, Any]]:
-    """Per point and load generator: tokens, CPU seconds, share of a core, and the implied ceiling."""
-    return [{"concurrency": p.result["max_concurrency"], "engine": c.engine, "tokens": c.tokens,
-             "chunks": c.chunks, "client CPU s": round(c.cpu_s, 3), "wall s": round(c.wall_s, 2),
-             "CPU % of a core": round(100 * c.cpu_utilization, 1),
-             "ceiling tok/s": round(c.ceiling_tok_s) if c.ceiling_tok_s else None}
-            for p in points for c in p.clients]
-
-
-def at_concurrency(results: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
-    return next((r for r in results if r["max_concurrency"] == concurrency), None)
-
-
-def summary(results: list[dict[str, Any]], roof: Roofline, bench_dir: Path, earlier: Path | None,
+def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier: Path | None,
             deltas: list[Delta]) -> BenchmarkSummary:
     """What later readers need: single stream, peak, roofline share, regressions (for state.json)."""
     single = at_concurrency(results, 1)
-    peak = max(results, key=lambda r: r["output_throughput"] or 0)
+    peak = max(results, key=lambda r: r.output_throughput or 0)
     return BenchmarkSummary(
-        single_stream_output_tok_s=single and single["output_throughput"],
-        single_stream_median_tpot_ms=single and single["median_tpot_ms"],
-        single_stream_median_ttft_ms=single and single["median_ttft_ms"],
-        peak_output_tok_s=peak["output_throughput"], peak_at_concurrency=peak["max_concurrency"],
-        failed_requests=sum(r["failed"] for r in results),
+        single_stream_output_tok_s=single.output_throughput if single else None,
+        single_stream_median_tpot_ms=single.median_tpot_ms if single else None,
+        single_stream_median_ttft_ms=single.median_ttft_ms if single else None,
+        peak_output_tok_s=peak.output_throughput, peak_at_concurrency=peak.max_concurrency,
+        failed_requests=sum(r.failed for r in results),
         roofline_ceiling_tok_s=roof.ceiling_tok_s, roofline_percent=roof.percent_of_ceiling,
         bench_dir=str(bench_dir), compared_with=str(earlier) if earlier else None,
         worse_than_earlier=[f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
-        points=[BenchPoint(**{k: r[k] for k in BenchPoint.model_fields}) for r in results],
+        points=[BenchPoint.model_validate(r.model_dump(include=set(BenchPoint.model_fields))) for r in results],
     )
 
 

@@ -41,6 +41,21 @@ def test_an_older_gpu_run_without_state_falls_back_to_decisions_and_bench_files(
     assert archive.row(r)["ready s"] == "-" and archive.row(r)["peak tok/s"] == "3,405.6 @64"
 
 
+def test_image_and_executor_are_read_by_the_decisions_key_whatever_their_words(tmp_path: Path) -> None:
+    """Issue 28 item 3: a reworded question keeps its column; a run dir without keys is read by the words."""
+    keyed = {"03": [{"question": "Which container image should serve the model?", "choice": "img:keyed",
+                     "reason": "r", "key": "image"}],
+             "05": [{"question": "Which executor?", "choice": "ray", "reason": "r", "key": "executor"}]}
+    run_dir = make_run(tmp_path / "lab", "20261201T100000Z", statuses=["ok", "ok"] + ["pending"] * 4,
+                       decisions=keyed)
+    r = archive.read_run(run_dir)
+    assert (r.image, r.executor) == ("img:keyed", "ray")
+    worded = {"03": [{"question": "Which image runs vLLM?", "choice": "img:worded", "reason": "r"}]}
+    r = archive.read_run(make_run(tmp_path / "lab", "20261201T110000Z", statuses=["ok", "ok"] + ["pending"] * 4,
+                                  decisions=worded))
+    assert r.image == "img:worded"
+
+
 def test_failed_partial_ok_and_malformed_runs_newest_first(tmp_path: Path) -> None:
     lab = tmp_path / "lab"
     make_run(lab, "20261201T100000Z", image="img:1", image_id="sha256:1", points=[point(1, 20.0)])

@@ -80,13 +80,14 @@ def status_of(notebooks: list[dict[str, Any]], manifest_status: str) -> tuple[st
 
 
 def _decision(notebooks: list[dict[str, Any]], key: str, question_start: str) -> str | None:
-    """The choice of the decision recorded under `key`; for run dirs written before decisions had keys, of the one
+    """The choice of the decision recorded under `key`; in run dirs written before decisions had keys, of the one
     whose question starts with `question_start`."""
     decisions = [d for nb in notebooks for d in nb.get("decisions") or []]
     keyed = next((d["choice"] for d in decisions if d.get("key") == key), None)
-    if keyed is not None or any(d.get("key") for d in decisions):
-        return keyed
-    return next((d["choice"] for d in decisions if str(d.get("question", "")).startswith(question_start)), None)
+    if keyed is not None:
+        return str(keyed)
+    return next((str(d["choice"]) for d in decisions if not d.get("key")
+                 and str(d.get("question", "")).startswith(question_start)), None)
 
 
 def _failing_cell(run_dir: Path, notebooks: list[dict[str, Any]]) -> dict[str, Any] | None:

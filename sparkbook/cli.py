@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .core import lock, runbook
 from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
+from .core.rundir import INDEX, MANIFEST
+from .runbook import driver, lock
+from .runbook.manifest import Manifest
 
 if TYPE_CHECKING:
     from .stages.cleanup.restore import RestoreOutcome
@@ -35,7 +37,7 @@ EXIT_INTERRUPTED = 130
 # Each kind of expected failure: its exit code and the word its line starts with (most specific first).
 EXITS: tuple[tuple[type[SparkbookError], int, str], ...] = (
     (ParamsError, EXIT_INVALID, "invalid params"),
-    (runbook.RunbookError, EXIT_INVALID, "error"),
+    (driver.RunbookError, EXIT_INVALID, "error"),
     (lock.LockError, EXIT_LOCKED, "refused"),
     (CommandFailed, EXIT_FAILED, "error"),
     (NodeError, EXIT_NODE, "node unusable"),
@@ -59,17 +61,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    run_dir, manifest = runbook.run(Path(args.params), out_root=Path(args.outputs), resume=args.resume,
+    run_dir, manifest = driver.run(Path(args.params), out_root=Path(args.outputs), resume=args.resume,
                                     start=args.start, only=args.only, parameters=dict(args.parameter or []),
                                     break_lock=args.break_lock)
-    print(f"run dir: {run_dir}\nindex:   {run_dir / 'index.html'}")
+    print(f"run dir: {run_dir}\nindex:   {run_dir / INDEX}")
     if args.archive:
-        print(f"archive: {runbook.archive(run_dir)}")
+        print(f"archive: {driver.pack_run(run_dir)}")
     failed = [nb for nb in manifest.notebooks if nb.status == "failed"]
     if failed:
-        nb = failed[0]
-        print(f"FAILED at {nb.name} (cell {nb.exception.get('cell_index')}): {nb.exception.get('ename')}: "
-              f"{nb.exception.get('evalue', '')[:500]}\nresume with: sparkbook run {args.params} --resume {run_dir}",
+        nb, exc = failed[0], failed[0].exception or {}
+        print(f"FAILED at {nb.name} (cell {exc.get('cell_index')}): {exc.get('ename')}: "
+              f"{exc.get('evalue', '')[:500]}\nresume with: sparkbook run {args.params} --resume {run_dir}",
               file=sys.stderr)
         return 1
     return 0
@@ -117,23 +119,23 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     plan_file = run_dir / restore.RESTORE_FILE
-    manifest = run_dir / runbook.MANIFEST
+    manifest = run_dir / MANIFEST
     if plan_file.is_file():
         params_file, steps = json.loads(plan_file.read_text())["params_file"], restore.restore_steps(plan_file)
     elif read_events(run_dir, "cleanup_plan"):  # 01 ran here and stopped nothing
         if not manifest.is_file():  # a notebook's own run dir: nothing to record the restore against
             _print_restore(run_dir, restore.RestoreOutcome("nothing to restore"))
             return 0
-        params_file, steps = runbook.Manifest.read(run_dir).params_file, []
+        params_file, steps = Manifest.read(run_dir).params_file, []
     else:
-        raise runbook.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
+        raise driver.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
     run = open_run(params_file, run_dir, stage="restore")
     try:
         out = restore.rollback(run, steps, run.params.cleanup, args.stop_new)
     finally:
         run.close()
         if manifest.is_file():
-            runbook.write_index(run_dir, runbook.Manifest.read(run_dir))
+            driver.write_index(run_dir, Manifest.read(run_dir))
     _print_restore(run_dir, out)
     if out.result == "refused":
         raise restore.RestoreRefused(
@@ -164,7 +166,7 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .core import archive, pages
+    from .records import archive, pages
 
     for folder in archive.cluster_dirs(args.target, Path(args.outputs)):
         records = archive.runs(folder)
@@ -178,7 +180,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .core import archive, compare, pages
+    from .records import archive, compare, pages
 
     outputs = Path(args.outputs)
     a, b = archive.find_run(args.run_a, outputs), archive.find_run(args.run_b, outputs)
@@ -256,7 +258,8 @@ def failure(exc: SparkbookError) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except SparkbookError as exc:
         code, text = failure(exc)
         print(text, file=sys.stderr)

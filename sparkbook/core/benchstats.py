@@ -20,9 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .modelinfo import ModelFacts, served_kv_bytes_per_token
 from .params import BenchmarkPlan
+from .sweeppoint import FIGURES, LATENCIES, STATS, Stall, SweepPoint
 
-METRICS = ("ttft", "tpot", "itl", "itl_per_token", "e2el")
-STATS = ("mean", "median", "std", "p90", "p99")
 KNOWN_BANDWIDTH_GBS = {"GB10": 273.0, "H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 # Higher is better for these; every *_ms metric is better lower.
 HIGHER_IS_BETTER = ("output_throughput", "request_throughput", "total_token_throughput")
@@ -54,7 +53,7 @@ def token_gaps(record: RequestRecord) -> list[float]:
     """
     counts = record.chunk_tokens or [1] * len(record.chunk_gaps_s)
     gaps, carried = [], 0.0
-    for gap, n in zip(record.chunk_gaps_s, counts):
+    for gap, n in zip(record.chunk_gaps_s, counts, strict=False):
         carried += gap
         if n > 0:
             gaps += [carried / n] * n
@@ -79,7 +78,7 @@ def describe_ms(values_s: list[float], name: str) -> dict[str, float | None]:
             f"p99_{name}_ms": float(np.percentile(ms, 99))}
 
 
-def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: int) -> dict[str, Any]:
+def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: int) -> SweepPoint:
     """One sweep point as `vllm bench serve` names its result fields (plus ITL per token)."""
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -99,9 +98,9 @@ def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: 
         "itl_per_token": [g for r in ok for g in token_gaps(r)],
         "e2el": [r.e2el_s for r in ok if r.e2el_s is not None],
     }
-    for name in METRICS:
+    for name in LATENCIES:
         result.update(describe_ms(series[name], name))
-    return result
+    return SweepPoint.model_validate(result)
 
 
 SLOWEST_DECODE_TOK_S = 5.0  # per sequence: a point's timeout allows decode this slow (GB10 single stream: ~27)
@@ -133,7 +132,8 @@ def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
     those below `concurrency` again beside one decoding sequence). vLLM runs a step
     above its CUDA-graph sizes with the real token count, and its fused-MoE Triton kernel is compiled per config
     (nearest tuned M) and per divisibility of the token count: a step of k prefills (+ decodes) the warm-up did not
-    make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s, tests/gpu/bench_repeats)."""
+    make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s,
+    tests/gpu/bench_repeats)."""
     return list(range(1, concurrency + 1)) if plan.warmup_requests else []
 
 
@@ -174,43 +174,29 @@ REPEAT_METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "
                   "p99_tpot_ms", "median_itl_per_token_ms", "median_e2el_ms")
 
 
-def aggregate_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate_repeats(results: list[SweepPoint]) -> SweepPoint:
     """One point from its repeats' summaries: counts summed, every other figure the median of the repeats'
     (None where a repeat has none)."""
-    out: dict[str, Any] = {"max_concurrency": results[0]["max_concurrency"]}
-    for key in results[0]:
-        if key == "max_concurrency":
-            continue
-        values = [r[key] for r in results]
-        if key in SUMMED:
-            out[key] = sum(values)
+    out: dict[str, Any] = {"max_concurrency": results[0].max_concurrency}
+    for key in FIGURES:
+        values = [getattr(r, key) for r in results]
+        if any(v is None for v in values):
+            out[key] = None
         else:
-            out[key] = None if any(v is None for v in values) else float(np.median(values))
-    return out
+            out[key] = sum(values) if key in SUMMED else float(np.median(values))
+    return SweepPoint.model_validate(out)
 
 
-def repeat_figures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def repeat_figures(results: list[SweepPoint]) -> list[dict[str, float | None]]:
     """The REPEAT_METRICS of each repeat, in order (what a point's record keeps of them)."""
-    return [{k: r.get(k) for k in REPEAT_METRICS} for r in results]
+    return [{k: r.figure(k) for k in REPEAT_METRICS} for r in results]
 
 
-def repeat_spread(point: dict[str, Any], metric: str) -> Spread | None:
+def repeat_spread(point: SweepPoint, metric: str) -> Spread | None:
     """The spread of `metric` over a saved point's repeats (sparkbook.repeats), None without repeats."""
-    values = [r.get(metric) for r in (point.get("sparkbook") or {}).get("repeats") or []]
-    return spread(values) if values and None not in values else None
-
-
-@dataclass(frozen=True)
-class Stall:
-    """A repeat whose TTFT p99 exceeded STALL_FACTOR x the median TTFT, and the requests over that line."""
-
-    max_concurrency: int
-    repeat: int
-    median_ttft_ms: float  # this repeat's
-    baseline_ttft_ms: float  # the median the line is drawn from: the lowest of the point's repeats' medians
-    p99_ttft_ms: float
-    requests: list[dict[str, float]]  # {"index": position in the repeat's prompts, "ttft_ms", "sent_at_s": after the
-    #                                    repeat's first request}
+    values = [r.get(metric) for r in point.sparkbook.repeats]
+    known = [v for v in values if v is not None]
+    return spread(known) if values and len(known) == len(values) else None
 
 
 def median_ttft_ms(records: list[RequestRecord]) -> float | None:
@@ -224,49 +210,18 @@ def find_stall(records: list[RequestRecord], max_concurrency: int, repeat: int, 
     """The stall of one repeat, or None: its TTFT p99 above `factor` x the median, the median being the lower of
     its own and `baseline_ms` (the point's calmest repeat: a stall that holds a wave of requests raises the
     repeat's own median; measured on one H200, 12 of 64 requests at 1.11 s put it at 112 ms against 64 ms)."""
-    timed = [(i, r) for i, r in enumerate(records) if r.ok and r.ttft_s is not None]
+    timed = [(i, r.ttft_s * 1000.0, r.sent_at) for i, r in enumerate(records) if r.ok and r.ttft_s is not None]
     if len(timed) < 2:
         return None
-    ttfts = np.asarray([r.ttft_s for _, r in timed]) * 1000.0
+    ttfts = np.asarray([ms for _, ms, _ in timed])
     median, p99 = float(np.median(ttfts)), float(np.percentile(ttfts, 99))
     base = min(median, baseline_ms) if baseline_ms else median
     if p99 <= factor * base:
         return None
-    start = min(r.sent_at for _, r in timed)
-    hit = [{"index": i, "ttft_ms": round(r.ttft_s * 1000.0, 1), "sent_at_s": round(r.sent_at - start, 3)}
-           for i, r in timed if r.ttft_s * 1000.0 > factor * base]
+    start = min(sent for _, _, sent in timed)
+    hit: list[dict[str, int | float]] = [{"index": i, "ttft_ms": round(ms, 1), "sent_at_s": round(sent - start, 3)}
+                                         for i, ms, sent in timed if ms > factor * base]
     return Stall(max_concurrency, repeat, median, base, p99, hit)
-
-
-def stall_rows(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per stalled repeat of the saved points (sparkbook.stalls): where, how bad, which requests."""
-    return [{"concurrency": s["max_concurrency"], "repeat": s["repeat"], "TTFT ms p50": round(s["median_ttft_ms"], 1),
-             "TTFT ms p50 (calmest repeat)": round(s["baseline_ttft_ms"], 1),
-             "TTFT ms p99": round(s["p99_ttft_ms"], 1), "requests hit": len(s["requests"]),
-             "request index: TTFT ms": ", ".join(f"{q['index']}: {q['ttft_ms']:,.0f}" for q in s["requests"])}
-            for p in points for s in (p.get("sparkbook") or {}).get("stalls") or []]
-
-
-def table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per saved sweep point with the numbers a reader compares first (rounded): the medians over its
-    repeats, the output throughput's min-max and standard deviation over them, and the repeats that stalled."""
-    def r(value: float | None, digits: int = 1) -> float | None:
-        return None if value is None else round(value, digits)
-
-    def extras(p: dict[str, Any]) -> dict[str, Any]:
-        tput = repeat_spread(p, "output_throughput")
-        stalls = (p.get("sparkbook") or {}).get("stalls") or []
-        return {"repeats": len(tput.values) if tput else 1,
-                "tok/s min-max": f"{tput.low:,.1f}-{tput.high:,.1f}" if tput else None,
-                "stdev %": r(tput.stdev_pct, 2) if tput else None,
-                "stalled repeats": ", ".join(str(s["repeat"]) for s in stalls) or None}
-
-    return [{"concurrency": p["max_concurrency"], "completed": p["completed"], "failed": p["failed"],
-             "output tok/s": r(p["output_throughput"]), **extras(p), "req/s": r(p["request_throughput"], 2),
-             "TTFT ms p50": r(p["median_ttft_ms"]), "TTFT p99": r(p["p99_ttft_ms"]),
-             "TPOT ms p50": r(p["median_tpot_ms"], 2), "TPOT p99": r(p["p99_tpot_ms"], 2),
-             "ITL/chunk p50": r(p["median_itl_ms"], 2), "ITL/token p50": r(p["median_itl_per_token_ms"], 2),
-             "E2EL ms p50": r(p["median_e2el_ms"])} for p in points]
 
 
 # --- server-side cross-check ------------------------------------------------------------------
@@ -323,9 +278,9 @@ def known_bandwidth_gbs(gpu_name: str) -> float | None:
     return next((bw for key, bw in KNOWN_BANDWIDTH_GBS.items() if key.lower() in gpu_name.lower()), None)
 
 
-def decode_tok_s(point: dict[str, Any]) -> float | None:
+def decode_tok_s(point: SweepPoint | None) -> float | None:
     """One stream's decode rate, 1000 / median TPOT: the number the decode roofline bounds (no prefill)."""
-    tpot = point.get("median_tpot_ms")
+    tpot = point.median_tpot_ms if point else None
     return 1000.0 / tpot if tpot else None
 
 
@@ -406,45 +361,9 @@ def batch_ceiling(m: StepModel, concurrency: int, measured_tok_s: float | None =
                         100.0 * measured_tok_s / ceiling if measured_tok_s else None)
 
 
-def batch_ceilings(m: StepModel, points: Iterable[dict[str, Any]]) -> list[BatchCeiling]:
+def batch_ceilings(m: StepModel, points: Iterable[SweepPoint]) -> list[BatchCeiling]:
     """The ceiling at each measured concurrency, against its output throughput."""
-    return [batch_ceiling(m, p["max_concurrency"], p.get("output_throughput")) for p in points]
-
-
-def ceiling_rows(ceilings: list[BatchCeiling]) -> list[dict[str, Any]]:
-    return [{"concurrency": c.concurrency, "experts touched / MoE layer": round(c.experts_touched, 1),
-             "weights MB / step": round(c.weight_bytes / 1e6, 1), "KV MB / step": round(c.kv_bytes / 1e6, 2),
-             "step ms": round(c.step_s * 1e3, 3), "ceiling tok/s": round(c.ceiling_tok_s, 1),
-             "output tok/s": None if c.measured_tok_s is None else round(c.measured_tok_s, 1),
-             "% of ceiling": None if c.percent_of_ceiling is None else round(c.percent_of_ceiling, 1)}
-            for c in ceilings]
-
-
-def ceiling_markdown(m: StepModel, ceilings: list[BatchCeiling]) -> str:
-    """The per-concurrency ceiling's formula with this model's numbers plugged in, one line per point."""
-    moe = f"; MoE layers = {m.moe_layers}, params/expert = {m.expert_params:,}" if m.experts else ""
-    kv_factor = f" x {m.tensor_parallel} (MLA latent read by every rank)" if m.kv_replicated else ""
-    lines = [
-        "**Decode ceiling at concurrency B** (B tokens per step; one step reads the dense weights once, the experts "
-        "the B tokens touch, and each sequence's KV cache):",
-        "",
-        "ceiling(B) = B / t_step(B),  t_step(B) = [ bytes/param x (dense params" + (" + MoE layers x params/expert x "
-        "E_B" if m.experts else "") + ") + B x context x KV bytes/token ] / (TP x bandwidth)",
-        "",
-    ]
-    if m.experts:
-        lines += [f"E_B = E x (1 - (1 - k/E)^B), the expected distinct experts B tokens touch per MoE layer, with "
-                  f"E = {m.experts}, k = {m.experts_per_token}.", ""]
-    lines += [f"Here: bytes/param = {m.bytes_per_param:g}; dense params = {m.dense_params:,}{moe}; context = "
-              f"{m.context_tokens:g} tokens (input + output/2); KV bytes/token = {m.kv_bytes_per_token:,.0f}"
-              f"{kv_factor}; TP = {m.tensor_parallel}; bandwidth = {m.node_bandwidth_gbs:g} GB/s per rank.", ""]
-    lines += [f"- B = {c.concurrency}: " + (f"E_B = {c.experts_touched:.1f}; " if m.experts else "")
-              + f"t_step = ({c.weight_bytes / 1e6:,.1f} MB + {c.kv_bytes / 1e6:,.2f} MB) / "
-              f"({m.tensor_parallel} x {m.node_bandwidth_gbs:g} GB/s) = {c.step_s * 1e3:.3f} ms → ceiling "
-              f"{c.ceiling_tok_s:,.0f} tok/s" + (f"; measured {c.measured_tok_s:,.1f} tok/s = "
-                                                 f"{c.percent_of_ceiling:.1f} %" if c.percent_of_ceiling else "")
-              for c in ceilings]
-    return "\n".join(lines)
+    return [batch_ceiling(m, p.max_concurrency, p.output_throughput) for p in points]
 
 
 # --- comparisons -----------------------------------------------------------------------------
@@ -461,7 +380,7 @@ class Delta:
     worse: bool
 
 
-def _relative_noise_pct(point: dict[str, Any], metric: str) -> float:
+def _relative_noise_pct(point: SweepPoint, metric: str) -> float:
     """Relative standard error of a point's metric, in %. With two or more repeats: from their spread (the
     run-to-run noise; the median of n repeats: 1.253 x stdev / sqrt(n)). Else, for a mean/median latency metric,
     from its requests (median: 1.253 × the mean's); 0 for throughput of a single run."""
@@ -469,35 +388,37 @@ def _relative_noise_pct(point: dict[str, Any], metric: str) -> float:
     if repeats and len(repeats.values) > 1:
         return 1.2533 * repeats.stdev_pct / math.sqrt(len(repeats.values))
     stat, _, rest = metric.partition("_")
-    std, n, centre = point.get(f"std_{rest}"), point.get("completed") or 0, point.get(metric)
-    if stat not in ("mean", "median") or std is None or not centre or n < 2:
+    if stat not in ("mean", "median"):
+        return 0.0
+    std, n, centre = point.figure(f"std_{rest}"), point.completed, point.figure(metric)
+    if std is None or not centre or n < 2:
         return 0.0
     factor = 1.2533 if stat == "median" else 1.0
     return 100.0 * factor * std / math.sqrt(n) / abs(centre)
 
 
-def compare(now: Iterable[dict[str, Any]], earlier: Iterable[dict[str, Any]], metrics: Iterable[str],
+def compare(now: Iterable[SweepPoint], earlier: Iterable[SweepPoint], metrics: Iterable[str],
             floor_pct: float = 5.0, sigmas: float = 2.0) -> list[Delta]:
     """Per concurrency and metric: the change, and `worse` when it is in the bad direction beyond the noise.
 
     Noise = max(floor_pct, sigmas × the two runs' relative standard errors combined): from the repeats of a point
     where it has them, else from its requests; throughput of a single run has only the floor (one number).
     """
-    before = {p["max_concurrency"]: p for p in earlier}
+    before = {p.max_concurrency: p for p in earlier}
     deltas = []
     for point in now:
-        old = before.get(point["max_concurrency"])
+        old = before.get(point.max_concurrency)
         if old is None:
             continue
         for metric in metrics:
-            a, b = old.get(metric), point.get(metric)
+            a, b = old.figure(metric), point.figure(metric)
             if a is None or b is None or a == 0:
                 continue
             change = 100.0 * (b - a) / abs(a)
             noise = max(floor_pct, sigmas * math.hypot(_relative_noise_pct(point, metric),
                                                        _relative_noise_pct(old, metric)))
             bad = -change if metric in HIGHER_IS_BETTER else change
-            deltas.append(Delta(point["max_concurrency"], metric, a, b, change, noise, bad > noise))
+            deltas.append(Delta(point.max_concurrency, metric, a, b, change, noise, bad > noise))
     return deltas
 
 
@@ -513,14 +434,16 @@ class Agreement:
     within: bool
 
 
-def agreement(ours: dict[str, Any], reference: dict[str, Any], metrics: Iterable[str],
+def agreement(ours: SweepPoint, reference: SweepPoint, metrics: Iterable[str],
               tolerance_pct: float = 5.0) -> list[Agreement]:
     """Relative differences of the named metrics between our point and e.g. `vllm bench serve`'s result."""
     rows = []
     for metric in metrics:
-        a, b = ours[metric], reference[metric]
+        a, b = ours.figure(metric), reference.figure(metric)
+        if a is None or b is None:
+            raise ValueError(f"{metric} is missing from {'our point' if a is None else 'the reference'}")
         diff = 100.0 * (a - b) / b
-        rows.append(Agreement(ours["max_concurrency"], metric, a, b, diff, abs(diff) <= tolerance_pct))
+        rows.append(Agreement(ours.max_concurrency, metric, a, b, diff, abs(diff) <= tolerance_pct))
     return rows
 
 

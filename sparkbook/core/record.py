@@ -16,11 +16,11 @@ from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .progress import Progress
 from .redact import Redactor
+from .rundir import EVENTS, INTERACTIVE, LOGS
 from .runtime import runtime_for
 from .state import H
 
 DECISION_MIME = "application/vnd.sparkbook.decision+json"
-EVENTS = "events.jsonl"
 
 
 def now() -> str:
@@ -107,7 +107,7 @@ class Run:
         self.params_file, self.params, self.run_dir, self.stage = params_file, params, run_dir, stage
         self.redactor = Redactor.from_env(params.secrets)
         self._cluster: Cluster | None = None
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / LOGS).mkdir(parents=True, exist_ok=True)
 
     @property
     def cluster(self) -> Cluster:
@@ -139,7 +139,7 @@ class Run:
             fh.write(json.dumps(event) + "\n")
 
     def write_log(self, name: str, text: str) -> Path:
-        path = self.run_dir / "logs" / name
+        path = self.run_dir / LOGS / name
         path.write_text(self.redactor.text(text))
         return path
 
@@ -147,7 +147,7 @@ class Run:
         """Write text to a log of its own (never overwriting another) and return its path."""
         base = _slug(f"{self.stage}-{what}" if self.stage else what)
         name, k = f"{base}.log", 1
-        while (self.run_dir / "logs" / name).exists():
+        while (self.run_dir / LOGS / name).exists():
             k += 1
             name = f"{base}-{k}.log"
         return self.write_log(name, text)
@@ -201,9 +201,9 @@ def _display(bundle: dict[str, Any]) -> None:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:
-        get_ipython = None  # type: ignore[assignment]
+        get_ipython = None
     if get_ipython is not None and get_ipython() is not None:
-        display(bundle, raw=True)
+        display(bundle, raw=True)  # type: ignore[no-untyped-call]
     else:
         print(bundle.get("text/plain") or bundle.get("text/markdown"))
 
@@ -222,7 +222,7 @@ def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path
     params_file = Path(params_file).resolve()
     params = load_params(params_file)
     if not run_dir:
-        run_dir = params_file.parent.parent / "outputs" / params.cluster / "interactive"
+        run_dir = params_file.parent.parent / "outputs" / params.cluster / INTERACTIVE
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     return Run(params_file, params, run_dir, stage)

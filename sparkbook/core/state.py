@@ -9,8 +9,8 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import SparkbookError
+from .rundir import STATE
 
-STATE = "state.json"
 VERSION_KEY = "schema_version"
 VERSION = 2  # 1: untyped values and no schema_version (before the hand-offs were typed)
 
@@ -71,7 +71,8 @@ def _read(run_dir: Path, kind: type[Handoff], stage: str | None) -> dict[str, An
     else:
         version = data.get(VERSION_KEY) if isinstance(data, dict) else None
         if version == VERSION:
-            return data
+            state: dict[str, Any] = data
+            return state
         problem = ("was written by an older sparkbook (no schema_version)" if version is None
                    else f"has schema_version {version!r}") + f", this sparkbook reads schema_version {VERSION}"
     remediation = (f"start a new run dir (sparkbook run PARAMS), or move {path} aside and run {kind.notebook} "

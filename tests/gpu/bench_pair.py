@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from sparkbook.core.params import BenchmarkPlan
-from sparkbook.stages.bench.client import Target
+from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.bench.sweep import local_runner, sweep, vllm_bench_argv
 
 KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "failed")
@@ -35,11 +35,11 @@ def env(params_file: str) -> None:
 def bench(label: str, base_url: str, model: str, out: str, prompts: int, input_len: int, output_len: int) -> None:
     plan = BenchmarkPlan(input_len=input_len, output_len=output_len, num_prompts=prompts, concurrency=[1, 16],
                          warmup_requests=2)
-    target = Target(base_url, model)
+    target = CompletionsServer(base_url, model)
     points = sweep(target, plan, local_runner(target),
-                   on_point=lambda p: print(f"{label} C={p.result['max_concurrency']}: "
-                                            f"{p.result['output_throughput']:.1f} tok/s", flush=True))
-    rows = {str(p.result["max_concurrency"]): {k: p.result.get(k) for k in KEYS} for p in points}
+                   on_point=lambda p: print(f"{label} C={p.result.max_concurrency}: "
+                                            f"{p.result.output_throughput:.1f} tok/s", flush=True))
+    rows = {str(p.result.max_concurrency): {k: getattr(p.result, k) for k in KEYS} for p in points}
     Path(out).write_text(json.dumps({"label": label, "base_url": base_url, "plan": plan.model_dump(),
                                      "points": rows}, indent=1))
 
@@ -63,11 +63,11 @@ AGREE = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 def agree(base_url: str, model: str, tokenizer: str, out: str, rounds: int) -> None:
     """Alternate the two clients on one server; each round: sparkbook C=1 and C=8, then vllm bench C=1 and C=8."""
     plan = BenchmarkPlan(input_len=64, output_len=128, num_prompts=32, concurrency=[1, 8], warmup_requests=2)
-    target, folder = Target(base_url, model), Path(out)
+    target, folder = CompletionsServer(base_url, model), Path(out)
     runs: dict[str, dict[int, list[dict]]] = {"sparkbook": {1: [], 8: []}, "vllm": {1: [], 8: []}}
     for r in range(rounds):
         for point in sweep(target, plan, local_runner(target)):
-            runs["sparkbook"][point.result["max_concurrency"]].append(point.result)
+            runs["sparkbook"][point.result.max_concurrency].append(point.result.to_json())
         for c in (1, 8):
             name = f"vllm-r{r}-c{c}.json"
             argv = vllm_bench_argv(target, plan, c, tokenizer, str(folder), name)

@@ -30,16 +30,16 @@ def _requests(records: list) -> list[dict]:
 
 def one(kind: str, base_url: str, model: str, out: str) -> None:
     from sparkbook.core.params import BenchmarkPlan
-    from sparkbook.stages.bench.client import Target
+    from sparkbook.stages.bench.client import CompletionsServer
     from sparkbook.stages.bench.sweep import local_runner, sweep
 
-    target, runs = Target(base_url, model), []
+    target, runs = CompletionsServer(base_url, model), []
     started = time.time()
     if kind == "before":  # the old plan field: warm up with max(warmup_requests, C) requests at C
         plan = BenchmarkPlan(**LOAD, warmup_at_concurrency=True)
         for _ in range(REPEATS):
             (point,) = sweep(target, plan, local_runner(target))
-            runs.append({**{k: point.result[k] for k in FIELDS}, "requests": _requests(point.records)})
+            runs.append({**{k: point.result.figure(k) for k in FIELDS}, "requests": _requests(point.records)})
         stalls: list = []
     else:
         plan = BenchmarkPlan(**LOAD, repeats=REPEATS)

@@ -56,7 +56,7 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
     The old deployment (the old vLLM too) answers before 01 inventories it, as the issue's cluster did, so 01
     records every port and health URL that restore checks."""
     import sparkbook.lab as sblab
-    from sparkbook.core import runbook
+    from sparkbook.runbook import driver
 
     sblab.reset()
     sblab.wait_old_deployment(progress=lab_progress)
@@ -64,7 +64,7 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
     params = tmp_path_factory.mktemp("params") / "lab.yaml"
     params.write_text(sblab.params_file(2).read_text().replace("secrets: []", "secrets: [HF_TOKEN]"))
     try:
-        return runbook.run(params, out_root=tmp_path_factory.mktemp("outputs"), parameters={"confirm_cleanup": True},
+        return driver.run(params, out_root=tmp_path_factory.mktemp("outputs"), parameters={"confirm_cleanup": True},
                            say=print)
     finally:
         del os.environ["HF_TOKEN"]

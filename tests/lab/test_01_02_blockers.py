@@ -10,13 +10,14 @@ import pytest
 import yaml
 
 import sparkbook.lab as sblab
-from sparkbook.core import runbook
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import NotebookRun
 
 pytestmark = pytest.mark.lab
 
 
-def run_02(params: Path, out: Path, **parameters) -> runbook.NotebookRun:
-    _, manifest = runbook.run(params, out_root=out, only="02", parameters=parameters)
+def run_02(params: Path, out: Path, **parameters) -> NotebookRun:
+    _, manifest = driver.run(params, out_root=out, only="02", parameters=parameters)
     return next(n for n in manifest.notebooks if n.name.startswith("02"))
 
 

@@ -6,9 +6,9 @@ executes the notebook headless between `vllm bench serve` runs at concurrency 1 
 sampling in the same image, then alternates sparkbook's sweep and the reference EXTRA_ROUNDS more times, and requires
 the medians over those runs to agree within 5% on output tok/s and median TTFT and TPOT, or, where this shared
 machine's noise is larger (each client's own runs span 10-40% here), one client's median to lie within the range of
-the other's runs. The server runs on one core, both clients on the other; the prompts are 32 per point (the lab's 16 make a c=8
-point two waves, too short). On a machine whose speed holds still (tests/gpu/client_agreement.sh, one H200) the
-medians agreed within 3.7% on every metric.
+the other's runs. The server runs on one core, both clients on the other; the prompts are 32 per point (the lab's 16
+make a c=8 point two waves, too short). On a machine whose speed holds still (tests/gpu/client_agreement.sh, one H200)
+the medians agreed within 3.7% on every metric.
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ from sparkbook import open_run
 from sparkbook.core.benchstats import agreement
 from sparkbook.core.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.modelinfo import ModelFacts, model_facts
+from sparkbook.core.sweeppoint import SweepPoint, read_points
 from sparkbook.lab.builder import builder_docker_host
 from sparkbook.stages.bench import sweep as bench
-from sparkbook.stages.bench.client import Target
+from sparkbook.stages.bench.client import CompletionsServer
+from sparkbook.stages.bench.tables import client_rows
 
 pytestmark = pytest.mark.lab
 
@@ -79,7 +81,7 @@ def server():
             running = docker("inspect", "-f", "{{.State.Running}}", SERVER, check=False).stdout.strip()
             assert running == "true" and time.monotonic() < deadline, docker("logs", "--tail", "40", SERVER).stderr
             time.sleep(5)
-        yield Target(url, MODEL)
+        yield CompletionsServer(url, MODEL)
     finally:
         docker("rm", "-f", SERVER, check=False)
 
@@ -101,7 +103,7 @@ def model_state() -> ModelFacts:
     return model_facts(config, None, sizes, f"/models/{MODEL}")
 
 
-def vllm_bench(target: Target, plan, concurrency: int, out: Path, tag: str = "") -> dict:
+def vllm_bench(target: CompletionsServer, plan, concurrency: int, out: Path, tag: str = "") -> dict:
     name = f"vllm-c{concurrency}{tag}.json"
     argv = bench.vllm_bench_argv(target, plan, concurrency, f"/models/{MODEL}", "/results", name)
     try:
@@ -119,7 +121,7 @@ def median_of(runs: list[dict]) -> dict:
 
 
 @pytest.mark.benchmark
-def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None, tmp_path: Path):
+def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client_core: None, tmp_path: Path):
     import papermill
 
     outputs = tmp_path / "outputs" / "lab"
@@ -137,7 +139,7 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
     plan2 = run.params.benchmark.model_copy(update={"clients": 2, "concurrency": [8]})
     two = bench.run_sweep(server, plan2)
     bench.save(earlier_dir, two, server, plan2, 2)
-    assert two[0].result["completed"] == plan2.num_prompts and len(two[0].clients) == 2
+    assert two[0].result.completed == plan2.num_prompts and len(two[0].clients) == 2
     assert all(c.agrees for c in two[0].cross_checks), two[0].cross_checks
 
     # `vllm bench serve` at 1 and 8 before the notebook and after it, then more interleaved pairs of sparkbook's
@@ -160,10 +162,11 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
     reference_round("after")
     for i in range(EXTRA_ROUNDS):
         for point in bench.run_sweep(server, plan.model_copy(update={"concurrency": [1, 8]})):
-            ours[point.result["max_concurrency"]].append(point.result)
+            ours[point.result.max_concurrency].append(point.result.to_json())
         reference_round(f"round{i}")
 
-    results = bench.load_results(run_dir)
+    points = read_points(run_dir)
+    results = [p.to_json() for p in points]
     assert [r["max_concurrency"] for r in results] == run.params.benchmark.concurrency
     for r in results:
         assert r["completed"] == run.params.benchmark.num_prompts and r["failed"] == 0
@@ -176,8 +179,9 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
     assert summary.compared_with == str(earlier_dir) and summary.roofline_ceiling_tok_s > 0
 
     for c in (1, 8):
-        ours[c].insert(0, bench.at_concurrency(results, c))
-    rows = [row for c in (1, 8) for row in agreement(median_of(ours[c]), median_of(refs[c]), AGREE)]
+        ours[c].insert(0, bench.at_concurrency(points, c).to_json())
+    rows = [row for c in (1, 8) for row in agreement(SweepPoint.model_validate(median_of(ours[c])),
+                                                     SweepPoint.model_validate(median_of(refs[c])), AGREE)]
     report = [r.__dict__ | {"sparkbook_runs": [x[r.metric] for x in ours[r.max_concurrency]],
                             "vllm_bench_runs": [x[r.metric] for x in refs[r.max_concurrency]]} for r in rows]
     for r in report:
@@ -185,7 +189,7 @@ def test_notebook_agrees_with_vllm_bench_serve(server: Target, client_core: None
                              or min(r["sparkbook_runs"]) <= r["reference"] <= max(r["sparkbook_runs"]))
     (tmp_path / "agreement.json").write_text(json.dumps(report, indent=1))
     one_engine = json.loads((run_dir / "bench" / "c0008.json").read_text())["sparkbook"]["client_load"]
-    print(json.dumps({"summary": summary, "two_engines": bench.client_rows(two), "one_engine": one_engine},
+    print(json.dumps({"summary": summary, "two_engines": client_rows(two), "one_engine": one_engine},
                      indent=1, default=str))
     print("| C | metric | sparkbook median | vllm bench median | diff % | within 5% | sparkbook runs "
           "| vllm bench runs |\n|---|---|---|---|---|---|---|---|")

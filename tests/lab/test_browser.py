@@ -17,9 +17,9 @@ import pytest
 from lab_browser import CHROMEDRIVER, CHROMIUM, chromium, start_lab, widgets_extension_active
 
 import sparkbook.lab as sblab
-from sparkbook.core import runbook
 from sparkbook.core.params import load_params
 from sparkbook.core.progress import WIDGET_CLASS
+from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,8 +145,8 @@ def test_run_index_links_every_notebook_and_shows_decisions(lab, browser, shots:
     from selenium.webdriver.common.by import By
 
     params_file = sblab.params_file(2)
-    run_dir, _ = runbook.run(params_file, out_root=tmp_path, only="01")  # plan only: nothing is stopped
-    run_dir, manifest = runbook.run(params_file, resume=run_dir, only="02")
+    run_dir, _ = driver.run(params_file, out_root=tmp_path, only="01")  # plan only: nothing is stopped
+    run_dir, manifest = driver.run(params_file, resume=run_dir, only="02")
     ran = [nb for nb in manifest.notebooks if nb.status != "pending"]
     assert [(nb.name[:2], nb.status) for nb in ran] == [("01", "ok"), ("02", "ok")], \
         json.dumps([nb.exception for nb in ran])

@@ -25,7 +25,7 @@ from sparkbook.core.record import open_run
 from sparkbook.stages import diagnose
 from sparkbook.stages.images import distribute
 from sparkbook.stages.bench import sweep as bench
-from sparkbook.stages.bench.client import Target
+from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.cleanup import inventory
 from sparkbook.stages.raycluster import containers as node_containers
 from sparkbook.stages.raycluster import formation
@@ -268,7 +268,7 @@ def test_vllm_killed_while_the_benchmark_runs(nodes, cluster, node_shells, watch
     up = bringup.bring_up(ctx, plan)
     assert up.ok, bringup.failure_message(up)
     try:
-        target = Target(plan.base_url, plan.model)
+        target = CompletionsServer(plan.base_url, plan.model)
         sweep = faults.start(lambda: bench.run_sweep(target, run.params.benchmark))
         time.sleep(8)  # into the first point
         _in(node_shells, where, "lab-0", KILL_GROUP, up.launched.spawned["lab-0"].pid_file)

@@ -11,10 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkbook.core import runbook
 from sparkbook.core.params import load_params
 from sparkbook.core.record import read_events
 from sparkbook.core.topology import container_name
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
 _INSPECT = "{{.Id}} {{.State.StartedAt}} {{.Image}}"
@@ -44,7 +45,7 @@ def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPat
     os.environ["HF_TOKEN"] = planted
     t0 = time.monotonic()
     try:
-        run_dir, manifest = runbook.run(Path(first.params_file), out_root=tmp_path_factory.mktemp("second"),
+        run_dir, manifest = driver.run(Path(first.params_file), out_root=tmp_path_factory.mktemp("second"),
                                         parameters={"confirm_cleanup": True}, say=print)
     finally:
         del os.environ["HF_TOKEN"]
@@ -53,14 +54,14 @@ def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPat
     return params, before, run_dir, manifest, _node_state(node_shells, params, run_dir), seconds
 
 
-def _decision(manifest: runbook.Manifest, prefix: str, question: str) -> dict:
+def _decision(manifest: Manifest, prefix: str, question: str) -> dict:
     nb = next(nb for nb in manifest.notebooks if nb.name.startswith(prefix))
     return next(d for d in nb.decisions if d["question"] == question)
 
 
 def test_second_run_succeeds(second) -> None:
     _, _, _, manifest, _, _ = second
-    assert [nb.status for nb in manifest.notebooks] == ["ok"] * len(runbook.notebook_names()), \
+    assert [nb.status for nb in manifest.notebooks] == ["ok"] * len(driver.notebook_names()), \
         json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
 
 
@@ -111,7 +112,7 @@ def test_planted_secret_is_in_nothing_the_second_run_wrote(second, node_shells, 
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert planted.encode() not in path.read_bytes(), path
-    with tarfile.open(runbook.archive(run_dir)) as tar:
+    with tarfile.open(driver.pack_run(run_dir)) as tar:
         for member in tar.getmembers():
             if member.isfile():
                 assert planted.encode() not in tar.extractfile(member).read(), member.name

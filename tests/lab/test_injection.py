@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook.core import runbook
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import load_params
 from sparkbook.core.runtime import Place, runtime_for
+from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab
-HOSTILE = ["; touch /tmp/pwned-semi", "$(touch /tmp/pwned-subst)", "`touch /tmp/pwned-tick`", "| touch /tmp/pwned-pipe",
-           "&& touch /tmp/pwned-and", "x\ntouch /tmp/pwned-nl", "a' ; touch /tmp/pwned-q ; '", '"; touch /tmp/pwned-dq; "']
+HOSTILE = ["; touch /tmp/pwned-semi", "$(touch /tmp/pwned-subst)", "`touch /tmp/pwned-tick`",
+           "| touch /tmp/pwned-pipe", "&& touch /tmp/pwned-and", "x\ntouch /tmp/pwned-nl",
+           "a' ; touch /tmp/pwned-q ; '", '"; touch /tmp/pwned-dq; "']
 ALLOWED = "x' \"y\" {z} [w] touch /tmp/pwned-allowed"  # what the schema lets through in an env value
 BASE_IMAGE = "sparkbook-lab/base:bookworm"  # on every lab node
 _PRINT_ENV = 'printf "%s\\0"' + "".join(f' "$V{i}"' for i in range(len(HOSTILE)))
@@ -89,7 +90,7 @@ def test_stages_run_with_the_hostile_values_the_schema_allows(params_file: Path,
     hostile = tmp_path / "hostile.yaml"
     hostile.write_text(yaml.safe_dump(data, sort_keys=False))
     for stage in ("01", "02"):
-        run_dir, manifest = runbook.run(hostile, out_root=tmp_path / "out", only=stage, say=print)
+        run_dir, manifest = driver.run(hostile, out_root=tmp_path / "out", only=stage, say=print)
         ran = [nb for nb in manifest.notebooks if nb.name.startswith(stage)][0]
         assert ran.status == "ok", ran.exception
     assert _pwned(node_shells) == {}

@@ -10,10 +10,11 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook import cli
-from sparkbook.core import runbook
 from sparkbook.core.params import load_params
 from sparkbook.core.record import read_events
 from sparkbook.core.topology import container_name
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
 OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}
@@ -24,14 +25,14 @@ def old_deployment_stopped_afterwards(lab, tmp_path_factory):
     """The restore tests bring the old deployment back; what comes after this module (nbval over the notebooks)
     finds the lab as a confirmed run leaves it: the old deployment stopped, by 01 itself."""
     yield
-    _, manifest = runbook.run(sblab.params_file(2), out_root=tmp_path_factory.mktemp("stop-old"), only="01",
+    _, manifest = driver.run(sblab.params_file(2), out_root=tmp_path_factory.mktemp("stop-old"), only="01",
                               parameters={"confirm_cleanup": True}, say=print)
     assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
 
 
-def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, runbook.Manifest]) -> None:
+def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, Manifest]) -> None:
     run_dir, manifest = full_run
-    assert [(nb.name, nb.status) for nb in manifest.notebooks] == [(n, "ok") for n in runbook.notebook_names()], \
+    assert [(nb.name, nb.status) for nb in manifest.notebooks] == [(n, "ok") for n in driver.notebook_names()], \
         json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
     assert all((run_dir / nb.name).exists() for nb in manifest.notebooks)
     assert any(nb.decisions for nb in manifest.notebooks)
@@ -39,7 +40,7 @@ def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, runbook.M
     assert all(nb.name in index for nb in manifest.notebooks)
 
 
-def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, runbook.Manifest]) -> None:
+def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, Manifest]) -> None:
     run_dir, manifest = full_run
     state = json.loads((run_dir / "state.json").read_text())
     params = load_params(manifest.params_file)
@@ -64,7 +65,7 @@ print(len(found), all(found))
 """
 
 
-def test_planted_secret_reaches_the_serving_processes(full_run: tuple[Path, runbook.Manifest], planted: str,
+def test_planted_secret_reaches_the_serving_processes(full_run: tuple[Path, Manifest], planted: str,
                                                       node_shells) -> None:  # type: ignore[no-untyped-def]
     """The secret named in params is where it is used: in the environment of every vLLM process on every
     serving node (forwarded through the Docker API, never on a command line)."""
@@ -80,12 +81,12 @@ def test_planted_secret_reaches_the_serving_processes(full_run: tuple[Path, runb
         assert planted not in argv
 
 
-def test_planted_secret_is_in_no_written_file(full_run: tuple[Path, runbook.Manifest], planted: str) -> None:
+def test_planted_secret_is_in_no_written_file(full_run: tuple[Path, Manifest], planted: str) -> None:
     """Every file under the outputs root (run dir, index, logs, state, notebooks) and every member of the
     archive, decompressed; the secret was really in the run's environment and named in its params."""
     run_dir, manifest = full_run
     assert "HF_TOKEN" in load_params(manifest.params_file).secrets
-    archive = runbook.archive(run_dir)
+    archive = driver.pack_run(run_dir)
     written = [p for p in run_dir.parent.parent.rglob("*") if p.is_file()]
     assert archive in written and len(written) > 10
     for path in written:
@@ -103,7 +104,7 @@ def lab_containers() -> dict[str, str]:
     return {f"{n.name}/{c['name']}": c["state"] for n in sblab.status().nodes for c in n.containers}
 
 
-def test_restore_while_the_new_server_holds_the_port_is_refused(full_run: tuple[Path, runbook.Manifest],
+def test_restore_while_the_new_server_holds_the_port_is_refused(full_run: tuple[Path, Manifest],
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     run_dir, manifest = full_run
     before = lab_containers()
@@ -120,7 +121,7 @@ def test_restore_while_the_new_server_holds_the_port_is_refused(full_run: tuple[
     assert "refused" in (run_dir / "index.html").read_text().split("<h2>Restore</h2>")[1]
 
 
-def test_stop_new_then_restore_brings_the_old_services_back(full_run: tuple[Path, runbook.Manifest],
+def test_stop_new_then_restore_brings_the_old_services_back(full_run: tuple[Path, Manifest],
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     run_dir, manifest = full_run
     params = load_params(manifest.params_file)
@@ -141,7 +142,7 @@ def test_stop_new_then_restore_brings_the_old_services_back(full_run: tuple[Path
 
 def test_restore_of_a_run_whose_cleanup_stopped_nothing_changes_nothing(lab, tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir, manifest = runbook.run(sblab.REPO_PARAMS, out_root=tmp_path, only="01")
+    run_dir, manifest = driver.run(sblab.REPO_PARAMS, out_root=tmp_path, only="01")
     assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
     before = lab_containers()
     assert cli.main(["restore", str(run_dir)]) == 0

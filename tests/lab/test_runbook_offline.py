@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import sparkbook.lab as sblab
-from sparkbook.core import runbook
 from sparkbook.core.record import read_events
+from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab
 PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab-hf.yaml"
@@ -25,13 +25,13 @@ def hf_run(lab, tmp_path_factory):  # type: ignore[no-untyped-def]
     if sblab.params_file(2) != sblab.REPO_PARAMS:
         pytest.skip("params/lab-hf.yaml describes the default lab (SPARKBOOK_LAB_ID unset)")
     sblab.reset()
-    return runbook.run(PARAMS, out_root=tmp_path_factory.mktemp("outputs-hf"), parameters={"confirm_cleanup": True},
+    return driver.run(PARAMS, out_root=tmp_path_factory.mktemp("outputs-hf"), parameters={"confirm_cleanup": True},
                        say=print)
 
 
 def test_every_notebook_succeeds_with_the_entrypoint_image_and_the_model_by_hf_id(hf_run) -> None:  # type: ignore[no-untyped-def]
     run_dir, manifest = hf_run
-    assert [(nb.name, nb.status) for nb in manifest.notebooks] == [(n, "ok") for n in runbook.notebook_names()], \
+    assert [(nb.name, nb.status) for nb in manifest.notebooks] == [(n, "ok") for n in driver.notebook_names()], \
         json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
     state = json.loads((run_dir / "state.json").read_text())
     assert state["image"]["ref"] == ENTRYPOINT_IMAGE, "03 chose the image whose ENTRYPOINT is `vllm serve`"

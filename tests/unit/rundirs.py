@@ -1,4 +1,4 @@
-"""Synthetic run dirs for the archive tests: a manifest, state, events and bench points as core.runbook and the
+"""Synthetic run dirs for the archive tests: a manifest, state, events and bench points as the runbook driver and the
 notebooks write them."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
     (run_dir / "bench").mkdir(parents=True)
     statuses = statuses or ["ok"] * len(NAMES)
     notebooks = []
-    for name, status in zip(NAMES, statuses):
+    for name, status in zip(NAMES, statuses, strict=False):
         notebooks.append({"name": name, "status": status, "started": "t", "duration_s": 1.0,
                           "exception": exception if status == "failed" else None,
                           "decisions": (decisions or {}).get(name[:2], []), "cell_limit_s": 1800,

@@ -10,7 +10,9 @@ from committed import examples
 from rundirs import NAMES, make_run, point
 
 from sparkbook import cli
-from sparkbook.core import archive, pages, runbook
+from sparkbook.records import archive, pages
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_RUN = examples() / "lab/20261130T150551Z"
@@ -38,6 +40,21 @@ def test_an_older_gpu_run_without_state_falls_back_to_decisions_and_bench_files(
     assert r.ready_s is None and r.roofline_pct is None  # not recorded by that run dir: shown as '-'
     assert r.single_tok_s == pytest.approx(247.26, abs=0.01) and (r.peak_concurrency, round(r.peak_tok_s)) == (64, 3406)
     assert archive.row(r)["ready s"] == "-" and archive.row(r)["peak tok/s"] == "3,405.6 @64"
+
+
+def test_image_and_executor_are_read_by_the_decisions_key_whatever_their_words(tmp_path: Path) -> None:
+    """Issue 28 item 3: a reworded question keeps its column; a run dir without keys is read by the words."""
+    keyed = {"03": [{"question": "Which container image should serve the model?", "choice": "img:keyed",
+                     "reason": "r", "key": "image"}],
+             "05": [{"question": "Which executor?", "choice": "ray", "reason": "r", "key": "executor"}]}
+    run_dir = make_run(tmp_path / "lab", "20261201T100000Z", statuses=["ok", "ok"] + ["pending"] * 4,
+                       decisions=keyed)
+    r = archive.read_run(run_dir)
+    assert (r.image, r.executor) == ("img:keyed", "ray")
+    worded = {"03": [{"question": "Which image runs vLLM?", "choice": "img:worded", "reason": "r"}]}
+    r = archive.read_run(make_run(tmp_path / "lab", "20261201T110000Z", statuses=["ok", "ok"] + ["pending"] * 4,
+                                  decisions=worded))
+    assert r.image == "img:worded"
 
 
 def test_failed_partial_ok_and_malformed_runs_newest_first(tmp_path: Path) -> None:
@@ -107,8 +124,8 @@ def test_a_run_page_shows_status_figures_findings_failing_cell_and_what_did_not_
                 {"severity": "blocker", "topic": "image", "text": "img:1 cannot serve X"}]
     run_dir = make_run(tmp_path / "lab", "20261201T110000Z", statuses=["ok"] * 4 + ["failed", "pending"],
                        exception=FAILED_05, events=[OOM], decisions=decisions, findings=findings)
-    manifest = runbook.Manifest.read(run_dir)
-    page = runbook.write_index(run_dir, manifest).read_text()
+    manifest = Manifest.read(run_dir)
+    page = driver.write_index(run_dir, manifest).read_text()
     assert "Status: <b>failed at 05</b>" in page and "Not run: 06-benchmark.ipynb" in page
     assert page.index("img:1 cannot serve X") < page.index("no GPU")  # blockers first
     assert "rejected <b>img:1</b>: does not register X" in page and "registers X" in page
@@ -119,9 +136,9 @@ def test_a_run_page_shows_status_figures_findings_failing_cell_and_what_did_not_
 
 def test_an_only_run_is_partial_not_ok(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "lab", "20261201T120000Z", statuses=["pending", "ok"] + ["pending"] * 4)
-    manifest = runbook.Manifest.read(run_dir)
+    manifest = Manifest.read(run_dir)
     assert manifest.status == "ok"  # what the manifest says of an --only run that succeeded
-    page = runbook.write_index(run_dir, manifest).read_text()
+    page = driver.write_index(run_dir, manifest).read_text()
     assert "Status: <b>partial: 02 ran</b>" in page and "Status: <b>ok" not in page
 
 

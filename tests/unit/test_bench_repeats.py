@@ -27,14 +27,14 @@ from sparkbook.core.benchstats import (
     prompt_seed,
     repeat_spread,
     spread,
-    stall_rows,
-    table,
     warmup_count,
 )
 from sparkbook.core.params import BenchmarkPlan, Params
+from sparkbook.core.sweeppoint import SweepPoint, read_points
 from sparkbook.stages.bench import client
-from sparkbook.stages.bench.client import Target, make_prompts, run_load
-from sparkbook.stages.bench.sweep import load_results, local_runner, save, sweep
+from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
+from sparkbook.stages.bench.sweep import local_runner, save, sweep
+from sparkbook.stages.bench.tables import stall_rows, table
 
 
 class FakeServer:
@@ -111,8 +111,8 @@ class FakeServer:
         self.thread.join(10)
 
     @property
-    def target(self) -> Target:
-        return Target(f"http://127.0.0.1:{self.port}", "fake")
+    def target(self) -> CompletionsServer:
+        return CompletionsServer(f"http://127.0.0.1:{self.port}", "fake")
 
 
 def rec(ttft: float, sent: float = 0.0) -> RequestRecord:
@@ -141,13 +141,13 @@ def test_spread_and_aggregation_of_repeats():
     assert s.range_pct == pytest.approx(100 * 173 / 1157)
     assert s.stdev_pct == pytest.approx(100 * 87.94 / 1157, rel=1e-3)
     assert spread([5.0]).stdev_pct == 0.0
-    reps = [{"max_concurrency": 16, "completed": 64, "failed": 0, "duration": 10.0, "total_output_tokens": 16384,
-             "output_throughput": t, "p99_ttft_ms": p, "median_ttft_ms": None if p == 0 else 60.0}
+    reps = [SweepPoint(max_concurrency=16, completed=64, failed=0, duration=10.0, total_output_tokens=16384,
+                       output_throughput=t, p99_ttft_ms=p, median_ttft_ms=None if p == 0 else 60.0)
             for t, p in ((1000.0, 100.0), (1200.0, 90.0), (1100.0, 0))]
     agg = aggregate_repeats(reps)
-    assert (agg["completed"], agg["duration"], agg["total_output_tokens"]) == (192, 30.0, 3 * 16384)
-    assert agg["output_throughput"] == 1100.0 and agg["p99_ttft_ms"] == 90.0
-    assert agg["median_ttft_ms"] is None, "a repeat without the figure leaves the point without it"
+    assert (agg.completed, agg.duration, agg.total_output_tokens) == (192, 30.0, 3 * 16384)
+    assert agg.output_throughput == 1100.0 and agg.p99_ttft_ms == 90.0
+    assert agg.median_ttft_ms is None, "a repeat without the figure leaves the point without it"
 
 
 def test_stall_is_p99_over_ten_times_the_median_and_names_its_requests():
@@ -184,9 +184,10 @@ def test_a_stall_that_holds_a_whole_wave_is_measured_against_the_calmest_repeat(
 
 
 def test_compare_uses_the_repeats_spread_as_noise():
-    def point(tputs: list[float]) -> dict:
-        return {"max_concurrency": 16, "completed": 192, "output_throughput": sorted(tputs)[1],
-                "sparkbook": {"repeats": [{"output_throughput": t} for t in tputs]}}
+    def point(tputs: list[float]) -> SweepPoint:
+        return SweepPoint.model_validate({"max_concurrency": 16, "completed": 192,
+                                          "output_throughput": sorted(tputs)[1],
+                                          "sparkbook": {"repeats": [{"output_throughput": t} for t in tputs]}})
 
     steady = point([1000.0, 1010.0, 990.0])
     assert repeat_spread(steady, "output_throughput").values == [1000.0, 1010.0, 990.0]
@@ -245,15 +246,16 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     assert len(set(once)) == len(once) and companion not in once, "every prompt distinct"
     assert all(len(p) == 24 for p in server.prompts)
     one, four = points
-    assert len(one.repeats) == 3 and len(one.records) == 24 and one.result["completed"] == 24
-    assert one.result["output_throughput"] == pytest.approx(sorted(r["output_throughput"] for r in one.repeats)[1])
+    assert len(one.repeats) == 3 and len(one.records) == 24 and one.result.completed == 24
+    assert one.result.output_throughput == pytest.approx(sorted(r["output_throughput"] for r in one.repeats)[1])
     assert all(c.agrees for c in one.cross_checks + four.cross_checks), "the /metrics window: repeats, no warm-up"
     assert [(s.repeat, [q["index"] for q in s.requests]) for s in one.stalls] == [(2, [3])]
-    assert four.stalls == [] and four.result["max_concurrency"] == 4
+    assert four.stalls == [] and four.result.max_concurrency == 4
     save(tmp_path, points, server.target, plan, 1)
-    saved = load_results(tmp_path)
-    assert saved[0]["num_warmups"] == 2 and saved[1]["num_warmups"] == 4
-    assert len(saved[0]["sparkbook"]["repeats"]) == 3 and saved[0]["sparkbook"]["stalls"][0]["repeat"] == 2
+    saved = read_points(tmp_path)
+    files = [p.to_json() for p in saved]
+    assert files[0]["num_warmups"] == 2 and files[1]["num_warmups"] == 4
+    assert len(files[0]["sparkbook"]["repeats"]) == 3 and files[0]["sparkbook"]["stalls"][0]["repeat"] == 2
     rows = table(saved)
     assert rows[0]["repeats"] == 3 and rows[0]["stalled repeats"] == "2" and rows[1]["stalled repeats"] is None
     assert rows[0]["stdev %"] is not None and "-" in rows[0]["tok/s min-max"]
@@ -264,9 +266,9 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
 
 def test_the_throughput_plot_draws_the_repeats_min_max():
     from sparkbook.stages.bench.plot import throughput_figure
-    points = [{"max_concurrency": 1, "output_throughput": 250.0},
-              {"max_concurrency": 16, "output_throughput": 1157.0,
-               "sparkbook": {"repeats": [{"output_throughput": t} for t in (1043.0, 1157.0, 1216.0)]}}]
+    points = [SweepPoint(max_concurrency=1, output_throughput=250.0),
+              SweepPoint.model_validate({"max_concurrency": 16, "output_throughput": 1157.0, "sparkbook": {
+                  "repeats": [{"output_throughput": t} for t in (1043.0, 1157.0, 1216.0)]}})]
     ax = throughput_figure(points).axes[0]
     (bars,) = [c for c in ax.containers if c.get_label().startswith("output tok/s (this run")]
     segments = bars.lines[2][0].get_segments()

@@ -20,7 +20,9 @@ from sparkbook.core.benchstats import (
     tpot_s,
 )
 from sparkbook.core.params import BenchmarkPlan
-from sparkbook.stages.bench.sweep import earlier_run, split
+from sparkbook.core.rundir import earlier_run
+from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.stages.bench.sweep import split
 
 
 def rec(ttft: float, gaps: list[float], tokens: int, counts: list[int] | None = None, sent: float = 0.0,
@@ -54,16 +56,16 @@ def test_summarize_uses_vllm_field_names_and_counts():
     records = [rec(0.1, [0.01] * 9, tokens=10, sent=0.0), rec(0.2, [0.02] * 9, tokens=10, sent=0.0),
                RequestRecord(False, 0.0, error="HTTP 500")]
     s = summarize(records, duration_s=2.0, max_concurrency=2)
-    assert (s["completed"], s["failed"], s["num_prompts"]) == (2, 1, 3)
-    assert (s["total_input_tokens"], s["total_output_tokens"]) == (128, 20)
-    assert s["output_throughput"] == pytest.approx(10.0)
-    assert s["request_throughput"] == pytest.approx(1.0)
-    assert s["median_ttft_ms"] == pytest.approx(150.0)
-    assert s["mean_tpot_ms"] == pytest.approx(15.0)
-    assert s["median_itl_ms"] == pytest.approx(15.0)          # 9 gaps of 10 ms and 9 of 20 ms
-    assert s["mean_e2el_ms"] == pytest.approx((190 + 380) / 2)
+    assert (s.completed, s.failed, s.num_prompts) == (2, 1, 3)
+    assert (s.total_input_tokens, s.total_output_tokens) == (128, 20)
+    assert s.output_throughput == pytest.approx(10.0)
+    assert s.request_throughput == pytest.approx(1.0)
+    assert s.median_ttft_ms == pytest.approx(150.0)
+    assert s.mean_tpot_ms == pytest.approx(15.0)
+    assert s.median_itl_ms == pytest.approx(15.0)          # 9 gaps of 10 ms and 9 of 20 ms
+    assert s.mean_e2el_ms == pytest.approx((190 + 380) / 2)
     for key in ("p90_itl_per_token_ms", "p99_e2el_ms", "std_tpot_ms", "duration", "max_concurrency"):
-        assert key in s
+        assert key in s.to_json()
 
 
 def test_prometheus_totals_sum_label_sets_and_skip_comments():
@@ -145,9 +147,9 @@ def test_known_bandwidths_and_served_dtype():
     assert served_bytes_per_param(0.5, "auto") == 0.5
 
 
-def point(conc: int, tput: float, ttft: float, std: float, n: int = 32) -> dict:
-    return {"max_concurrency": conc, "completed": n, "output_throughput": tput, "median_ttft_ms": ttft,
-            "std_ttft_ms": std}
+def point(conc: int, tput: float, ttft: float, std: float, n: int = 32) -> SweepPoint:
+    return SweepPoint(max_concurrency=conc, completed=n, output_throughput=tput, median_ttft_ms=ttft,
+                      std_ttft_ms=std)
 
 
 def test_compare_flags_only_worse_beyond_noise():
@@ -164,9 +166,11 @@ def test_compare_flags_only_worse_beyond_noise():
 
 
 def test_agreement_within_tolerance():
-    rows = agreement({"max_concurrency": 8, "output_throughput": 104.0, "median_tpot_ms": 10.0},
-                     {"output_throughput": 100.0, "median_tpot_ms": 10.6}, ["output_throughput", "median_tpot_ms"])
-    assert [(r.diff_pct, r.within) for r in rows] == [(pytest.approx(4.0), True), (pytest.approx(-5.66, abs=0.01), False)]
+    rows = agreement(SweepPoint(max_concurrency=8, output_throughput=104.0, median_tpot_ms=10.0),
+                     SweepPoint(max_concurrency=8, output_throughput=100.0, median_tpot_ms=10.6),
+                     ["output_throughput", "median_tpot_ms"])
+    assert [(r.diff_pct, r.within) for r in rows] == [(pytest.approx(4.0), True),
+                                                      (pytest.approx(-5.66, abs=0.01), False)]
 
 
 def test_client_ceiling_is_tokens_per_cpu_second():

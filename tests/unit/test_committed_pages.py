@@ -59,14 +59,15 @@ def test_a_broken_link_is_caught(tmp_path: Path):
     (tmp_path / "c" / "r").mkdir(parents=True)
     (tmp_path / "c" / "index.html").write_text(
         '<a href="r/index.html">run</a> <a href="https://example.org/x">x</a> <a href="#top">t</a>'
-        '<a href="r/params.yaml">params</a><img src="r/bench/throughput.png"><a href="../c/r/06-benchmark.ipynb">06</a>')
+        '<a href="r/params.yaml">params</a><img src="r/bench/throughput.png">'
+        '<a href="../c/r/06-benchmark.ipynb">06</a>')
     files = {"c/index.html", "c/r/index.html", "c/r/06-benchmark.ipynb"}
     assert broken_links(tmp_path, "c/index.html", files) == ["r/params.yaml", "r/bench/throughput.png"]
 
 
 def test_a_run_page_says_why_it_shows_no_findings():
     """The H200 records keep their notebooks but no state.json: 02 ran, its findings are in the notebook."""
-    from sparkbook.core import archive, pages
+    from sparkbook.records import archive, pages
     run_dir = examples() / "h200-duo/20261130T144302Z"
     page = pages.run_page(archive.read_run(run_dir))
     assert "this run dir keeps no state.json: the findings are in 02-diagnosis.ipynb" in page

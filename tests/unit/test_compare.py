@@ -10,7 +10,7 @@ from committed import examples
 from rundirs import make_run, point
 
 from sparkbook import cli
-from sparkbook.core import compare, pages
+from sparkbook.records import compare, pages
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = {"03": [{"question": "Which image serves X?", "choice": "img:1", "reason": "r", "alternatives": []}]}

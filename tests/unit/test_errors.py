@@ -15,11 +15,11 @@ import pytest
 
 import sparkbook
 from sparkbook import cli
-from sparkbook.core import lock
 from sparkbook.core.errors import SparkbookError
 from sparkbook.core.nodes import Cluster, Unreachable
 from sparkbook.core.params import load_params
 from sparkbook.core.state import MissingState
+from sparkbook.runbook import lock
 
 
 def package_exceptions() -> list[type[BaseException]]:

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from sparkbook import cli
-from sparkbook.core import runbook
 from sparkbook.core.context import Context
 from sparkbook.core.handoff import Action
 from sparkbook.core.hostfacts import Memory
@@ -23,6 +22,8 @@ from sparkbook.core.runtime import runtime_for
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Listener, answering, listeners
 from sparkbook.stages.cleanup.planning import Plan, plan
 from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, restore_steps, write_restore_plan
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest, NotebookRun
 
 MEM = Memory(100 << 30, 10 << 30)
 RUN = Path("/runs/lab/1")
@@ -165,8 +166,8 @@ def nothing_stopped_run(write_params: Callable[[dict[str, Any]], Path], base: di
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     params = write_params(base)
-    manifest = runbook.Manifest("unit", "1", str(params), {}, "2026-12-01T00:00:00+00:00",
-                                notebooks=[runbook.NotebookRun("01-cleanup.ipynb", "ok")])
+    manifest = Manifest("unit", "1", str(params), {}, "2026-12-01T00:00:00+00:00",
+                                notebooks=[NotebookRun("01-cleanup.ipynb", "ok")])
     manifest.write(run_dir)
     open_run(params, run_dir, stage="01-cleanup").record("cleanup_plan", Plan([]))
     return run_dir
@@ -196,7 +197,7 @@ def test_the_index_shows_each_restore_with_conflicts_and_verdicts(tmp_path: Path
                               "health": "NOT answering u", "memory": "0 MiB", "problems": ["not running"],
                               "log_tail": "Errno 98 <Address in use>"}]}}]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    page = runbook.write_index(tmp_path, runbook.Manifest("lab", "1", "p.yaml", {}, "t0")).read_text()
+    page = driver.write_index(tmp_path, Manifest("lab", "1", "p.yaml", {}, "t0")).read_text()
     section = page[page.index("<h2>Restore</h2>"):]
     assert section.index("refused") < section.index("port 8000 is held by container x") < section.index("failed")
     assert "docker stop x" in section and "NOT BACK" in section and "Errno 98 &lt;Address in use&gt;" in section

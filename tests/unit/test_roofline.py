@@ -10,6 +10,8 @@ from test_modelinfo import DEEPSEEK_V3, LLAMA3_8B, QWEN3_30B_A3B
 
 from sparkbook.core import benchstats
 from sparkbook.core.modelinfo import ModelFacts, model_facts
+from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.stages.bench import tables
 from sparkbook.stages.bench.plot import throughput_figure
 
 LAB_STATE = examples() / "lab/20261130T150551Z/state.json"
@@ -50,7 +52,8 @@ def test_moe_ceiling_by_hand() -> None:
     assert facts.active_params == active == 3_353_018_368
     step = benchstats.step_model(facts, "auto", 2, 4800.0, 64, 256)
     assert step.dense_params == active - 48 * 8 * expert == 1_541_079_040
-    points = [{"max_concurrency": 1, "output_throughput": 247.3}, {"max_concurrency": 16, "output_throughput": 1675.2}]
+    points = [SweepPoint(max_concurrency=1, output_throughput=247.3),
+              SweepPoint(max_concurrency=16, output_throughput=1675.2)]
     one, sixteen = benchstats.batch_ceilings(step, points)
     kv_token = 48 * 2 * 4 * 128 * 2
     e16 = 128 * (1 - (1 - 8 / 128) ** 16)
@@ -62,7 +65,7 @@ def test_moe_ceiling_by_hand() -> None:
     assert one.ceiling_tok_s == pytest.approx(1427.5, abs=0.1)  # 6,724,911,104 B per step at 9.6 TB/s
     assert sixteen.ceiling_tok_s == pytest.approx(3772.1, abs=0.1)  # 2.6x the single stream, not 16x
     assert sixteen.percent_of_ceiling == pytest.approx(100 * 1675.2 / sixteen.ceiling_tok_s)
-    text = benchstats.ceiling_markdown(step, [one, sixteen])
+    text = tables.ceiling_markdown(step, [one, sixteen])
     assert "E = 128, k = 8" in text and "E_B = 82.4" in text and "1,541,079,040" in text and "3,772 tok/s" in text
 
 
@@ -85,7 +88,7 @@ def test_the_lab_model_mla_latent_is_read_by_every_rank() -> None:
 
 def test_the_plot_draws_the_ceiling_at_each_point() -> None:
     step = benchstats.step_model(model_facts(QWEN3_30B_A3B, None, [], "/m"), "auto", 2, 4800.0, 64, 256)
-    points = [{"max_concurrency": c, "output_throughput": t} for c, t in ((1, 247.0), (4, 780.0), (16, 1675.0))]
+    points = [SweepPoint(max_concurrency=c, output_throughput=t) for c, t in ((1, 247.0), (4, 780.0), (16, 1675.0))]
     ceilings = benchstats.batch_ceilings(step, points)
     ax = throughput_figure(points, ceilings).axes[0]
     line = next(ln for ln in ax.get_lines() if ln.get_label() == "decode ceiling at each concurrency")

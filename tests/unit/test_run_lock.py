@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core import lock, runbook
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import Params, load_params
+from sparkbook.runbook import driver, lock
 
 
 @pytest.fixture
@@ -153,6 +153,6 @@ def test_interrupted_run_releases_the_lock(params: Params, tmp_path: Path) -> No
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        runbook.run(params_file, out_root=tmp_path / "out", say=interrupt)
+        driver.run(params_file, out_root=tmp_path / "out", say=interrupt)
     assert seen == [True], "the lock is held while notebooks run"
     assert not Path(params.run_lock.path).exists()

@@ -9,8 +9,8 @@ from typing import Any
 import nbformat
 import pytest
 
-from sparkbook.core import runbook
 from sparkbook.core.params import load_params
+from sparkbook.runbook import driver, limits
 
 TOKEN = "hf_" + "Zq8" * 10
 
@@ -57,7 +57,7 @@ def _all_text(folder: Path) -> str:
 
 
 def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
-    run_dir, manifest = runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
+    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
     assert manifest.status == "ok"
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
     assert manifest.notebooks[1].decisions[0]["choice"] == "02-second"
@@ -67,12 +67,12 @@ def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: P
     assert all(f'href="{n}"' in index for n in ("01-first.ipynb", "02-second.ipynb", "03-third.ipynb"))
     assert "because" in index
     assert TOKEN not in _all_text(run_dir) and "[REDACTED]" in (run_dir / "01-first.ipynb").read_text()
-    archive = runbook.archive(run_dir)
+    archive = driver.pack_run(run_dir)
     assert archive.stat().st_size > 0
 
 
 def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
-    run_dir, manifest = runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks,
+    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks,
                                     parameters={"fail": True}, say=lambda _: None)
     assert [nb.status for nb in manifest.notebooks] == ["ok", "failed", "pending"]
     failed = manifest.notebooks[1]
@@ -83,7 +83,7 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
     assert (run_dir / "params.yaml").read_text() == params_file.read_text()
 
     seen: list[str] = []
-    run_dir2, manifest = runbook.run(params_file, resume=run_dir, folder=notebooks, parameters={"fail": False},
+    run_dir2, manifest = driver.run(params_file, resume=run_dir, folder=notebooks, parameters={"fail": False},
                                      say=seen.append)
     assert run_dir2 == run_dir
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
@@ -92,28 +92,28 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
 
 def test_only_and_from_select_notebooks() -> None:
     names = ["01-a.ipynb", "02-b.ipynb", "03-c.ipynb"]
-    assert runbook.select(names, only="02") == ["02-b.ipynb"]
-    assert runbook.select(names, start="02") == ["02-b.ipynb", "03-c.ipynb"]
-    with pytest.raises(runbook.RunbookError):
-        runbook.select(names, only="09")
+    assert driver.select(names, only="02") == ["02-b.ipynb"]
+    assert driver.select(names, start="02") == ["02-b.ipynb", "03-c.ipynb"]
+    with pytest.raises(driver.RunbookError):
+        driver.select(names, only="09")
 
 
 def test_unknown_parameter_is_an_error(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
-    with pytest.raises(runbook.RunbookError, match="confirm_cleanpu"):
-        runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks, parameters={"confirm_cleanpu": True})
+    with pytest.raises(driver.RunbookError, match="confirm_cleanpu"):
+        driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, parameters={"confirm_cleanpu": True})
     assert not (tmp_path / "out").exists()
 
 
 def test_repo_notebooks_declare_their_parameters() -> None:
-    for name in runbook.notebook_names():
-        assert {"params_file", "run_dir"} <= runbook.declared_parameters(runbook.NOTEBOOKS / name), name
-    assert len(runbook.notebook_names()) == 6
+    for name in driver.notebook_names():
+        assert {"params_file", "run_dir"} <= driver.declared_parameters(driver.NOTEBOOKS / name), name
+    assert len(driver.notebook_names()) == 6
 
 
 def test_each_notebook_is_passed_only_the_parameters_it_declares() -> None:
     given = {"params_file": "p.yaml", "run_dir": "r", "confirm_cleanup": True}
-    assert runbook.parameters_for(runbook.NOTEBOOKS / "01-cleanup.ipynb", given) == given
-    assert runbook.parameters_for(runbook.NOTEBOOKS / "02-diagnosis.ipynb", given) == {"params_file": "p.yaml",
+    assert driver.parameters_for(driver.NOTEBOOKS / "01-cleanup.ipynb", given) == given
+    assert driver.parameters_for(driver.NOTEBOOKS / "02-diagnosis.ipynb", given) == {"params_file": "p.yaml",
                                                                                        "run_dir": "r"}
 
 
@@ -123,15 +123,16 @@ def test_a_ready_wait_longer_than_30_minutes_gets_a_cell_limit_above_it(base: di
     base["serve"] = {**base.get("serve", {}), "ready_timeout_s": 2400, "max_remedies": 2}
     base["ray"] = {**base.get("ray", {}), "join_timeout_s": 3000}
     params = load_params(write_params(base))
-    limit, why = runbook.cell_limit(params, "05-serve.ipynb")
+    limit, why = limits.cell_limit(params, "05-serve.ipynb")
     assert limit >= 3 * 2400, (limit, why)
     assert "3 attempts" in why and "2400" in why
-    assert runbook.cell_limit(params, "04-ray-cluster.ipynb")[0] >= 3000
-    assert runbook.cell_limit(params, "02-diagnosis.ipynb") == (runbook.BASE_CELL_S, f"the default {runbook.BASE_CELL_S} s")
+    assert limits.cell_limit(params, "04-ray-cluster.ipynb")[0] >= 3000
+    assert limits.cell_limit(params, "02-diagnosis.ipynb") == (limits.BASE_CELL_S,
+                                                              f"the default {limits.BASE_CELL_S} s")
 
 
 def test_the_cell_limit_is_in_the_manifest_and_the_index(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
-    run_dir, manifest = runbook.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
+    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
     written = json.loads((run_dir / "manifest.json").read_text())["notebooks"][0]
-    assert written["cell_limit_s"] == runbook.BASE_CELL_S and written["cell_limit_reason"]
-    assert f"cell limit {runbook.BASE_CELL_S} s" in (run_dir / "index.html").read_text()
+    assert written["cell_limit_s"] == limits.BASE_CELL_S and written["cell_limit_reason"]
+    assert f"cell limit {limits.BASE_CELL_S} s" in (run_dir / "index.html").read_text()

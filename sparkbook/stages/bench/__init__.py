@@ -1,1 +1,1 @@
-"""06: the benchmark stage: the sweep (sweep), its HTTP load generator (client) and its plots (plot)."""
+"""06: the benchmark stage: the sweep (sweep), its HTTP load generator (client), its tables and its plots (plot)."""

@@ -30,7 +30,7 @@ SEED_TEXT = ("The cluster serves a new model over Ray and every node streams tok
 
 
 @dataclass(frozen=True)
-class Target:
+class CompletionsServer:
     """Where to send requests: the server's base URL and served model name."""
 
     base_url: str
@@ -56,28 +56,28 @@ class LoadResult:
     chunks: int
 
 
-async def _json(session: aiohttp.ClientSession, target: Target, method: str, path: str,
+async def _json(session: aiohttp.ClientSession, target: CompletionsServer, method: str, path: str,
                 body: dict[str, Any] | None = None) -> Any:
     async with session.request(method, target.url(path), json=body, timeout=target.timeout(30)) as resp:
         resp.raise_for_status()
         return await resp.json(content_type=None)
 
 
-async def _tokenize(target: Target, text: str) -> list[int]:
+async def _tokenize(target: CompletionsServer, text: str) -> list[int]:
     async with aiohttp.ClientSession() as session:
         return await _token_ids(session, target, text)
 
 
-async def _detokenize(session: aiohttp.ClientSession, target: Target, ids: list[int]) -> str:
-    return (await _json(session, target, "POST", "/detokenize", {"model": target.model, "tokens": ids}))["prompt"]
+async def _detokenize(session: aiohttp.ClientSession, target: CompletionsServer, ids: list[int]) -> str:
+    return str((await _json(session, target, "POST", "/detokenize", {"model": target.model, "tokens": ids}))["prompt"])
 
 
-async def _token_ids(session: aiohttp.ClientSession, target: Target, text: str) -> list[int]:
+async def _token_ids(session: aiohttp.ClientSession, target: CompletionsServer, text: str) -> list[int]:
     body = {"model": target.model, "prompt": text, "add_special_tokens": False}
     return list((await _json(session, target, "POST", "/tokenize", body))["tokens"])
 
 
-async def _fit_text(session: aiohttp.ClientSession, target: Target, ids: list[int], pool: list[int],
+async def _fit_text(session: aiohttp.ClientSession, target: CompletionsServer, ids: list[int], pool: list[int],
                     rng: random.Random) -> Prompt:
     """Text that the server tokenizes to exactly len(ids) tokens: decode, re-encode, truncate or pad, repeat.
     Where the tokenizer does not settle within FIT_TRIES, the ids themselves (the length is what is fixed)."""
@@ -91,21 +91,21 @@ async def _fit_text(session: aiohttp.ClientSession, target: Target, ids: list[in
     return first
 
 
-async def _text_prompts(target: Target, id_prompts: list[list[int]], pool: list[int],
+async def _text_prompts(target: CompletionsServer, id_prompts: list[list[int]], pool: list[int],
                         seed: int) -> list[Prompt]:
     rng = random.Random(seed)
     async with aiohttp.ClientSession() as session:
         return [await _fit_text(session, target, ids, pool, rng) for ids in id_prompts]
 
 
-async def _metrics(target: Target) -> dict[str, float]:
+async def _metrics(target: CompletionsServer) -> dict[str, float]:
     async with aiohttp.ClientSession() as session:
         async with session.get(target.url("/metrics"), timeout=target.timeout(30)) as resp:
             resp.raise_for_status()
             return prometheus_totals(await resp.text())
 
 
-async def _models(target: Target) -> list[str]:
+async def _models(target: CompletionsServer) -> list[str]:
     async with aiohttp.ClientSession() as session:
         return [m["id"] for m in (await _json(session, target, "GET", "/v1/models"))["data"]]
 
@@ -116,14 +116,14 @@ def make_prompts(pool: list[int], count: int, length: int, seed: int) -> list[li
     return [[pool[rng.randrange(len(pool))] for _ in range(length)] for _ in range(count)]
 
 
-def request_body(target: Target, prompt: Prompt, output_len: int) -> dict[str, Any]:
+def request_body(target: CompletionsServer, prompt: Prompt, output_len: int) -> dict[str, Any]:
     """The completion request: fixed output length, streamed with usage and per-chunk token ids."""
     return {"model": target.model, "prompt": prompt, "max_tokens": output_len,
             "ignore_eos": True, "temperature": TEMPERATURE, "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
 
 
-async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Prompt,
+async def one_request(session: aiohttp.ClientSession, target: CompletionsServer, prompt: Prompt,
                       output_len: int) -> RequestRecord:
     """Send one streamed completion; time every chunk (vLLM's way: TTFT at the first chunk with choices)."""
     sent_at, t0 = time.time(), time.perf_counter()
@@ -143,7 +143,7 @@ async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Pr
                 data = json.loads(line[5:])
                 if choices := data.get("choices"):
                     now = time.perf_counter()
-                    if ttft is None:
+                    if ttft is None or last is None:
                         ttft = now - t0
                     else:
                         gaps.append(now - last)
@@ -160,7 +160,7 @@ async def one_request(session: aiohttp.ClientSession, target: Target, prompt: Pr
                          int(usage.get("completion_tokens") or len(gaps) + 1))
 
 
-async def _load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
+async def _load(target: CompletionsServer, prompts: list[Prompt], output_len: int, concurrency: int,
                 start_at: float | None) -> LoadResult:
     if start_at is not None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -178,18 +178,18 @@ async def _load(target: Target, prompts: list[Prompt], output_len: int, concurre
     return LoadResult(list(records), started, finished, time.thread_time() - cpu0, chunks)
 
 
-async def _prefill_groups(target: Target, groups: list[list[Prompt]], companion: Prompt | None,
+async def _prefill_groups(target: CompletionsServer, groups: list[list[Prompt]], companion: Prompt | None,
                           companion_len: int) -> list[RequestRecord]:
     """Each group's prompts sent together for one output token (prefill only), one group after another; with a
     `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last group;
     given up when the server refuses it)."""
     records: list[RequestRecord] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def decode_beside() -> None:
-            while (await one_request(session, target, companion, companion_len)).ok:
+        async def decode_beside(prompt: Prompt) -> None:
+            while (await one_request(session, target, prompt, companion_len)).ok:
                 pass
 
-        beside = asyncio.create_task(decode_beside()) if companion is not None else None
+        beside = asyncio.create_task(decode_beside(companion)) if companion is not None else None
         try:
             if beside is not None:
                 await asyncio.sleep(0.05)  # its prefill done: the groups' steps hold one decode each
@@ -208,35 +208,35 @@ def _run(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout_s)).result(timeout_s + 10)
 
 
-def tokenize(target: Target, text: str = SEED_TEXT * 8) -> list[int]:
+def tokenize(target: CompletionsServer, text: str = SEED_TEXT * 8) -> list[int]:
     """Token ids of `text` by the server's own tokenizer (POST /tokenize, no special tokens)."""
     return _run(_tokenize(target, text), 60)
 
 
-def text_prompts(target: Target, pool: list[int], count: int, length: int, seed: int) -> list[Prompt]:
+def text_prompts(target: CompletionsServer, pool: list[int], count: int, length: int, seed: int) -> list[Prompt]:
     """`count` prompts of exactly `length` tokens by the server's tokenizer, from random ids of `pool`."""
     return _run(_text_prompts(target, make_prompts(pool, count, length, seed), pool, seed), 60 + count)
 
 
-def metrics(target: Target) -> dict[str, float]:
+def metrics(target: CompletionsServer) -> dict[str, float]:
     """The server's Prometheus counters (GET /metrics), summed over labels."""
     return _run(_metrics(target), 60)
 
 
-def served_models(target: Target) -> list[str]:
+def served_models(target: CompletionsServer) -> list[str]:
     """Model ids the server lists (GET /v1/models)."""
     return _run(_models(target), 60)
 
 
-def run_load(target: Target, prompts: list[Prompt], output_len: int, concurrency: int,
+def run_load(target: CompletionsServer, prompts: list[Prompt], output_len: int, concurrency: int,
              timeout_s: float, start_at: float | None = None) -> LoadResult:
     """Send every prompt, at most `concurrency` in flight (a request goes only when an earlier one has ended);
     the whole batch is bounded by `timeout_s`."""
     return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
 
 
-def prefill_groups(target: Target, groups: list[list[Prompt]], timeout_s: float, companion: Prompt | None = None,
-                   companion_len: int = 2) -> list[RequestRecord]:
+def prefill_groups(target: CompletionsServer, groups: list[list[Prompt]], timeout_s: float,
+                   companion: Prompt | None = None, companion_len: int = 2) -> list[RequestRecord]:
     """Prefill-only groups (see _prefill_groups), bounded by `timeout_s`: what they return is not measured."""
     return _run(_prefill_groups(target, groups, companion, companion_len), timeout_s)
 
@@ -244,4 +244,4 @@ def prefill_groups(target: Target, groups: list[list[Prompt]], timeout_s: float,
 def run_load_on_engine(target: dict[str, Any], prompts: list[Prompt], output_len: int, concurrency: int,
                        timeout_s: float, start_at: float) -> dict[str, Any]:
     """run_load for an ipyparallel engine: plain data in and out."""
-    return asdict(run_load(Target(**target), prompts, output_len, concurrency, timeout_s, start_at))
+    return asdict(run_load(CompletionsServer(**target), prompts, output_len, concurrency, timeout_s, start_at))

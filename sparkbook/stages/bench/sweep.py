@@ -8,7 +8,6 @@ started together at an agreed wall-clock instant; their per-request records are 
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +24,6 @@ from ...core.benchstats import (
     Delta,
     RequestRecord,
     Roofline,
-    Stall,
     aggregate_repeats,
     client_load,
     cross_check,
@@ -44,11 +42,12 @@ from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
+from ...core.sweeppoint import Stall, SweepPoint, write_point
 from .client import (
     TEMPERATURE,
+    CompletionsServer,
     LoadResult,
     Prompt,
-    Target,
     make_prompts,
     metrics,
     prefill_groups,
@@ -58,19 +57,16 @@ from .client import (
     tokenize,
 )
 
-BENCH_DIR = "bench"
-COUNTERS = {"vllm:generation_tokens_total": "total_output_tokens", "vllm:prompt_tokens_total": "total_input_tokens"}
-
 
 @dataclass(frozen=True)
 class Point:
     """One concurrency of the sweep: the vLLM-named result (medians over the repeats) and the evidence around it."""
 
-    result: dict[str, Any]
+    result: SweepPoint
     cross_checks: list[CrossCheck]
     clients: list[ClientLoad]  # per load generator, summed over the repeats
     records: list[RequestRecord]  # every repeat's, in order
-    repeats: list[dict[str, Any]]  # each repeat's REPEAT_METRICS
+    repeats: list[dict[str, float | None]]  # each repeat's REPEAT_METRICS
     stalls: list[Stall]
 
 
@@ -84,7 +80,7 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def local_runner(target: Target) -> LoadRunner:
+def local_runner(target: CompletionsServer) -> LoadRunner:
     """The load from this process (one client)."""
     def run(prompts: list[Prompt], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
         return [run_load(target, prompts, output_len, concurrency, timeout_s)]
@@ -114,13 +110,13 @@ class Engines:
         if self._cluster is not None:
             self._cluster.stop_cluster_sync()
 
-    def runner(self, target: Target, start_delay_s: float = 2.0) -> LoadRunner:
+    def runner(self, target: CompletionsServer, start_delay_s: float = 2.0) -> LoadRunner:
         """Each engine runs its share of prompts and concurrency, all starting at the same instant."""
         def run(prompts: list[Prompt], output_len: int, concurrency: int, timeout_s: float) -> list[LoadResult]:
             start_at = time.time() + start_delay_s
             shares, sizes = split(concurrency, self.count), split(len(prompts), self.count)
             jobs, offset = [], 0
-            for engine, (share, size) in enumerate(zip(shares, sizes)):
+            for engine, (share, size) in enumerate(zip(shares, sizes, strict=False)):
                 if share and size:
                     jobs.append(self._client[engine].apply_async(
                         run_load_on_engine, asdict(target), prompts[offset:offset + size], output_len, share,
@@ -134,12 +130,13 @@ def _load_result(data: dict[str, Any]) -> LoadResult:
     return LoadResult(**{**data, "records": [RequestRecord(**r) for r in data["records"]]})
 
 
-def prompt_pool(target: Target) -> list[int]:
+def prompt_pool(target: CompletionsServer) -> list[int]:
     """Token ids the server's tokenizer makes of ordinary text: the alphabet prompts are drawn from."""
     return sorted(set(tokenize(target)))
 
 
-def warm_up(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, timeout_s: float) -> None:
+def warm_up(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
+            timeout_s: float) -> None:
     """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
     than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
     of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
@@ -169,7 +166,7 @@ class ServerGone(BenchmarkError):
     """The server stopped answering during the benchmark: the message names it, the point and what was seen."""
 
 
-def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
+def measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
                   timeout_s: float) -> Point:
     """Warm up, then `repeats` times `num_prompts` fresh prompts at `concurrency`, between two /metrics scrapes.
     Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
@@ -181,8 +178,8 @@ def measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurre
                          remediation="read 05's serve log tails on the head and serve again (05)") from None
 
 
-def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
-                   timeout_s: float) -> Point:
+def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
+                   runner: LoadRunner, timeout_s: float) -> Point:
     warm_up(target, plan, pool, concurrency, timeout_s)
     prompt_sets = [text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=prompt_seed(concurrency, r))
                    for r in range(plan.repeats)]
@@ -191,20 +188,26 @@ def _measure_point(target: Target, plan: BenchmarkPlan, pool: list[int], concurr
     after = metrics(target)
     by_repeat = [[r for load in loads for r in load.records] for loads in runs]
     summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
-                           concurrency) for records, loads in zip(by_repeat, runs)]
+                           concurrency) for records, loads in zip(by_repeat, runs, strict=False)]
     result = aggregate_repeats(summaries)
-    checks = cross_check(before, after, {name: result[field] for name, field in COUNTERS.items()})
+    checks = cross_check(before, after, server_counts(result))
     clients = [client_load(i, sum(r.output_tokens for load in loads for r in load.records if r.ok),
                            sum(load.chunks for load in loads), sum(load.cpu_s for load in loads),
                            sum(load.finished_at - load.started_at for load in loads))
-               for i, loads in enumerate(zip(*runs))]
+               for i, loads in enumerate(zip(*runs, strict=False))]
     baseline = min((m for m in map(median_ttft_ms, by_repeat) if m is not None), default=None)
     stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r, baseline))]
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
                  stalls)
 
 
-def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner,
+def server_counts(result: SweepPoint) -> dict[str, int]:
+    """The client's token counts under the names of the server's counters that should equal them."""
+    return {"vllm:generation_tokens_total": result.total_output_tokens or 0,
+            "vllm:prompt_tokens_total": result.total_input_tokens or 0}
+
+
+def sweep(target: CompletionsServer, plan: BenchmarkPlan, runner: LoadRunner,
           on_point: Callable[[Point], None] | None = None) -> list[Point]:
     """Every concurrency of the plan, in order, each within its point_timeout_s; `on_point` is told after each."""
     pool = prompt_pool(target)
@@ -216,7 +219,8 @@ def sweep(target: Target, plan: BenchmarkPlan, runner: LoadRunner,
     return points
 
 
-def run_sweep(target: Target, plan: BenchmarkPlan, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+def run_sweep(target: CompletionsServer, plan: BenchmarkPlan,
+              on_point: Callable[[Point], None] | None = None) -> list[Point]:
     """The sweep from this process (clients == 1) or from `plan.clients` ipyparallel engines."""
     if plan.clients == 1:
         return sweep(target, plan, local_runner(target), on_point=on_point)
@@ -239,7 +243,7 @@ def memory_bandwidth(plan: BenchmarkPlan, head: Node) -> tuple[float, str]:
 def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7) -> Decision:
     """Were the load generators fast enough? Not when one was busier than `busy` of a core at some point."""
     worst = max((c for p in points for c in p.clients), key=lambda c: c.cpu_utilization)
-    at = next(p.result["max_concurrency"] for p in points if worst in p.clients)
+    at = next(p.result.max_concurrency for p in points if worst in p.clients)
     evidence = [f"busiest client: engine {worst.engine} at concurrency {at}, {100 * worst.cpu_utilization:.0f}% of "
                 f"a core, ceiling {worst.ceiling_tok_s or 0:,.0f} tok/s per client process"]
     if worst.cpu_utilization < busy:
@@ -251,102 +255,57 @@ def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7)
 
 
 # --- results on disk -----------------------------------------------------------------------------
-def point_json(point: Point, target: Target, plan: BenchmarkPlan, clients: int) -> dict[str, Any]:
+def saved_point(point: Point, target: CompletionsServer, plan: BenchmarkPlan, clients: int) -> SweepPoint:
     """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
     ok = [r for r in point.records if r.ok]
-    return {
+    return SweepPoint.model_validate({
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "sparkbook", "endpoint_type": "vllm",
         "model_id": target.model, "base_url": target.base_url, "request_rate": "inf", "burstiness": 1.0,
         "random_input_len": plan.input_len, "random_output_len": plan.output_len,
-        "num_warmups": warmup_count(plan, point.result["max_concurrency"]),
-        **point.result,
+        "num_warmups": warmup_count(plan, point.result.max_concurrency),
+        **point.result.model_dump(exclude={"sparkbook"}),
         "input_lens": [r.prompt_tokens for r in ok], "output_lens": [r.output_tokens for r in ok],
         "ttfts": [r.ttft_s for r in ok], "itls": [r.chunk_gaps_s for r in ok],
         "errors": [r.error for r in point.records],
         "sparkbook": {"load_generators": clients, "itl_definition": "per chunk (vLLM); itl_per_token: per token",
                       "aggregation": "counts summed over the repeats, every other figure their median",
-                      "repeats": point.repeats, "stalls": [asdict(s) for s in point.stalls],
+                      "repeats": point.repeats, "stalls": point.stalls,
                       "server_cross_check": [asdict(c) for c in point.cross_checks],
                       "client_load": [asdict(c) for c in point.clients],
                       "chunk_tokens": [r.chunk_tokens for r in ok]},
-    }
+    })
 
 
-def save(run_dir: Path, points: list[Point], target: Target, plan: BenchmarkPlan, clients: int) -> list[Path]:
+def save(run_dir: Path, points: list[Point], target: CompletionsServer, plan: BenchmarkPlan,
+         clients: int) -> list[Path]:
     """bench/c<concurrency>.json per point in the run dir."""
-    folder = run_dir / BENCH_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for point in points:
-        path = folder / f"c{point.result['max_concurrency']:04d}.json"
-        path.write_text(json.dumps(point_json(point, target, plan, clients), indent=1))
-        paths.append(path)
-    return paths
+    return [write_point(run_dir, saved_point(point, target, plan, clients)) for point in points]
 
 
-def load_results(run_dir: Path) -> list[dict[str, Any]]:
-    """The saved points of a run dir, by concurrency."""
-    points = [json.loads(p.read_text()) for p in sorted((run_dir / BENCH_DIR).glob("c*.json"))]
-    return sorted(points, key=lambda p: p["max_concurrency"])
+# --- the summary other notebooks read -----------------------------------------------------------------
+def at_concurrency(results: list[SweepPoint], concurrency: int) -> SweepPoint | None:
+    return next((r for r in results if r.max_concurrency == concurrency), None)
 
 
-def earlier_run(run_dir: Path) -> Path | None:
-    """The newest other run dir of the same cluster (a sibling) that has bench results."""
-    def newest(folder: Path) -> float:
-        return max(p.stat().st_mtime for p in (folder / BENCH_DIR).glob("c*.json"))
-
-    runs = [d for d in run_dir.parent.iterdir()
-            if d.is_dir() and d.resolve() != run_dir.resolve() and any((d / BENCH_DIR).glob("c*.json"))]
-    return max(runs, key=newest, default=None)
-
-
-# --- evidence tables and the summary other notebooks read ------------------------------------------
-def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str, Any]]:
-    """Per point: the server's counters against the client's counts, and the prompt lengths it saw."""
-    rows = []
-    for p in points:
-        lens = [r.prompt_tokens for r in p.records if r.ok]
-        row: dict[str, Any] = {"concurrency": p.result["max_concurrency"]}
-        for c in p.cross_checks:
-            short = c.metric.removeprefix("vllm:").removesuffix("_total")
-            row |= {f"server {short}": c.server, f"client {short}": c.client, f"{short} agree": c.agrees}
-        row["prompt tokens (server usage)"] = f"{min(lens, default=0)}..{max(lens, default=0)} (asked {plan.input_len})"
-        rows.append(row)
-    return rows
-
-
-def client_rows(points: list[Point]) -> list[dict[str, Any]]:
-    """Per point and load generator: tokens, CPU seconds, share of a core, and the implied ceiling."""
-    return [{"concurrency": p.result["max_concurrency"], "engine": c.engine, "tokens": c.tokens,
-             "chunks": c.chunks, "client CPU s": round(c.cpu_s, 3), "wall s": round(c.wall_s, 2),
-             "CPU % of a core": round(100 * c.cpu_utilization, 1),
-             "ceiling tok/s": round(c.ceiling_tok_s) if c.ceiling_tok_s else None}
-            for p in points for c in p.clients]
-
-
-def at_concurrency(results: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
-    return next((r for r in results if r["max_concurrency"] == concurrency), None)
-
-
-def summary(results: list[dict[str, Any]], roof: Roofline, bench_dir: Path, earlier: Path | None,
+def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier: Path | None,
             deltas: list[Delta]) -> BenchmarkSummary:
     """What later readers need: single stream, peak, roofline share, regressions (for state.json)."""
     single = at_concurrency(results, 1)
-    peak = max(results, key=lambda r: r["output_throughput"] or 0)
+    peak = max(results, key=lambda r: r.output_throughput or 0)
     return BenchmarkSummary(
-        single_stream_output_tok_s=single and single["output_throughput"],
-        single_stream_median_tpot_ms=single and single["median_tpot_ms"],
-        single_stream_median_ttft_ms=single and single["median_ttft_ms"],
-        peak_output_tok_s=peak["output_throughput"], peak_at_concurrency=peak["max_concurrency"],
-        failed_requests=sum(r["failed"] for r in results),
+        single_stream_output_tok_s=single.output_throughput if single else None,
+        single_stream_median_tpot_ms=single.median_tpot_ms if single else None,
+        single_stream_median_ttft_ms=single.median_ttft_ms if single else None,
+        peak_output_tok_s=peak.output_throughput, peak_at_concurrency=peak.max_concurrency,
+        failed_requests=sum(r.failed for r in results),
         roofline_ceiling_tok_s=roof.ceiling_tok_s, roofline_percent=roof.percent_of_ceiling,
         bench_dir=str(bench_dir), compared_with=str(earlier) if earlier else None,
         worse_than_earlier=[f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
-        points=[BenchPoint(**{k: r[k] for k in BenchPoint.model_fields}) for r in results],
+        points=[BenchPoint.model_validate(r.model_dump(include=set(BenchPoint.model_fields))) for r in results],
     )
 
 
-def vllm_bench_argv(target: Target, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
+def vllm_bench_argv(target: CompletionsServer, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
                     result_filename: str) -> list[str]:
     """`vllm bench serve` with the same lengths, sampling, warm-ups and percentiles: the reference to agree with."""
     return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .archive import MANIFEST, PARAMS_COPY, STATE, STATUSES, RunRecord, fmt, row, runs
+from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE
+from .archive import STATUSES, RunRecord, fmt, row, runs
 from .compare import Comparison
 
 SEVERITIES = ("blocker", "warning", "fact")
@@ -30,8 +31,9 @@ def _table(rows: list[dict[str, str]], raw: tuple[str, ...] = (), classes: list[
     if not rows:
         return "<p>none</p>"
     head = "".join(f"<th>{e(k)}</th>" for k in rows[0])
-    body = "".join((f'<tr class="{e(cls)}" data-kind="{e(cls)}">' if cls else "<tr>") + "".join(f"<td>{v if k in raw else e(v)}</td>" for k, v in r.items())
-                   + "</tr>" for r, cls in zip(rows, classes or [""] * len(rows)))
+    body = "".join((f'<tr class="{e(cls)}" data-kind="{e(cls)}">' if cls else "<tr>")
+                   + "".join(f"<td>{v if k in raw else e(v)}</td>" for k, v in r.items())
+                   + "</tr>" for r, cls in zip(rows, classes or [""] * len(rows), strict=False))
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -95,7 +97,8 @@ def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
         duration = f"{nb['duration_s']:.0f} s" if nb.get("duration_s") is not None else ""
         if nb.get("cell_limit_s"):
             duration += f"<br><small>cell limit {nb['cell_limit_s']} s: {e(nb.get('cell_limit_reason', ''))}</small>"
-        rows.append({"notebook": _link(r.run_dir, nb["name"]), "status": f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>',
+        status = f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>'
+        rows.append({"notebook": _link(r.run_dir, nb["name"]), "status": status,
                      "duration": duration,
                      "exception": e(f"{exc.get('ename', '')}: {exc.get('evalue', '')}"[:400]) if exc else "",
                      "decisions": f"<ul>{''.join(_decision(d) for d in nb.get('decisions') or [])}</ul>"})
@@ -107,19 +110,21 @@ def run_page(r: RunRecord, extra: str = "") -> str:
     its decisions; `extra` (HTML) is appended (the Restore section)."""
     not_run = (f"<p>Not run: {', '.join(e(n) for n in r.not_run)}</p>" if r.not_run else "")
     params = _link(r.run_dir, PARAMS_COPY, f"params {fmt(r.params_hash)}") if r.params_hash else "params -"
+    notebooks = _table(_notebook_rows(r), raw=("notebook", "status", "duration", "exception", "decisions"),
+                       classes=[nb.get("status", "") for nb in r.notebooks])
     body = (f"<h1>sparkbook run {e(r.run_id)} — {e(fmt(r.cluster))}</h1>"
             f"<p>Status: <b>{e(r.status)}</b>; started {e(fmt(r.started))}, finished {e(fmt(r.finished))}; "
             f"params <code>{e(fmt(r.params_file))}</code> ({params}); <a href=\"{MANIFEST}\">manifest.json</a>; "
             f'<a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
             f"<h2>Key figures</h2>{_table(key_figures(r))}{_failing(r)}{_findings(r)}"
-            f"<h2>Notebooks</h2>{_table(_notebook_rows(r), raw=('notebook', 'status', 'duration', 'exception', 'decisions'), classes=[nb.get('status', '') for nb in r.notebooks])}"
+            f"<h2>Notebooks</h2>{notebooks}"
             f"{extra}")
     return _page(f"sparkbook {r.cluster} {r.run_id}", body)
 
 
 def _cluster_row(r: RunRecord) -> dict[str, str]:
     out = {k: e(v) for k, v in row(r).items()}
-    out["run"] = _link(r.run_dir, "index.html", r.run_id, prefix=f"{r.run_dir.name}/")
+    out["run"] = _link(r.run_dir, INDEX, r.run_id, prefix=f"{r.run_dir.name}/")
     out["notebooks"] = " ".join(_link(r.run_dir, nb["name"], nb["name"][:2], prefix=f"{r.run_dir.name}/")
                                 for nb in r.notebooks)
     return out
@@ -143,7 +148,7 @@ def cluster_page(cluster: str, records: list[RunRecord]) -> str:
 
 def write_cluster_index(cluster_dir: Path) -> Path:
     """outputs/<cluster>/index.html over every run dir in it."""
-    path = cluster_dir / "index.html"
+    path = cluster_dir / INDEX
     path.write_text(cluster_page(cluster_dir.name, runs(cluster_dir)))
     return path
 
@@ -151,8 +156,8 @@ def write_cluster_index(cluster_dir: Path) -> Path:
 def compare_page(c: Comparison, here: Path) -> str:
     """The comparison as a page written in `here` (its links are relative to it)."""
     def link(r: RunRecord) -> str:
-        target = _relative(r.run_dir / "index.html", here)
-        return f'<a href="{e(target)}">{e(r.run_id)}</a>' if (r.run_dir / "index.html").exists() else e(r.run_id)
+        target = _relative(r.run_dir / INDEX, here)
+        return f'<a href="{e(target)}">{e(r.run_id)}</a>' if (r.run_dir / INDEX).exists() else e(r.run_id)
 
     params = [{"key": x.what, "A": fmt(x.a), "B": fmt(x.b)} for x in c.params]
     image = [{"what": x.what, "A": fmt(x.a), "B": fmt(x.b), "changed": "yes" if x.differs else ""} for x in c.image]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
-from .errors import SparkbookError
-from .nodes import Node, shell
-from .params import Params
+from ..core.errors import SparkbookError
+from ..core.nodes import Node, shell
+from ..core.params import Params
 
 HOLDER = "holder.json"
 TIMEOUT_S = 60  # a loaded node's login shell can take most of this before the command starts
@@ -160,8 +160,10 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
     def changed_hands(state: RetryCallState) -> RunLock:
         raise LockError(f"cannot take the {_where(node, path)}: it changed hands while we tried; run again")
 
-    return Retrying(stop=stop_after_attempt(2), retry=retry_if_result(lambda held: held is None),
+    held = Retrying(stop=stop_after_attempt(2), retry=retry_if_result(lambda held: held is None),
                     retry_error_callback=changed_hands)(take)
+    assert held is not None  # a None is retried, and the last one raises in changed_hands
+    return held
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,23 @@
 """The archive: what each run dir under outputs/<cluster>/ holds, read into one record per run.
 
-A run dir holds manifest.json (core.runbook), state.json (core.state: the hand-offs), events.jsonl (core.record:
-decisions, serve attempts, the roofline) and bench/c*.json (06). Older run dirs lack some of these: a missing
+A run dir (its layout: core.rundir) holds manifest.json (runbook.manifest), state.json (core.state: the hand-offs),
+events.jsonl (core.record: decisions, serve attempts, the roofline) and bench/c*.json (06). Older run dirs lack some
+of these: a missing
 value is None (shown as '-'); a run dir that cannot be read at all becomes a record that says why.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import SparkbookError
+from ..core.errors import SparkbookError
+from ..core.record import read_events
+from ..core.rundir import MANIFEST, PARAMS_COPY, STATE, is_run_dir
+from ..core.sweeppoint import SweepPoint, read_points
 
-MANIFEST = "manifest.json"
-STATE = "state.json"
-EVENTS = "events.jsonl"
-PARAMS_COPY = "params.yaml"  # the params file as the run used it (core.runbook copies it in)
-RUN_ID = re.compile(r"^\d{8}T\d{6}Z$")
 STATUSES = ("ok", "failed", "partial", "running", "unreadable")
 
 
@@ -54,7 +52,7 @@ class RunRecord:
     not_run: list[str] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)  # severity, topic, text
     failing_cell: dict[str, Any] | None = None  # notebook, cell_index, ename, evalue, source
-    bench: list[dict[str, Any]] = field(default_factory=list)  # bench/c*.json, by concurrency
+    bench: list[SweepPoint] = field(default_factory=list)  # bench/c*.json, by concurrency
     parameters: dict[str, Any] = field(default_factory=dict)
 
     def decisions(self) -> list[dict[str, Any]]:
@@ -64,19 +62,6 @@ class RunRecord:
 
 def _json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / EVENTS
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def bench_points(run_dir: Path) -> list[dict[str, Any]]:
-    """The saved sweep points of a run dir (bench/c*.json), by concurrency."""
-    points = [json.loads(p.read_text()) for p in sorted((run_dir / "bench").glob("c*.json"))]
-    return sorted(points, key=lambda p: p["max_concurrency"])
 
 
 def status_of(notebooks: list[dict[str, Any]], manifest_status: str) -> tuple[str, str]:
@@ -94,9 +79,15 @@ def status_of(notebooks: list[dict[str, Any]], manifest_status: str) -> tuple[st
     return "ok", "ok"
 
 
-def _decision(notebooks: list[dict[str, Any]], question_start: str) -> str | None:
-    return next((d["choice"] for nb in notebooks for d in nb.get("decisions") or []
-                 if str(d.get("question", "")).startswith(question_start)), None)
+def _decision(notebooks: list[dict[str, Any]], key: str, question_start: str) -> str | None:
+    """The choice of the decision recorded under `key`; in run dirs written before decisions had keys, of the one
+    whose question starts with `question_start`."""
+    decisions = [d for nb in notebooks for d in nb.get("decisions") or []]
+    keyed = next((d["choice"] for d in decisions if d.get("key") == key), None)
+    if keyed is not None:
+        return str(keyed)
+    return next((str(d["choice"]) for d in decisions if not d.get("key")
+                 and str(d.get("question", "")).startswith(question_start)), None)
 
 
 def _failing_cell(run_dir: Path, notebooks: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -121,7 +112,7 @@ def _cause(record: RunRecord, events: list[dict[str, Any]]) -> str | None:
         return None
     if record.failing_cell["notebook"].startswith("05"):
         attempts = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"]]
-        causes = [a["cause"] for a in attempts if a.get("cause")]
+        causes = [str(a["cause"]) for a in attempts if a.get("cause")]
         if causes:
             return causes[-1]
     evalue = str(record.failing_cell.get("evalue") or "").strip().splitlines()
@@ -137,11 +128,11 @@ def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, An
     """Single stream, peak and roofline share: 06's summary in state.json, else its bench files and events."""
     summary = state.get("benchmark") or {}
     points = record.bench
-    single = next((p for p in points if p.get("max_concurrency") == 1), None)
-    peak = max(points, key=lambda p: p.get("output_throughput") or 0, default=None)
-    record.single_tok_s = summary.get("single_stream_output_tok_s", single and single.get("output_throughput"))
-    record.peak_tok_s = summary.get("peak_output_tok_s", peak and peak.get("output_throughput"))
-    record.peak_concurrency = summary.get("peak_at_concurrency", peak and peak.get("max_concurrency"))
+    single = next((p for p in points if p.max_concurrency == 1), None)
+    peak = max(points, key=lambda p: p.output_throughput or 0, default=None)
+    record.single_tok_s = summary.get("single_stream_output_tok_s", single.output_throughput if single else None)
+    record.peak_tok_s = summary.get("peak_output_tok_s", peak.output_throughput if peak else None)
+    record.peak_concurrency = summary.get("peak_at_concurrency", peak.max_concurrency if peak else None)
     roof = next((e["data"].get("roofline") or {} for e in reversed(events) if e["kind"] == "roofline"), {})
     record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
 
@@ -159,7 +150,7 @@ def _notebook_dir(events: list[dict[str, Any]]) -> dict[str, Any]:
 def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     manifest = manifest if manifest is not None else _json(run_dir / MANIFEST)
     state = _json(run_dir / STATE) or {}
-    events = _events(run_dir)
+    events = read_events(run_dir)
     if manifest is None and (state or events):
         manifest = _notebook_dir(events)
     if not isinstance(manifest, dict):
@@ -176,18 +167,18 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
                        notebooks=notebooks, parameters=manifest.get("parameters") or {})
     record.not_run = [nb["name"] for nb in notebooks if nb.get("status") in ("pending", "skipped")]
     image = state.get("image") or {}
-    record.image = image.get("ref") or _decision(notebooks, "Which image")
+    record.image = image.get("ref") or _decision(notebooks, "image", "Which image")
     probes = [e["data"].get("facts") or {} for e in events if e["kind"] == "image_probe"]
     probe = next((f for f in probes if f.get("image") == record.image), {})
     record.versions = {"image id": image.get("id") or probe.get("image_id"),
                        "vllm": image.get("vllm_version") or probe.get("vllm_version"),
                        "ray": image.get("ray_version") or probe.get("ray_version")}
     endpoint = state.get("endpoint") or {}
-    record.executor = endpoint.get("executor") or _decision(notebooks, "Which distributed executor")
+    record.executor = endpoint.get("executor") or _decision(notebooks, "executor", "Which distributed executor")
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
     record.findings = list((state.get("diagnosis") or {}).get("findings") or [])
-    record.bench = bench_points(run_dir) if (run_dir / "bench").is_dir() else []
+    record.bench = read_points(run_dir)
     _figures(record, state, events)
     record.failing_cell = _failing_cell(run_dir, notebooks)
     record.cause = _cause(record, events)
@@ -202,11 +193,6 @@ def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RunRecord
     except Exception as exc:  # any malformed file: the archive lists it as unreadable instead of failing
         reason = f"{type(exc).__name__}: {exc}"[:300]
         return RunRecord(run_dir, run_dir.name, status=f"unreadable: {reason}")
-
-
-def is_run_dir(path: Path) -> bool:
-    """A run dir: it has a manifest, or is named like a run id (a run whose manifest is gone)."""
-    return path.is_dir() and ((path / MANIFEST).exists() or bool(RUN_ID.match(path.name)))
 
 
 def _same_image(a: RunRecord, b: RunRecord) -> bool:
@@ -235,7 +221,7 @@ def cluster_dirs(target: str | None, outputs: Path) -> list[Path]:
         return found
     path = Path(target)
     if path.is_file():
-        from .params import load_params
+        from ..core.params import load_params
 
         return [outputs / load_params(path).cluster]
     for candidate in (path, outputs / target):

@@ -1,76 +1,34 @@
-"""Run the notebooks in order with papermill; write manifest.json and index.html; resume at a failure."""
+"""Run the notebooks in order with papermill under the run lock; resume at a failure; write the run's page."""
 from __future__ import annotations
 
-import html
-import json
 import os
 import shutil
 import tarfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import lock, pages
-from .archive import PARAMS_COPY, read_run
-from .benchstats import point_timeout_s
-from .errors import SparkbookError
-from .nodes import Cluster, HostKeyMismatch, NodeError
-from .params import Params, load_params
-from .progress import Progress
-from .record import now, read_events
-from .redact import Redactor
+from ..core.errors import SparkbookError
+from ..core.nodes import Cluster, HostKeyMismatch, NodeError
+from ..core.params import Params, load_params
+from ..core.progress import Progress
+from ..core.record import now, read_events
+from ..core.redact import Redactor
+from ..core.rundir import INDEX, PARAMS_COPY, new_run_id
+from ..records import pages
+from ..records.archive import read_run
+from ..records.restore import restore_section
+from . import lock
+from .limits import cell_limit
+from .manifest import Manifest, NotebookRun
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-MANIFEST = "manifest.json"
 
 
 class RunbookError(SparkbookError):
     """The run cannot start as asked (parameters, notebook selection, host keys); nothing ran."""
-
-
-@dataclass
-class NotebookRun:
-    name: str
-    status: str = "pending"  # pending | ok | failed | skipped
-    started: str | None = None
-    duration_s: float | None = None
-    exception: dict[str, Any] | None = None
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    cell_limit_s: int | None = None  # papermill's limit for each of its cells (cell_limit)
-    cell_limit_reason: str = ""
-
-
-@dataclass
-class Manifest:
-    cluster: str
-    run_id: str
-    params_file: str
-    parameters: dict[str, Any]
-    started: str
-    finished: str | None = None
-    status: str = "running"  # running | ok | failed
-    notebooks: list[NotebookRun] = field(default_factory=list)
-
-    def write(self, run_dir: Path) -> Path:
-        path = run_dir / MANIFEST
-        path.write_text(json.dumps(_asdict(self), indent=2))
-        return path
-
-    @classmethod
-    def read(cls, run_dir: Path) -> Manifest:
-        data = json.loads((run_dir / MANIFEST).read_text())
-        data["notebooks"] = [NotebookRun(**nb) for nb in data["notebooks"]]
-        return cls(**data)
-
-
-def _asdict(m: Manifest) -> dict[str, Any]:
-    out = dict(m.__dict__)
-    out["notebooks"] = [dict(nb.__dict__) for nb in m.notebooks]
-    return out
 
 
 def notebook_names(folder: Path = NOTEBOOKS) -> list[str]:
@@ -134,7 +92,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         parameters = {**manifest.parameters, **parameters}
         run_id = manifest.run_id
     else:
-        run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        run_id = new_run_id()
         run_dir = (out_root / params.cluster / run_id).resolve()
         todo = select(names, start, only)
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
@@ -179,27 +137,6 @@ def verify_host_keys(cluster: Cluster, params_file: Path) -> None:
     if bad:
         raise RunbookError(f"{params_file}: ssh.known_hosts: " + "; ".join(str(e) for e in bad)
                            + ". Nothing ran on any node.")
-
-
-BASE_CELL_S = 1800  # a cell without a long wait of its own
-CELL_SLACK_S = 600  # what a waiting cell does besides its waits (launches, log tails, smoke test)
-
-
-def cell_limit(params: Params, notebook: str) -> tuple[int, str]:
-    """papermill's per-cell limit for a notebook and why: the longest wait one of its cells may make under params
-    (05: every serve attempt's ready wait; 04: the Ray join wait; 06: the sweep's points) plus slack, never under BASE_CELL_S. A load that
-    takes long is then ended by sparkbook's own timeout, named and remediated, not by papermill's."""
-    s = params.serve
-    waits = {"04": (params.ray.join_timeout_s, f"ray.join_timeout_s {params.ray.join_timeout_s:g} s"),
-             "05": ((s.max_remedies + 1) * s.ready_timeout_s,
-                    f"{s.max_remedies + 1} attempts (serve.max_remedies {s.max_remedies} + 1) x serve.ready_timeout_s "
-                    f"{s.ready_timeout_s:g} s")}
-    sweep = sum(point_timeout_s(params.benchmark, c) for c in params.benchmark.concurrency)
-    waits["06"] = (sweep, f"the sweep's point timeouts, {sweep:.0f} s in all")
-    wait, why = waits.get(notebook[:2], (0.0, ""))
-    if wait + CELL_SLACK_S <= BASE_CELL_S:
-        return BASE_CELL_S, f"the default {BASE_CELL_S} s" + (f" (longest wait: {why})" if why else "")
-    return int(wait + CELL_SLACK_S), f"{why} + {CELL_SLACK_S} s"
 
 
 def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
@@ -265,32 +202,12 @@ def _scrub(run_dir: Path, redactor: Redactor) -> None:
 def write_index(run_dir: Path, manifest: Manifest) -> Path:
     """A static page a person can open: status (ok / failed at NN / partial), key figures, findings, the failing
     cell, each notebook with its decisions, and the Restore section."""
-    path = run_dir / "index.html"
-    path.write_text(pages.run_page(read_run(run_dir, _asdict(manifest)), _restore_section(run_dir)))
+    path = run_dir / INDEX
+    path.write_text(pages.run_page(read_run(run_dir, manifest.data()), restore_section(run_dir)))
     return path
 
 
-def _restore_section(run_dir: Path) -> str:
-    """Each `sparkbook restore` of this run (its recorded outcome): refused with what stood in the way, or
-    what it stopped and restored and each target's verdict."""
-    items = []
-    for event in read_events(run_dir, "restore_outcome"):
-        out = event["data"]
-        lines = [f"{html.escape(c['node'])}: {html.escape(c['target'])}: {html.escape(c['what'])} "
-                 f"(clear it: <code>{html.escape(c['clear'])}</code>)" for c in out["conflicts"]]
-        lines += [f"{html.escape(a['node'])}: {html.escape(a['name'])}: <code>{html.escape(a['command'])}</code> "
-                  f"{'ok' if a['ok'] else 'FAILED: ' + html.escape(a['detail'])}"
-                  for a in out["stopped_new"] + out["actions"]]
-        lines += [f"{html.escape(c['node'])}: {html.escape(c['name'])}: {'verified' if c['ok'] else 'NOT BACK'} — "
-                  f"{html.escape(c['state'])}; health {html.escape(c['health'])}; memory {html.escape(c['memory'])}"
-                  + "".join(f"<br>{html.escape(p)}" for p in c["problems"])
-                  + (f"<pre>{html.escape(c['log_tail'])}</pre>" if c["log_tail"] else "") for c in out["checks"]]
-        items.append(f'<li class="{html.escape(out["result"])}"><b>{html.escape(out["result"])}</b> at '
-                     f"{html.escape(event['at'])}<ul>{''.join(f'<li>{line}</li>' for line in lines)}</ul></li>")
-    return f"<h2>Restore</h2><ul>{''.join(items)}</ul>" if items else ""
-
-
-def archive(run_dir: Path) -> Path:
+def pack_run(run_dir: Path) -> Path:
     """run_dir as a .tar.gz beside it (already scrubbed of secrets)."""
     target = run_dir.with_suffix(".tar.gz")
     with tarfile.open(target, "w:gz") as tar:

@@ -12,8 +12,10 @@ from typing import Any
 
 import yaml
 
-from .archive import PARAMS_COPY, RunRecord, bench_points, fmt, read_run
-from .benchstats import Delta, compare
+from ..core.benchstats import Delta, compare
+from ..core.rundir import PARAMS_COPY
+from ..core.sweeppoint import SweepPoint, read_points
+from .archive import RunRecord, fmt, read_run
 
 # The sweep metrics compared per concurrency (vllm bench serve's names).
 POINT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
@@ -120,19 +122,19 @@ def image_changes(a: RunRecord, b: RunRecord) -> list[Change]:
 
 def decision_changes(a: RunRecord, b: RunRecord) -> list[Change]:
     """Each question either run decided whose choice is not the same in both."""
-    def choices(r: RunRecord) -> dict[str, str]:
+    def choices(r: RunRecord) -> dict[str, str | None]:
         return {f"{d['notebook'][:2]}: {d.get('question')}": d.get("choice") for d in r.decisions()}
 
     ca, cb = choices(a), choices(b)
     return [Change(q, ca.get(q), cb.get(q)) for q in sorted(set(ca) | set(cb)) if ca.get(q) != cb.get(q)]
 
 
-def _points(run: RunRecord) -> list[dict[str, Any]]:
+def _points(run: RunRecord) -> list[SweepPoint]:
     """The sweep points, also of a run dir without a manifest (a notebook's own run dir)."""
     if run.bench:
         return run.bench
     try:
-        return bench_points(run.run_dir)
+        return read_points(run.run_dir)
     except (OSError, ValueError, KeyError):
         return []
 

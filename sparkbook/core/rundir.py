@@ -1,0 +1,50 @@
+"""A run dir's layout: the one place that names the files a run writes under outputs/<cluster>/<run-id>/.
+
+The runbook driver, the notebooks' record and state, the stages and the records (archive, pages, compare) all read
+and write the same dir; naming its files here keeps them agreeing. Core, so that core's writers need nothing above it.
+"""
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+MANIFEST = "manifest.json"  # the driver's: which notebooks ran, how they ended, their decisions
+STATE = "state.json"  # the hand-offs one notebook leaves the next (core.state)
+EVENTS = "events.jsonl"  # every recorded result, decision and value (core.record)
+PARAMS_COPY = "params.yaml"  # the params file as the run used it (for `sparkbook compare`)
+INDEX = "index.html"  # a run's page, and a cluster's page over its runs one level up
+LOGS = "logs"  # full command output, where a cell shows a tail
+BENCH = "bench"  # 06's sweep points, one vLLM-bench JSON file per concurrency
+RESTORE_PLAN = "restore-plan.json"  # 01's plan of what it stopped, for `sparkbook restore`
+INTERACTIVE = "interactive"  # the run dir of notebooks opened by hand (no driver, no run id)
+RUN_ID = re.compile(r"^\d{8}T\d{6}Z$")
+
+
+def new_run_id() -> str:
+    """A run id: the UTC start time, so run ids sort by when the runs started."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run dir: it has a manifest, or is named like a run id (a run whose manifest is gone)."""
+    return path.is_dir() and ((path / MANIFEST).exists() or bool(RUN_ID.match(path.name)))
+
+
+def point_file(run_dir: Path, concurrency: int) -> Path:
+    """Where 06 keeps the sweep point at `concurrency`."""
+    return run_dir / BENCH / f"c{concurrency:04d}.json"
+
+
+def point_files(run_dir: Path) -> list[Path]:
+    """The sweep point files of a run dir (none when 06 did not run there)."""
+    return sorted((run_dir / BENCH).glob("c*.json"))
+
+
+def earlier_run(run_dir: Path) -> Path | None:
+    """The run before this one that has sweep points: of the sibling run dirs, the newest by run id older than this
+    one (any, for a dir without a run id, such as a notebook's interactive dir)."""
+    mine = run_dir.name if RUN_ID.match(run_dir.name) else None
+    before = [d for d in run_dir.parent.iterdir()
+              if RUN_ID.match(d.name) and d.is_dir() and (mine is None or d.name < mine) and point_files(d)]
+    return max(before, key=lambda d: d.name, default=None)

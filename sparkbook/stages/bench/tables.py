@@ -1,0 +1,100 @@
+"""06's tables and the roofline's worked formula: the rows and markdown the notebook shows of its sweep points."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ...core.benchstats import BatchCeiling, StepModel, repeat_spread
+from ...core.params import BenchmarkPlan
+from ...core.sweeppoint import SweepPoint
+from .sweep import Point
+
+
+def stall_rows(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
+    """One row per stalled repeat of the saved points (sparkbook.stalls): where, how bad, which requests."""
+    return [{"concurrency": s.max_concurrency, "repeat": s.repeat, "TTFT ms p50": round(s.median_ttft_ms, 1),
+             "TTFT ms p50 (calmest repeat)": round(s.baseline_ttft_ms, 1),
+             "TTFT ms p99": round(s.p99_ttft_ms, 1), "requests hit": len(s.requests),
+             "request index: TTFT ms": ", ".join(f"{q['index']}: {q['ttft_ms']:,.0f}" for q in s.requests)}
+            for p in points for s in p.sparkbook.stalls]
+
+
+def table(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
+    """One row per saved sweep point with the numbers a reader compares first (rounded): the medians over its
+    repeats, the output throughput's min-max and standard deviation over them, and the repeats that stalled."""
+    def r(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
+    def extras(p: SweepPoint) -> dict[str, Any]:
+        tput = repeat_spread(p, "output_throughput")
+        stalls = p.sparkbook.stalls
+        return {"repeats": len(tput.values) if tput else 1,
+                "tok/s min-max": f"{tput.low:,.1f}-{tput.high:,.1f}" if tput else None,
+                "stdev %": r(tput.stdev_pct, 2) if tput else None,
+                "stalled repeats": ", ".join(str(s.repeat) for s in stalls) or None}
+
+    return [{"concurrency": p.max_concurrency, "completed": p.completed, "failed": p.failed,
+             "output tok/s": r(p.output_throughput), **extras(p), "req/s": r(p.request_throughput, 2),
+             "TTFT ms p50": r(p.median_ttft_ms), "TTFT p99": r(p.p99_ttft_ms),
+             "TPOT ms p50": r(p.median_tpot_ms, 2), "TPOT p99": r(p.p99_tpot_ms, 2),
+             "ITL/chunk p50": r(p.median_itl_ms, 2), "ITL/token p50": r(p.median_itl_per_token_ms, 2),
+             "E2EL ms p50": r(p.median_e2el_ms)} for p in points]
+
+
+def ceiling_rows(ceilings: list[BatchCeiling]) -> list[dict[str, Any]]:
+    return [{"concurrency": c.concurrency, "experts touched / MoE layer": round(c.experts_touched, 1),
+             "weights MB / step": round(c.weight_bytes / 1e6, 1), "KV MB / step": round(c.kv_bytes / 1e6, 2),
+             "step ms": round(c.step_s * 1e3, 3), "ceiling tok/s": round(c.ceiling_tok_s, 1),
+             "output tok/s": None if c.measured_tok_s is None else round(c.measured_tok_s, 1),
+             "% of ceiling": None if c.percent_of_ceiling is None else round(c.percent_of_ceiling, 1)}
+            for c in ceilings]
+
+
+def ceiling_markdown(m: StepModel, ceilings: list[BatchCeiling]) -> str:
+    """The per-concurrency ceiling's formula with this model's numbers plugged in, one line per point."""
+    moe = f"; MoE layers = {m.moe_layers}, params/expert = {m.expert_params:,}" if m.experts else ""
+    kv_factor = f" x {m.tensor_parallel} (MLA latent read by every rank)" if m.kv_replicated else ""
+    lines = [
+        "**Decode ceiling at concurrency B** (B tokens per step; one step reads the dense weights once, the experts "
+        "the B tokens touch, and each sequence's KV cache):",
+        "",
+        "ceiling(B) = B / t_step(B),  t_step(B) = [ bytes/param x (dense params" + (" + MoE layers x params/expert x "
+        "E_B" if m.experts else "") + ") + B x context x KV bytes/token ] / (TP x bandwidth)",
+        "",
+    ]
+    if m.experts:
+        lines += [f"E_B = E x (1 - (1 - k/E)^B), the expected distinct experts B tokens touch per MoE layer, with "
+                  f"E = {m.experts}, k = {m.experts_per_token}.", ""]
+    lines += [f"Here: bytes/param = {m.bytes_per_param:g}; dense params = {m.dense_params:,}{moe}; context = "
+              f"{m.context_tokens:g} tokens (input + output/2); KV bytes/token = {m.kv_bytes_per_token:,.0f}"
+              f"{kv_factor}; TP = {m.tensor_parallel}; bandwidth = {m.node_bandwidth_gbs:g} GB/s per rank.", ""]
+    lines += [f"- B = {c.concurrency}: " + (f"E_B = {c.experts_touched:.1f}; " if m.experts else "")
+              + f"t_step = ({c.weight_bytes / 1e6:,.1f} MB + {c.kv_bytes / 1e6:,.2f} MB) / "
+              f"({m.tensor_parallel} x {m.node_bandwidth_gbs:g} GB/s) = {c.step_s * 1e3:.3f} ms → ceiling "
+              f"{c.ceiling_tok_s:,.0f} tok/s" + (f"; measured {c.measured_tok_s:,.1f} tok/s = "
+                                                 f"{c.percent_of_ceiling:.1f} %" if c.percent_of_ceiling else "")
+              for c in ceilings]
+    return "\n".join(lines)
+
+
+def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str, Any]]:
+    """Per point: the server's counters against the client's counts, and the prompt lengths it saw."""
+    rows = []
+    for p in points:
+        lens = [r.prompt_tokens for r in p.records if r.ok and r.prompt_tokens is not None]
+        row: dict[str, Any] = {"concurrency": p.result.max_concurrency}
+        for c in p.cross_checks:
+            short = c.metric.removeprefix("vllm:").removesuffix("_total")
+            row |= {f"server {short}": c.server, f"client {short}": c.client, f"{short} agree": c.agrees}
+        row["prompt tokens (server usage)"] = f"{min(lens, default=0)}..{max(lens, default=0)} (asked {plan.input_len})"
+        rows.append(row)
+    return rows
+
+
+def client_rows(points: list[Point]) -> list[dict[str, Any]]:
+    """Per point and load generator: tokens, CPU seconds, share of a core, and the implied ceiling."""
+    return [{"concurrency": p.result.max_concurrency, "engine": c.engine, "tokens": c.tokens,
+             "chunks": c.chunks, "client CPU s": round(c.cpu_s, 3), "wall s": round(c.wall_s, 2),
+             "CPU % of a core": round(100 * c.cpu_utilization, 1),
+             "ceiling tok/s": round(c.ceiling_tok_s) if c.ceiling_tok_s else None}
+            for p in points for c in p.clients]

@@ -21,7 +21,7 @@ import yaml
 from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
-from .core.rundir import INDEX, MANIFEST
+from .core.rundir import INDEX, MANIFEST, RESTORE_PLAN
 from .runbook import driver, lock
 from .runbook.manifest import Manifest
 
@@ -118,7 +118,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from .stages.cleanup.act import CleanupError
 
     run_dir = Path(args.run_dir)
-    plan_file = run_dir / restore.RESTORE_FILE
+    plan_file = run_dir / RESTORE_PLAN
     manifest = run_dir / MANIFEST
     if plan_file.is_file():
         params_file, steps = json.loads(plan_file.read_text())["params_file"], restore.restore_steps(plan_file)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params
-from .runtime import Place, Runtime
+from .runtime import ImageSource, Place, Runtime, image_source_for
 from .topology import places as _places
 
 
@@ -29,6 +29,11 @@ class Context:
 
     def with_image(self, ref: str) -> Context:
         return dataclasses.replace(self, image=ref)
+
+    @property
+    def images(self) -> ImageSource:
+        """Where 02 and 03 find images (Docker's images, or the Python environment): apart from process control."""
+        return image_source_for(self.params)
 
     @property
     def head(self) -> Node:

@@ -15,7 +15,6 @@ from . import probes
 from .context import Context
 from .errors import ProbeOutputError
 from .nodes import Node, NodeError, Result
-from .runtime import image_source_for
 
 REGISTRY_TIMEOUT_S = 30
 
@@ -76,12 +75,12 @@ def probe_registry(ctx: Context, image: str, architecture: str, node: Node | Non
 def probe_installed(ctx: Context, architecture: str) -> RegistryProbe | None:
     """The registry probe of the old deployment's image (runtime.installed_image); None where there is none:
     a Python runtime has no installed image, and a Docker runtime may name none."""
-    installed = image_source_for(ctx.params).installed()
+    installed = ctx.images.installed()
     return probe_registry(ctx, installed, architecture) if installed else None
 
 
 def no_installed_reason(ctx: Context) -> str:
-    return image_source_for(ctx.params).no_installed_reason()
+    return ctx.images.no_installed_reason()
 
 
 def _first_line(text: str) -> str:

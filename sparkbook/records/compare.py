@@ -54,7 +54,7 @@ class Comparison:
     a: RunRecord
     b: RunRecord
     params: list[Change]  # the params keys (and -p parameters) that differ
-    params_note: str  # why the params could not be compared, or ""
+    params_note: str | None  # why the params could not be compared (None: they were)
     image: list[Change]  # image, its ID and versions, executor: all of them, changed or not
     decisions: list[Change]  # "notebook: question" whose choice differs
     figures: list[FigurePair]
@@ -98,7 +98,7 @@ def _params(run: RunRecord) -> dict[str, Any] | None:
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
-def params_changes(a: RunRecord, b: RunRecord) -> tuple[list[Change], str]:
+def params_changes(a: RunRecord, b: RunRecord) -> tuple[list[Change], str | None]:
     """The params keys and notebook parameters that differ, and a note when a run did not keep its params."""
     pa, pb = _params(a), _params(b)
     missing = [r.run_id for r, p in ((a, pa), (b, pb)) if p is None]
@@ -110,7 +110,7 @@ def params_changes(a: RunRecord, b: RunRecord) -> tuple[list[Change], str]:
     changes = [Change(k, flat_a.get(k), flat_b.get(k)) for k in sorted(set(flat_a) | set(flat_b))
                if flat_a.get(k) != flat_b.get(k)]
     note = (f"run(s) {', '.join(missing)} did not keep their params file ({PARAMS_COPY}): only the notebook "
-            "parameters are compared") if missing else ""
+            "parameters are compared") if missing else None
     return changes, note
 
 

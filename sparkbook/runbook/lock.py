@@ -68,8 +68,8 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> str:
-    """Why the lock is stale ('' when its holder may still run): its process is gone, or it is too old."""
+def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> str | None:
+    """Why the lock is stale (None when its holder may still run): its process is gone, or it is too old."""
     if not holder.started:
         return "the lock directory holds no readable holder.json"
     if holder.host == (host or socket.gethostname()):
@@ -80,7 +80,7 @@ def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> 
             return f"pid {holder.pid} on {holder.host} is now another process (the holder exited)"
     if holder.age_s() > stale_after_s:
         return f"it is {holder.age_s() / 3600:.1f} h old, more than run_lock.stale_after_s ({stale_after_s:g} s)"
-    return ""
+    return None
 
 
 class LockError(SparkbookError):
@@ -88,7 +88,7 @@ class LockError(SparkbookError):
 
 
 class LockHeld(LockError):
-    def __init__(self, where: str, holder: Holder, stale: str, params_file: str):
+    def __init__(self, where: str, holder: Holder, stale: str | None, params_file: str):
         self.holder, self.stale = holder, stale
         clear = f"`sparkbook unlock {params_file}` (or `sparkbook run {params_file} --break-lock`)"
         if stale:
@@ -169,7 +169,7 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
 @dataclass(frozen=True)
 class Unlocked:
     holder: Holder | None
-    stale: str
+    stale: str | None
     removed: bool
 
 
@@ -178,7 +178,7 @@ def unlock(params: Params, node: Node, *, force: bool = False) -> Unlocked:
     path = params.run_lock.path
     current = read(node, path)
     if current is None:
-        return Unlocked(None, "", False)
+        return Unlocked(None, None, False)
     stale = staleness(current, params.run_lock.stale_after_s)
     if not stale and current.host == socket.gethostname() and not force:
         raise LockError(f"{_where(node, path)} is held by {current.describe()}, which is still running on this "

@@ -33,7 +33,7 @@ def widgets_extension_active() -> bool:
     out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True,
                          timeout=120)
     lines = (out.stdout + out.stderr).splitlines()
-    return any("@jupyter-widgets/jupyterlab-manager" in l and "enabled" in l and "OK" in l for l in lines)
+    return any("@jupyter-widgets/jupyterlab-manager" in line and "enabled" in line and "OK" in line for line in lines)
 
 
 @dataclass

@@ -23,10 +23,10 @@ import sparkbook.lab as sblab
 from sparkbook.core import record, topology
 from sparkbook.core.record import open_run
 from sparkbook.stages import diagnose
-from sparkbook.stages.images import distribute
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.cleanup import inventory
+from sparkbook.stages.images import distribute
 from sparkbook.stages.raycluster import containers as node_containers
 from sparkbook.stages.raycluster import formation
 from sparkbook.stages.serve import bringup, commands, launch

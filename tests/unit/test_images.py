@@ -254,7 +254,7 @@ def test_a_driver_error_is_the_nodes_not_a_rejection_of_the_image(error: str) ->
 
 @pytest.mark.parametrize("error", _lines("cuda-image-errors.txt"))
 def test_an_image_error_is_not_a_driver_error(error: str) -> None:
-    assert choice.driver_error(error) == ""
+    assert choice.driver_error(error) is None
     f, r = facts("cuda", "0.32.0", cuda="13.0"), registry("cuda", True)
     i = InspectionProbe("cuda", "HYV4ForCausalLM", False, None, "ValueError: failed to be inspected",
                         "failed to be inspected", error, error, False, 5.0, 9.0)

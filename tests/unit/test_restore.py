@@ -19,11 +19,11 @@ from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
 from sparkbook.core.record import open_run, read_events
 from sparkbook.core.runtime import runtime_for
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Listener, answering, listeners
 from sparkbook.stages.cleanup.planning import Plan, plan
 from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, restore_steps, write_restore_plan
-from sparkbook.runbook import driver
-from sparkbook.runbook.manifest import Manifest, NotebookRun
 
 MEM = Memory(100 << 30, 10 << 30)
 RUN = Path("/runs/lab/1")

@@ -87,12 +87,12 @@ def test_lock_older_than_the_limit_is_stale_even_from_another_host(params: Param
     lock.acquire(params, head, _holder("run-a", live_pid, host="elsewhere", started=old), params_file="x")
     assert "more than run_lock.stale_after_s" in lock.staleness(lock.read(head, params.run_lock.path), 3600)
     recent = _holder("run-a", live_pid, host="elsewhere")
-    assert lock.staleness(recent, 3600) == "", "another host's recent lock may be live: never assumed stale"
+    assert lock.staleness(recent, 3600) is None, "another host's recent lock may be live: never assumed stale"
 
 
 def test_a_reused_pid_does_not_keep_a_lock_alive(live_pid: int) -> None:
     holder = _holder("run-a", live_pid)
-    assert lock.staleness(holder, 3600) == ""
+    assert lock.staleness(holder, 3600) is None
     assert "now another process" in lock.staleness(dataclasses.replace(holder, pid_started=1), 3600)
 
 

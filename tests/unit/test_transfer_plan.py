@@ -147,13 +147,13 @@ def save_stream(layers: list[tuple[str, dict, bytes]]) -> bytes:
 def test_filtered_save_stream_leaves_out_only_the_held_layers() -> None:
     chains = layerdelta.chain_ids(DIFFS[:3])
     metas, v1s, parent = [], [], ""
-    for i, chain in enumerate(chains):  # as Docker's save names the layers (image/v1.CreateID)
+    for chain in chains:  # as Docker's save names the layers (image/v1.CreateID)
         meta = {"container_config": {"Cmd": ["/bin/sh", "-c", "a && b <x>"]}, "created": "1970-01-01T00:00:00Z"}
         v1 = layerdelta.v1_id(meta, chain, f"sha256:{parent}" if parent else "")
         metas.append({"id": v1, **({"parent": parent} if parent else {}), **meta, "os": "linux"})
         v1s.append(v1)
         parent = v1
-    stream = save_stream([(v1, m, bytes([i]) * 1000) for i, (v1, m) in enumerate(zip(v1s, metas))])
+    stream = save_stream([(v1, m, bytes([i]) * 1000) for i, (v1, m) in enumerate(zip(v1s, metas, strict=True))])
     out = io.BytesIO()
     left_out, left_bytes = layerdelta.filter_stream(io.BytesIO(stream), out, DIFFS[:3], set(chains[:2]))
     assert (left_out, left_bytes) == (2, 2000)

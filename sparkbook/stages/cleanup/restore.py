@@ -19,12 +19,12 @@ from ...core.hostfacts import FANOUT_TIMEOUT_S
 from ...core.nodes import Cluster, Node
 from ...core.params import CleanupTargets
 from ...core.record import Run, tail
+from ...core.rundir import RESTORE_PLAN, RESTORE_SCRIPT
 from ...core.state import MissingState
 from .act import CleanupError, act
 from .inventory import PROBE_TIMEOUT_S, Container, Inventory, container_top, inventory, listeners, probe_health
 from .planning import STOP_GRACE_S, CleanupTarget, Plan, TargetKind
 
-RESTORE_FILE = "restore-plan.json"
 READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
 GRACE_S = 15  # then it must still run and answer this much later (the issue's old vLLM died after 11 s)
 MEMORY_BACK_SHARE = 0.5  # a restored target holds at least this share of the memory it held before cleanup
@@ -73,13 +73,13 @@ def write_restore_plan(ctx: Context, params_file: Path, p: Plan) -> Path:
     script that reaches each node by its SSH address."""
     steps = [Step(t.node, t.kind, t.name, t.restore, t.restore_note, t.ports, t.health_url, t.memory_mib, t.gpu_mib,
                   t.owner, ssh_command(ctx.cluster.nodes[t.node]), t.match) for t in restore_order(p.targets)]
-    path = ctx.run_dir / RESTORE_FILE
+    path = ctx.run_dir / RESTORE_PLAN
     path.write_text(json.dumps({"params_file": str(params_file), "steps": [asdict(s) for s in steps]}, indent=2))
     script = ["#!/bin/sh", "# Brings back what 01-cleanup planned to stop (reverse order), by each node's SSH address.",
               "# Or: sparkbook restore RUN_DIR", "set -e"]
     script += [f"{s.ssh} {shlex.quote(s.restore)}" if s.restore else f"# {s.node} {s.name}: {s.note}"
                for s in steps]
-    (ctx.run_dir / "restore.sh").write_text("\n".join(script) + "\n")
+    (ctx.run_dir / RESTORE_SCRIPT).write_text("\n".join(script) + "\n")
     return path
 
 

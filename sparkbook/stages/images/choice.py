@@ -27,7 +27,6 @@ from ...core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ...core.modelinfo import ModelFacts
 from ...core.nodes import Node
 from ...core.record import Alternative, Decision
-from ...core.runtime import image_source_for
 from ...core.state import MissingState
 
 
@@ -147,14 +146,14 @@ GRAFT_EXPLANATION = (
 
 def candidate_refs(ctx: Context) -> list[str]:
     """The candidate images from params (the Python runtime has one candidate: its interpreter's env)."""
-    return image_source_for(ctx.params).candidates()
+    return ctx.images.candidates()
 
 
 def probe_facts(ctx: Context, image: str, node: Node | None = None) -> ImageFacts:
     """Versions in `image` on `node` (default: the head), with its image ID and size there."""
     node = node or ctx.head
     t0 = time.monotonic()
-    source = image_source_for(ctx.params)
+    source = ctx.images
     image_id, size = source.image(node, image) or (None, None)
     doc, error = run_probe(ctx, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
     return _facts(image, image_id, size, doc, error, t0, source.architecture(node, image))
@@ -241,10 +240,10 @@ def _cc(text: str) -> tuple[int, int] | None:
     return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
-def driver_error(*texts: str) -> str:
-    """The first line of `texts` that names a driver or container-runtime error of the node ('' if none)."""
+def driver_error(*texts: str) -> str | None:
+    """The first line of `texts` that names a driver or container-runtime error of the node (None if none)."""
     return next((line.strip()[:300] for text in texts for line in text.splitlines()
-                 if any(sig in line for sig in DRIVER_ERRORS)), "")
+                 if any(sig in line for sig in DRIVER_ERRORS)), None)
 
 
 def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str,
@@ -254,7 +253,7 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
     arch, image = registry.architecture, facts.image
     flags, blocking = [], arch_mismatch(facts.architecture, machines or {})
     native = registry.registered and not registry.transformers_backend
-    driver = "" if inspection.inspected else driver_error(
+    driver = None if inspection.inspected else driver_error(
         inspection.error, inspection.cause_text, inspection.probe_error, registry.error, facts.error)
     if inspection.probe_error.startswith(NOT_RUN):
         status, summary = WRONG_CPU, "not probed: the image's CPU architecture is not the head's"
@@ -294,7 +293,7 @@ def evaluate(ctx: Context, image: str, target: ModelTarget, capabilities: dict[s
              machines: dict[str, str]) -> Candidate:
     """Every probe of one candidate on the head, and its verdict. An image of another CPU architecture than the
     head's is not run (it would fail with an exec format error, or crawl under emulation)."""
-    head, source = ctx.head, image_source_for(ctx.params)
+    head, source = ctx.head, ctx.images
     architecture = source.architecture(head, image)
     wrong = arch_mismatch(architecture, {head.name: machines[head.name]} if head.name in machines else {})
     if wrong:
@@ -375,7 +374,7 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
                             if driver else None)
     newest = max(usable, key=lambda c: (_version(c.facts.vllm_version), -candidates.index(c)))
     kept, why_not = keep_installed(usable, installed, installed_ids or {}) if policy == "keep_installed" \
-        else (None, "")
+        else (None, None)
     chosen = kept or newest
     alternatives = [Alternative(c.image, _reason(c) if not c.verdict.usable else
                                 f"also loads it; {chosen.image} is installed on every node as {_ids(installed_ids)} "
@@ -394,12 +393,12 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
 
 def image_policy(ctx: Context) -> tuple[str, str | None]:
     """(runtime.image_policy, runtime.installed_image); the Python runtime has one candidate: `newest`, none."""
-    source = image_source_for(ctx.params)
+    source = ctx.images
     return source.policy, source.installed()
 
 
 def keep_installed(usable: list[Candidate], installed: str | None,
-                   ids: dict[str, str | None]) -> tuple[Candidate | None, str]:
+                   ids: dict[str, str | None]) -> tuple[Candidate | None, str | None]:
     """The installed image's candidate where keep_installed keeps it, else (None, why it is not kept)."""
     if installed is None:
         return None, "no runtime.installed_image"
@@ -409,7 +408,7 @@ def keep_installed(usable: list[Candidate], installed: str | None,
     held = set(ids.values())
     if not ids or None in held or len(held) != 1 or held != {found.facts.image_id}:
         return None, f"the installed {installed} is not on every node under one ID ({_ids(ids)})"
-    return found, ""
+    return found, None
 
 
 def _ids(ids: dict[str, str | None] | None) -> str:

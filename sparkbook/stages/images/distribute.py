@@ -31,7 +31,7 @@ import paramiko
 from ...core.context import Context
 from ...core.nodes import Node, NodeError, Result
 from ...core.progress import Progress
-from ...core.runtime import ID_TIMEOUT_S, image_source_for
+from ...core.runtime import ID_TIMEOUT_S
 from . import layerdelta
 
 PIPE_BYTES = 1 << 20
@@ -118,7 +118,7 @@ class Distribution:
 
 
 def image_ids(ctx: Context, ref: str, timeout: float = ID_TIMEOUT_S + 30) -> dict[str, str | None]:
-    source = image_source_for(ctx.params)
+    source = ctx.images
     outcomes = ctx.cluster.fan_out(lambda n: source.identity(n, ref), timeout=timeout)
     return {name: o.value if o.ok else None for name, o in outcomes.items()}
 
@@ -126,7 +126,7 @@ def image_ids(ctx: Context, ref: str, timeout: float = ID_TIMEOUT_S + 30) -> dic
 def plan(ctx: Context, ref: str) -> ImageCopyPlan:
     """Which nodes lack `ref` with the head's ID; fails when the head itself does not hold it."""
     head = ctx.head
-    source = image_source_for(ctx.params).image(head, ref)
+    source = ctx.images.image(head, ref)
     if source is None:
         raise NodeError(head.name, f"does not hold {ref}: sparkbook copies images from the head and never pulls "
                                    "(load it there first)")
@@ -293,7 +293,7 @@ def send(ctx: Context, ref: str, node: Node, size_bytes: int) -> Copy:
 def distribute(ctx: Context, ref: str) -> Distribution:
     """Copy `ref` from the head to every node lacking its ID (one at a time), then verify every node's ID.
     For the Python runtime nothing is copied: `environment_check` compares every node's vLLM version."""
-    if not image_source_for(ctx.params).copies_images:
+    if not ctx.images.copies_images:
         return environment_check(ctx, ref)
     p = plan(ctx, ref)
     copies = [send(ctx, ref, ctx.cluster.nodes[name], p.size_bytes) for name in p.to_copy]

@@ -16,7 +16,7 @@ from ...core.context import Context
 from ...core.docker_ssh import docker_client
 from ...core.handoff import Action, RayCluster
 from ...core.hostfacts import FANOUT_TIMEOUT_S
-from ...core.nodes import Cluster, Node
+from ...core.nodes import Cluster, Node, SSHNode
 from ...core.params import CleanupTargets
 from ...core.record import Run, tail
 from ...core.rundir import RESTORE_PLAN, RESTORE_SCRIPT
@@ -52,9 +52,9 @@ class Step:
 def ssh_command(node: Node) -> str:
     """`ssh` with the node's SSH address (params' host as the ssh config resolves it), user, port, keys,
     known_hosts and jump host: a node's name is not an address anything resolves. A local node: `sh -c`."""
-    if node.local:
+    if not isinstance(node, SSHNode):
         return "sh -c"
-    t = node.target  # type: ignore[attr-defined]
+    t = node.target
     opts = [x for k in t.key_files for x in ("-i", k)]
     opts += ["-o", f"UserKnownHostsFile={t.known_hosts}"] if t.known_hosts else []
     opts += ["-J", f"{t.jump.user}@{t.jump.hostname}:{t.jump.port}"] if t.jump else []

@@ -210,7 +210,9 @@ class ServeSettings(Strict):
     node_env: dict[Name, Env] = {}
     ready_timeout_s: float = Field(900, gt=0)
     retry_with_remediation: bool = True
-    max_remedies: int = Field(2, ge=0, le=5, description="relaunches with a remediation after a classified failure")
+    max_remedies: int = Field(3, ge=0, le=8, description="relaunches with a remediation after a classified failure")
+    utilization_step: float = Field(0.05, gt=0, le=0.5, description="the out-of-memory ladder lowers "
+                                    "gpu_memory_utilization by this much per attempt while 02's memory fit holds")
 
     @field_validator("extra_args")
     @classmethod

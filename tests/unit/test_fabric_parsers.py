@@ -195,3 +195,38 @@ def test_06_shows_04s_figures_beside_the_decode_time(tmp_path):
     state.store(tmp_path, allreduce.proof(test), lambda data: data, "04-ray-cluster")  # as 04's run.remember does
     rows = fabric.beside_decode(fabric.recorded_proof(tmp_path), 37.0)
     assert [r["value"] for r in rows] == ["40.0 us", "160.00 Gb/s", "37.00 ms", "925"]
+
+
+# --- one node: its GPUs' own link, or nothing to test -------------------------------------------------
+def _one_node(gpus: list[int]) -> Params:
+    p = _params(gpus=gpus, hcas=[])
+    return p.model_copy(update={"nodes": [p.nodes[0]]})
+
+
+@pytest.mark.parametrize("log, intra, kind", [("nccl_graph_nvl.log", "NVL", "nvlink"),
+                                              ("nccl_graph_sys.log", "SYS", "pcie"),
+                                              ("nccl_socket.log", "", "pcie")])  # not logged: the weaker link
+def test_one_node_with_several_gpus_is_held_to_its_own_links_limits(log, intra, kind):
+    t = allreduce.parse_nccl(_text(log))
+    assert t.intra == intra
+    params = _one_node([0, 1])
+    assert [(r.node, r.device) for r in allreduce.ranks(params)] == [("a", 0), ("a", 1)]
+    assert allreduce.single_rank(params) is None
+    lim = allreduce.limits(params, 200000, allreduce.link_kind(params, {"a": t}))
+    assert (lim.kind, lim.min_gbps, lim.max_us) == (kind, *(allreduce.KINDS[kind][i] for i in (2, 0)))
+    assert "the default for " + kind in lim.why  # the NIC's rate is not what binds GPUs of one node
+
+
+def test_nodes_of_several_gpus_are_held_to_the_link_between_them():
+    t = allreduce.parse_nccl(_text("nccl_graph_nvl.log"))
+    params = _params(gpus=[0, 1], hcas=[])
+    assert allreduce.link_kind(params, {"a": t, "b": t}) == "ethernet"
+
+
+def test_a_single_rank_skips_the_test_with_a_decision_saying_why():
+    for params in (_one_node([0]), _one_node([])):
+        why = allreduce.single_rank(params)
+        assert why is not None and "one rank in all" in why and "busbw is 0" in why
+        decision = allreduce.skip_decision(params, why)
+        assert (decision.key, decision.choice) == ("fabric_test", "skipped")
+    assert allreduce.single_rank(_params(gpus=[])) is None  # two nodes without GPUs: one Gloo rank each

@@ -72,8 +72,13 @@ def test_unknown_keeps_the_last_line():
 def test_graph_capture_oom_ladder_lowers_memory_then_goes_eager():
     oom = classify({"a": SAMPLES["CUDA out of memory during graph capture"]})
     first = remedy(oom, ServeSettings(gpu_memory_utilization=0.8), floor=0.7)
-    assert first.change == {"gpu_memory_utilization": 0.7}
-    assert first.settings.gpu_memory_utilization == 0.7 and not first.settings.enforce_eager
+    assert first.change == {"gpu_memory_utilization": 0.75}
+    assert first.settings.gpu_memory_utilization == 0.75 and not first.settings.enforce_eager
+    second = remedy(oom, first.settings, floor=0.7)
+    assert second.change == {"gpu_memory_utilization": 0.7}
+    assert remedy(oom, second.settings, floor=0.7).change == {"enforce_eager": True}  # 0.65 is under the floor
+    assert remedy(oom, ServeSettings(gpu_memory_utilization=0.8, utilization_step=0.1), floor=0.7).change == \
+        {"gpu_memory_utilization": 0.7}
     floor = remedy(oom, ServeSettings(gpu_memory_utilization=0.35), floor=0.7)
     assert floor.change == {"enforce_eager": True}
     assert remedy(oom, floor.settings) is None

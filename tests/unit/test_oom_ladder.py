@@ -55,7 +55,7 @@ def _facts(weight_gib: float) -> ModelFacts:
 
 @pytest.fixture
 def duo(write_params, base):
-    """The seed's shape: TP=2 over two GB10s at utilization 0.8, max_model_len 32768, max_remedies 2."""
+    """The seed's shape: TP=2 over two GB10s at utilization 0.8, max_model_len 32768, max_remedies 3 (default)."""
     base["serve"] = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.8, "max_model_len": 32768}
     return load_params(write_params(base))
 
@@ -87,7 +87,8 @@ def test_floor_holds_weights_kv_for_max_model_len_and_the_reserve(duo):
 
 def test_a_graph_capture_oom_serve_reaches_eager_within_max_remedies(duo, monkeypatch):
     """bring_up with every node operation replaced: each launch with CUDA graphs OOMs in capture (the real V1
-    text), an eager one is ready. The first remedy jumps to the fit's floor, the second goes eager."""
+    text), an eager one is ready. Each remedy steps down by serve.utilization_step while the fit holds (a floor of
+    0.7, as the seed's start needed), then goes eager."""
     monkeypatch.setattr(bringup, "lost", lambda *a: {})
     monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
     for name in ("stop_earlier", "stop_serving", "remember"):
@@ -102,14 +103,15 @@ def test_a_graph_capture_oom_serve_reaches_eager_within_max_remedies(duo, monkey
         return launch.Readiness(False, 600.0, None, [], logs, classify(logs))
 
     monkeypatch.setattr(bringup, "wait_ready", wait_ready)
-    floor = utilization_floor(_facts(119), duo, {"a": GB10, "b": GB10})
     ctx = Context(duo, None, None, Path("/tmp"), image="img")  # every node operation is replaced above
-    up = bringup.bring_up(ctx, commands.plan(ctx, "ray"), floor=floor)
-    assert up.ok and len(up.attempts) == duo.serve.max_remedies + 1 == 3
-    assert [r.change for r in up.remedies] == [{"gpu_memory_utilization": 0.54}, {"enforce_eager": True}]
+    up = bringup.bring_up(ctx, commands.plan(ctx, "ray"), floor=0.7)
+    assert up.ok and len(up.attempts) == duo.serve.max_remedies + 1 == 4
+    assert [r.change for r in up.remedies] == [{"gpu_memory_utilization": 0.75}, {"gpu_memory_utilization": 0.7},
+                                               {"enforce_eager": True}]
     assert "--enforce-eager" in up.launched.plan.commands[0].argv
-    assert up.launched.plan.settings.gpu_memory_utilization == 0.54
-    assert [d.question for d in up.decisions()][1:] == [f"How to retry after {GRAPH_OOM}?"] * 2
+    assert up.launched.plan.settings.gpu_memory_utilization == 0.7
+    assert [d.question for d in up.decisions()][1:] == [f"How to retry after {GRAPH_OOM}?"] * 3
+    assert "serve.utilization_step (0.05) down to 0.75" in up.remedies[0].reason
 
 
 def test_without_a_fit_or_when_nothing_fits_lower_the_ladder_goes_straight_to_eager(duo):

@@ -275,3 +275,14 @@ def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab
         bringup.bring_up(on_nodes, p)
     assert exc.value.message == f"serve.chat_template: {template} is not a file where `vllm serve` runs on lab-1"
     assert exc.value.node == "lab-1" and "under model.cache_dir (/srv/models" in exc.value.remediation
+
+
+@pytest.mark.parametrize("platform", [CPU, CUDA], ids=["cpu", "cuda"])
+def test_a_single_rank_leaves_the_executor_to_vllm_and_says_so(write_params, base, platform):
+    base["serve"].update(tensor_parallel_size=1, executor="mp")
+    params = load_params(write_params(base))
+    executor, decision = commands.choose_executor(ctx(params), platform)
+    assert (executor, decision.choice, decision.key) == (commands.DEFAULT, "vLLM's default", "executor")
+    assert "TP x PP = 1" in decision.evidence and "31-48 s" in decision.reason
+    (cmd,) = commands.plan(ctx(params), executor).commands
+    assert cmd.node == "a" and "--distributed-executor-backend" not in cmd.argv and "RAY_ADDRESS" not in cmd.env

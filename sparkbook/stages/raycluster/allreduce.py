@@ -17,12 +17,14 @@ from ...core.errors import ProbeOutputError, SparkbookError
 from ...core.fabric import size_label
 from ...core.handoff import FabricProof
 from ...core.params import NodeSpec, Params
+from ...core.record import Alternative, Decision
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
 
 EVENT = "fabric_allreduce"
 POLL_S = 0.5
 NodeKind = Literal["roce", "ethernet", "cpu"]
+LinkKind = Literal["nvlink", "pcie", "roce", "ethernet", "cpu"]  # inside a node (GPU to GPU), then between nodes
 
 
 # --- NCCL_DEBUG=INFO -----------------------------------------------------------------------------------
@@ -35,6 +37,7 @@ class Transport:
     socket_ifs: list[str]
     channels: list[str]
     ib_missing: bool
+    intra: str = ""  # NCCL's path type inside the node for its rings (NVL, PIX, PXB, PHB, SYS...), "" where not logged
 
     @property
     def fell_back(self) -> bool:
@@ -46,6 +49,8 @@ _SOCKET_USING = re.compile(r"NET/Socket : Using (.*?)$")
 _DEVICE = re.compile(r"\[\d+\]([^:\s]+)")
 _NETWORK = re.compile(r"Using network (\w+)")
 _VIA = re.compile(r"\bvia (NET/\w+|P2P|SHM|COLLNET)")
+# graph/search.cc: "Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s, sameChannels %d" (intra/inter)
+_GRAPH_TYPE = re.compile(r"Pattern \d+, crossNic \d+, nChannels \d+, .*type (\w+)/(\w+)")
 
 
 def parse_nccl(log: str) -> Transport:
@@ -53,7 +58,7 @@ def parse_nccl(log: str) -> Transport:
     hcas: list[str] = []
     ifs: list[str] = []
     channels: list[str] = []
-    network = ""
+    network, intra = "", ""
     for line in log.splitlines():
         for regex, into in ((_IB_USING, hcas), (_SOCKET_USING, ifs)):
             m = regex.search(line)
@@ -64,7 +69,9 @@ def parse_nccl(log: str) -> Transport:
         m = _VIA.search(line)
         if m and m[1] not in channels:
             channels.append(m[1])
-    return Transport(network, hcas, ifs, channels, "NET/IB : No device found" in log)
+        m = _GRAPH_TYPE.search(line)
+        intra = m[1] if m and (not intra or m[1] != "NVL") else intra  # the slowest path any ring takes
+    return Transport(network, hcas, ifs, channels, "NET/IB : No device found" in log, intra)
 
 
 def transport_problems(node: str, spec: NodeSpec, t: Transport, across_nodes: bool) -> list[str]:
@@ -93,16 +100,18 @@ def transport_problems(node: str, spec: NodeSpec, t: Transport, across_nodes: bo
 # --- 04's all_reduce test ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Limits:
-    """What the test must show for one kind of node: small all_reduce at most `max_us`, busbw at least `min_gbps`."""
+    """What the test must show for its link kind: small all_reduce at most `max_us`, busbw at least `min_gbps`."""
 
-    kind: NodeKind
+    kind: LinkKind
     max_us: float
     min_gbps: float
     why: str
 
 
-# node kind -> (small all_reduce limit in us, large size, busbw expected where the link rate is not used)
-KINDS: dict[NodeKind, tuple[float, int, float]] = {
+# link kind -> (small all_reduce limit in us, large size, busbw expected where the link rate is not used)
+KINDS: dict[LinkKind, tuple[float, int, float]] = {
+    "nvlink": (100.0, 256 << 20, 400.0),   # GPUs of one node over NVLink (2x H200 NV18: ~10-20 us, busbw > 2000 Gb/s)
+    "pcie": (300.0, 256 << 20, 40.0),      # GPUs of one node over PCIe or the host bridge (NCCL type PIX..SYS)
     "roce": (150.0, 256 << 20, 100.0),     # RoCE 200G ConnectX-7 (DGX Spark): ~20-40 us, busbw ~160-190 Gb/s
     "ethernet": (1000.0, 256 << 20, 5.0),  # GPUs over NCCL sockets (no roce_hcas)
     "cpu": (5000.0, 8 << 20, 0.1),         # Gloo over the lab's veth bridge: ~0.2-1.7 ms, 0.35-5 Gb/s on 2 busy cores
@@ -116,6 +125,33 @@ def node_kind(params: Params) -> NodeKind:
     return "ethernet" if any(not n.roce_hcas for n in params.nodes) else "roce"
 
 
+def link_kind(params: Params, transports: dict[str, Transport]) -> LinkKind:
+    """The link the all_reduce is bound by: between nodes, the nodes' kind; ranks all on one node, its GPUs' link as
+    NCCL's rings took it (NVL: NVLink; anything else or not logged: PCIe, the weaker)."""
+    if len(transports) > 1 or node_kind(params) == "cpu":
+        return node_kind(params)
+    return "nvlink" if all(t.intra == "NVL" for t in transports.values()) else "pcie"
+
+
+def single_rank(params: Params) -> str | None:
+    """Why the test cannot run (one rank in all: nothing to reduce across, busbw is 0 by definition), else None."""
+    rs = ranks(params)
+    if len(rs) > 1:
+        return None
+    gpus = f"GPU {rs[0].device}" if rs[0].device >= 0 else "no listed GPU"
+    return (f"one rank in all: the cluster is {rs[0].node} alone with {gpus}, so no link carries tensor-parallel "
+            "traffic (an all_reduce of one rank moves nothing; its busbw is 0 by definition)")
+
+
+def skip_decision(params: Params, why: str) -> Decision:
+    """04's decision where `single_rank` gave a reason: the fabric test is skipped, and why."""
+    return Decision("Does the fabric test run?", "skipped", why,
+                    [Alternative("run the all_reduce test", "with one rank it measures nothing and would fail on a "
+                                 "busbw of 0")],
+                    [f"nodes: {', '.join(n.name for n in params.nodes)}",
+                     f"GPUs listed: {sum(len(n.gpus) for n in params.nodes)}"], key="fabric_test")
+
+
 def sizes(params: Params) -> list[int]:
     """The small size, then x8 steps up to the large one (params, else the node kind's)."""
     f = params.fabric
@@ -126,19 +162,19 @@ def sizes(params: Params) -> list[int]:
     return out + [large]
 
 
-def limits(params: Params, link_mbps: int | None) -> Limits:
-    """params' limits, else the node kind's: busbw at least link_fraction of the link rate (where the kernel reports
-    one for a real link), else the kind's figure."""
-    kind = node_kind(params)
+def limits(params: Params, link_mbps: int | None, kind: LinkKind | None = None) -> Limits:
+    """params' limits, else the link kind's: busbw at least link_fraction of the link rate (where the kernel reports
+    one for a real link between nodes), else the kind's figure."""
+    kind = kind or node_kind(params)
     max_us, _, kind_gbps = KINDS[kind]
     f = params.fabric
     if f.expect_gbps:
         gbps, why = f.expect_gbps, "fabric.expect_gbps"
-    elif link_mbps and kind != "cpu":
+    elif link_mbps and kind in ("roce", "ethernet"):
         gbps, why = f.link_fraction * link_mbps / 1000, f"{f.link_fraction:g} x the {link_mbps / 1000:g} Gb/s link"
     else:
-        gbps, why = kind_gbps, f"the default for {kind} nodes"
-    latency = "fabric.max_allreduce_us" if f.max_allreduce_us else f"the default for {kind} nodes"
+        gbps, why = kind_gbps, f"the default for {kind}"
+    latency = "fabric.max_allreduce_us" if f.max_allreduce_us else f"the default for {kind}"
     return Limits(kind, f.max_allreduce_us or max_us, gbps, f"busbw: {why}; latency: {latency}")
 
 
@@ -202,7 +238,7 @@ def config(params: Params, r: Rank, world: int, leaders: list[int], port: int) -
 def serve_env(params: Params, node: str) -> dict[str, str]:
     """The env 05 serves with on this node (over the container's fabric env), plus NCCL's INFO log of its transport."""
     return {**params.serve.env, **params.serve.node_env.get(node, {}), "NCCL_DEBUG": "INFO",
-            "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+            "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH"}  # GRAPH: the path type of the rings inside a node
 
 
 def run_allreduce(ctx: Context) -> AllReduceTest:
@@ -282,7 +318,7 @@ def verdict(params: Params, test: AllReduceTest) -> FabricVerdict:
     """Small all_reduce latency and the large size's busbw against `limits`, NCCL's transport against params, each
     link's rate against the expected busbw; every failure with its figures, the likely causes after them."""
     rates = [m for m in test.link_mbps.values() if m]
-    lim = limits(params, min(rates) if rates else None)
+    lim = limits(params, min(rates) if rates else None, link_kind(params, test.transports))
     if test.error:
         return FabricVerdict(lim, [f"the all_reduce test did not complete: {test.error}"],
                        [f"port {params.serve.master_port + 1} on {params.head.name} taken (rank 0's store)",

@@ -47,10 +47,26 @@ def detect_platform(ctx: Context) -> Platform:
     return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"])
 
 
+DEFAULT = "default"  # no --distributed-executor-backend: vLLM's own choice (one rank: its in-process executor)
+
+
+def single_rank(settings: ServeSettings) -> bool:
+    return settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
+
+
 def choose_executor(ctx: Context, platform: Platform) -> tuple[str, Decision]:
-    """Ray where the platform supports it and params ask for it; `mp` multi-node otherwise."""
+    """vLLM's default with one rank in all; else Ray where the platform supports it and params ask for it, `mp`
+    multi-node otherwise."""
     params = ctx.params
     wanted = params.serve.executor
+    if single_rank(params.serve):
+        return DEFAULT, Decision(
+            "Which distributed executor serves the model?", "vLLM's default",
+            "one rank in all (tensor_parallel_size x pipeline_parallel_size = 1): no --distributed-executor-backend, "
+            "so vLLM runs the model in its engine process instead of spawning a worker that imports everything again "
+            "(measured on one H200, issue 33: `mp` started 31-48 s slower)",
+            [Alternative(wanted, "a separate worker process for a single rank only costs start-up time")],
+            platform.evidence + [f"params serve.executor = {wanted}", "TP x PP = 1"], key="executor")
     multi = len(serving_nodes(params)) > 1
     if platform.device == "cpu" and wanted == "ray":
         return "mp", Decision(
@@ -124,8 +140,9 @@ def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: Nod
     argv = ["vllm", "serve", model, "--served-model-name", params.model.served_name,
             "--host", str(settings.host), "--port", str(settings.port),
             "--tensor-parallel-size", str(settings.tensor_parallel_size),
-            "--pipeline-parallel-size", str(settings.pipeline_parallel_size),
-            "--distributed-executor-backend", executor, "--dtype", settings.dtype]
+            "--pipeline-parallel-size", str(settings.pipeline_parallel_size), "--dtype", settings.dtype]
+    if executor != DEFAULT:
+        argv += ["--distributed-executor-backend", executor]
     if executor == "mp" and nnodes > 1:
         argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", str(params.head.fabric_ip),
                  "--master-port", str(settings.master_port)]

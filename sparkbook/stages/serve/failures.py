@@ -1,5 +1,6 @@
-"""05's failures: known signatures in vLLM/Ray logs (a named cause, the line that shows it, a remediation) and the
-remediation ladder that retries a graph-capture OOM with less memory, then eager."""
+"""05's failures: known signatures in vLLM/Ray/NCCL logs and the kernel's (a named cause, the line that shows it, a
+remediation) and the remediation ladder that retries an out-of-memory start with less memory, a step at a time, then
+eager."""
 from __future__ import annotations
 
 import re
@@ -9,6 +10,11 @@ from ...core.modelinfo import VLLM_DEFAULT_UTILIZATION
 from ...core.params import ServeSettings
 
 GRAPH_OOM = "CUDA out of memory during graph capture"
+FREE_MEMORY = "not enough free memory at start-up"
+OOM_KILL = "killed by the kernel's OOM killer"
+REG_MR = "NCCL could not register memory (ENOMEM)"
+LADDER = (GRAPH_OOM, FREE_MEMORY, OOM_KILL, REG_MR)  # out of memory: less gpu_memory_utilization helps, then eager
+_VLLM_COMM = r"(python\S*|vllm\S*|VLLM\S*|pt_main_thread|ray::\S*|raylet|EngineCore\S*)"  # comm, <= 15 chars
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class Signature:
 
 # Most specific first: a graph-capture OOM also says "worker died" further down.
 SIGNATURES: tuple[Signature, ...] = (
+    # the kernel's: mm/oom_kill.c (dump_oom_summary, __oom_kill_process), read from the node's dmesg when its
+    # serve process is gone (launch.kernel_lines); a comm of vLLM, Ray or Python names the victim
+    Signature(OOM_KILL,
+              (rf"Out of memory: Killed process \d+ \({_VLLM_COMM}\)", rf"oom-kill:.*task={_VLLM_COMM},"),
+              "the node ran out of memory and the kernel killed the server: on unified memory (GB10) the GPU's share "
+              "and the OS's are one pool; lower serve.gpu_memory_utilization (the ladder does), stop what else holds "
+              "memory (01), set runtime.memory_limit so the container, not sshd, is what goes"),
     Signature("architecture not supported",
               (r"Model architectures? \[.*\] (are|is) not supported",),
               "this image's vLLM does not register the architecture: pick an image whose vLLM does (03)"),
@@ -48,6 +61,19 @@ SIGNATURES: tuple[Signature, ...] = (
               "lower serve.gpu_memory_utilization to the lowest that still holds weights and KV cache (02's memory "
               "fit); if that is not enough, serve with --enforce-eager",
               requires=(r"captur\w* .*(cuda ?graph|cudagraph)|cuda ?graph.*captur|cudagraph",)),
+    # vLLM's start-up check: vllm/v1/worker/utils.py (request_memory), raised before any weight loads
+    Signature(FREE_MEMORY,
+              (r"Free memory on device .* on startup is less than desired GPU memory utilization",),
+              "CUDA could allocate less than gpu_memory_utilization x the GPU's memory when vLLM started: other "
+              "processes hold it (01 stops them) or, on unified memory, the page cache does (05 drops it first); "
+              "lower serve.gpu_memory_utilization (the ladder does, while 02's fit still holds)"),
+    # NCCL's misc/ibvwrap.cc: registering (pinning) its buffers for RoCE failed
+    Signature(REG_MR,
+              (r"Call to ibv_reg_mr\w* failed with error Cannot allocate memory",
+               r"ibv_reg_mr\w*.*Cannot allocate memory"),
+              "NCCL could not pin memory for RoCE: the container's locked-memory limit (run it with --ulimit "
+              "memlock=-1, as vLLM's run_cluster.sh does) or, on unified memory, the OS left without memory; lower "
+              "serve.gpu_memory_utilization (the ladder does)"),
     # vLLM's own texts: vllm/v1/core/kv_cache_utils.py (_check_enough_kv_cache_memory) and, before V1,
     # vllm/worker/worker.py (raise_if_cache_size_invalid).
     Signature("no memory left for the KV cache",
@@ -162,27 +188,28 @@ class Remedy:
 def remedy(cause: FailureCause, settings: ServeSettings, floor: float | None = None) -> Remedy | None:
     """The next automatic remediation for `cause` under `settings`, or None where there is none.
 
-    Graph-capture OOM: lower gpu_memory_utilization straight to `floor`, the lowest that still holds the
-    weights and the KV cache on every node (`modelinfo.utilization_floor`, from 02's memory fit); when the
-    floor is not below the current value (it was tried, or nothing fits lower) or unknown (None: no fit),
-    --enforce-eager. Each attempt reloads every weight, so the ladder has at most these two steps. Every
-    other cause needs a person (or an earlier stage)."""
-    if cause.cause != GRAPH_OOM or settings.enforce_eager:
+    Out of memory (a cause in LADDER): lower gpu_memory_utilization by serve.utilization_step while the result still
+    holds the weights and the KV cache on every node (`floor`, `modelinfo.utilization_floor` from 02's memory fit;
+    each attempt reloads every weight, so one step at a time gives up no more KV cache than the start needs), then
+    --enforce-eager (no CUDA graphs). Unknown floor (None: no fit): straight to eager. Every other cause needs a
+    person (or an earlier stage)."""
+    if cause.cause not in LADDER or settings.enforce_eager:
         return None
     current = settings.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
-    eager = ("enforce_eager", "costs decode speed; tried only if less memory is not enough")
-    if floor is not None and floor < current:
-        change: dict[str, object] = {"gpu_memory_utilization": floor}
-        reason = (f"graph capture ran out of memory at gpu_memory_utilization {current}: {floor} is the lowest "
-                  "that still holds the weights and the KV cache for max_model_len on every node (02's memory "
-                  f"fit), freeing {current - floor:.0%} more of the GPU for the capture")
-        alts = [eager]
+    lower = round(current - settings.utilization_step, 4)
+    eager = ("enforce_eager", "costs decode speed; tried only once less memory no longer fits")
+    if floor is not None and floor <= lower:
+        change: dict[str, object] = {"gpu_memory_utilization": lower}
+        reason = (f"{cause.cause} at gpu_memory_utilization {current}: one step of serve.utilization_step "
+                  f"({settings.utilization_step:g}) down to {lower:g}, which still holds the weights and the KV cache "
+                  f"for max_model_len on every node (02's memory fit needs at least {floor})")
+        alts = [(f"straight to the fit's floor {floor}", "gives up more KV cache than the start may need"), eager]
     else:
         change = {"enforce_eager": True}
         reason = ("no memory fit from 02 to lower gpu_memory_utilization by" if floor is None
                   else f"no gpu_memory_utilization holds the weights and the KV cache (02's memory fit needs {floor})"
-                  if floor > 1 else f"gpu_memory_utilization {current} is at or below the memory fit's floor {floor}"
-                  ) + ": skip CUDA graph capture"
+                  if floor > 1 else f"a step below gpu_memory_utilization {current} ({lower:g}) is under the memory "
+                  f"fit's floor {floor}") + ": skip CUDA graph capture"
         alts = [("lower gpu_memory_utilization", "below the memory fit's floor the weights and the KV cache for "
                  "max_model_len no longer fit")]
     return Remedy(cause.cause, change, settings.model_copy(update=change), reason, alts)

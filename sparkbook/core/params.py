@@ -103,6 +103,8 @@ class NodeSpec(Strict):
     gpus: list[Annotated[int, Field(ge=0, le=63)]] = []
     ssh_user: Name | None = None
     ssh_port: int | None = Field(None, ge=1, le=65535)
+    unified_memory: bool | None = Field(None, description="the GPU allocates from the OS's memory (GB10): 05 drops the "
+                                        "page cache first (null: where nvidia-smi reports no GPU memory)")
 
     @field_validator("host")
     @classmethod
@@ -125,6 +127,8 @@ class DockerRuntime(Strict):
     ipc_host: bool = True
     privileged: bool = False
     nofile: int | None = Field(1048576, ge=1024, description="open-files ulimit in containers (null: the daemon's)")
+    memory_limit: Size | None = Field(None, description="memory cap of each node's container (docker --memory, swap "
+                                      "included; null: none): a runaway start is killed inside it, not sshd (README)")
     env: Env = {}
     image_policy: Literal["keep_installed", "newest"] = Field(
         "keep_installed", description="keep_installed: keep installed_image where it loads the model natively, has "
@@ -211,6 +215,9 @@ class ServeSettings(Strict):
     ready_timeout_s: float = Field(900, gt=0)
     retry_with_remediation: bool = True
     max_remedies: int = Field(3, ge=0, le=8, description="relaunches with a remediation after a classified failure")
+    settle_gib: float = Field(2, gt=0, le=64, description="after a failed attempt every serving node's MemAvailable "
+                              "must come back within this of its value before the first launch")
+    settle_timeout_s: float = Field(120, gt=0, le=1800, description="how long the settle check waits for it")
     utilization_step: float = Field(0.05, gt=0, le=0.5, description="the out-of-memory ladder lowers "
                                     "gpu_memory_utilization by this much per attempt while 02's memory fit holds")
 

@@ -95,6 +95,8 @@ class DockerNodes:
             devices=[f"{d}:{d}" for d in devices])
         if self.spec.ipc_host:
             kwargs["ipc_mode"] = "host"
+        if self.spec.memory_limit:  # swap as large as the cap: the cap holds, swap or not
+            kwargs["mem_limit"] = kwargs["memswap_limit"] = self.spec.memory_limit.lower()
         if gpus:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
         return str(client.containers.run(place.image, **kwargs).id)

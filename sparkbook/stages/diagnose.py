@@ -48,6 +48,7 @@ class NodeFacts:
     mtu: int | None
     link_state: str
     roce: str
+    oom_daemons: list[str]  # earlyoom / systemd-oomd running: they kill before the kernel does, by their own rules
 
     def row(self) -> dict[str, object]:
         g = self.gpus[0] if self.gpus else None
@@ -57,7 +58,8 @@ class NodeFacts:
                 "docker": self.docker, "gpu": self.gpu,
                 "cc / driver / CUDA": f"{g.compute_capability} / {g.driver} / {g.cuda}" if g else "-",
                 "fabric": f"{self.fabric_netdev} {','.join(self.fabric_ip_found) or 'no IPv4'} "
-                          f"mtu {self.mtu} {self.link_state}", "RoCE": self.roce}
+                          f"mtu {self.mtu} {self.link_state}", "RoCE": self.roce,
+                "OOM daemon": ", ".join(self.oom_daemons) or "none (the kernel's OOM killer only)"}
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ echo ==link==; echo "0: {netdev}: mtu $(cat /sys/class/net/{netdev}/mtu 2>/dev/n
 state $(tr a-z A-Z </sys/class/net/{netdev}/operstate 2>/dev/null)"
 fi
 echo ==roce==; if command -v ibdev2netdev >/dev/null; then ibdev2netdev; else echo "ibdev2netdev not present"; fi
+echo ==oomd==; for d in earlyoom systemd-oomd; do pgrep -x "$d" >/dev/null 2>&1 && echo "$d"; done
 echo ==meminfo==; cat /proc/meminfo
 echo ==end==
 """
@@ -140,7 +143,7 @@ def node_facts(node: Node, spec: NodeSpec, params: Params) -> NodeFacts:
                      memory_from(meminfo(s["meminfo"]), s.get("gpumem", [])),
                      int(disk[0]) if disk and disk[0].isdigit() else None, disk[1] if len(disk) > 1 else "?",
                      docker, gpus, gpu, spec.fabric_netdev, ips, int(mtu) if mtu.isdigit() else None, state,
-                     "; ".join(s.get("roce", [])) or "-")
+                     "; ".join(s.get("roce", [])) or "-", s.get("oomd", []))
 
 
 def facts_all(ctx: Context) -> dict[str, Outcome[NodeFacts]]:

@@ -13,6 +13,7 @@ from ...core.topology import lost
 from .commands import ServeError, ServePlan, plan
 from .failures import FailureCause, classify, remedy
 from .launch import BringUp, host_port, launch, stop_earlier, stop_serving, wait_ready
+from .memory import settle
 from .reuse import find_running, remember, start_decision
 
 
@@ -45,11 +46,14 @@ def missing_chat_template(ctx: Context, serve_plan: ServePlan) -> str | None:
 
 
 def bring_up(ctx: Context, serve_plan: ServePlan,
-             on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None) -> BringUp:
+             on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None,
+             available: dict[str, int] | None = None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
     serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
     gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
-    a graph-capture OOM goes straight to --enforce-eager). Raises ServeError, launching
+    a graph-capture OOM goes straight to --enforce-eager). `available`: each serving node's MemAvailable before the
+    first launch (memory.before_launch); after a failed attempt every node must come back within serve.settle_gib of
+    it (memory.settle) or nothing more is tried. Raises ServeError, launching
     nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone), the
     serve port is taken on the head or serve.chat_template is not there."""
     params = ctx.params
@@ -79,6 +83,10 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
             remember(ctx, serve_plan, result)
             return result
         stop_serving(ctx, launched)
+        if available:
+            result.settles.append(settle(ctx, available, attempt))
+            if not result.settles[-1].ok:
+                return result
         cause = ready.cause if params.serve.retry_with_remediation else None
         fix = remedy(cause, current.settings, floor) if cause else None
         if fix is None or attempt > params.serve.max_remedies:
@@ -96,7 +104,9 @@ def log_tails(result: BringUp) -> dict[str, str]:
 
 def failure_message(result: BringUp) -> str:
     d = result.readiness.cause
-    return f"serving did not start ({len(result.attempts)} attempt(s)): {d.summary() if d else 'unknown'}"
+    unsettled = result.settles[-1].problem() if result.settles else None
+    return (f"serving did not start ({len(result.attempts)} attempt(s)): {d.summary() if d else 'unknown'}"
+            + (f"; {unsettled}" if unsettled else ""))
 
 
 def endpoint(result: BringUp) -> Endpoint:

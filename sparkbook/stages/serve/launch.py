@@ -18,6 +18,7 @@ from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
 from .commands import ServePlan
 from .failures import FailureCause, Remedy, classify, not_ready
+from .memory import Settle, kernel_lines
 
 POLL_S = 1.0
 TAIL_BYTES = 6000
@@ -136,6 +137,10 @@ def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
         dead = _dead(ctx, launched)
         if dead or elapsed > timeout_s:
             logs = tails(ctx, launched)
+            if dead:  # a server the kernel killed shows only there: its OOM-kill line names the process
+                kernel = kernel_lines(ctx, [n for n in dead if n in logs], elapsed + 10)
+                logs = {n: t + (f"\n--- kernel (dmesg) ---\n{kernel[n]}" if kernel.get(n) else "")
+                        for n, t in logs.items()}
             cause = classify(logs, dead) if dead else not_ready(logs, launched.plan.commands[0].node, elapsed)
             return Readiness(False, elapsed, health_s, [], logs, cause)
         on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(ctx, launched))
@@ -171,6 +176,7 @@ class BringUp:
     remedies: list[Remedy] = field(default_factory=list)
     reuse: Decision | None = None  # whether a server already running was kept
     reused_from: Kept | None = None  # what its record (reuse.SERVING) says of it when it was
+    settles: list[Settle] = field(default_factory=list)  # after each failed attempt: memory back (or not)
 
     @property
     def ok(self) -> bool:

@@ -16,7 +16,7 @@ import sparkbook.lab as sblab
 from sparkbook.stages.images import distribute
 from sparkbook.stages.raycluster import containers as node_containers
 from sparkbook.stages.raycluster import formation
-from sparkbook.stages.serve import bringup, commands, launch, smoke
+from sparkbook.stages.serve import bringup, commands, launch, memory, smoke
 
 pytestmark = pytest.mark.lab
 LAB_PARAMS = sblab.params_file(2)  # the active lab's (SPARKBOOK_LAB_ID)
@@ -98,3 +98,32 @@ def test_tp2_across_both_nodes_serves_text(env, ray_cluster):
     assert [s.kind for s in replies] == ["chat", "completion"] and all(s.text for s in replies)
     smoke.check_smoke(replies)  # the tiny model has no reasoning parser: its 32 tokens of text pass as before
     launch.stop_serving(ctx, up.launched)
+
+
+def test_drop_caches_on_the_lab_nodes_with_memavailable_before_and_after(ray_cluster):
+    """05's drop on unified memory, here on the lab's nodes (not unified: they share one kernel, so the drop is the
+    machine's and MemAvailable is the machine's; what a GB10's pressure does cannot be shown here)."""
+    drops = memory.drop_caches(ray_cluster, ["lab-0", "lab-1"])
+    for d in drops:
+        print(d.row())
+        assert d.error is None and d.before > 0 and d.after > 0
+    assert any(d.cached_after < d.cached_before for d in drops), [d.row() for d in drops]
+
+
+def test_a_refused_flag_is_followed_by_the_settle_check_on_both_nodes(env, ray_cluster):
+    """A planted failing start (an argument vLLM's argparse refuses): after it, every serving node's MemAvailable is
+    checked against its value before the launch, with the three figures recorded."""
+    ctx = ray_cluster
+    executor, _ = commands.choose_executor(ctx, commands.detect_platform(ctx))
+    refused = ctx.params.serve.model_copy(update={"extra_args": [*ctx.params.serve.extra_args, "--planted-flag"]})
+    plan = commands.plan(ctx, executor, refused)
+    before = memory.before_launch(ctx, plan, model=None)  # the lab is not unified memory: no refit, no model read
+    assert before.unified == [] and list(before.available) == ["lab-0", "lab-1"]
+    up = bringup.bring_up(ctx, plan, available=before.available)
+    assert not up.ok and up.readiness.cause and up.readiness.cause.cause == "argument not recognized"
+    [settled] = up.settles
+    for row in settled.rows():
+        print(row)
+    assert settled.ok, settled.problem()
+    assert [r["node"] for r in settled.rows()] == ["lab-0", "lab-1"]
+    assert all(r["after failure GiB"] > 0 and r["after settle GiB"] > 0 for r in settled.rows())

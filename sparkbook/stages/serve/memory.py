@@ -27,6 +27,12 @@ HOLDERS = ("import os\nrows=[]\nfor p in filter(str.isdigit, os.listdir('/proc')
 POLL_S = 2.0
 
 
+def page_cache(node: Node) -> tuple[int, int]:
+    """(MemAvailable, Cached) in bytes, from the node's /proc/meminfo."""
+    info = meminfo(node.run(["cat", "/proc/meminfo"], timeout=30, check=True).stdout.splitlines())
+    return info["MemAvailable"], info.get("Cached", 0)
+
+
 def sample(node: Node) -> Memory:
     """The node's memory now: /proc/meminfo and, where nvidia-smi reports it, the GPU's own."""
     r = node.run(["sh", "-c", SAMPLE], timeout=60, check=True)
@@ -48,27 +54,32 @@ def unified(ctx: Context, node: str, memory: Memory) -> bool:
 
 @dataclass(frozen=True)
 class CacheDrop:
-    """One node's page cache dropped: MemAvailable before and after (bytes), or why it could not be."""
+    """One node's page cache dropped: MemAvailable and the page cache (Cached) before and after (bytes), or why it
+    could not be."""
 
     node: str
     before: int
     after: int
+    cached_before: int
+    cached_after: int
     error: str | None = None
 
     def row(self) -> dict[str, object]:
         return {"node": self.node, "MemAvailable before GiB": round(self.before / GIB, 2),
-                "after GiB": round(self.after / GIB, 2), "freed GiB": round((self.after - self.before) / GIB, 2),
-                "error": self.error or "-"}
+                "MemAvailable after GiB": round(self.after / GIB, 2),
+                "page cache before GiB": round(self.cached_before / GIB, 2),
+                "page cache after GiB": round(self.cached_after / GIB, 2), "error": self.error or "-"}
 
 
 def drop_caches(ctx: Context, nodes: list[str]) -> list[CacheDrop]:
     """`sync; echo 3 > /proc/sys/vm/drop_caches` on every node named (as the SSH user: root, or the drop fails and
     says so), MemAvailable read before and after."""
     def one(node: Node) -> CacheDrop:
-        before = sample(node).mem_available
+        before = page_cache(node)
         r = node.run(["sh", "-c", DROP], timeout=180)
         error = None if r.ok else ((r.stderr or r.stdout).strip()[-300:] or f"exit {r.exit_code}")
-        return CacheDrop(node.name, before, sample(node).mem_available, error)
+        after = page_cache(node)
+        return CacheDrop(node.name, before[0], after[0], before[1], after[1], error)
 
     return ctx.cluster.fan_out(one, [ctx.cluster.nodes[n] for n in nodes], timeout=300).values_or_raise(ServeError)
 

@@ -60,9 +60,14 @@ def test_wrong_fabric_ip_fails_the_gate_naming_the_node(env):
 
     def wrong(d):
         d["nodes"][1]["fabric_ip"] = str(wrong_ip)
+        d["runtime"]["memory_limit"] = "3G"  # and each container capped (runtime.memory_limit), swap included
 
     bad = sparkbook.open_run(_params_file(tmp, "wrong-ip.yaml", wrong), tmp / "run-wrong", stage="test")
-    _, join, gate = _ray_up(bad.context(IMAGE), image_id)
+    bad_ctx = bad.context(IMAGE)
+    _, join, gate = _ray_up(bad_ctx, image_id)
+    for node in bad_ctx.cluster:
+        host = bad_ctx.runtime.client(node).containers.get(bad_ctx.places[node.name].name).attrs["HostConfig"]
+        assert host["Memory"] == host["MemorySwap"] == 3 << 30, node.name
     assert join.seconds < bad.params.ray.join_timeout_s / 2, "a node that can never join must not be waited on"
     assert "lab-1" in join.stopped_because
     with pytest.raises(formation.GateFailed, match=rf"lab-1: fabric IP {re.escape(str(wrong_ip))} is not on eth0"):

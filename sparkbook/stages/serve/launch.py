@@ -138,7 +138,8 @@ def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
         if dead or elapsed > timeout_s:
             logs = tails(ctx, launched)
             if dead:  # a server the kernel killed shows only there: its OOM-kill line names the process
-                kernel = kernel_lines(ctx, [n for n in dead if n in logs], elapsed + 10)
+                kernel = kernel_lines(ctx, [n for n, why in dead.items() if n in logs
+                                            and not why.startswith("unreachable")], elapsed + 10)
                 logs = {n: t + (f"\n--- kernel (dmesg) ---\n{kernel[n]}" if kernel.get(n) else "")
                         for n, t in logs.items()}
             cause = classify(logs, dead) if dead else not_ready(logs, launched.plan.commands[0].node, elapsed)

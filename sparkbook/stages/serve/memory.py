@@ -205,6 +205,9 @@ def recent_kernel_lines(text: str, since_s: float) -> list[str]:
 
 def kernel_lines(ctx: Context, nodes: list[str], since_s: float) -> dict[str, str]:
     """The kernel's recent lines on each node named (its OOM kills name the process), '' where dmesg is refused."""
+    if not nodes:
+        return {}
+
     def one(node: Node) -> str:
         return "\n".join(recent_kernel_lines(node.run(["sh", "-c", KERNEL], timeout=30).stdout, since_s))
 

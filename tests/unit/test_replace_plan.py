@@ -113,3 +113,21 @@ def test_spark_duo_lists_both_networks_and_warns_on_every_interface(tmp_path):
     assert endpoints.listen_warning(fabric_only) is None
     assert [a.not_listening for a in endpoints.client_addresses(fabric_only)] == ["no: serve.host is 192.168.200.12",
                                                                                   None]
+
+
+def test_a_failed_rollback_is_reported_as_such_with_both_causes(tmp_path):
+    from sparkbook.stages.serve.launch import Launch, Readiness
+    from sparkbook.stages.serve.rollback import Rollback
+
+    old = lab_plan(tmp_path)
+    launched = Launch(old, 1, {}, 0.0)
+    dead = Readiness(False, 12.0, None, [], {"lab-0": "RuntimeError: Engine core initialization failed"})
+    failed = Rollback("20261201T195946Z", "serving did not start (1 attempt(s)): unknown argument", launched, dead,
+                      [], 75.4, "lab-0: the process exited")
+    assert not failed.ok and failed.decision().choice == "nothing: the rollback failed too"
+    assert "rollback to run 20261201T195946Z failed as well (lab-0: the process exited)" in failed.summary()
+    assert "the new plan failed: serving did not start" in failed.summary()
+    assert failed.log_tails() == {"serve-lab-0-rollback.log": "RuntimeError: Engine core initialization failed"}
+    ok = Rollback("20261201T195946Z", "unknown argument", launched, dead, [], 75.4, None)
+    assert ok.summary().startswith("rolled back to run 20261201T195946Z: its plan serves again after 75 s")
+    assert ok.event()["seconds_without_service"] == 75.4

@@ -25,7 +25,7 @@ class Rollback:
     launched: Launch
     readiness: Readiness
     smoke: list[Smoke]
-    dark_s: float  # from stopping the old server until the old plan answered again (or until giving up)
+    dark_s: float  # from stopping the old server until the old plan listed its model again (or until giving up)
     problem: str | None  # why the rollback failed; None when the old plan serves again
 
     @property
@@ -73,7 +73,7 @@ def roll_back(ctx: Context, replaced: Replacement, failed: BringUp, new_failure:
         except httpx.HTTPError as exc:
             problem = f"smoke test: {exc}"
     stopped = failed.stopped_at if failed.stopped_at is not None else launched.started_at
-    dark = time.monotonic() - stopped
+    dark = (launched.started_at + ready.seconds if ready.ok else time.monotonic()) - stopped  # until it answered
     if problem is None:
         remember(ctx, old.requested_plan, BringUp([(launched, ready)]), run=old.run)
     else:

@@ -131,3 +131,15 @@ def test_a_failed_rollback_is_reported_as_such_with_both_causes(tmp_path):
     ok = Rollback("20261201T195946Z", "unknown argument", launched, dead, [], 75.4, None)
     assert ok.summary().startswith("rolled back to run 20261201T195946Z: its plan serves again after 75 s")
     assert ok.event()["seconds_without_service"] == 75.4
+
+
+def test_check_warns_on_every_interface_with_a_management_network_and_still_passes(tmp_path, capsys):
+    from sparkbook import cli
+
+    text = (PARAMS / "spark-duo.yaml").read_text()
+    for key in ("key_file", "known_hosts"):
+        text = text.replace(f"  {key}:", f"  # {key}:")
+    (tmp_path / "duo.yaml").write_text(text)
+    assert cli.main(["check", str(tmp_path / "duo.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: serve.host: 0.0.0.0") and "management address 10.1.230.180" in err

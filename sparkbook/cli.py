@@ -24,6 +24,7 @@ from .core.params import ParamsError, load_params
 from .core.rundir import INDEX, MANIFEST, RESTORE_PLAN
 from .runbook import driver, lock
 from .runbook.manifest import Manifest
+from .stages.serve import endpoints
 
 if TYPE_CHECKING:
     from .stages.cleanup.restore import RestoreOutcome
@@ -57,6 +58,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{args.params}: ok — cluster {params.cluster}, {len(params.nodes)} node(s), head {params.head.name}, "
           f"runtime {params.runtime.kind}, TP={params.serve.tensor_parallel_size} "
           f"PP={params.serve.pipeline_parallel_size} executor={params.serve.executor}")
+    warning = endpoints.listen_warning(params)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -110,6 +110,8 @@ class Endpoint(Handoff):
     ready_s: float
     attempts: int
     reused: bool
+    api_key_env: str | None = None  # the variable whose value every request sends as its bearer token
+    addresses: dict[str, str] = {}  # network (management, fabric) -> the URL clients use there
 
 
 class BenchPoint(_Part):

@@ -187,6 +187,24 @@ class RaySettings(Strict):
     join_timeout_s: float = Field(120, gt=0)
 
 
+def api_key(api_key_env: str | None) -> str | None:
+    """The API key in this controller's environment variable `api_key_env` (None when no variable is named).
+    A name set but absent from the environment is an error naming the variable."""
+    if api_key_env is None:
+        return None
+    value = os.environ.get(api_key_env)
+    if not value:
+        raise SparkbookError(f"serve.api_key_env: {api_key_env} is not set in this controller's environment",
+                             remediation=f"export {api_key_env}=<the API key> before the run")
+    return value
+
+
+def bearer(api_key_env: str | None) -> dict[str, str]:
+    """The Authorization header for an API whose key is in `api_key_env` (none when it is None)."""
+    key = api_key(api_key_env)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class ServeSettings(Strict):
     port: int = Field(8000, ge=1, le=65535)
     executor: Literal["ray", "mp"] = "ray"
@@ -220,6 +238,14 @@ class ServeSettings(Strict):
     settle_timeout_s: float = Field(120, gt=0, le=1800, description="how long the settle check waits for it")
     utilization_step: float = Field(0.05, gt=0, le=0.5, description="the out-of-memory ladder lowers "
                                     "gpu_memory_utilization by this much per attempt while 02's memory fit holds")
+    rollback_on_failure: bool = Field(True, description="when a replacement fails to start, relaunch the plan that "
+                                      "served before it (kept by the run that started it)")
+    api_key_env: EnvName | None = Field(None, description="environment variable (also listed in `secrets`) whose value "
+                                        "vLLM requires as its API key: every request of 05 and 06 sends it")
+
+    def headers(self) -> dict[str, str]:
+        """What every request to the API carries: the bearer token of api_key_env, when set."""
+        return bearer(self.api_key_env)
 
     @field_validator("extra_args")
     @classmethod
@@ -322,6 +348,9 @@ class Params(Strict):
         if world > slots:
             problems.append(f"serve.tensor_parallel_size: tensor_parallel_size x pipeline_parallel_size = {world} "
                             f"is larger than the {slots} {unit}")
+        if self.serve.api_key_env and self.serve.api_key_env not in self.secrets:
+            problems.append(f"serve.api_key_env: {self.serve.api_key_env} must also be listed under `secrets` (so its "
+                            "value is redacted from every output and reaches the node containers)")
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")

@@ -51,7 +51,8 @@ def planted() -> str:
 
 @pytest.fixture(scope="session")
 def full_run(lab, lab_progress, planted, tmp_path_factory):
-    """One confirmed run of all six notebooks on the active lab, with a planted secret in the environment
+    """One confirmed run of all six notebooks on the active lab, with a planted secret in the environment as
+    HF_TOKEN and as the API key vLLM requires of every /v1 request (serve.api_key_env: VLLM_API_KEY)
     (session-wide: test_runbook_lab checks it, test_idempotence runs the runbook a second time on top of it).
     The old deployment (the old vLLM too) answers before 01 inventories it, as the issue's cluster did, so 01
     records every port and health URL that restore checks."""
@@ -60,14 +61,15 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
 
     sblab.reset()
     sblab.wait_old_deployment(progress=lab_progress)
-    os.environ["HF_TOKEN"] = planted
+    os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     params = tmp_path_factory.mktemp("params") / "lab.yaml"
-    params.write_text(sblab.params_file(2).read_text().replace("secrets: []", "secrets: [HF_TOKEN]"))
+    params.write_text(sblab.params_file(2).read_text().replace("secrets: []", "secrets: [HF_TOKEN, VLLM_API_KEY]")
+                      .replace("serve:\n", "serve:\n  api_key_env: VLLM_API_KEY\n", 1))
     try:
         return driver.run(params, out_root=tmp_path_factory.mktemp("outputs"), parameters={"confirm_cleanup": True},
                            say=print)
     finally:
-        del os.environ["HF_TOKEN"]
+        del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
 
 
 @dataclass

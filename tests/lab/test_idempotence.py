@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -42,13 +43,13 @@ def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPat
     assert first.status == "ok", "the first run must succeed before a second can reuse it"
     params = load_params(first.params_file)
     before = _node_state(node_shells, params, first_dir)
-    os.environ["HF_TOKEN"] = planted
+    os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     t0 = time.monotonic()
     try:
         run_dir, manifest = driver.run(Path(first.params_file), out_root=tmp_path_factory.mktemp("second"),
                                         parameters={"confirm_cleanup": True}, say=print)
     finally:
-        del os.environ["HF_TOKEN"]
+        del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
     seconds = time.monotonic() - t0
     print(f"second run: {seconds:.0f} s; " + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks))
     return params, before, run_dir, manifest, _node_state(node_shells, params, run_dir), seconds
@@ -86,7 +87,7 @@ def test_ray_cluster_is_reused_not_recreated(second) -> None:
     assert "reused: the running cluster" in (run_dir / "04-ray-cluster.ipynb").read_text()
 
 
-def test_server_is_reused_and_still_answers(second) -> None:
+def test_server_is_reused_and_still_answers(second, planted: str) -> None:
     params, before, run_dir, manifest, after, _ = second
     decision = _decision(manifest, "05", "Reuse the running server or start a new one?")
     assert decision["choice"].startswith("reused"), decision
@@ -95,6 +96,7 @@ def test_server_is_reused_and_still_answers(second) -> None:
     assert {n: v[3] for n, v in after.items()} == {n: v[3] for n, v in before.items()}, "same vllm serve PIDs"
     assert "reused: the server already running" in (run_dir / "05-serve.ipynb").read_text()
     reply = httpx.post(f"{endpoint['base_url']}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {planted}"},
                        json={"model": params.model.served_name, "prompt": "Hello", "max_tokens": 8})
     assert reply.status_code == 200 and reply.json()["choices"][0]["text"]
 
@@ -120,3 +122,64 @@ def test_planted_secret_is_in_nothing_the_second_run_wrote(second, node_shells, 
         _, logs, _ = node_shells[spec.name].run(["docker", "exec", container_name(params, spec.name), "sh", "-c",
                                                   "cat /tmp/sparkbook/logs/*"])
         assert logs and planted not in logs, spec.name
+
+
+def _serves(endpoint: dict, planted: str) -> dict:
+    """The head's serving record (reuse.SERVING) after a completion through the API with the key."""
+    reply = httpx.post(f"{endpoint['base_url']}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {planted}"},
+                       json={"model": endpoint["model"], "prompt": "Hello", "max_tokens": 4})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"], reply.text
+    return reply.json()
+
+
+def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, node_shells, planted: str,
+                                                                    tmp_path: Path) -> None:
+    """05 alone, resumed on a copy of the first run's dir with a changed serve setting: without confirm_replace
+    it stops with the diff and the first server untouched and answering; confirmed, with an argument vLLM
+    refuses, the new plan fails and the first run's plan serves again, the record naming the rollback and the
+    seconds without service. Last in this module: it restarts the server the tests above reuse."""
+    first_dir, first = full_run
+    params = load_params(first.params_file)
+    copy = tmp_path / params.cluster / first_dir.name
+    shutil.copytree(first_dir, copy)
+    endpoint = json.loads((first_dir / "state.json").read_text())["endpoint"]
+    before = _node_state(node_shells, params, first_dir)
+    text = Path(first.params_file).read_text()
+    assert "max_num_seqs: 16" in text
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(text.replace("max_num_seqs: 16", "max_num_seqs: 8"))
+    planted_flag = tmp_path / "planted-flag.yaml"
+    planted_flag.write_text(text.replace("max_num_seqs: 16", "max_num_seqs: 8")
+                            .replace('"CPU_MLA"]', '"CPU_MLA", "--planted-unknown-flag"]'))
+    os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
+    try:
+        _, refused = driver.run(changed, resume=copy, only="05", say=print)
+        after_refusal = _node_state(node_shells, params, first_dir)
+        _serves(endpoint, planted)
+        t0 = time.monotonic()
+        _, rolled = driver.run(planted_flag, resume=copy, only="05", parameters={"confirm_replace": True}, say=print)
+        print(f"replace + rollback: {time.monotonic() - t0:.0f} s")
+    finally:
+        del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
+    nb = next(n for n in refused.notebooks if n.name.startswith("05"))
+    assert nb.status == "failed" and "left untouched" in nb.exception["evalue"], nb.exception
+    assert "serve.max_num_seqs: '16' -> '8'" in nb.exception["evalue"] and first_dir.name in nb.exception["evalue"]
+    assert after_refusal == before, "the first server's vllm serve PIDs are unchanged"
+    nb = next(n for n in rolled.notebooks if n.name.startswith("05"))
+    assert nb.status == "failed" and f"rolled back to run {first_dir.name}" in nb.exception["evalue"], nb.exception
+    replaced = [e["data"] for e in read_events(copy, "serve_replaced")]
+    assert replaced and replaced[-1]["run"] == first_dir.name, replaced
+    (rollback,) = [e["data"] for e in read_events(copy, "serve_rollback")]
+    assert rollback["ok"] is True and rollback["rolled_back_to_run"] == first_dir.name, rollback
+    assert 0 < rollback["seconds_without_service"] < 900 and "planted-unknown-flag" in rollback["new_plan_failure"]
+    assert {d["key"] for d in nb.decisions} >= {"replace", "rollback"}
+    _serves(endpoint, planted)
+    head = params.head.name
+    _, serving, _ = node_shells[head].run(["docker", "exec", container_name(params, head), "cat",
+                                           "/tmp/sparkbook/logs/serving.json"])
+    record = json.loads(serving)
+    assert record["run"] == first_dir.name and record["requested"]["settings"]["max_num_seqs"] == 16, record
+    for path in copy.rglob("*"):
+        if path.is_file():
+            assert planted.encode() not in path.read_bytes(), path

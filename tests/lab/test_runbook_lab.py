@@ -40,13 +40,17 @@ def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, Manifest]
     assert all(nb.name in index for nb in manifest.notebooks)
 
 
-def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, Manifest]) -> None:
+def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, Manifest], planted: str) -> None:
+    """With the API key (serve.api_key_env) that 05 and 06 sent on every request; without it vLLM refuses."""
     run_dir, manifest = full_run
     state = json.loads((run_dir / "state.json").read_text())
     params = load_params(manifest.params_file)
     assert state["image"]["ref"].endswith(":0.32.0")
     assert len(set(state["image"]["nodes"].values())) == 1, "every node holds the same image ID"
+    assert state["endpoint"]["api_key_env"] == "VLLM_API_KEY"
+    assert httpx.get(f"{state['endpoint']['base_url']}/v1/models", timeout=30).status_code == 401
     reply = httpx.post(f"{state['endpoint']['base_url']}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {planted}"},
                        json={"model": params.model.served_name, "prompt": "Hello", "max_tokens": 8})
     assert reply.status_code == 200 and reply.json()["choices"][0]["text"]
 

@@ -51,6 +51,7 @@ STRING_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None], str]] = [
     ("serve.extra_args", lambda d, v: d["serve"].update(extra_args=[v]), "serve.extra_args[0]"),
     ("serve.env", lambda d, v: d["serve"].update(env={"A": v}), "serve.env.A"),
     ("serve.node_env", lambda d, v: d["serve"].update(node_env={"a": {"A": v}}), "serve.node_env.a.A"),
+    ("serve.api_key_env", lambda d, v: d["serve"].update(api_key_env=v), "serve.api_key_env"),
     ("secrets", lambda d, v: d.update(secrets=[v]), "secrets[0]"),
     ("run_lock.path", lambda d, v: d.update(run_lock={"path": v}), "run_lock.path"),
 ]

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from ...core.benchstats import RequestRecord, prometheus_totals
+from ...core.params import bearer
 
 T = TypeVar("T")
 Prompt = str | list[int]  # text of a fixed token count, or the token ids where no text has that count
@@ -31,12 +32,18 @@ SEED_TEXT = ("The cluster serves a new model over Ray and every node streams tok
 
 @dataclass(frozen=True)
 class CompletionsServer:
-    """Where to send requests: the server's base URL and served model name."""
+    """Where to send requests: the server's base URL and served model name, and the environment variable holding
+    its API key (serve.api_key_env; its value is read where the request is sent, never carried or recorded)."""
 
     base_url: str
     model: str
     request_timeout_s: float = 300.0
     connect_timeout_s: float = 10.0
+    api_key_env: str | None = None
+
+    def session(self, connector: aiohttp.BaseConnector | None = None) -> aiohttp.ClientSession:
+        """A session whose every request carries the API key's bearer token, when there is one."""
+        return aiohttp.ClientSession(connector=connector, headers=bearer(self.api_key_env))
 
     def url(self, path: str) -> str:
         return self.base_url.rstrip("/") + path
@@ -64,7 +71,7 @@ async def _json(session: aiohttp.ClientSession, target: CompletionsServer, metho
 
 
 async def _tokenize(target: CompletionsServer, text: str) -> list[int]:
-    async with aiohttp.ClientSession() as session:
+    async with target.session() as session:
         return await _token_ids(session, target, text)
 
 
@@ -94,19 +101,19 @@ async def _fit_text(session: aiohttp.ClientSession, target: CompletionsServer, i
 async def _text_prompts(target: CompletionsServer, id_prompts: list[list[int]], pool: list[int],
                         seed: int) -> list[Prompt]:
     rng = random.Random(seed)
-    async with aiohttp.ClientSession() as session:
+    async with target.session() as session:
         return [await _fit_text(session, target, ids, pool, rng) for ids in id_prompts]
 
 
 async def _metrics(target: CompletionsServer) -> dict[str, float]:
-    async with aiohttp.ClientSession() as session:
+    async with target.session() as session:
         async with session.get(target.url("/metrics"), timeout=target.timeout(30)) as resp:
             resp.raise_for_status()
             return prometheus_totals(await resp.text())
 
 
 async def _models(target: CompletionsServer) -> list[str]:
-    async with aiohttp.ClientSession() as session:
+    async with target.session() as session:
         return [m["id"] for m in (await _json(session, target, "GET", "/v1/models"))["data"]]
 
 
@@ -167,7 +174,7 @@ async def _load(target: CompletionsServer, prompts: list[Prompt], output_len: in
     started, cpu0 = time.time(), time.thread_time()
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with target.session(connector) as session:
         async def limited(prompt: Prompt) -> RequestRecord:
             async with limit:
                 return await one_request(session, target, prompt, output_len)
@@ -184,7 +191,7 @@ async def _prefill_groups(target: CompletionsServer, groups: list[list[Prompt]],
     `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last group;
     given up when the server refuses it)."""
     records: list[RequestRecord] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with target.session(aiohttp.TCPConnector(limit=0)) as session:
         async def decode_beside(prompt: Prompt) -> None:
             while (await one_request(session, target, prompt, companion_len)).ok:
                 pass

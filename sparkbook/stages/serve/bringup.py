@@ -3,6 +3,7 @@ the chat template missing), keep a server that already serves this plan, else la
 per known remediation; what 06 is handed."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from ...core import probes
@@ -11,6 +12,7 @@ from ...core.errors import ProbeOutputError
 from ...core.handoff import Endpoint
 from ...core.topology import lost
 from .commands import ServeError, ServePlan, plan
+from .endpoints import ClientAddress
 from .failures import FailureCause, classify, remedy
 from .launch import BringUp, host_port, launch, stop_earlier, stop_serving, wait_ready
 from .memory import settle
@@ -64,7 +66,7 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     found, why = find_running(ctx, serve_plan)
     if found is not None:
         return found
-    result, current = BringUp(reuse=start_decision(why)), serve_plan
+    result, current = BringUp(reuse=start_decision(why), stopped_at=time.monotonic()), serve_plan
     stop_earlier(ctx, params.serve.max_remedies + 1)
     taken = port_taken(ctx, serve_plan)
     if taken is not None:
@@ -109,10 +111,13 @@ def failure_message(result: BringUp) -> str:
             + (f"; {unsettled}" if unsettled else ""))
 
 
-def endpoint(result: BringUp) -> Endpoint:
-    """What 06 needs: where to send requests, and exactly what was started where."""
+def endpoint(result: BringUp, addresses: list[ClientAddress]) -> Endpoint:
+    """What 06 needs: where to send requests (and the key's variable), exactly what was started where, and the
+    address clients use on each network."""
     launched = result.launched
     return Endpoint(base_url=launched.plan.base_url, model=launched.plan.model, executor=launched.plan.executor,
+                    api_key_env=launched.plan.settings.api_key_env,
+                    addresses={a.network: a.url for a in addresses if a.not_listening is None},
                     commands={c.node: c.argv for c in launched.plan.commands},
                     env={c.node: c.env for c in launched.plan.commands},
                     logs={n: s.log for n, s in launched.spawned.items()},

@@ -13,6 +13,7 @@ from tenacity import Retrying, retry_if_result, wait_fixed
 from ...core import probes
 from ...core.context import Context
 from ...core.nodes import Node
+from ...core.params import api_key
 from ...core.record import Alternative, Decision
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
@@ -44,13 +45,16 @@ def host_port(serve_plan: ServePlan) -> tuple[str, str]:
 
 def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
-    follow the head's API (they end when it is gone: probes/follow.py)."""
+    follow the head's API (they end when it is gone: probes/follow.py). The head gets serve.api_key_env's value
+    as VLLM_API_KEY in its process environment only (never on an argv or in the plan, which are recorded)."""
     t0 = time.monotonic()
     host, port = host_port(serve_plan)
     follow = probes.source("follow")
+    key = api_key(serve_plan.settings.api_key_env)
+    secret = {"VLLM_API_KEY": key} if key else {}
     spawned = {c.node: ctx.runtime.spawn(ctx.cluster.nodes[c.node], ctx.places[c.node],
                                          c.argv if rank == 0 else ["python3", "-c", follow, host, port, *c.argv],
-                                         log_path(attempt), env=c.env)
+                                         log_path(attempt), env={**c.env, **secret} if rank == 0 else c.env)
                for rank, c in enumerate(serve_plan.commands)}
     return Launch(serve_plan, attempt, spawned, t0)
 
@@ -147,7 +151,7 @@ def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
         on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(ctx, launched))
         return None
 
-    with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0)) as client:
+    with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0), headers=launched.plan.settings.headers()) as client:
         ready = Retrying(wait=wait_fixed(POLL_S), retry=retry_if_result(lambda r: r is None))(round_, client)
     assert ready is not None  # asked again until a round returns one
     return ready
@@ -178,6 +182,7 @@ class BringUp:
     reuse: Decision | None = None  # whether a server already running was kept
     reused_from: Kept | None = None  # what its record (reuse.SERVING) says of it when it was
     settles: list[Settle] = field(default_factory=list)  # after each failed attempt: memory back (or not)
+    stopped_at: float | None = None  # monotonic time the servers of earlier runs were stopped (from then none serves)
 
     @property
     def ok(self) -> bool:

@@ -5,22 +5,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from ...core.context import Context
 from ...core.params import ServeSettings
-from ...core.record import Alternative, Decision
+from ...core.record import Alternative, Decision, now
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
 from .commands import ServeCommand, ServePlan
 from .launch import BringUp, Kept, Launch, Readiness, get, log_path, tails
+from .plandiff import differences
 
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)
 
 
-def _plan_data(p: ServePlan) -> dict[str, Any]:
+def plan_data(p: ServePlan) -> dict[str, Any]:
     """The plan as its JSON record has it (what a later run compares its own plan with)."""
     data: dict[str, Any] = json.loads(json.dumps({
         "executor": p.executor, "settings": p.settings.model_dump(mode="json"),
@@ -35,12 +37,43 @@ def _plan_from(data: dict[str, Any]) -> ServePlan:
                      data.get("model_dir", ""))
 
 
-def remember(ctx: Context, requested: ServePlan, result: BringUp) -> None:
-    """Write what serves now (the plan asked for, the one running after remedies) into the head's container."""
+@dataclass(frozen=True)
+class Serving:
+    """What the head's container says serves there: the plan asked for, the one running after remedies, and the
+    run that started it (None in records older than that field)."""
+
+    requested: dict[str, Any]  # as plan_data has it: what a later run's plan is compared with
+    running: ServePlan
+    attempt: int
+    attempts: int
+    ready_s: float
+    run: str | None
+    since: str | None
+
+    @property
+    def requested_plan(self) -> ServePlan:
+        return _plan_from(self.requested)
+
+
+def read_serving(ctx: Context, head: str) -> Serving | None:
+    """The head container's record of what serves (None when there is no container or no record)."""
+    if not ctx.runtime.alive(ctx.cluster.nodes[head], ctx.places[head]):
+        return None
+    try:
+        record = json.loads(ctx.runtime.read(ctx.cluster.nodes[head], ctx.places[head], SERVING))
+    except ValueError:
+        return None
+    return Serving(record["requested"], _plan_from(record["running"]), record["attempt"], record["attempts"],
+                   record["ready_s"], record.get("run"), record.get("since"))
+
+
+def remember(ctx: Context, requested: ServePlan, result: BringUp, run: str | None = None) -> None:
+    """Write what serves now (the plan asked for, the one running after remedies, the run whose plan it is:
+    this one unless `run` names the one a rollback relaunched) into the head's container."""
     head = requested.commands[0].node
-    record = {"requested": _plan_data(requested), "running": _plan_data(result.launched.plan),
+    record = {"requested": plan_data(requested), "running": plan_data(result.launched.plan),
               "attempt": result.launched.attempt, "attempts": len(result.attempts),
-              "ready_s": round(result.readiness.seconds, 1)}
+              "ready_s": round(result.readiness.seconds, 1), "run": run or ctx.run_dir.name, "since": now()}
     ctx.runtime.exec(ctx.cluster.nodes[head], ctx.places[head],
                      ["sh", "-c", 'printf %s "$1" >"$0"', SERVING, json.dumps(record)], timeout=30).check()
 
@@ -49,30 +82,25 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
     """The server a previous run started, when it is still right: started from this very plan, every node's
     `vllm serve` running, /health and /v1/models answering. Otherwise None and why not."""
     head, where = requested.commands[0].node, ctx.places
-    if not ctx.runtime.alive(ctx.cluster.nodes[head], where[head]):
-        return None, f"no container on {head}, so no server to reuse"
-    try:
-        record = json.loads(ctx.runtime.read(ctx.cluster.nodes[head], where[head], SERVING))
-    except ValueError:
-        return None, f"no record of a server in {head}'s container ({SERVING})"
-    if record["requested"] != _plan_data(requested):
-        old, new = record["requested"], _plan_data(requested)
-        settings = {**old["settings"], **new["settings"]}
-        differ = sorted({f"serve.{k}" for k in settings if old["settings"].get(k) != new["settings"].get(k)}
-                        | {k for k in new if k != "settings" and old.get(k) != new[k]})
-        return None, f"the running server was started from another plan (differs in: {', '.join(differ)})"
-    running = _plan_from(record["running"])
-    spawned = {c.node: Spawned(c.node, where[c.node].name, log_path(record["attempt"])) for c in running.commands}
+    record = read_serving(ctx, head)
+    if record is None:
+        return None, f"no server recorded in {head}'s container ({SERVING}), or no container"
+    changed = differences(record.requested, plan_data(requested))
+    if changed:
+        fields = sorted({d.field.split("[")[0].split(".env")[0] for d in changed})
+        return None, f"the running server was started from another plan (differs in: {', '.join(fields)})"
+    running = record.running
+    spawned = {c.node: Spawned(c.node, where[c.node].name, log_path(record.attempt)) for c in running.commands}
     dead = [n for n, sp in spawned.items() if not ctx.runtime.running(ctx.cluster.nodes[n], where[n], sp)]
     if dead:
         return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"
-    with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
+    with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0), headers=running.settings.headers()) as client:
         health, listed = get(client, f"{running.base_url}/health"), get(client, f"{running.base_url}/v1/models")
     models = [m["id"] for m in listed.json().get("data", [])] \
         if listed is not None and listed.status_code == 200 else []
     if health is None or health.status_code != 200 or running.model not in models:
         return None, f"the earlier server does not answer /health with {running.model} listed at {running.base_url}"
-    launched = Launch(running, record["attempt"], spawned, time.monotonic())
+    launched = Launch(running, record.attempt, spawned, time.monotonic())
     ready = Readiness(True, 0.0, 0.0, models, tails(ctx, launched))
     return BringUp([(launched, ready)], reuse=Decision(
         "Reuse the running server or start a new one?", "reused: the server already running",
@@ -80,8 +108,8 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
         "still runs, and it answers /health with the model listed",
         [Alternative("start vllm serve again", "would stop a healthy server of the same model and configuration")],
         [f"{running.base_url}/health: 200", f"/v1/models: {', '.join(models)}",
-         f"started by attempt {record['attempt']}, ready then in {record['ready_s']} s"]),
-        reused_from=Kept(record["attempt"], record["attempts"], record["ready_s"])), ""
+         f"started by run {record.run} at attempt {record.attempt}, ready then in {record.ready_s} s"]),
+        reused_from=Kept(record.attempt, record.attempts, record.ready_s)), ""
 
 
 def start_decision(why: str) -> Decision:

@@ -96,7 +96,7 @@ def smoke_test(base_url: str, model: str, settings: ServeSettings | None = None,
     """One chat completion and one completion, each judged (`judge`); their text, time and token counts."""
     settings = settings or ServeSettings.model_validate({})
     max_tokens, out = smoke_tokens(settings), []
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, headers=settings.headers()) as client:
         for kind, path, body, prompt in REQUESTS:
             t0 = time.monotonic()
             r = client.post(base_url + path, json={"model": model, "max_tokens": max_tokens, "temperature": 0, **body})

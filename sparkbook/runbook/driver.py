@@ -115,6 +115,8 @@ def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, 
                                 break_stale=break_lock, same_run=run_id if resumed else None)
         except NodeError as exc:
             raise lock.LockError(f"cannot take the run lock on the head: {exc}") from None
+        if line := held.took_over_line():
+            say(line)
         say(f"run lock: {held.path} on {held.node.name}, run {run_id}")
         try:
             yield

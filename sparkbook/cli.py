@@ -140,8 +140,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if out.result == "refused":
         raise restore.RestoreRefused(
             f"refused, nothing was restored: {'; '.join(c.line() for c in out.conflicts) or 'see the lines above'}",
-            remediation=f"clear each one, or `sparkbook restore {run_dir} --stop-new` to stop this run's node "
-                        "containers first")
+            remediation=f"clear each one, or `sparkbook restore {run_dir} --stop-new` to stop this runbook's "
+                        "node containers (its Ray and vLLM server) first")
     if not out.ok:
         bad = [f"{c.node}/{c.name}: {', '.join(c.problems)}" for c in out.checks if not c.ok]
         raise CleanupError(f"restore failed: {'; '.join(bad) or 'a restore step failed'}",
@@ -153,6 +153,11 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
     """What the restore did, step by step, and each target's verdict with the log tail of a failed one."""
     if out.result == "nothing to restore":
         print(f"{run_dir}: 01-cleanup stopped nothing in this run: nothing to restore; nothing was changed")
+    for con in out.conflicts:
+        print(f"in the way: {con.line()}")
+    if out.unread_ports:
+        print(f"01 saw no listening port of {', '.join(out.unread_ports)} (still starting, or none): a conflict on "
+              "their ports cannot be found before acting")
     for a in [*out.stopped_new, *out.actions]:
         print(f"{a.node:12} {a.name:24} {'ok' if a.ok else 'FAILED'}  {a.command}  {a.detail}")
     for c in out.checks:

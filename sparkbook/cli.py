@@ -1,4 +1,4 @@
-"""`sparkbook check | run | unlock | lab | restore | runs | compare`: the command line over the package.
+"""`sparkbook check | run | unlock | lab | restore | runs | compare | up | status | logs | stop`: the command line.
 
 Exit codes: 0 done; 1 a notebook, a restore step or a command on a node failed (and any other expected
 failure); 2 invalid params or run request (unknown parameter, notebook selection, host key not vouched for);
@@ -6,13 +6,16 @@ failure); 2 invalid params or run request (unknown parameter, notebook selection
 Docker daemon); 130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
 to do; invalid params: one line per problem), never a traceback.
 `restore` exits 1 when it is refused (each conflict is named; nothing was restored) or a restored target does not
-come back.
+come back. `status` exits 0 when every node's server runs and /health answers, 1 otherwise (a stopped or dark
+cluster: the table still says what each node shows); `up`, `logs`, `stop` exit 1 when no run of the cluster
+deployed a server.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +25,11 @@ from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
 from .core.rundir import INDEX, MANIFEST, RESTORE_PLAN
-from .runbook import driver, lock
+from .runbook import driver, lock, operate
 from .runbook.manifest import Manifest
 
 if TYPE_CHECKING:
+    from .core.record import Run
     from .stages.cleanup.restore import RestoreOutcome
 
 EXIT_FAILED = 1
@@ -168,6 +172,63 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
         print(f"{out.result}: {sum(c.ok for c in out.checks)}/{len(out.checks)} target(s) back and verified")
 
 
+def _operated(args: argparse.Namespace) -> tuple[Run, operate.Deployment]:
+    """The cluster's last good deployment and a Run on its dir (what the operator commands act on and record in)."""
+    from .core.record import open_run
+
+    params = load_params(args.params)
+    d = operate.last_good(params, Path(args.outputs))
+    return open_run(args.params, d.run_dir, stage="operator"), d
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    run, d = _operated(args)
+    try:
+        st = operate.status(run, d)
+    finally:
+        run.cluster.close()
+    print("\n".join(st.lines()))
+    with pd.option_context("display.max_colwidth", 60, "display.width", 250):
+        print(pd.DataFrame([n.row(d) for n in st.nodes]).to_string(index=False))
+    print("serving" if st.serving else "NOT serving: `sparkbook up " + args.params + "` brings the deployment back")
+    return 0 if st.serving else EXIT_FAILED
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    run, d = _operated(args)
+    try:
+        operate.logs(run, d, args.node or run.params.head.name, follow=args.follow, say=print)
+    finally:
+        run.cluster.close()
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    run, d = _operated(args)
+    try:
+        done = operate.stop(run, d, keep_ray=args.keep_ray)
+    finally:
+        run.cluster.close()
+    for s in done:
+        print(f"{s.node:12} vllm serve {s.server}; node container {s.container}")
+    print(f"stopped the deployment of run {d.run_id} (recorded there); `sparkbook up {args.params}` brings it back")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    run_dir, manifest, d = operate.up(Path(args.params), Path(args.outputs))
+    print(f"run dir: {run_dir}\nindex:   {run_dir / INDEX}")
+    failed = [nb for nb in manifest.notebooks if nb.status == "failed"]
+    if failed:
+        exc = failed[0].exception or {}
+        print(f"FAILED at {failed[0].name}: {exc.get('ename')}: {exc.get('evalue', '')[:500]}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"up: the deployment of run {d.run_id} serves again (plan {d.plan_hash})")
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -248,6 +309,24 @@ def parser() -> argparse.ArgumentParser:
     comp.add_argument("--html", metavar="FILE", help="the page to write (default: beside RUN_B, "
                                                      "compare-RUN_A-RUN_B.html)")
     comp.set_defaults(func=cmd_compare)
+
+    def operator(name: str, text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("params")
+        cmd.add_argument("--outputs", default="outputs", help="where run dirs are (default: outputs/)")
+        cmd.set_defaults(func=func)
+        return cmd
+
+    operator("up", "bring back the cluster's last good deployment (04 + 05 from its record; no cleanup, no copies)",
+             cmd_up)
+    operator("status", "per node: container, Ray, server, model, image, plan, the run that started it, /health",
+             cmd_status)
+    logs = operator("logs", "a node's vLLM server log (the file 05 writes; docker logs is empty)", cmd_logs)
+    logs.add_argument("--node", help="the node (default: the head)")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    stop = operator("stop", "stop the deployment (server and node containers); recorded; `up` brings it back",
+                    cmd_stop)
+    stop.add_argument("--keep-ray", action="store_true", help="stop only the server; keep the containers and Ray")
     return top
 
 

@@ -229,6 +229,33 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .core.context import Context
+    from .core.nodes import Cluster
+    from .core.runtime import runtime_for
+    from .runbook.plan import preview
+
+    params = load_params(args.params)
+    cluster = Cluster(params)
+    try:  # nothing is written: the context's run dir is only where the cluster's runs are read from
+        parts = preview(Context(params, cluster, runtime_for(params), Path(args.outputs) / params.cluster),
+                        Path(args.outputs))
+    finally:
+        cluster.close()
+    for p in parts:
+        print(f"\n== {p.notebook}: {p.title or ''}")
+        if p.unknown:
+            print(f"   {p.unknown}")
+        elif p.rows:
+            with pd.option_context("display.max_colwidth", 2000, "display.width", 10000):
+                print(pd.DataFrame(p.rows).to_string(index=False))
+        else:
+            print("   nothing to do")
+    return 0 if all(p.unknown is None for p in parts) else EXIT_FAILED
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -317,6 +344,8 @@ def parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         return cmd
 
+    operator("plan", "what each stage would do: cleanup targets, memory fit, copies, docker run / ray start / vllm "
+                     "serve argv (env by name); read-only probes only", cmd_plan)
     operator("up", "bring back the cluster's last good deployment (04 + 05 from its record; no cleanup, no copies)",
              cmd_up)
     operator("status", "per node: container, Ray, server, model, image, plan, the run that started it, /health",

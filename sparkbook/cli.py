@@ -1,4 +1,4 @@
-"""`sparkbook check | run | unlock | lab | restore | runs | compare`: the command line over the package.
+"""`sparkbook check | run | unlock | lab | restore | runs | compare | up | status | logs | stop`: the command line.
 
 Exit codes: 0 done; 1 a notebook, a restore step or a command on a node failed (and any other expected
 failure); 2 invalid params or run request (unknown parameter, notebook selection, host key not vouched for);
@@ -6,13 +6,16 @@ failure); 2 invalid params or run request (unknown parameter, notebook selection
 Docker daemon); 130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
 to do; invalid params: one line per problem), never a traceback.
 `restore` exits 1 when it is refused (each conflict is named; nothing was restored) or a restored target does not
-come back.
+come back. `status` exits 0 when every node's server runs and /health answers, 1 otherwise (a stopped or dark
+cluster: the table still says what each node shows); `up`, `logs`, `stop` exit 1 when no run of the cluster
+deployed a server.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +25,12 @@ from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
 from .core.rundir import INDEX, MANIFEST, RESTORE_PLAN
-from .runbook import driver, lock
+from .runbook import driver, lock, operate
 from .runbook.manifest import Manifest
 from .stages.serve import endpoints
 
 if TYPE_CHECKING:
+    from .core.record import Run
     from .stages.cleanup.restore import RestoreOutcome
 
 EXIT_FAILED = 1
@@ -144,8 +148,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if out.result == "refused":
         raise restore.RestoreRefused(
             f"refused, nothing was restored: {'; '.join(c.line() for c in out.conflicts) or 'see the lines above'}",
-            remediation=f"clear each one, or `sparkbook restore {run_dir} --stop-new` to stop this run's node "
-                        "containers first")
+            remediation=f"clear each one, or `sparkbook restore {run_dir} --stop-new` to stop this runbook's "
+                        "node containers (its Ray and vLLM server) first")
     if not out.ok:
         bad = [f"{c.node}/{c.name}: {', '.join(c.problems)}" for c in out.checks if not c.ok]
         raise CleanupError(f"restore failed: {'; '.join(bad) or 'a restore step failed'}",
@@ -157,6 +161,11 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
     """What the restore did, step by step, and each target's verdict with the log tail of a failed one."""
     if out.result == "nothing to restore":
         print(f"{run_dir}: 01-cleanup stopped nothing in this run: nothing to restore; nothing was changed")
+    for con in out.conflicts:
+        print(f"in the way: {con.line()}")
+    if out.unread_ports:
+        print(f"01 saw no listening port of {', '.join(out.unread_ports)} (still starting, or none): a conflict on "
+              "their ports cannot be found before acting")
     for a in [*out.stopped_new, *out.actions]:
         print(f"{a.node:12} {a.name:24} {'ok' if a.ok else 'FAILED'}  {a.command}  {a.detail}")
     for c in out.checks:
@@ -165,6 +174,90 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
               + ("\n    log tail:\n      " + c.log_tail.replace("\n", "\n      ") if c.log_tail else ""))
     if out.checks:
         print(f"{out.result}: {sum(c.ok for c in out.checks)}/{len(out.checks)} target(s) back and verified")
+
+
+def _operated(args: argparse.Namespace) -> tuple[Run, operate.Deployment]:
+    """The cluster's last good deployment and a Run on its dir (what the operator commands act on and record in)."""
+    from .core.record import open_run
+
+    params = load_params(args.params)
+    d = operate.last_good(params, Path(args.outputs))
+    return open_run(args.params, d.run_dir, stage="operator"), d
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    run, d = _operated(args)
+    try:
+        st = operate.status(run, d)
+    finally:
+        run.cluster.close()
+    print("\n".join(st.lines()))
+    with pd.option_context("display.max_colwidth", 60, "display.width", 250):
+        print(pd.DataFrame([n.row(d) for n in st.nodes]).to_string(index=False))
+    print("serving" if st.serving else "NOT serving: `sparkbook up " + args.params + "` brings the deployment back")
+    return 0 if st.serving else EXIT_FAILED
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    run, d = _operated(args)
+    try:
+        operate.logs(run, d, args.node or run.params.head.name, follow=args.follow, say=print)
+    finally:
+        run.cluster.close()
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    run, d = _operated(args)
+    try:
+        done = operate.stop(run, d, keep_ray=args.keep_ray)
+    finally:
+        run.cluster.close()
+    for s in done:
+        print(f"{s.node:12} vllm serve {s.server}; node container {s.container}")
+    print(f"stopped the deployment of run {d.run_id} (recorded there); `sparkbook up {args.params}` brings it back")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    run_dir, manifest, d = operate.up(Path(args.params), Path(args.outputs))
+    print(f"run dir: {run_dir}\nindex:   {run_dir / INDEX}")
+    failed = [nb for nb in manifest.notebooks if nb.status == "failed"]
+    if failed:
+        exc = failed[0].exception or {}
+        print(f"FAILED at {failed[0].name}: {exc.get('ename')}: {exc.get('evalue', '')[:500]}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"up: the deployment of run {d.run_id} serves again (plan {d.plan_hash})")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .core.context import Context
+    from .core.nodes import Cluster
+    from .core.runtime import runtime_for
+    from .runbook.plan import preview
+
+    params = load_params(args.params)
+    cluster = Cluster(params)
+    try:  # nothing is written: the context's run dir is only where the cluster's runs are read from
+        parts = preview(Context(params, cluster, runtime_for(params), Path(args.outputs) / params.cluster),
+                        Path(args.outputs))
+    finally:
+        cluster.close()
+    for p in parts:
+        print(f"\n== {p.notebook}: {p.title or ''}")
+        if p.unknown:
+            print(f"   {p.unknown}")
+        elif p.rows:
+            with pd.option_context("display.max_colwidth", 2000, "display.width", 10000):
+                print(pd.DataFrame(p.rows).to_string(index=False))
+        else:
+            print("   nothing to do")
+    return 0 if all(p.unknown is None for p in parts) else EXIT_FAILED
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -247,6 +340,26 @@ def parser() -> argparse.ArgumentParser:
     comp.add_argument("--html", metavar="FILE", help="the page to write (default: beside RUN_B, "
                                                      "compare-RUN_A-RUN_B.html)")
     comp.set_defaults(func=cmd_compare)
+
+    def operator(name: str, text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("params")
+        cmd.add_argument("--outputs", default="outputs", help="where run dirs are (default: outputs/)")
+        cmd.set_defaults(func=func)
+        return cmd
+
+    operator("plan", "what each stage would do: cleanup targets, memory fit, copies, docker run / ray start / vllm "
+                     "serve argv (env by name); read-only probes only", cmd_plan)
+    operator("up", "bring back the cluster's last good deployment (04 + 05 from its record; no cleanup, no copies)",
+             cmd_up)
+    operator("status", "per node: container, Ray, server, model, image, plan, the run that started it, /health",
+             cmd_status)
+    logs = operator("logs", "a node's vLLM server log (the file 05 writes; docker logs is empty)", cmd_logs)
+    logs.add_argument("--node", help="the node (default: the head)")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    stop = operator("stop", "stop the deployment (server and node containers); recorded; `up` brings it back",
+                    cmd_stop)
+    stop.add_argument("--keep-ray", action="store_true", help="stop only the server; keep the containers and Ray")
     return top
 
 

@@ -16,7 +16,7 @@ from ..core.params import Params, load_params
 from ..core.progress import Progress
 from ..core.record import now, read_events
 from ..core.redact import Redactor
-from ..core.rundir import INDEX, PARAMS_COPY, new_run_id
+from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id
 from ..records import pages
 from ..records.archive import read_run
 from ..records.restore import restore_section
@@ -59,8 +59,8 @@ def check_parameters(parameters: dict[str, Any], folder: Path = NOTEBOOKS) -> No
         raise RunbookError(f"unknown parameter(s) {unknown}; the notebooks take: {sorted(known)}")
 
 
-def select(names: list[str], start: str | None = None, only: str | None = None) -> list[str]:
-    """The notebooks to run: all, from NN on, or only NN (NN: a prefix like '03')."""
+def select(names: list[str], start: str | None = None, only: str | None = None, upto: str | None = None) -> list[str]:
+    """The notebooks to run: all, from NN on (up to MM), or only NN (NN: a prefix like '03')."""
     def index(prefix: str) -> int:
         hits = [i for i, n in enumerate(names) if n.startswith(prefix)]
         if len(hits) != 1:
@@ -68,14 +68,16 @@ def select(names: list[str], start: str | None = None, only: str | None = None) 
         return hits[0]
     if only:
         return [names[index(only)]]
-    return names[index(start):] if start else names
+    return names[index(start) if start else 0:index(upto) + 1 if upto else None]
 
 
 def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | None = None, start: str | None = None,
         only: str | None = None, parameters: dict[str, Any] | None = None, folder: Path = NOTEBOOKS,
-        say: Callable[[str], None] = print, break_lock: bool = False) -> tuple[Path, Manifest]:
+        say: Callable[[str], None] = print, break_lock: bool = False, seed: Path | None = None,
+        upto: str | None = None) -> tuple[Path, Manifest]:
     """Execute notebooks into a run dir under the cluster's run lock; stop at the first failure; return the
-    run dir and manifest."""
+    run dir and manifest. `seed`: a run dir whose hand-offs (state.json) the new run starts from, the notebooks
+    before the selected ones marked skipped (`sparkbook up`)."""
     params_file = params_file.resolve()
     params = load_params(params_file)
     parameters = dict(parameters or {})
@@ -94,11 +96,15 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     else:
         run_id = new_run_id()
         run_dir = (out_root / params.cluster / run_id).resolve()
-        todo = select(names, start, only)
+        todo = select(names, start, only, upto)
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
-                            notebooks=[NotebookRun(n) for n in names])
+                            notebooks=[NotebookRun(n, "pending" if n in todo or not seed else "skipped")
+                                       for n in names])
     with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
         run_dir.mkdir(parents=True, exist_ok=resume is not None)
+        if seed:
+            shutil.copyfile(seed / STATE, run_dir / STATE)
+            say(f"{run_dir.name}: starts from the hand-offs of run {seed.name}; {', '.join(todo)} run")
         _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say)
     return run_dir, Manifest.read(run_dir)
 
@@ -115,6 +121,8 @@ def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, 
                                 break_stale=break_lock, same_run=run_id if resumed else None)
         except NodeError as exc:
             raise lock.LockError(f"cannot take the run lock on the head: {exc}") from None
+        if line := held.took_over_line():
+            say(line)
         say(f"run lock: {held.path} on {held.node.name}, run {run_id}")
         try:
             yield

@@ -2,8 +2,10 @@
 
 Taking it is one atomic rename on the head (a fresh directory holding `holder.json` becomes the lock
 directory, or the rename fails because a lock is there). A lock whose holder is provably gone (its PID is
-not running on the host it names) or older than `run_lock.stale_after_s` is reported as stale; it is
-cleared only on request: `sparkbook unlock PARAMS` or `sparkbook run PARAMS --break-lock`.
+not running on the host it names) or older than `run_lock.stale_after_s` is reported as stale. One whose holder
+ran on this very controller and whose PID is gone is taken over by the next run, which says so (a killed run cannot
+release it, and nothing else could hold it); any other stale lock is cleared only on request: `sparkbook unlock
+PARAMS` or `sparkbook run PARAMS --break-lock`.
 """
 from __future__ import annotations
 
@@ -68,16 +70,25 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
+def dead_here(holder: Holder, host: str | None = None) -> str | None:
+    """Why the holder provably no longer runs (its PID on this controller is gone or now another process); None
+    when it may still run or is on another host (its PID cannot be checked from here)."""
+    if not holder.started or holder.host != (host or socket.gethostname()):
+        return None
+    ticks = _start_ticks(holder.pid)
+    if ticks is None:
+        return f"pid {holder.pid} is not running on {holder.host}"
+    if holder.pid_started is not None and ticks != holder.pid_started:
+        return f"pid {holder.pid} on {holder.host} is now another process (the holder exited)"
+    return None
+
+
 def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> str | None:
     """Why the lock is stale (None when its holder may still run): its process is gone, or it is too old."""
     if not holder.started:
         return "the lock directory holds no readable holder.json"
-    if holder.host == (host or socket.gethostname()):
-        ticks = _start_ticks(holder.pid)
-        if ticks is None:
-            return f"pid {holder.pid} is not running on {holder.host}"
-        if holder.pid_started is not None and ticks != holder.pid_started:
-            return f"pid {holder.pid} on {holder.host} is now another process (the holder exited)"
+    if dead := dead_here(holder, host):
+        return dead
     if holder.age_s() > stale_after_s:
         return f"it is {holder.age_s() / 3600:.1f} h old, more than run_lock.stale_after_s ({stale_after_s:g} s)"
     return None
@@ -106,6 +117,10 @@ class RunLock:
     node: Node
     path: str
     holder: Holder
+    took_over: str | None = None  # the dead holder whose lock this run took over, and why it is dead
+
+    def took_over_line(self) -> str | None:
+        return f"run lock: took over the lock of {self.took_over}" if self.took_over else None
 
     def release(self) -> bool:
         current = read(self.node, self.path)
@@ -137,14 +152,16 @@ def _remove(node: Node, path: str) -> bool:
 def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, break_stale: bool = False,
             same_run: str | None = None) -> RunLock:
     """Take the lock for `holder`; refuse (LockHeld) while another run holds it. A stale lock is taken over
-    when `break_stale` is set, or when it is `same_run`'s own (a resume after that run was killed)."""
+    when `break_stale` is set, when it is `same_run`'s own (a resume after that run was killed), or when its
+    holder ran on this controller and its PID is gone (the returned lock names it in `took_over`)."""
     path = params.run_lock.path
+    took_over: list[str] = []
 
     def take() -> RunLock | None:
         """The lock, or None when it is worth one more try (released meanwhile, or a stale one removed)."""
         took = node.run(shell(_TAKE, path=path, holder=json.dumps(asdict(holder))), timeout=TIMEOUT_S)
         if took.ok or (took.exit_code != EXISTS and read(node, path) == holder):  # a late answer: it did take
-            return RunLock(node, path, holder)
+            return RunLock(node, path, holder, took_over[-1] if took_over else None)
         if took.exit_code != EXISTS:
             what = "no answer in time" if took.timed_out else (took.stderr or took.stdout).strip()[-300:]
             raise LockError(f"cannot take the {_where(node, path)}: {what}")
@@ -152,8 +169,11 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
         if current is None:
             return None  # released between our attempt and the read: try once more
         stale = staleness(current, params.run_lock.stale_after_s)
-        if stale and (break_stale or current.run_id == same_run):
+        dead = dead_here(current)
+        if stale and (break_stale or current.run_id == same_run or dead):
             _remove(node, path)
+            if dead:
+                took_over.append(f"{current.describe()}: {dead}")
             return None
         raise LockHeld(_where(node, path), current, stale, params_file)
 

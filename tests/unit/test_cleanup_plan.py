@@ -104,4 +104,8 @@ def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_
     steps = json.loads(path.read_text())["steps"]
     assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
-    assert f"{ssh} 'docker start old-vllm'" in (tmp_path / "restore.sh").read_text()
+    script = (tmp_path / "restore.sh").read_text()
+    stop_new = f"{ssh} 'docker stop sparkbook-{ctx.params.cluster}-lab-0 || true'"
+    assert stop_new in script and script.index(stop_new) < script.index(f"{ssh} 'docker start old-vllm'"), \
+        "the new deployment is stopped before the old one starts, as --stop-new does"
+    assert "FIRST STOPS THE NEW DEPLOYMENT" in script.split("set -e")[0], "and the script says so at its top"

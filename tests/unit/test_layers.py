@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sparkbook"
 # what each layer may import from the package, besides itself
 ALLOWED = {
     "cli": {"runbook", "records", "stages", "core", "lab"},
-    "runbook": {"records", "core"},
+    "runbook": {"records", "stages", "core"},
     "records": {"core"},
     "stages": {"core"},
     "core": set(),

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from sparkbook.core.record import open_run, read_events
 from sparkbook.core.runtime import runtime_for
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest, NotebookRun
+from sparkbook.stages.cleanup import restore
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Listener, answering, listeners
 from sparkbook.stages.cleanup.planning import Plan, plan
 from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, restore_steps, write_restore_plan
@@ -106,11 +108,21 @@ def test_the_new_server_on_the_old_port_is_a_conflict_that_stop_new_clears() -> 
     ipv6 = listeners(['LISTEN 0 4096 [::]:8000 [::]:* users:(("vllm",pid=950,fd=21))'])
     now["lab-0"] = Inventory("lab-0", head.containers, "Docker 28", [], "systemd", [], "no GPU", [], MEM,
                              head.listeners + ipv6)
-    (found,) = conflicts(STEPS, now, NEW, RUN)
+    (found,) = [c for c in conflicts(STEPS, now, NEW, RUN) if "port" in c.what]
     assert (found.node, found.target, found.ours) == ("lab-0", "old-vllm", True)
     assert found.what == "port 8000 is held by container sparkbook-lab-lab-0 (this run's node container)"
     assert found.clear == f"sparkbook restore {RUN} --stop-new"
     assert "port 8000" in found.line() and "--stop-new" in found.line()
+
+
+def test_the_running_new_deployment_is_in_the_way_on_every_node_ports_recorded_or_not() -> None:
+    no_ports = [Step(s.node, s.kind, s.name, s.restore) for s in STEPS]
+    found = conflicts(no_ports, after_new_deployment(), NEW, RUN)
+    assert [(c.node, c.ours, c.clear) for c in found] == [("lab-0", True, f"sparkbook restore {RUN} --stop-new"),
+                                                          ("lab-1", True, f"sparkbook restore {RUN} --stop-new")]
+    assert found[0].what == "this runbook's deployment runs: container sparkbook-lab-lab-0 (its Ray and vLLM server)"
+    assert restore.unread_ports(no_ports) == [f"{s.node}/{s.name}" for s in STEPS]
+    assert restore.unread_ports(STEPS) == [f"{s.node}/{s.name}" for s in STEPS if not s.ports]
 
 
 def test_someone_elses_holder_is_named_with_its_own_command() -> None:
@@ -119,7 +131,7 @@ def test_someone_elses_holder_is_named_with_its_own_command() -> None:
     head = now["lab-0"]
     now["lab-0"] = Inventory("lab-0", head.containers[:2], "Docker 28", [], "systemd", [], "no GPU", [], MEM,
                              listeners(['LISTEN 0 5 0.0.0.0:8080 0.0.0.0:* users:(("nginx",pid=77,fd=6))']))
-    (found,) = conflicts(STEPS, now, NEW, RUN)
+    (found,) = [c for c in conflicts(STEPS, now, NEW, RUN) if "port" in c.what]
     assert (found.target, found.what, found.clear, found.ours) == \
         ("old-proxy", "port 8080 is held by pid 77", "ssh lab-0 kill 77", False)
 
@@ -140,7 +152,7 @@ def test_memory_the_targets_held_and_cannot_get_is_a_conflict() -> None:
                              "2500 MiB")
     gpu = Memory(100 << 30, 50 << 30, gpu_total=80 << 30, gpu_used=78 << 30)
     step = Step("lab-0", "container", "old-vllm", "docker start old-vllm", gpu_mib=4096)
-    (found,) = conflicts([step], after_new_deployment(gpu), NEW, RUN)
+    (found,) = [c for c in conflicts([step], after_new_deployment(gpu), NEW, RUN) if "MiB" in c.what]
     assert found.what == "they held 4096 MiB of GPU memory, 2048 MiB is free"
 
 
@@ -208,6 +220,8 @@ class FakeRun:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir, self.cluster, self.events = run_dir, None, []
+        self.params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
+                                      nodes=[SimpleNamespace(name=n) for n in NEW])
 
     def record(self, kind: str, payload: Any) -> None:
         self.events.append((kind, payload))
@@ -220,8 +234,6 @@ class FakeRun:
 
 
 def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkbook.stages.cleanup import restore
-
     seen = [after_new_deployment()]
     acted: list[str] = []
     monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: seen[-1])
@@ -239,7 +251,8 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
     monkeypatch.setattr(restore, "stop_new", stop)
     run = FakeRun(RUN)
     out = restore.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False)  # type: ignore[arg-type]
-    assert out.result == "refused" and [c.target for c in out.conflicts] == ["old-vllm"] and acted == []
+    assert out.result == "refused" and acted == []
+    assert [c.target for c in out.conflicts] == ["the old services", "the old services", "old-vllm"]
     out = restore.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True)  # type: ignore[arg-type]
     assert out.result == "restored" and acted == ["stop-new", "restore"] and len(out.stopped_new) == 2
     assert [k for k, _ in run.events].count("restore_outcome") == 2

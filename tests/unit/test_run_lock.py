@@ -72,14 +72,25 @@ def test_second_run_is_refused_naming_the_holder(params: Params, head, live_pid:
     assert lock.read(head, params.run_lock.path).run_id == "run-a", "a refused run leaves the lock alone"
 
 
-def test_lock_of_a_dead_process_is_stale_and_cleared_only_on_request(params: Params, head) -> None:
-    lock.acquire(params, head, _holder("run-a", _dead_pid()), params_file="cluster.yaml")
+def test_lock_of_a_dead_process_here_is_taken_over_saying_so(params: Params, head) -> None:
+    dead = _dead_pid()
+    lock.acquire(params, head, _holder("run-a", dead), params_file="cluster.yaml")
+    held = lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml")
+    assert lock.read(head, params.run_lock.path).run_id == "run-b"
+    line = held.took_over_line()
+    assert line and "took over the lock of run run-a" in line and f"pid {dead} is not running" in line, line
+    held.release()
+    fresh = lock.acquire(params, head, lock.me("run-c", "cluster.yaml"), params_file="cluster.yaml")
+    assert fresh.took_over_line() is None, "a free lock is taken, not taken over"
+    fresh.release()
+
+
+def test_lock_of_a_dead_pid_on_another_host_still_refuses(params: Params, head) -> None:
+    lock.acquire(params, head, _holder("run-a", _dead_pid(), host="elsewhere"), params_file="cluster.yaml")
     with pytest.raises(lock.LockHeld) as refused:
         lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml")
-    assert "STALE" in str(refused.value) and "is not running" in refused.value.stale
-    held = lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml", break_stale=True)
-    assert lock.read(head, params.run_lock.path).run_id == "run-b"
-    held.release()
+    assert "may still be going" in str(refused.value), "its PID cannot be checked from here"
+    assert lock.read(head, params.run_lock.path).run_id == "run-a"
 
 
 def test_lock_older_than_the_limit_is_stale_even_from_another_host(params: Params, head, live_pid: int) -> None:

@@ -2,6 +2,7 @@
 stopped and nothing outside the plan changed; what 01 hands on."""
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from ...core.docker_ssh import docker_client
 from ...core.errors import SparkbookError
 from ...core.handoff import Action, CleanupOutcome
 from ...core.nodes import Node, shell
-from .inventory import PROBE_TIMEOUT_S, Inventory
+from . import boot
+from .inventory import PROBE_TIMEOUT_S, Inventory, vanished
 from .planning import STOP_GRACE_S, CleanupTarget, Plan
 
 
@@ -50,11 +52,16 @@ def _stop_one(node: Node, t: CleanupTarget) -> str:
             return _gone_with_owner(node, t)
         case "container":
             client = docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S)
-            client.containers.get(t.name).stop(timeout=STOP_GRACE_S)
+            try:
+                client.containers.get(t.name).stop(timeout=STOP_GRACE_S)
+            except Exception as exc:
+                if not vanished(exc):
+                    raise
+                return f"gone already ({type(exc).__name__})"
             return "stopped"
         case "unit":
-            return node.run(["systemctl", "stop", t.name], timeout=t.stop_timeout_s + PROBE_TIMEOUT_S,
-                            check=True).stdout
+            done = node.run(shlex.split(t.stop), timeout=t.stop_timeout_s + PROBE_TIMEOUT_S, check=True)
+            return f"stopped; {boot.links(done.stdout + done.stderr).describe()}"
         case "process":
             pid = t.stop.split()[-1]
             node.run(shell("kill -TERM {pid}; for i in $(seq 1 {grace}); do kill -0 {pid} 2>/dev/null || exit 0; "
@@ -69,7 +76,8 @@ def _gone_with_owner(node: Node, t: CleanupTarget) -> str:
     client = docker_client(node, timeout=PROBE_TIMEOUT_S)
 
     def live() -> bool:
-        return any(c.name == t.name for c in client.containers.list(filters={"name": f"^{t.name}$"}))
+        return any(c.name == t.name for c in client.containers.list(filters={"name": f"^{t.name}$"},
+                                                                       ignore_removed=True))
 
     if Retrying(stop=stop_after_delay(t.stop_timeout_s), wait=wait_fixed(1), retry=retry_if_result(bool),
                 retry_error_callback=lambda state: state.outcome.result() if state.outcome else None)(live):

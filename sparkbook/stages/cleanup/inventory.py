@@ -52,6 +52,7 @@ class Unit:
     pids: list[int] = field(default_factory=list)  # its cgroup's processes (what it owns), for allow-listed units
     stop_timeout_s: float | None = None  # systemd's TimeoutStopUSec
     exec_start: str = ""
+    file_state: str = ""  # systemd's UnitFileState (enabled: it starts at boot)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,15 @@ def _containers(node: Node) -> tuple[list[Container], str]:
         out.append(Container(r["Names"][0].lstrip("/"), r["Id"][:12], r["Image"], r["State"], deps, pids, rss,
                              labels))
     return sorted(out, key=lambda c: c.name), f"Docker {version}"
+
+
+def vanished(exc: Exception) -> bool:
+    """docker-py's answer about a container that went away meanwhile (not found, or 409: dead or marked for
+    removal, as a manager's `--rm` containers are): the container is gone, which is an observation, not a failure."""
+    import docker.errors
+
+    return isinstance(exc, docker.errors.NotFound) or (
+        isinstance(exc, docker.errors.APIError) and exc.status_code == 409)
 
 
 def container_top(client: object, container_id: str) -> tuple[list[int], float]:
@@ -184,7 +194,7 @@ def _unit(node: Node, name: str, active: str) -> Unit:
     show_text, _, procs = text.partition("==procs==")
     show = parse_show(show_text)
     pids = sorted({int(p) for p in procs.split() if p.isdigit()})
-    return Unit(name, active, show.required_by, pids, show.stop_timeout_s, show.exec_start)
+    return Unit(name, active, show.required_by, pids, show.stop_timeout_s, show.exec_start, show.file_state)
 
 
 def _units(node: Node, rc: int, lines: list[str], patterns: list[str]) -> tuple[list[Unit], str]:

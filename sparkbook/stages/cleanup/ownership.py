@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-SHOW_PROPERTIES = "Id,ActiveState,MainPID,ControlGroup,ExecStart,TimeoutStopUSec,RequiredBy"
+SHOW_PROPERTIES = "Id,ActiveState,MainPID,ControlGroup,ExecStart,TimeoutStopUSec,RequiredBy,UnitFileState"
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*(min|ms|us|h|d|s)")
 _SPAN_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 SSH_VALUE_OPTS = set("bcDEeFIiJLlmOoPpQRSWw")  # ssh(1) options that take a value
@@ -33,6 +33,7 @@ class UnitShow:
     exec_start: str  # the argv systemd runs, as `systemctl show` prints it
     stop_timeout_s: float | None  # TimeoutStopUSec; None: infinity or not reported
     required_by: list[str]
+    file_state: str = ""  # UnitFileState: enabled (starts at boot), disabled, static...
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def parse_show(text: str) -> UnitShow:
     main = props.get("MainPID", "0")
     return UnitShow(props.get("Id", ""), props.get("ActiveState", ""), int(main) if main.isdigit() else 0,
                     props.get("ControlGroup", ""), argv.group(1).strip() if argv else props.get("ExecStart", ""),
-                    timespan_s(props.get("TimeoutStopUSec", "")), props.get("RequiredBy", "").split())
+                    timespan_s(props.get("TimeoutStopUSec", "")), props.get("RequiredBy", "").split(),
+                    props.get("UnitFileState", ""))
 
 
 def tree(lines: list[str]) -> dict[int, tuple[int, str]]:

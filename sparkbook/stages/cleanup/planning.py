@@ -9,6 +9,7 @@ from typing import Literal
 
 from ...core.params import CleanupTargets
 from ...core.record import Alternative, Decision
+from . import boot
 from .inventory import Inventory, Process, matching
 
 STOP_GRACE_S = 10
@@ -73,8 +74,8 @@ def _candidates(inv: Inventory, t: CleanupTargets) -> list[CleanupTarget]:
                               f"docker start {c.name}", "", *inv.held_by(c.pids)))
     for u in inv.units:
         if u.active == "active" and (p := matching(u.name, t.systemd_units)):
-            out.append(CleanupTarget(inv.node, "unit", u.name, p, [], f"systemctl stop {u.name}",
-                              f"systemctl start {u.name}", "", *inv.held_by(u.pids),
+            out.append(CleanupTarget(inv.node, "unit", u.name, p, [], boot.stop_command(u.name, u.file_state),
+                              boot.start_command(u.name, u.file_state), "", *inv.held_by(u.pids),
                               stop_timeout_s=max(t.unit_stop_timeout_s, u.stop_timeout_s or 0)))
     for pr in inv.processes:
         p = matching(pr.comm, t.processes) or matching(pr.args, t.processes) or "?"

@@ -21,8 +21,19 @@ from ...core.params import CleanupTargets
 from ...core.record import Run, tail
 from ...core.rundir import RESTORE_PLAN, RESTORE_SCRIPT
 from ...core.state import MissingState
+from ...core.topology import container_name
+from . import boot
 from .act import CleanupError, act
-from .inventory import PROBE_TIMEOUT_S, Container, Inventory, container_top, inventory, listeners, probe_health
+from .inventory import (
+    PROBE_TIMEOUT_S,
+    Container,
+    Inventory,
+    container_top,
+    inventory,
+    listeners,
+    probe_health,
+    vanished,
+)
 from .planning import STOP_GRACE_S, CleanupTarget, Plan, TargetKind
 
 READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
@@ -76,11 +87,23 @@ def write_restore_plan(ctx: Context, params_file: Path, p: Plan) -> Path:
     path = ctx.run_dir / RESTORE_PLAN
     path.write_text(json.dumps({"params_file": str(params_file), "steps": [asdict(s) for s in steps]}, indent=2))
     script = ["#!/bin/sh", "# Brings back what 01-cleanup planned to stop (reverse order), by each node's SSH address.",
-              "# Or: sparkbook restore RUN_DIR", "set -e"]
+              "# It FIRST STOPS THE NEW DEPLOYMENT (this runbook's node containers: their Ray and vLLM server), as",
+              "# `sparkbook restore RUN_DIR --stop-new` does: they hold the ports, memory and GPUs the old services",
+              "# need.",
+              "# Or: sparkbook restore RUN_DIR (refuses while the new deployment runs; --stop-new stops it first)",
+              "set -e", *_stop_new_lines(ctx)]
     script += [f"{s.ssh} {shlex.quote(s.restore)}" if s.restore else f"# {s.node} {s.name}: {s.note}"
                for s in steps]
     (ctx.run_dir / RESTORE_SCRIPT).write_text("\n".join(script) + "\n")
     return path
+
+
+def _stop_new_lines(ctx: Context) -> list[str]:
+    """restore.sh's first lines: stop each node's container of this runbook (a missing one is fine)."""
+    if ctx.params.runtime.kind != "docker":
+        return ["# the new deployment runs as processes of a Python environment (no container): stop them first"]
+    return [f"{ssh_command(node)} {shlex.quote(f'docker stop {name} || true')}"
+            for node in ctx.cluster if (name := container_name(ctx.params, node.name))]
 
 
 @dataclass(frozen=True)
@@ -133,6 +156,7 @@ class RestoreOutcome:
     actions: list[Action] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     memory: list[dict[str, object]] = field(default_factory=list)
+    unread_ports: list[str] = field(default_factory=list)  # NODE/NAME of targets 01 saw listen on no port
 
     @property
     def ok(self) -> bool:
@@ -149,16 +173,25 @@ def restore_steps(plan_file: Path) -> list[Step]:
     return [Step(**s) for s in json.loads(plan_file.read_text())["steps"]]
 
 
-def started_by_run(run: Run) -> dict[str, tuple[str, str]]:
-    """node -> (container name, ID) of the node containers this run started (04 recorded them); {} if none."""
-    try:
-        ray = run.recall(RayCluster)
-    except MissingState:
+def new_deployment(run: Run) -> dict[str, tuple[str, str]]:
+    """node -> (container name, the ID this run's 04 recorded, or "") of this runbook's node containers: whichever
+    run started them, they hold the ports, memory and GPUs the old services need. {} for a Python runtime."""
+    if run.params.runtime.kind != "docker":
         return {}
-    return {node: (name, ray.container_ids.get(node, "")) for node, name in ray.containers.items()}
+    try:
+        ids = run.recall(RayCluster).container_ids
+    except MissingState:
+        ids = {}
+    return {n.name: (container_name(run.params, n.name), ids.get(n.name, "")) for n in run.params.nodes}
 
 
 # pure: what stands in the way
+def unread_ports(steps: list[Step]) -> list[str]:
+    """The targets 01 saw listen on no port (still loading when it looked, or none at all): a conflict on their
+    port cannot be found before acting, only the new deployment and memory can."""
+    return [f"{s.node}/{s.name}" for s in steps if not s.ports]
+
+
 def _target_running(inv: Inventory, s: Step) -> bool:
     match s.kind:
         case "container":
@@ -183,9 +216,11 @@ def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple
               run_dir: Path) -> list[Conflict]:
     """Per target not running now: each process listening on a port it held, and per node, the memory
     (GPU memory where the GPU reports it) the targets held that is not available now. `new`: this run's
-    node containers (`started_by_run`); what they hold is cleared by `--stop-new`."""
+    node containers (`new_deployment`); each that runs is a conflict of its own (its Ray and server hold what the
+    old services need, ports recorded or not), cleared by `--stop-new`."""
     stop_new = f"sparkbook restore {run_dir} --stop-new"
-    out: list[Conflict] = []
+    out = [Conflict(inv.node, "the old services", f"this runbook's deployment runs: container {c.name} (its Ray and "
+                    "vLLM server)", stop_new, True) for inv in now.values() for c in _ours(inv, new)]
     for s in steps:
         inv = now.get(s.node)
         if inv is None or _target_running(inv, s):
@@ -258,8 +293,9 @@ def _restore_one(node: Node, step: Step) -> str:
         case "container":
             docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step.name).start()
             return "started"
-        case "unit":
-            return node.run(["systemctl", "start", step.name], timeout=PROBE_TIMEOUT_S * 3, check=True).stdout
+        case "unit" if step.restore:
+            done = node.run(shlex.split(step.restore), timeout=PROBE_TIMEOUT_S * 3, check=True)
+            return f"started; {boot.links(done.stdout + done.stderr).describe()}"
         case "process" if step.restore:
             node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True)
             return "launched"
@@ -276,16 +312,21 @@ def bring_back(cluster: Cluster, steps: list[Step]) -> list[Action]:
 
 
 def _stop_container(node: Node, name: str, recorded_id: str) -> str:
-    c = docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S).containers.get(name)
-    if not recorded_id or not c.id.startswith(recorded_id[:12]):
-        raise CleanupError(f"{name} is now container {c.id[:12]}, not {recorded_id[:12] or '?'} that this run "
-                           "started: not stopped", node=node.name)
-    c.stop(timeout=STOP_GRACE_S)
-    return f"stopped {c.id[:12]}"
+    """Stop this runbook's container of the node (the name is the runbook's own); say whether this run started
+    it. One that is gone meanwhile is fine: that is what stopping wanted."""
+    try:
+        c = docker_client(node, timeout=STOP_GRACE_S + PROBE_TIMEOUT_S).containers.get(name)
+        c.stop(timeout=STOP_GRACE_S)
+    except Exception as exc:
+        if not vanished(exc):
+            raise
+        return f"gone already ({type(exc).__name__})"
+    whose = "this run's" if recorded_id and c.id.startswith(recorded_id[:12]) else "started by another run"
+    return f"stopped {c.id[:12]} ({whose})"
 
 
 def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
-    """Stop exactly the node containers this run started, by name, checked against their recorded IDs."""
+    """Stop this runbook's node containers, by name (each says whether this run started it)."""
     def stopping(name: str, recorded_id: str) -> Callable[[Node], str]:
         return lambda node: _stop_container(node, name, recorded_id)
 
@@ -317,7 +358,12 @@ def _observe_container(node: Node, s: Step) -> tuple[bool, str, float, str]:
         return False, f"gone ({type(exc).__name__})", 0.0, ""
     state = c.attrs["State"]
     rss = container_top(client, c.id)[1] if c.status == "running" else 0.0
-    text = c.logs(tail=LOG_TAIL_LINES).decode(errors="replace")
+    try:
+        text = c.logs(tail=LOG_TAIL_LINES).decode(errors="replace")
+    except Exception as exc:  # removed meanwhile (a manager's --rm container): no log to show
+        if not vanished(exc):
+            raise
+        return False, f"gone ({type(exc).__name__})", 0.0, ""
     described = c.status if c.status == "running" else f"{c.status} (exit {state.get('ExitCode')})"
     return c.status == "running", described, rss, tail(text, LOG_TAIL_LINES)
 
@@ -365,12 +411,13 @@ def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: b
     containers first), restore in plan order, verify each target; every step is recorded in the run dir."""
     if not steps:
         return _done(run, RestoreOutcome("nothing to restore"))
-    new = started_by_run(run)
+    new = new_deployment(run)
     now = _inventories(run.cluster, targets)
     found = conflicts(steps, now, new, run.run_dir)
+    unread = unread_ports(steps)
     run.record("restore_conflicts", found)
     if found and not stop_first:
-        return _done(run, RestoreOutcome("refused", found))
+        return _done(run, RestoreOutcome("refused", found, unread_ports=unread))
     stopped: list[Action] = []
     if stop_first:
         stopped = stop_new(run.cluster, new)
@@ -379,14 +426,15 @@ def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: b
         found = conflicts(steps, now, new, run.run_dir)
         run.record("restore_conflicts", found)
         if found or not all(a.ok for a in stopped):
-            return _done(run, RestoreOutcome("refused", found, stopped))
+            return _done(run, RestoreOutcome("refused", found, stopped, unread_ports=unread))
     actions = bring_back(run.cluster, steps)
     run.record("restore", actions)
     checks = verify_restore(run.cluster, steps)
     after = _inventories(run.cluster, targets)
     memory = [{"node": n, **now[n].memory.delta(after[n].memory)} for n in now if n in after]
     ok = all(a.ok for a in actions) and all(c.ok for c in checks)
-    return _done(run, RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks, memory))
+    return _done(run, RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks, memory,
+                                        unread))
 
 
 def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Inventory]:

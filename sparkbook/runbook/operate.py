@@ -1,0 +1,232 @@
+"""The operator's commands over a deployed cluster: `status` (what serves, from which run, healthy?), `logs` (a
+node's vLLM server log: PID 1 of the node containers is `sleep infinity`, so `docker logs` is empty), `stop`
+(recorded in the run whose deployment it stops) and `up` (the last good deployment again after a reboot: 04 + 05
+from that run's recorded image and plan, no cleanup, no copies). Each reads the cluster's run dirs for what it
+deployed; nothing here decides how to deploy."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from ..core import state
+from ..core.errors import SparkbookError
+from ..core.handoff import Endpoint, ImageChoice
+from ..core.nodes import Node, NodeError
+from ..core.params import Params, load_params
+from ..core.record import Run, now
+from ..core.rundir import is_run_dir
+from ..core.runtime import Place, Runtime, Spawned
+from ..core.topology import LOG_DIR, lost
+from . import driver
+from .manifest import Manifest
+
+HEALTH_TIMEOUT_S = 5.0
+FOLLOW_POLL_S = 2.0
+PROBE_TIMEOUT_S = 60.0
+
+
+class NothingDeployed(SparkbookError):
+    """No run of this cluster left a serving deployment to operate on."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a run deployed (05 ended ok): the run, its image and its serving plan."""
+
+    run_dir: Path
+    image: ImageChoice
+    endpoint: Endpoint
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def plan_hash(self) -> str:
+        """The serving plan's fingerprint: the `vllm serve` argv per node (env by name only)."""
+        plan = {n: [argv, sorted(self.endpoint.env.get(n, {}))] for n, argv in sorted(self.endpoint.commands.items())}
+        return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:12]
+
+    def started_by(self) -> str:
+        """The run that started the server this run kept (a reuse names an earlier run of the same plan)."""
+        if not self.endpoint.reused:
+            return self.run_id
+        earlier = [d for d in deployments(self.run_dir.parent) if d.run_id < self.run_id and not d.endpoint.reused
+                   and d.plan_hash == self.plan_hash]
+        return earlier[0].run_id if earlier else f"before {self.run_id} (reused)"
+
+
+def _served(run_dir: Path) -> Deployment | None:
+    """The run's deployment when its 05 ended ok and its state holds the image and the endpoint."""
+    try:
+        manifest = Manifest.read(run_dir)
+        if not any(nb.name.startswith("05") and nb.status == "ok" for nb in manifest.notebooks):
+            return None
+        return Deployment(run_dir, state.load(run_dir, ImageChoice, "status"), state.load(run_dir, Endpoint, "status"))
+    except (OSError, ValueError, TypeError, KeyError, SparkbookError):
+        return None  # an unreadable or partial run dir deployed nothing usable
+
+
+def deployments(cluster_dir: Path) -> list[Deployment]:
+    """Every run of the cluster that deployed a server, newest first."""
+    if not cluster_dir.is_dir():
+        return []
+    found = (_served(d) for d in sorted(cluster_dir.iterdir(), reverse=True) if is_run_dir(d))
+    return [d for d in found if d is not None]
+
+
+def last_good(params: Params, outputs: Path) -> Deployment:
+    found = deployments(outputs / params.cluster)
+    if not found:
+        raise NothingDeployed(f"no run under {outputs / params.cluster} deployed a server (05 ended ok)",
+                              remediation="run the runbook first: sparkbook run PARAMS -p confirm_cleanup=true")
+    return found[0]
+
+
+# status
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as `sparkbook status` shows it."""
+
+    node: str
+    container: str  # running since ..., exited, none, unreachable: ...
+    ray: str
+    server: str  # running | not running | unknown
+    uptime_s: float | None  # since the node container started
+
+    def row(self, d: Deployment) -> dict[str, str]:
+        return {"node": self.node, "container": self.container, "Ray": self.ray, "vllm serve": self.server,
+                "uptime": "-" if self.uptime_s is None else f"{self.uptime_s / 60:.0f} min",
+                "model": d.endpoint.model, "image": d.image.ref, "plan": d.plan_hash}
+
+
+@dataclass(frozen=True)
+class Status:
+    deployment: Deployment
+    nodes: list[NodeStatus]
+    health: str | None  # None: /health answers 200; else what was seen
+
+    @property
+    def serving(self) -> bool:
+        return self.health is None and all(n.server == "running" for n in self.nodes)
+
+    def lines(self) -> list[str]:
+        d = self.deployment
+        return [f"cluster deployment of run {d.run_id} (server started by run {d.started_by()}): model "
+                f"{d.endpoint.model}, image {d.image.ref}, plan {d.plan_hash}, executor {d.endpoint.executor}",
+                f"endpoint {d.endpoint.base_url}: " + ("/health answers 200" if self.health is None
+                                                      else f"/health NOT answering ({self.health})")]
+
+
+def _since(started_at: str) -> float | None:
+    """Seconds since Docker's StartedAt (RFC 3339 with nanoseconds: read to the second)."""
+    try:
+        return (datetime.now(UTC) - datetime.fromisoformat(started_at[:19] + "+00:00")).total_seconds()
+    except ValueError:
+        return None
+
+
+def _node_status(runtime: Runtime, node: Node, place: Place, log: str, ray: str) -> NodeStatus:
+    try:
+        found = runtime.existing(node, place)
+    except (NodeError, OSError) as exc:
+        return NodeStatus(node.name, f"unreachable: {exc}"[:160], "unknown", "unknown", None)
+    if found is None or found.status != "running":
+        return NodeStatus(node.name, found.status if found else f"none ({place.name})", "not running", "not running",
+                          None)
+    server = "running" if runtime.running(node, place, Spawned(node.name, place.name, log)) else "not running"
+    return NodeStatus(node.name, f"running {found.id[:12]}", ray, server, _since(found.started_at))
+
+
+def health(base_url: str) -> str | None:
+    """None when the API's /health answers 200; else what came back."""
+    try:
+        r = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return None if r.status_code == 200 else f"HTTP {r.status_code}"
+
+
+def status(run: Run, d: Deployment) -> Status:
+    """Every node's container, Ray and server, read-only, and the endpoint's /health."""
+    ctx = run.context(d.image.ref)
+    gone = lost(ctx.params, ctx.cluster, ctx.runtime)
+    outcomes = ctx.cluster.fan_out(
+        lambda n: _node_status(ctx.runtime, n, ctx.places[n.name], _log(d, n.name), gone.get(n.name, "running")),
+        timeout=PROBE_TIMEOUT_S)
+    nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
+                                                         None) for n, o in outcomes.items()]
+    return Status(d, nodes, health(d.endpoint.base_url))
+
+
+def _log(d: Deployment, node: str) -> str:
+    return d.endpoint.logs.get(node, f"{LOG_DIR}/serve-1.log")
+
+
+# logs
+def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Callable[[str], None],
+         tail_bytes: int = 20000) -> None:
+    """The node's vLLM server log (the file 05 spawned it with); with `follow`, new lines until interrupted."""
+    if node not in d.endpoint.commands:
+        raise NothingDeployed(f"node {node!r} serves nothing in run {d.run_id}: it serves on "
+                              f"{', '.join(d.endpoint.commands)}", remediation="pass --node with one of those")
+    ctx = run.context(d.image.ref)
+    n, place, path = ctx.cluster.nodes[node], ctx.places[node], _log(d, node)
+    if not ctx.runtime.alive(n, place):
+        raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",
+                              remediation="`sparkbook up PARAMS` brings the deployment back")
+    seen = ctx.runtime.read(n, place, path)
+    say(seen[-tail_bytes:])
+    while follow:
+        time.sleep(FOLLOW_POLL_S)
+        text = ctx.runtime.read(n, place, path)
+        if len(text) > len(seen):
+            say(text[len(seen):].rstrip("\n"))
+        seen = text
+
+
+# stop
+@dataclass(frozen=True)
+class Stopped:
+    node: str
+    server: str
+    container: str
+
+
+def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[Stopped]:
+    """End every node's `vllm serve` (its whole session), and unless `keep_ray` the node containers with their
+    Ray; recorded in the deployment's run dir, so `sparkbook up` knows what to bring back."""
+    ctx = run.context(d.image.ref)
+
+    def one(node: Node) -> Stopped:
+        place = ctx.places[node.name]
+        if not ctx.runtime.alive(node, place):
+            return Stopped(node.name, "not running", "not running")
+        ctx.runtime.kill(node, place, Spawned(node.name, place.name, _log(d, node.name)))
+        if keep_ray:
+            return Stopped(node.name, "stopped", "kept (Ray still runs)")
+        return Stopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none")
+
+    done = ctx.cluster.fan_out(one, timeout=PROBE_TIMEOUT_S + 30).values_or_raise(
+        lambda errors: SparkbookError(f"stop did not reach every node: {errors}",
+                                      remediation="make the node reachable and run `sparkbook stop` again"))
+    run.record("operator_stop", {"at": now(), "keep_ray": keep_ray, "nodes": done})
+    return done
+
+
+# up
+def up(params_file: Path, outputs: Path, *, say: Callable[[str], None] = print) -> tuple[Path, Manifest, Deployment]:
+    """The cluster's last good deployment again (after a reboot, or `sparkbook stop`): a new run of 04 and 05 that
+    starts from that run's hand-offs (image, model, diagnosis), so 01-03 are skipped: nothing cleaned up or copied."""
+    params = load_params(params_file)
+    d = last_good(params, outputs)
+    say(f"up: the deployment of run {d.run_id} (image {d.image.ref}, model {d.endpoint.model}, plan {d.plan_hash})")
+    run_dir, manifest = driver.run(params_file, out_root=outputs, seed=d.run_dir, start="04", upto="05", say=say)
+    return run_dir, manifest, d

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"  # the driver's: which notebooks ran, how they ended, their decisions
 STATE = "state.json"  # the hand-offs one notebook leaves the next (core.state)
@@ -49,3 +50,24 @@ def earlier_run(run_dir: Path) -> Path | None:
     before = [d for d in run_dir.parent.iterdir()
               if RUN_ID.match(d.name) and d.is_dir() and (mine is None or d.name < mine) and point_files(d)]
     return max(before, key=lambda d: d.name, default=None)
+
+
+def relative_paths(data: Any, run_dir: Path) -> Any:
+    """`data` with every path into the run dir written relative to it (`logs/x.log`, `bench`) and into its sibling
+    run dirs as `../<run-id>/...`: a run dir copied elsewhere or unpacked from its archive still resolves them."""
+    prefixes: dict[str, str] = {}
+    for base in dict.fromkeys((run_dir, run_dir.resolve())):
+        prefixes |= {f"{base.parent}/": "../", f"{base}/": "", f"{base}": "."}
+    # longest first; a bare run dir only where no name character follows (R1 is not the start of R10)
+    pattern = re.compile("|".join(re.escape(k) + ("" if k.endswith("/") else r"(?![\w.-])")
+                                  for k in sorted(prefixes, key=len, reverse=True)))
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, str):
+            return pattern.sub(lambda m: prefixes[m.group(0)], value)
+        return value
+    return fix(data)

@@ -17,6 +17,7 @@ from ..core.rundir import PARAMS_COPY, is_run_dir
 from ..core.sweeppoint import SweepPoint, read_points
 from .archive import RunRecord, fmt, read_run
 
+CLOCK_DIFF = 0.10  # a mean SM clock this much apart between two runs' points is named as a likely cause
 COMPARE_DIR = "compare"  # under outputs/<cluster>/: the comparison pages, never beside the run dirs
 
 # The sweep metrics compared per concurrency (vllm bench serve's names).
@@ -61,6 +62,7 @@ class Comparison:
     decisions: list[Change]  # "notebook: question" whose choice differs
     figures: list[FigurePair]
     deltas: list[Delta]  # per concurrency and metric, B against A
+    clock_causes: list[str]  # points whose GPUs ran at clearly different SM clocks in A and B
 
     def text(self, sweep: bool = True) -> str:
         """The comparison as plain text (the terminal; 06 shows the sweep points as a table instead)."""
@@ -82,6 +84,8 @@ class Comparison:
         lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} % "
                   f"({band(d)}): {d.verdict}" for d in self.deltas] or [
             "  no concurrency measured in both"]
+        lines += ["", "GPU clocks:"] + [f"  {c}" for c in self.clock_causes or [
+            "no point of both runs has clocks clearly apart (or one run did not sample them)"]]
         return "\n".join(lines)
 
 
@@ -114,6 +118,26 @@ def history(a: RunRecord, b: RunRecord, metrics: tuple[str, ...] = POINT_METRICS
                 if p.figure(m) is not None:
                     values.setdefault((p.max_concurrency, m), []).append(float(p.figure(m) or 0.0))
     return {k: band for k, v in values.items() if (band := spread_band_pct(v)) is not None}
+
+
+def mean_sm_mhz(point: SweepPoint) -> float | None:
+    """The mean SM clock over a point's GPUs (None: not sampled)."""
+    means = [c.sm_mean_mhz for c in point.sparkbook.clocks if c.sm_mean_mhz is not None]
+    return sum(means) / len(means) if means else None
+
+
+def clock_causes(a: list[SweepPoint], b: list[SweepPoint]) -> list[str]:
+    """Each concurrency both runs measured whose GPUs' mean SM clock differs by more than CLOCK_DIFF: named as a
+    likely cause of a change in its figures (throughput follows the clocks)."""
+    before = {p.max_concurrency: p for p in a}
+    out = []
+    for point in b:
+        old = before.get(point.max_concurrency)
+        ma, mb = (mean_sm_mhz(old), mean_sm_mhz(point)) if old else (None, None)
+        if ma and mb and abs(mb - ma) > CLOCK_DIFF * ma:
+            out.append(f"c={point.max_concurrency}: mean SM clock {ma:,.0f} MHz in A, {mb:,.0f} MHz in B "
+                       f"({100 * (mb - ma) / ma:+.0f} %): a likely cause of the change in its figures")
+    return out
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -179,7 +203,8 @@ def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
     figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in FIGURES]
     return Comparison(a, b, params, note, image_changes(a, b), decision_changes(a, b),
                       [f for f in figures if f.a is not None or f.b is not None],
-                      compare(_points(b), _points(a), POINT_METRICS, history(a, b)))
+                      compare(_points(b), _points(a), POINT_METRICS, history(a, b)),
+                      clock_causes(_points(a), _points(b)))
 
 
 def delta_rows(deltas: list[Delta]) -> list[dict[str, Any]]:

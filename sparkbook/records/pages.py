@@ -214,7 +214,9 @@ def compare_page(c: Comparison, here: Path) -> str:
             f"spread (max - min) over the points' repeats where the runs have them, else over earlier runs of the "
             f"same params and image; never the spread of single requests. Worse or better only outside the band; "
             f"with no estimate the change is not judged.</p>"
-            f"{_table(deltas, raw=('verdict',))}")
+            f"{_table(deltas, raw=('verdict',))}<h2>GPU clocks</h2>"
+            + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in c.clock_causes) + "</ul>" if c.clock_causes else
+               "<p>no point of both runs has clocks clearly apart (or one run did not sample them)</p>"))
     return _page(f"sparkbook compare {c.a.run_id} {c.b.run_id}", body)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,28 @@ def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, An
     record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
 
 
+FIELD_ROW = re.compile(r"<tr>\s*<td>([^<]+)</td>\s*<td>([^<]*)</td>\s*</tr>")
+
+
+def notebook_field(run_dir: Path, notebook: str, name: str) -> float | None:
+    """A figure the executed notebook displayed in a field/value table (`ready_s` in 05's endpoint,
+    `percent_of_ceiling` in 06's roofline): for run dirs that kept their notebooks but no state.json or events."""
+    try:
+        cells = json.loads((run_dir / notebook).read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return None
+    for cell in cells:
+        for out in cell.get("outputs") or []:
+            page = out.get("data", {}).get("text/html")
+            rows = dict(FIELD_ROW.findall("".join(page) if isinstance(page, list) else str(page or "")))
+            if name in rows:
+                try:
+                    return float(rows[name])
+                except ValueError:
+                    return None
+    return None
+
+
 def _notebook_dir(events: list[dict[str, Any]]) -> dict[str, Any]:
     """A manifest for a notebook's own run dir (no `sparkbook run`): each notebook that recorded events, with its
     decisions."""
@@ -193,9 +216,13 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     record.executor = endpoint.get("executor") or _decision(notebooks, "executor", "Which distributed executor")
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
+    if record.ready_s is None and not state and not events:
+        record.ready_s = notebook_field(run_dir, "05-serve.ipynb", "ready_s")
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
+    if record.roofline_pct is None and not state and not events:
+        record.roofline_pct = notebook_field(run_dir, "06-benchmark.ipynb", "percent_of_ceiling")
     record.failing_cell = _failing_cell(run_dir, notebooks)
     record.cause = _cause(record, events)
     if record.failing_cell:

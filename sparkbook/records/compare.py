@@ -81,8 +81,11 @@ class Comparison:
             return "\n".join(lines)
         lines += ["", "sweep points (B against A; noise band = the figure's spread over repeats, within the runs, "
                       "else over earlier runs of the same params and image):"]
-        lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} % "
-                  f"({band(d)}): {d.verdict}" for d in self.deltas] or [
+        reasons = sorted({d.noise_from for d in self.deltas if d.noise_pct is None})
+        lines += [f"  no noise estimate ({r}): such changes are not judged" for r in reasons]
+        lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} %: "
+                  + (f"{d.verdict} (noise +-{d.noise_pct:.1f} % from {d.noise_from})" if d.noise_pct is not None
+                     else "no noise estimate") for d in self.deltas] or [
             "  no concurrency measured in both"]
         lines += ["", "GPU clocks:"] + [f"  {c}" for c in self.clock_causes or [
             "no point of both runs has clocks clearly apart (or one run did not sample them)"]]

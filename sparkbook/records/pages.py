@@ -55,16 +55,25 @@ def notebook_link(r: RunRecord, name: str, text: str | None = None, prefix: str 
     return _link(r.run_dir, page, text or name.removesuffix(".ipynb"), prefix) + raw
 
 
+def _runtime(image: str | None) -> str:
+    """What the places ran: a Docker image, or a Python environment (its interpreter's path stands for it)."""
+    if image is None:
+        return "not recorded"
+    return f"Python environment {image}" if image.startswith("/") else f"Docker image {image}"
+
+
 def key_figures(r: RunRecord) -> list[dict[str, str]]:
     versions = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
     changed = {True: " (changed from the run before)", False: " (same as the run before)", None: ""}[r.image_changed]
-    return [{"figure": k, "value": v} for k, v in (
-        ("image", fmt(r.image) + changed + (f" — {versions}" if versions else "")), ("executor", fmt(r.executor)),
+    return [{"figure": k, "value": "not recorded" if v == "-" else v} for k, v in (
+        ("runtime", _runtime(r.image) + changed + (f" — {versions}" if versions else "")),
+        ("executor", fmt(r.executor)),
         ("time to ready", fmt(r.ready_s) + " s" if r.ready_s is not None else "-"),
         (SINGLE_STREAM, fmt(r.single_tok_s)), (TPOT_DECODE, fmt(decode_tok_s(r.single_point()))),
         ("peak output tok/s", fmt(r.peak_tok_s) + (f" at concurrency {r.peak_concurrency}"
                                                    if r.peak_concurrency else "")),
-        ("% of single-stream roofline", fmt(r.roofline_pct)), ("failure cause", fmt(r.cause)))]
+        ("% of single-stream roofline (the TPOT-based decode rate against it)", fmt(r.roofline_pct)),
+        ("failure cause", fmt(r.cause) if r.failing_cell else "none: no notebook failed"))]
 
 
 def _finding(f: dict[str, Any]) -> str:

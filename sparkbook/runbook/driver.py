@@ -16,7 +16,7 @@ from ..core.params import Params, load_params
 from ..core.progress import Progress
 from ..core.record import now, read_events
 from ..core.redact import Redactor
-from ..core.rundir import INDEX, PARAMS_COPY, new_run_id
+from ..core.rundir import INDEX, PARAMS_COPY, new_run_id, relative_text
 from ..records import pages
 from ..records.archive import params_hash, read_run
 from ..records.restore import restore_section
@@ -192,8 +192,14 @@ def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:
     return [r["data"] for r in read_events(run_dir, "decision") if r["stage"] == stage]
 
 
+NOTEBOOK_STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}pre{background:#f6f6f6;padding:6px;"
+                  "overflow-x:auto}div.input_area pre,div.jp-InputArea pre{background:#eef}"
+                  "table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px}")
+
+
 def _to_html(run_dir: Path, name: str, say: Callable[[str], None]) -> str | None:
-    """The executed notebook as a static HTML page beside it (a browser shows .ipynb as raw JSON); None when it
+    """The executed notebook as a static HTML page beside it (a browser shows .ipynb as raw JSON); nbconvert's
+    basic template in a small page of our own (its full templates embed ~300 KB of CSS per notebook). None when it
     was not written or nbconvert fails (said, not fatal: the notebook itself is the record)."""
     from nbconvert import HTMLExporter  # slow to import: only when notebooks really ran
 
@@ -201,20 +207,23 @@ def _to_html(run_dir: Path, name: str, say: Callable[[str], None]) -> str | None
     if not source.is_file():
         return None
     try:
-        body, _ = HTMLExporter().from_filename(str(source))
+        body, _ = HTMLExporter(template_name="basic").from_filename(str(source))
     except Exception as exc:  # a notebook nbconvert cannot read: the page links the .ipynb instead
         say(f"{name}: no HTML rendering ({type(exc).__name__}: {str(exc)[:200]})")
         return None
-    target.write_text(body)
+    target.write_text(f'<!doctype html><html><head><meta charset="utf-8"><title>{name}</title>'
+                      f'<style>{NOTEBOOK_STYLE}</style></head><body><p><a href="index.html">the run</a> · '
+                      f'<a href="{name}">{name}</a></p>{body}</body></html>')
     return target.name
 
 
 def _scrub(run_dir: Path, redactor: Redactor) -> None:
-    """Last line of defence: redact every text file the run wrote (notebooks, logs, state)."""
+    """Last line of defence: redact every text file the run wrote (notebooks, logs, state); and write the paths
+    into the run dir relative to it (papermill's injected run_dir, a cell's "written to ..."), so the dir can move."""
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in {".ipynb", ".json", ".jsonl", ".log", ".txt", ".html", ".md", ".yaml"}:
             text = path.read_text(errors="replace")
-            clean = redactor.text(text)
+            clean = relative_text(redactor.text(text), run_dir)
             if clean != text:
                 path.write_text(clean)
 

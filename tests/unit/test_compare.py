@@ -45,8 +45,9 @@ def test_params_image_decisions_and_figures_that_changed(two_runs: tuple[Path, P
     assert {throughput[8].verdict, throughput[1].verdict} == {"no noise estimate"}  # no repeats, no earlier runs
     text = c.text()
     assert "image: img:1 -> img:2  (changed)" in text and "vllm: 0.32.0  (same)" in text
-    assert ("c=8 output_throughput: 500.00 -> 400.00  -20.0 % (no noise estimate: no repeats in either run and no "
-            "earlier runs of the same params and image): no noise estimate") in text
+    assert "c=8 output_throughput: 500.00 -> 400.00  -20.0 %: no noise estimate" in text
+    assert ("no noise estimate (no repeats in either run and no earlier runs of the same params and image): such "
+            "changes are not judged") in text
     assert "sweep points" not in c.text(sweep=False)
 
 
@@ -112,3 +113,5 @@ def test_earlier_runs_of_the_same_params_and_image_give_the_band(tmp_path: Path)
     d = next(d for d in compare.compare_runs(a, b).deltas if d.metric == "output_throughput")
     assert d.noise_from == "earlier runs" and d.noise_pct == pytest.approx(100.0 * 4.0 / 102.0)
     assert d.verdict == "worse"  # -9.8 % outside +-3.9 %
+    assert "c=1 output_throughput: 102.00 -> 92.00  -9.8 %: worse (noise +-3.9 % from earlier runs)" in \
+        compare.compare_runs(a, b).text()

@@ -283,7 +283,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     a, b = archive.find_run(args.run_a, outputs), archive.find_run(args.run_b, outputs)
     comparison = compare.compare_runs(a, b)
     print(comparison.text())
-    page = Path(args.html) if args.html else b.parent / f"compare-{a.name}-{b.name}.html"
+    page = Path(args.html) if args.html else compare.page_path(outputs, comparison.a, comparison.b)
     print(f"\npage: {pages.write_compare(comparison, page)}")
     return 0
 

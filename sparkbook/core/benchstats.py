@@ -278,6 +278,11 @@ def known_bandwidth_gbs(gpu_name: str) -> float | None:
     return next((bw for key, bw in KNOWN_BANDWIDTH_GBS.items() if key.lower() in gpu_name.lower()), None)
 
 
+# The two single-stream figures, named the same on every page and table: the first is the one the runs are known by.
+SINGLE_STREAM = "single-stream output tok/s (concurrency 1, wall clock)"
+TPOT_DECODE = "decode tok/s from TPOT (1000 / median TPOT at concurrency 1; no prefill)"
+
+
 def decode_tok_s(point: SweepPoint | None) -> float | None:
     """One stream's decode rate, 1000 / median TPOT: the number the decode roofline bounds (no prefill)."""
     tpot = point.median_tpot_ms if point else None
@@ -369,40 +374,53 @@ def batch_ceilings(m: StepModel, points: Iterable[SweepPoint]) -> list[BatchCeil
 # --- comparisons -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Delta:
-    """One metric of one sweep point against an earlier run."""
+    """One metric of one sweep point against an earlier run, judged against the run-to-run noise."""
 
     max_concurrency: int
     metric: str
     earlier: float
     now: float
     change_pct: float
-    noise_pct: float
-    worse: bool
+    noise_pct: float | None  # None: no repeats in either run nor earlier runs to estimate the noise from
+    noise_from: str  # where the band comes from: "repeats", "earlier runs", or why there is none
+
+    @property
+    def verdict(self) -> str:
+        """worse | better (outside the band, in the metric's bad or good direction) | within noise | no noise
+        estimate (a change that nothing measured the noise of is not called either)."""
+        if self.noise_pct is None:
+            return "no noise estimate"
+        good = self.change_pct if self.metric in HIGHER_IS_BETTER else -self.change_pct
+        return "within noise" if abs(good) <= self.noise_pct else "better" if good > 0 else "worse"
+
+    @property
+    def worse(self) -> bool:
+        return self.verdict == "worse"
 
 
-def _relative_noise_pct(point: SweepPoint, metric: str) -> float:
-    """Relative standard error of a point's metric, in %. With two or more repeats: from their spread (the
-    run-to-run noise; the median of n repeats: 1.253 x stdev / sqrt(n)). Else, for a mean/median latency metric,
-    from its requests (median: 1.253 × the mean's); 0 for throughput of a single run."""
+def repeat_band_pct(point: SweepPoint, metric: str) -> float | None:
+    """A point's own run-to-run spread of `metric`: (max - min) / median of its repeats, in %; None with fewer
+    than two repeats. Per-request spread is never used: it is the load's, not the run's, variation."""
     repeats = repeat_spread(point, metric)
-    if repeats and len(repeats.values) > 1:
-        return 1.2533 * repeats.stdev_pct / math.sqrt(len(repeats.values))
-    stat, _, rest = metric.partition("_")
-    if stat not in ("mean", "median"):
-        return 0.0
-    std, n, centre = point.figure(f"std_{rest}"), point.completed, point.figure(metric)
-    if std is None or not centre or n < 2:
-        return 0.0
-    factor = 1.2533 if stat == "median" else 1.0
-    return 100.0 * factor * std / math.sqrt(n) / abs(centre)
+    if not repeats or len(repeats.values) < 2 or not repeats.median:
+        return None
+    return 100.0 * (repeats.high - repeats.low) / abs(repeats.median)
+
+
+def spread_band_pct(values: list[float]) -> float | None:
+    """The spread (max - min) / median, in %, of one figure across runs; None with fewer than two."""
+    if len(values) < 2 or not float(np.median(values)):
+        return None
+    return 100.0 * (max(values) - min(values)) / abs(float(np.median(values)))
 
 
 def compare(now: Iterable[SweepPoint], earlier: Iterable[SweepPoint], metrics: Iterable[str],
-            floor_pct: float = 5.0, sigmas: float = 2.0) -> list[Delta]:
-    """Per concurrency and metric: the change, and `worse` when it is in the bad direction beyond the noise.
+            history: dict[tuple[int, str], float] | None = None) -> list[Delta]:
+    """Per concurrency and metric: the change, and the noise band it is judged against.
 
-    Noise = max(floor_pct, sigmas × the two runs' relative standard errors combined): from the repeats of a point
-    where it has them, else from its requests; throughput of a single run has only the floor (one number).
+    The band is the wider of the two points' spreads over their repeats; where neither has repeats, the spread
+    of the figure over earlier runs of the same params and image (`history`, by concurrency and metric); else
+    there is no estimate, and the change is neither worse nor better.
     """
     before = {p.max_concurrency: p for p in earlier}
     deltas = []
@@ -414,11 +432,11 @@ def compare(now: Iterable[SweepPoint], earlier: Iterable[SweepPoint], metrics: I
             a, b = old.figure(metric), point.figure(metric)
             if a is None or b is None or a == 0:
                 continue
-            change = 100.0 * (b - a) / abs(a)
-            noise = max(floor_pct, sigmas * math.hypot(_relative_noise_pct(point, metric),
-                                                       _relative_noise_pct(old, metric)))
-            bad = -change if metric in HIGHER_IS_BETTER else change
-            deltas.append(Delta(point.max_concurrency, metric, a, b, change, noise, bad > noise))
+            bands = [x for x in (repeat_band_pct(point, metric), repeat_band_pct(old, metric)) if x is not None]
+            past = (history or {}).get((point.max_concurrency, metric))
+            noise, source = (max(bands), "repeats") if bands else (past, "earlier runs") if past is not None \
+                else (None, "no repeats in either run and no earlier runs of the same params and image")
+            deltas.append(Delta(point.max_concurrency, metric, a, b, 100.0 * (b - a) / abs(a), noise, source))
     return deltas
 
 

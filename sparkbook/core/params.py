@@ -270,6 +270,8 @@ class BenchmarkPlan(Strict):
                          "the point reports their median and spread (default 3 where the nodes list GPUs, else 1)")
     clients: int = Field(1, ge=1, le=64)
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
+    clock_drop: float = Field(0.10, gt=0, lt=1, description="06 flags a point whose GPU SM clock fell more than "
+                              "this fraction below its start (sampled with nvidia-smi where nodes list GPUs)")
 
 
 class Fabric(Strict):

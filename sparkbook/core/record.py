@@ -16,7 +16,7 @@ from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .progress import Progress
 from .redact import Redactor
-from .rundir import EVENTS, INTERACTIVE, LOGS
+from .rundir import EVENTS, INTERACTIVE, LOGS, relative_paths
 from .runtime import runtime_for
 from .state import H
 
@@ -125,7 +125,7 @@ class Run:
     # --- state carried between notebooks ------------------------------------------------------
     def remember(self, value: H) -> H:
         """Store a hand-off in state.json under its key (redacted) for the notebooks after this one."""
-        state.store(self.run_dir, value, self.redactor.data, self.stage)
+        state.store(self.run_dir, value, lambda d: relative_paths(self.redactor.data(d), self.run_dir), self.stage)
         return value
 
     def recall(self, kind: type[H]) -> H:
@@ -134,7 +134,8 @@ class Run:
 
     # --- evidence -----------------------------------------------------------------------------
     def record(self, kind: str, payload: Any) -> None:
-        event = {"at": now(), "stage": self.stage, "kind": kind, "data": self.redactor.data(to_data(payload))}
+        event = {"at": now(), "stage": self.stage, "kind": kind,
+                 "data": relative_paths(self.redactor.data(to_data(payload)), self.run_dir)}
         with (self.run_dir / EVENTS).open("a") as fh:
             fh.write(json.dumps(event) + "\n")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"  # the driver's: which notebooks ran, how they ended, their decisions
 STATE = "state.json"  # the hand-offs one notebook leaves the next (core.state)
@@ -49,3 +50,25 @@ def earlier_run(run_dir: Path) -> Path | None:
     before = [d for d in run_dir.parent.iterdir()
               if RUN_ID.match(d.name) and d.is_dir() and (mine is None or d.name < mine) and point_files(d)]
     return max(before, key=lambda d: d.name, default=None)
+
+
+def relative_text(text: str, run_dir: Path) -> str:
+    """`text` with every absolute path into the run dir written relative to it (`logs/x.log`, `.`) and into its
+    parent, the cluster's outputs, as `..` (`../<run-id>/...`): a run dir copied elsewhere or unpacked from its
+    archive still resolves them."""
+    prefixes: dict[str, str] = {}
+    for base in dict.fromkeys((run_dir, run_dir.resolve())):
+        prefixes |= {f"{base.parent}/": "../", f"{base.parent}": "..", f"{base}/": "", f"{base}": "."}
+    # longest first; a bare dir only where no name character follows (R1 is not the start of R10)
+    pattern = re.compile("|".join(re.escape(k) + ("" if k.endswith("/") else r"(?![\w.-])")
+                                  for k in sorted(prefixes, key=len, reverse=True)))
+    return pattern.sub(lambda m: prefixes[m.group(0)], text)
+
+
+def relative_paths(data: Any, run_dir: Path) -> Any:
+    """`data` (JSON-like) with relative_text applied to every string in it."""
+    if isinstance(data, dict):
+        return {k: relative_paths(v, run_dir) for k, v in data.items()}
+    if isinstance(data, list):
+        return [relative_paths(v, run_dir) for v in data]
+    return relative_text(data, run_dir) if isinstance(data, str) else data

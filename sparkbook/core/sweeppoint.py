@@ -34,6 +34,23 @@ class Stall:
     #                                          after the repeat's first request}
 
 
+@dataclass(frozen=True)
+class GpuClocks:
+    """One GPU through one point's repeats (06, nvidia-smi): its SM clock at the start, lowest and mean, the hottest
+    it got and its mean power; whether the clock fell more than benchmark.clock_drop below its start."""
+
+    node: str
+    gpu: int
+    samples: int
+    sm_start_mhz: float | None
+    sm_min_mhz: float | None
+    sm_mean_mhz: float | None
+    temperature_max_c: float | None
+    power_mean_w: float | None
+    drop_pct: float | None  # how far the lowest SM clock fell below the start, in %
+    dropped: bool
+
+
 class SparkbookExtras(BaseModel):
     """sparkbook's own part of a point's file: each repeat's figures and the stalled repeats (read back by the
     tables and the noise band); the cross-check and client load are kept for a reader of the file."""
@@ -41,6 +58,8 @@ class SparkbookExtras(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
     repeats: list[dict[str, float | None]] = []
     stalls: list[Stall] = []
+    clocks: list[GpuClocks] = []  # none: not sampled (clocks_note says why) or a point saved before issue 31
+    clocks_note: str | None = None
 
 
 class SweepPoint(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,13 @@ from ..core.errors import SparkbookError
 from ..core.record import read_events
 from ..core.rundir import MANIFEST, PARAMS_COPY, STATE, is_run_dir
 from ..core.sweeppoint import SweepPoint, read_points
+from .failure import LogExcerpt, excerpts
+from .timeline import Step, steps
 
 STATUSES = ("ok", "failed", "partial", "running", "unreadable")
+# A finding's topic and the notebook that resolves it when it runs ok (02 reports that the installed image cannot
+# serve the model; 03 picks one that can).
+RESOLVED_BY = {"image": "03"}
 
 
 class ArchiveError(SparkbookError):
@@ -54,6 +60,14 @@ class RunRecord:
     failing_cell: dict[str, Any] | None = None  # notebook, cell_index, ename, evalue, source
     bench: list[SweepPoint] = field(default_factory=list)  # bench/c*.json, by concurrency
     parameters: dict[str, Any] = field(default_factory=dict)
+    sparkbook_version: str | None = None  # what wrote the manifest (None: a manifest older than the field)
+    sparkbook_commit: str | None = None
+    first_errors: list[LogExcerpt] = field(default_factory=list)  # the failing stage's logs around their first error
+    timeline: list[Step] = field(default_factory=list)
+
+    def single_point(self) -> SweepPoint | None:
+        """The sweep point at concurrency 1 (None: 06 did not measure one)."""
+        return next((p for p in self.bench if p.max_concurrency == 1), None)
 
     def decisions(self) -> list[dict[str, Any]]:
         """Every decision of the run with its notebook, in notebook order."""
@@ -119,7 +133,8 @@ def _cause(record: RunRecord, events: list[dict[str, Any]]) -> str | None:
     return f"{record.failing_cell.get('ename')}: {evalue[0][:160] if evalue else ''}"
 
 
-def _params_hash(run_dir: Path) -> str | None:
+def params_hash(run_dir: Path) -> str | None:
+    """The first 12 hex digits of the sha256 of the params file the run copied (None: it kept none)."""
     path = run_dir / PARAMS_COPY
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
 
@@ -135,6 +150,28 @@ def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, An
     record.peak_concurrency = summary.get("peak_at_concurrency", peak.max_concurrency if peak else None)
     roof = next((e["data"].get("roofline") or {} for e in reversed(events) if e["kind"] == "roofline"), {})
     record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
+
+
+FIELD_ROW = re.compile(r"<tr>\s*<td>([^<]+)</td>\s*<td>([^<]*)</td>\s*</tr>")
+
+
+def notebook_field(run_dir: Path, notebook: str, name: str) -> float | None:
+    """A figure the executed notebook displayed in a field/value table (`ready_s` in 05's endpoint,
+    `percent_of_ceiling` in 06's roofline): for run dirs that kept their notebooks but no state.json or events."""
+    try:
+        cells = json.loads((run_dir / notebook).read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return None
+    for cell in cells:
+        for out in cell.get("outputs") or []:
+            page = out.get("data", {}).get("text/html")
+            rows = dict(FIELD_ROW.findall("".join(page) if isinstance(page, list) else str(page or "")))
+            if name in rows:
+                try:
+                    return float(rows[name])
+                except ValueError:
+                    return None
+    return None
 
 
 def _notebook_dir(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -163,9 +200,11 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     kind, status = status_of(notebooks, manifest.get("status", "running"))
     record = RunRecord(run_dir, manifest.get("run_id", run_dir.name), kind, status, manifest.get("cluster"),
                        manifest.get("started"), manifest.get("finished"), manifest.get("params_file"),
-                       _params_hash(run_dir),
+                       params_hash(run_dir),
                        notebooks=notebooks, parameters=manifest.get("parameters") or {})
-    record.not_run = [nb["name"] for nb in notebooks if nb.get("status") in ("pending", "skipped")]
+    record.not_run = [nb["name"] for nb in notebooks if nb.get("status") not in ("ok", "failed", "running")]
+    record.sparkbook_version, record.sparkbook_commit = manifest.get("sparkbook_version"), \
+        manifest.get("sparkbook_commit")
     image = state.get("image") or {}
     record.image = image.get("ref") or _decision(notebooks, "image", "Which image")
     probes = [e["data"].get("facts") or {} for e in events if e["kind"] == "image_probe"]
@@ -177,12 +216,28 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     record.executor = endpoint.get("executor") or _decision(notebooks, "executor", "Which distributed executor")
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
-    record.findings = list((state.get("diagnosis") or {}).get("findings") or [])
+    if record.ready_s is None and not state and not events:
+        record.ready_s = notebook_field(run_dir, "05-serve.ipynb", "ready_s")
+    record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
+    if record.roofline_pct is None and not state and not events:
+        record.roofline_pct = notebook_field(run_dir, "06-benchmark.ipynb", "percent_of_ceiling")
     record.failing_cell = _failing_cell(run_dir, notebooks)
     record.cause = _cause(record, events)
+    if record.failing_cell:
+        record.first_errors = excerpts(run_dir, record.failing_cell["notebook"])
+    failure = Step(str(manifest.get("finished") or "-"), "-", "failure",
+                   f"{record.failing_cell['notebook']}: {record.cause}") if record.failing_cell else None
+    record.timeline = steps(events, failure)
     return record
+
+
+def _resolved(findings: list[dict[str, Any]], notebooks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings, each marked `resolved_by` the later notebook that resolved it (None: still open)."""
+    ok = {nb["name"][:2] for nb in notebooks if nb.get("status") == "ok"}
+    return [{**f, "resolved_by": RESOLVED_BY.get(str(f.get("topic"))) if RESOLVED_BY.get(str(f.get("topic"))) in ok
+             else None} for f in findings]
 
 
 def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RunRecord:

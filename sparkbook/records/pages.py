@@ -6,15 +6,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
 from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE
 from .archive import STATUSES, RunRecord, fmt, row, runs
-from .compare import Comparison
+from .compare import Comparison, band
 
 SEVERITIES = ("blocker", "warning", "fact")
 STYLE = """body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd;vertical-align:top;
 text-align:left}tr.failed td{background:#fdd}tr.partial td,tr.running td{background:#ffd}tr.unreadable td{color:#888}
 span.ok{color:green}span.failed{color:#a00}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px}
-.worse{color:#a00;font-weight:bold}"""
+.worse{color:#a00;font-weight:bold}.better{color:green;font-weight:bold}li.resolved{color:#666}
+p.cause{font-size:1.15em}"""
 
 
 def e(value: Any) -> str:
@@ -43,25 +45,51 @@ def _link(run_dir: Path, name: str, text: str | None = None, prefix: str = "") -
     return f'<a href="{e(prefix + name)}">{label}</a>' if (run_dir / name).exists() else label
 
 
+def notebook_link(r: RunRecord, name: str, text: str | None = None, prefix: str = "") -> str:
+    """A notebook as its nbconvert page where the run rendered one (a browser shows .ipynb as raw JSON), with the
+    .ipynb beside it; the plain name when neither was written."""
+    page = name.removesuffix(".ipynb") + ".html"
+    if not (r.run_dir / page).exists():
+        return _link(r.run_dir, name, text, prefix)
+    raw = f' <small>({_link(r.run_dir, name, "ipynb", prefix)})</small>' if (r.run_dir / name).exists() else ""
+    return _link(r.run_dir, page, text or name.removesuffix(".ipynb"), prefix) + raw
+
+
+def _runtime(image: str | None) -> str:
+    """What the places ran: a Docker image, or a Python environment (its interpreter's path stands for it)."""
+    if image is None:
+        return "not recorded"
+    return f"Python environment {image}" if image.startswith("/") else f"Docker image {image}"
+
+
 def key_figures(r: RunRecord) -> list[dict[str, str]]:
     versions = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
     changed = {True: " (changed from the run before)", False: " (same as the run before)", None: ""}[r.image_changed]
-    return [{"figure": k, "value": v} for k, v in (
-        ("image", fmt(r.image) + changed + (f" — {versions}" if versions else "")), ("executor", fmt(r.executor)),
+    return [{"figure": k, "value": "not recorded" if v == "-" else v} for k, v in (
+        ("runtime", _runtime(r.image) + changed + (f" — {versions}" if versions else "")),
+        ("executor", fmt(r.executor)),
         ("time to ready", fmt(r.ready_s) + " s" if r.ready_s is not None else "-"),
-        ("single-stream output tok/s", fmt(r.single_tok_s)),
+        (SINGLE_STREAM, fmt(r.single_tok_s)), (TPOT_DECODE, fmt(decode_tok_s(r.single_point()))),
         ("peak output tok/s", fmt(r.peak_tok_s) + (f" at concurrency {r.peak_concurrency}"
                                                    if r.peak_concurrency else "")),
-        ("% of single-stream roofline", fmt(r.roofline_pct)), ("failure cause", fmt(r.cause)))]
+        ("% of single-stream roofline (the TPOT-based decode rate against it)", fmt(r.roofline_pct)),
+        ("failure cause", fmt(r.cause) if r.failing_cell else "none: no notebook failed"))]
+
+
+def _finding(f: dict[str, Any]) -> str:
+    resolved = f" <i>(resolved by {e(f['resolved_by'])})</i>" if f.get("resolved_by") else ""
+    cls = "resolved" if resolved else e(f.get("severity"))
+    return f'<li class="{cls}"><b>{e(f.get("severity"))}</b> [{e(f.get("topic"))}] {e(f.get("text"))}{resolved}</li>'
 
 
 def _findings(r: RunRecord) -> str:
     by = {s: [f for f in r.findings if f.get("severity") == s] for s in SEVERITIES}
     other = [f for f in r.findings if f.get("severity") not in SEVERITIES]
-    items = [f'<li class="{e(f.get("severity"))}"><b>{e(f.get("severity"))}</b> [{e(f.get("topic"))}] '
-             f'{e(f.get("text"))}</li>' for s in SEVERITIES for f in by[s]]
+    items = [_finding(f) for s in SEVERITIES for f in by[s]]
     items += [f"<li>{e(f)}</li>" for f in other]
     counts = ", ".join(f"{len(by[s])} {s}(s)" for s in SEVERITIES)
+    resolved = sum(1 for f in r.findings if f.get("resolved_by"))
+    counts += f"; {resolved} resolved by a later stage" if resolved else ""
     if r.findings:
         return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>"
     if not any(nb.get("name", "").startswith("02") for nb in r.notebooks):
@@ -82,12 +110,33 @@ def _decision(d: dict[str, Any]) -> str:
 
 
 def _failing(r: RunRecord) -> str:
+    """The failure first: the notebook and cell, the classified cause, each stage log's first error with the lines
+    around it (the evidence that decides the cause), links to the logs and the failing notebook."""
     c = r.failing_cell
     if not c:
         return ""
-    source = f"<pre>{e(c['source'])}</pre>" if c.get("source") else ""
-    return (f"<h2>Failed: {_link(r.run_dir, c['notebook'])}, cell {e(fmt(c.get('cell_index')))}</h2>"
-            f"<pre>{e(c.get('ename'))}: {e(str(c.get('evalue') or '')[:2000])}</pre>{source}")
+    source = f"<details><summary>the failing cell</summary><pre>{e(c['source'])}</pre></details>" \
+        if c.get("source") else ""
+    first = r.first_errors[0] if r.first_errors else None
+    cause = (f'<p class="cause">Cause: <b>{e(fmt(r.cause))}</b>'
+             + (f"; first error in the logs: <code>{e(first.error)}</code>" if first else "; no log of this stage "
+                "reports an error") + "</p>")
+    logs = "".join(f"<p>{_link(r.run_dir, x.log)} line {x.line_no}:</p><pre>{e(chr(10).join(x.lines))}</pre>"
+                   for x in r.first_errors)
+    return (f'<h2 class="failed">Failed: {notebook_link(r, c["notebook"])}, cell {e(fmt(c.get("cell_index")))}</h2>'
+            f"{cause}{logs}<pre>{e(c.get('ename'))}: {e(str(c.get('evalue') or '')[:2000])}</pre>{source}")
+
+
+def _timeline(r: RunRecord) -> str:
+    """What the run changed on the cluster, in order (records.timeline)."""
+    rows = [{"time": s.at, "node": s.node, "action": s.action, "detail": s.detail} for s in r.timeline]
+    return f"<h2>Timeline</h2>{_table(rows) if rows else '<p>no action recorded (no events.jsonl or none acted)</p>'}"
+
+
+def _written_by(r: RunRecord) -> str:
+    if r.sparkbook_version is None and r.sparkbook_commit is None:
+        return "written by a sparkbook not recorded (a manifest older than the version field)"
+    return f"written by sparkbook {e(fmt(r.sparkbook_version))}, commit {e(fmt(r.sparkbook_commit))[:12]}"
 
 
 def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
@@ -98,7 +147,7 @@ def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
         if nb.get("cell_limit_s"):
             duration += f"<br><small>cell limit {nb['cell_limit_s']} s: {e(nb.get('cell_limit_reason', ''))}</small>"
         status = f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>'
-        rows.append({"notebook": _link(r.run_dir, nb["name"]), "status": status,
+        rows.append({"notebook": notebook_link(r, nb["name"]), "status": status,
                      "duration": duration,
                      "exception": e(f"{exc.get('ename', '')}: {exc.get('evalue', '')}"[:400]) if exc else "",
                      "decisions": f"<ul>{''.join(_decision(d) for d in nb.get('decisions') or [])}</ul>"})
@@ -115,8 +164,8 @@ def run_page(r: RunRecord, extra: str = "") -> str:
     body = (f"<h1>sparkbook run {e(r.run_id)} — {e(fmt(r.cluster))}</h1>"
             f"<p>Status: <b>{e(r.status)}</b>; started {e(fmt(r.started))}, finished {e(fmt(r.finished))}; "
             f"params <code>{e(fmt(r.params_file))}</code> ({params}); <a href=\"{MANIFEST}\">manifest.json</a>; "
-            f'<a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
-            f"<h2>Key figures</h2>{_table(key_figures(r))}{_failing(r)}{_findings(r)}"
+            f'{_written_by(r)}; <a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
+            f"{_failing(r)}<h2>Key figures</h2>{_table(key_figures(r))}{_findings(r)}{_timeline(r)}"
             f"<h2>Notebooks</h2>{notebooks}"
             f"{extra}")
     return _page(f"sparkbook {r.cluster} {r.run_id}", body)
@@ -125,7 +174,7 @@ def run_page(r: RunRecord, extra: str = "") -> str:
 def _cluster_row(r: RunRecord) -> dict[str, str]:
     out = {k: e(v) for k, v in row(r).items()}
     out["run"] = _link(r.run_dir, INDEX, r.run_id, prefix=f"{r.run_dir.name}/")
-    out["notebooks"] = " ".join(_link(r.run_dir, nb["name"], nb["name"][:2], prefix=f"{r.run_dir.name}/")
+    out["notebooks"] = " ".join(notebook_link(r, nb["name"], nb["name"][:2], prefix=f"{r.run_dir.name}/")
                                 for nb in r.notebooks)
     return out
 
@@ -165,16 +214,18 @@ def compare_page(c: Comparison, here: Path) -> str:
     figures = [{"figure": f.name, "A": fmt(f.a), "B": fmt(f.b),
                 "change %": f"{f.change_pct:+.1f}" if f.change_pct is not None else "-"} for f in c.figures]
     deltas = [{"concurrency": str(d.max_concurrency), "metric": d.metric, "A": f"{d.earlier:,.2f}",
-               "B": f"{d.now:,.2f}", "change %": f"{d.change_pct:+.1f}", "noise band %": f"+-{d.noise_pct:.1f}",
-               "verdict": '<span class="worse">worse beyond noise</span>' if d.worse else "within noise or better"}
-              for d in c.deltas]
+               "B": f"{d.now:,.2f}", "change %": f"{d.change_pct:+.1f}", "noise band": band(d),
+               "verdict": f'<span class="{d.verdict}">{e(d.verdict)}</span>'} for d in c.deltas]
     body = (f"<h1>sparkbook compare</h1><p>A: {link(c.a)} ({e(c.a.status)}) — B: {link(c.b)} ({e(c.b.status)})</p>"
             f"<h2>Params that differ</h2>{'<p>' + e(c.params_note) + '</p>' if c.params_note else ''}"
             f"{_table(params)}<h2>Image and versions</h2>{_table(image)}<h2>Decisions that differ</h2>"
-            f"{_table(decisions)}<h2>Figures</h2>{_table(figures)}<h2>Sweep points</h2><p>noise band: the larger of "
-            f"5 % and twice the runs' combined relative standard error (over a point's repeats where it has them, "
-            f"else over its requests)</p>"
-            f"{_table(deltas, raw=('verdict',))}")
+            f"{_table(decisions)}<h2>Figures</h2>{_table(figures)}<h2>Sweep points</h2><p>noise band: the figure's "
+            f"spread (max - min) over the points' repeats where the runs have them, else over earlier runs of the "
+            f"same params and image; never the spread of single requests. Worse or better only outside the band; "
+            f"with no estimate the change is not judged.</p>"
+            f"{_table(deltas, raw=('verdict',))}<h2>GPU clocks</h2>"
+            + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in c.clock_causes) + "</ul>" if c.clock_causes else
+               "<p>no point of both runs has clocks clearly apart (or one run did not sample them)</p>"))
     return _page(f"sparkbook compare {c.a.run_id} {c.b.run_id}", body)
 
 

@@ -16,13 +16,13 @@ from ..core.params import Params, load_params
 from ..core.progress import Progress
 from ..core.record import now, read_events
 from ..core.redact import Redactor
-from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id
+from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
 from ..records import pages
-from ..records.archive import read_run
+from ..records.archive import params_hash, read_run
 from ..records.restore import restore_section
 from . import lock
 from .limits import cell_limit
-from .manifest import Manifest, NotebookRun
+from .manifest import Manifest, NotebookRun, sparkbook_version
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -105,7 +105,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         if seed:
             shutil.copyfile(seed / STATE, run_dir / STATE)
             say(f"{run_dir.name}: starts from the hand-offs of run {seed.name}; {', '.join(todo)} run")
-        _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say)
+        _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say, only)
     return run_dir, Manifest.read(run_dir)
 
 
@@ -148,12 +148,14 @@ def verify_host_keys(cluster: Cluster, params_file: Path) -> None:
 
 
 def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
-             params_file: Path, folder: Path, say: Callable[[str], None]) -> None:
+             params_file: Path, folder: Path, say: Callable[[str], None], only: str | None = None) -> None:
     import papermill  # slow to import: only when notebooks really run
 
     manifest.status, manifest.finished = "running", None
-    manifest.write(run_dir)
+    manifest.sparkbook_version, manifest.sparkbook_commit = sparkbook_version()
     shutil.copyfile(params_file, run_dir / PARAMS_COPY)  # what this run used, for `sparkbook compare`
+    manifest.params_hash = params_hash(run_dir)
+    manifest.write(run_dir)
     os.environ["SPARKBOOK_HEADLESS"] = "1"
     by_name = {nb.name: nb for nb in manifest.notebooks}
     for i, name in enumerate(todo, 1):
@@ -179,12 +181,13 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
             entry.exception = {"ename": type(exc).__name__, "evalue": str(exc)[:2000], "cell_index": None}
         entry.duration_s = round(time.monotonic() - t0, 1)
         entry.decisions = _decisions(run_dir, name)
+        entry.html = _to_html(run_dir, name, say)
         manifest.write(run_dir)
         say(f"[{i}/{len(todo)}] {name} {entry.status} in {entry.duration_s:.0f} s"
             + (f": {entry.exception['ename']}: {entry.exception['evalue'][:300]}" if entry.exception else ""))
         if entry.status == "failed":
             break
-    manifest.status = "failed" if any(nb.status == "failed" for nb in manifest.notebooks) else "ok"
+    manifest.close(todo, only)
     manifest.finished = now()
     manifest.write(run_dir)
     write_index(run_dir, manifest)
@@ -197,12 +200,38 @@ def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:
     return [r["data"] for r in read_events(run_dir, "decision") if r["stage"] == stage]
 
 
+NOTEBOOK_STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}pre{background:#f6f6f6;padding:6px;"
+                  "overflow-x:auto}div.input_area pre,div.jp-InputArea pre{background:#eef}"
+                  "table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px}")
+
+
+def _to_html(run_dir: Path, name: str, say: Callable[[str], None]) -> str | None:
+    """The executed notebook as a static HTML page beside it (a browser shows .ipynb as raw JSON); nbconvert's
+    basic template in a small page of our own (its full templates embed ~300 KB of CSS per notebook). None when it
+    was not written or nbconvert fails (said, not fatal: the notebook itself is the record)."""
+    from nbconvert import HTMLExporter  # slow to import: only when notebooks really ran
+
+    source, target = run_dir / name, run_dir / name.replace(".ipynb", ".html")
+    if not source.is_file():
+        return None
+    try:
+        body, _ = HTMLExporter(template_name="basic").from_filename(str(source))
+    except Exception as exc:  # a notebook nbconvert cannot read: the page links the .ipynb instead
+        say(f"{name}: no HTML rendering ({type(exc).__name__}: {str(exc)[:200]})")
+        return None
+    target.write_text(f'<!doctype html><html><head><meta charset="utf-8"><title>{name}</title>'
+                      f'<style>{NOTEBOOK_STYLE}</style></head><body><p><a href="index.html">the run</a> · '
+                      f'<a href="{name}">{name}</a></p>{body}</body></html>')
+    return target.name
+
+
 def _scrub(run_dir: Path, redactor: Redactor) -> None:
-    """Last line of defence: redact every text file the run wrote (notebooks, logs, state)."""
+    """Last line of defence: redact every text file the run wrote (notebooks, logs, state); and write the paths
+    into the run dir relative to it (papermill's injected run_dir, a cell's "written to ..."), so the dir can move."""
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in {".ipynb", ".json", ".jsonl", ".log", ".txt", ".html", ".md", ".yaml"}:
             text = path.read_text(errors="replace")
-            clean = redactor.text(text)
+            clean = relative_text(redactor.text(text), run_dir)
             if clean != text:
                 path.write_text(clean)
 

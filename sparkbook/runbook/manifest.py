@@ -1,24 +1,33 @@
-"""manifest.json: which notebooks a run executed, how each ended, with its decisions; what a resume starts from."""
+"""manifest.json: which notebooks a run executed, how each ended, with its decisions; what a resume starts from; which
+sparkbook (version, commit) and which params (hash) made it, so a record read later says what wrote it."""
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ..core.rundir import MANIFEST
 
+# A notebook's status: pending (not reached yet) and running while the run goes on; ok | failed | not run (after a
+# failure) | skipped (--only NN) | skipped (--from NN) once it ended.
+NOT_RUN = "not run"
+REPO = Path(__file__).resolve().parents[2]
+
 
 @dataclass
 class NotebookRun:
     name: str
-    status: str = "pending"  # pending | ok | failed | skipped
+    status: str = "pending"
     started: str | None = None
     duration_s: float | None = None
     exception: dict[str, Any] | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     cell_limit_s: int | None = None  # papermill's limit for each of its cells (runbook.limits.cell_limit)
     cell_limit_reason: str = ""
+    html: str | None = None  # the executed notebook rendered by nbconvert, relative to the run dir
 
 
 @dataclass
@@ -29,8 +38,11 @@ class Manifest:
     parameters: dict[str, Any]
     started: str
     finished: str | None = None
-    status: str = "running"  # running | ok | failed
+    status: str = "running"  # running | ok | failed | partial (ended ok, but not every notebook ran)
     notebooks: list[NotebookRun] = field(default_factory=list)
+    sparkbook_version: str | None = None
+    sparkbook_commit: str | None = None  # None: not run from a git checkout
+    params_hash: str | None = None  # of the params file as copied into the run dir
 
     def data(self) -> dict[str, Any]:
         """The manifest as plain JSON data (what manifest.json holds, what the records read)."""
@@ -46,3 +58,27 @@ class Manifest:
         data = json.loads((run_dir / MANIFEST).read_text())
         data["notebooks"] = [NotebookRun(**nb) for nb in data["notebooks"]]
         return cls(**data)
+
+    def close(self, selected: list[str], only: str | None) -> None:
+        """Each notebook's final status once the run stops: those never reached are `not run` (after a failure) or
+        `skipped (--only NN / --from NN)`; the run is failed, partial (not every notebook ran ok) or ok."""
+        skipped = f"skipped (--only {only})" if only else f"skipped (--from {selected[0][:2]})"
+        for nb in self.notebooks:
+            if nb.status in ("pending", "running"):
+                nb.status = NOT_RUN if nb.name in selected else skipped
+        failed = any(nb.status == "failed" for nb in self.notebooks)
+        self.status = "failed" if failed else "ok" if all(nb.status == "ok" for nb in self.notebooks) else "partial"
+
+
+def sparkbook_version() -> tuple[str | None, str | None]:
+    """The installed package's version and the git commit of the checkout it runs from (None outside git)."""
+    try:
+        version: str | None = metadata.version("sparkbook")
+    except metadata.PackageNotFoundError:
+        version = None
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return version, None
+    return version, done.stdout.strip() or None if done.returncode == 0 else None

@@ -2,7 +2,8 @@
 against the lab, and a run's index.html in the same browser.
 
 Asserted: the progress widget renders while cells run, the node table appears, no cell errors and every
-code cell ran; the index links every notebook of its run and shows its decisions. Screenshots go to
+code cell ran; the index links every notebook of its run (and its nbconvert page) and shows its decisions; the
+committed failed run's page shows its cause and the log lines that decided it on its first screen. Screenshots go to
 $SPARKBOOK_BROWSER_SHOTS (else the test's tmp dir).
 """
 from __future__ import annotations
@@ -147,7 +148,7 @@ def test_run_index_links_every_notebook_and_shows_decisions(lab, browser, shots:
     params_file = sblab.params_file(2)
     run_dir, _ = driver.run(params_file, out_root=tmp_path, only="01")  # plan only: nothing is stopped
     run_dir, manifest = driver.run(params_file, resume=run_dir, only="02")
-    ran = [nb for nb in manifest.notebooks if nb.status != "pending"]
+    ran = [nb for nb in manifest.notebooks if nb.status in ("ok", "failed")]
     assert [(nb.name[:2], nb.status) for nb in ran] == [("01", "ok"), ("02", "ok")], \
         json.dumps([nb.exception for nb in ran])
     decisions = [d for nb in ran for d in nb.decisions]
@@ -160,6 +161,32 @@ def test_run_index_links_every_notebook_and_shows_decisions(lab, browser, shots:
     hrefs = {a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "a")}
     for nb in ran:
         assert (run_dir / nb.name).as_uri() in hrefs, f"index.html does not link {nb.name}"
+        assert (run_dir / nb.name.replace(".ipynb", ".html")).as_uri() in hrefs, f"no HTML page of {nb.name}"
     page = browser.find_element(By.TAG_NAME, "body").text
     for d in decisions:
         assert d["question"] in page and d["choice"] in page, f"index.html does not show the decision {d}"
+
+
+def test_the_failed_runs_first_screen_shows_its_cause_and_log_lines(browser, shots: Path, tmp_path: Path) -> None:
+    """Issue 31: the committed failed lab run, copied elsewhere, opened as a colleague would: without scrolling,
+    the cause and the lines of each node's log around its first error, which name the planted flag."""
+    import shutil
+
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "lab" / "20261201T200508Z"
+    shutil.copytree(ROOT / "outputs" / "examples" / "lab" / run_dir.name, run_dir)
+    browser.get((run_dir / "index.html").as_uri())
+    browser.save_screenshot(str(shots / "failed-run-index.png"))
+    height = browser.execute_script("return window.innerHeight")
+
+    def on_first_screen(element) -> bool:  # type: ignore[no-untyped-def]
+        return element.is_displayed() and element.rect["y"] + element.rect["height"] <= height
+
+    cause = browser.find_element(By.CSS_SELECTOR, "p.cause")
+    assert on_first_screen(cause) and "unrecognized arguments: --planted-unknown-flag" in cause.text
+    logs = [p for p in browser.find_elements(By.TAG_NAME, "pre") if "planted-unknown-flag" in p.text]
+    assert len(logs) >= 2 and all(on_first_screen(p) for p in logs[:2]), "both nodes' log lines, unscrolled"
+    hrefs = {a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "a")}
+    assert (run_dir / "logs" / "serve-lab-0-attempt1.log").as_uri() in hrefs
+    assert (run_dir / "05-serve.html").as_uri() in hrefs

@@ -17,6 +17,7 @@ from sparkbook.runbook.manifest import Manifest
 REPO = Path(__file__).resolve().parents[2]
 LAB_RUN = examples() / "lab/20261130T150551Z"
 H200_RUN = examples() / "h200-duo/20261130T144302Z"
+FAILED_RUN = examples() / "lab/20261201T200508Z"
 FAILED_05 = {"ename": "ServeError", "evalue": "vllm serve did not become healthy\nmore", "cell_index": 2,
              "exec_count": 3}
 OOM = {"at": "t", "stage": "05-serve", "kind": "serve_attempts",
@@ -37,9 +38,38 @@ def test_a_committed_lab_run_gives_every_figure_from_its_state() -> None:
 def test_an_older_gpu_run_without_state_falls_back_to_decisions_and_bench_files() -> None:
     r = archive.read_run(H200_RUN)
     assert r.kind == "ok" and r.executor == "ray" and r.image == "/opt/torch/.venv/bin/python3"
-    assert r.ready_s is None and r.roofline_pct is None  # not recorded by that run dir: shown as '-'
+    # no state.json nor events: time to ready and the roofline share as 05 and 06 displayed them (its README's)
+    assert r.ready_s == 184.1 and r.roofline_pct == pytest.approx(17.58, abs=0.01)
     assert r.single_tok_s == pytest.approx(247.26, abs=0.01) and (r.peak_concurrency, round(r.peak_tok_s)) == (64, 3406)
-    assert archive.row(r)["ready s"] == "-" and archive.row(r)["peak tok/s"] == "3,405.6 @64"
+    assert archive.row(r)["ready s"] == "184.1" and archive.row(r)["peak tok/s"] == "3,405.6 @64"
+    figures = {f["figure"]: f["value"] for f in pages.key_figures(r)}
+    assert figures["runtime"] == "Python environment /opt/torch/.venv/bin/python3"
+
+
+def test_the_failed_lab_run_shows_its_real_cause_and_the_resolved_finding() -> None:
+    """Issue 31: the record says 'worker died'; the logs it kept say why, and 03 resolved 02's image blocker."""
+    r = archive.read_run(FAILED_RUN)
+    assert r.cause == "worker died" and r.status == "failed at 05"
+    assert [(x.log, x.line_no, x.error) for x in r.first_errors] == [
+        ("logs/serve-lab-0-attempt1.log", 5, "vllm: error: unrecognized arguments: --planted-unknown-flag"),
+        ("logs/serve-lab-1-attempt1.log", 5, "main.py: error: unrecognized arguments: --planted-unknown-flag")]
+    assert [f.get("resolved_by") for f in r.findings if f["severity"] == "blocker"] == ["03"]
+    page = pages.run_page(r)
+    assert page.index("first error in the logs") < page.index("Key figures") < page.index("Findings")
+    assert '<a href="logs/serve-lab-0-attempt1.log">' in page and '<a href="05-serve.html">' in page
+    assert "(resolved by 03)" in page and "written by a sparkbook not recorded" in page
+    assert [(s.node, s.action) for s in r.timeline][-2:] == [("lab-0", "server start"), ("-", "failure")]
+
+
+def test_the_timeline_reads_new_kinds_by_their_name() -> None:
+    """Another stage's new event kind (a replaced server, a disabled unit) is listed without a change here."""
+    from sparkbook.records.timeline import steps
+    events = [{"at": "t2", "stage": "05-serve", "kind": "server_replace", "data": {"node": "lab-0", "old": "a",
+                                                                                   "new": "b"}},
+              {"at": "t1", "stage": "01-cleanup", "kind": "unit_disable", "data": [{"node": "lab-1", "unit": "u"}]},
+              {"at": "t0", "stage": "02-diagnosis", "kind": "node_facts", "data": {"node": "lab-0"}}]
+    assert [(s.at, s.node, s.action, s.detail) for s in steps(events)] == [
+        ("t1", "lab-1", "unit disable", "unit u"), ("t2", "lab-0", "server replace", "old a, new b")]
 
 
 def test_image_and_executor_are_read_by_the_decisions_key_whatever_their_words(tmp_path: Path) -> None:

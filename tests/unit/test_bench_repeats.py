@@ -192,9 +192,13 @@ def test_compare_uses_the_repeats_spread_as_noise():
     steady = point([1000.0, 1010.0, 990.0])
     assert repeat_spread(steady, "output_throughput").values == [1000.0, 1010.0, 990.0]
     (d,) = compare([point([930.0, 940.0, 935.0])], [steady], ["output_throughput"])
-    assert d.worse and d.noise_pct == 5.0, "-6.5 % with repeats within 1 %: beyond the floor"
+    assert d.worse and d.noise_pct == pytest.approx(2.0) and d.noise_from == "repeats", \
+        "-6.5 % against repeats that span 2 %: worse"
     (d,) = compare([point([930.0, 1100.0, 800.0])], [point([1043.0, 1157.0, 1216.0])], ["output_throughput"])
-    assert d.noise_pct > abs(d.change_pct) and not d.worse, "repeats that move 15 % cannot show a 20 % change"
+    assert d.noise_pct > abs(d.change_pct) and d.verdict == "within noise", \
+        "repeats that move 15-32 % cannot show a 20 % change"
+    (d,) = compare([point([1100.0, 1110.0, 1105.0])], [steady], ["output_throughput"])
+    assert d.verdict == "better", "+10.5 % against a 2 % band"
 
 
 def test_point_timeout_counts_repeats():

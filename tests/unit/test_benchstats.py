@@ -152,17 +152,23 @@ def point(conc: int, tput: float, ttft: float, std: float, n: int = 32) -> Sweep
                       std_ttft_ms=std)
 
 
-def test_compare_flags_only_worse_beyond_noise():
+def test_compare_never_takes_noise_from_single_requests():
+    """Issue 31: bands of +-627 % came from the spread of single requests; without repeats or earlier runs there
+    is no estimate, and no change is called worse or better."""
     earlier = [point(1, 100.0, 50.0, 1.0), point(8, 400.0, 80.0, 40.0)]
     now = [point(1, 90.0, 53.0, 1.0), point(8, 440.0, 95.0, 40.0), point(16, 500.0, 100.0, 1.0)]
     deltas = {(d.max_concurrency, d.metric): d for d in compare(now, earlier, ["output_throughput", "median_ttft_ms"])}
     assert len(deltas) == 4                                       # c=16 has nothing to compare with
-    assert deltas[(1, "output_throughput")].worse                 # -10 % beyond the 5 % floor
     assert deltas[(1, "output_throughput")].change_pct == pytest.approx(-10.0)
-    assert deltas[(1, "median_ttft_ms")].worse                    # +6 %, noise ~0.4 % -> floor 5 %
-    assert not deltas[(8, "output_throughput")].worse             # better
-    noisy = deltas[(8, "median_ttft_ms")]                         # +18.75 % but std 40 ms over 32 requests
-    assert noisy.noise_pct > 18.75 and not noisy.worse
+    assert {d.verdict for d in deltas.values()} == {"no noise estimate"}
+    assert all(d.noise_pct is None and not d.worse for d in deltas.values())
+    history = {(1, "output_throughput"): 6.5, (8, "median_ttft_ms"): 25.0}
+    deltas = {(d.max_concurrency, d.metric): d for d in compare(now, earlier, ["output_throughput", "median_ttft_ms"],
+                                                                history)}
+    assert deltas[(1, "output_throughput")].verdict == "worse"    # -10 % beyond the earlier runs' 6.5 %
+    assert deltas[(1, "output_throughput")].noise_from == "earlier runs"
+    assert deltas[(8, "median_ttft_ms")].verdict == "within noise"  # +18.75 % inside 25 %
+    assert deltas[(1, "median_ttft_ms")].verdict == "no noise estimate"
 
 
 def test_agreement_within_tolerance():

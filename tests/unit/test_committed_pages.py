@@ -5,6 +5,7 @@ outputs/<cluster>/ beside the examples and must not change what these tests see 
 from __future__ import annotations
 
 import os
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -73,3 +74,32 @@ def test_a_run_page_says_why_it_shows_no_findings():
     assert "this run dir keeps no state.json: the findings are in 02-diagnosis.ipynb" in page
     lab = pages.run_page(archive.read_run(examples() / "lab/20261130T150551Z"))
     assert "1 blocker(s)" in lab and "none recorded" not in lab
+
+
+# An absolute path that leads into a run dir (any run id) or a cluster's outputs: dead on any other machine (issue 31).
+INTO_A_RUN_DIR = re.compile(r"(?<![\w.])/(?!\.\.)[\w.-]+(?:/[\w.-]+)*/(?:\d{8}T\d{6}Z|outputs\d*/[\w.-]+)(?![\w])")
+# Kept verbatim: the terminal's transcript of an H200 run and the notes a person wrote beside it.
+TRANSCRIPTS = ("console.txt", "README.md")
+
+
+def test_no_committed_run_dir_holds_an_absolute_path_into_a_run_dir():
+    """Evidence, bench_dir, logs, the papermill parameters: all relative to the run dir, so the copy resolves."""
+    root = examples().parents[1]
+    found = {}
+    for path in tracked(f"{EXAMPLES}/*/*/*"):
+        if re.search(r"/\d{8}T\d{6}Z/", path) and not path.endswith(TRANSCRIPTS) \
+                and path.endswith((".json", ".jsonl", ".ipynb", ".html", ".sh", ".md", ".txt")):
+            hits = INTO_A_RUN_DIR.findall((root / path).read_text(errors="replace"))
+            if hits:
+                found[path] = hits[:3]
+    assert found == {}
+
+
+def test_the_absolute_path_pattern_finds_what_issue_31_found():
+    for dead in ('"bench_dir": "/tmp/issue18/outputs/lab/20261201T195946Z/bench"',
+                 "no earlier run with bench results under /tmp/pytest-of-root/pytest-43/outputs0/lab",
+                 "full log: /tmp/sparkbook-runs/h200-duo/20261130T144302Z/logs/03-inspect.txt"):
+        assert INTO_A_RUN_DIR.search(dead), dead
+    for fine in ('"bench_dir": "bench"', "../20261130T150551Z/index.html", "/tmp/sparkbook/logs/serve-1.log",
+                 "/srv/models/hyv4-tiny", '"params_file": "/tmp/lab1-fail05.yaml"'):
+        assert not INTO_A_RUN_DIR.search(fine), fine

@@ -10,6 +10,7 @@ from committed import examples
 from rundirs import make_run, point
 
 from sparkbook import cli
+from sparkbook.core.benchstats import SINGLE_STREAM
 from sparkbook.records import compare, pages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,13 +39,15 @@ def test_params_image_decisions_and_figures_that_changed(two_runs: tuple[Path, P
     assert [(x.what, x.a, x.b) for x in c.decisions] == [("03: Which image serves X?", "img:1", "img:2")]
     figures = {f.name: f for f in c.figures}
     assert figures["peak tok/s"].change_pct == pytest.approx(-20.0)
-    assert figures["single-stream tok/s"].change_pct == pytest.approx(1.0)
+    assert figures[SINGLE_STREAM].change_pct == pytest.approx(1.0)
     assert figures["% of roofline"].b is None and figures["% of roofline"].change_pct is None
     throughput = {d.max_concurrency: d for d in c.deltas if d.metric == "output_throughput"}
-    assert throughput[8].worse and not throughput[1].worse and throughput[8].noise_pct == 5.0
+    assert {throughput[8].verdict, throughput[1].verdict} == {"no noise estimate"}  # no repeats, no earlier runs
     text = c.text()
     assert "image: img:1 -> img:2  (changed)" in text and "vllm: 0.32.0  (same)" in text
-    assert "c=8 output_throughput: 500.00 -> 400.00  -20.0 % (noise +-5.0 %)  WORSE" in text
+    assert "c=8 output_throughput: 500.00 -> 400.00  -20.0 %: no noise estimate" in text
+    assert ("no noise estimate (no repeats in either run and no earlier runs of the same params and image): such "
+            "changes are not judged") in text
     assert "sweep points" not in c.text(sweep=False)
 
 
@@ -62,7 +65,7 @@ def test_the_page_links_both_runs(two_runs: tuple[Path, Path], tmp_path: Path) -
     page = pages.write_compare(compare.compare_runs(a, b), tmp_path / "elsewhere" / "c.html")
     hrefs = re.findall(r'href="([^"]+)"', page.read_text())
     assert len(hrefs) == 2 and all((page.parent / h).resolve().exists() for h in hrefs)
-    assert "worse beyond noise" in page.read_text() and "params.serve.max_num_seqs" in page.read_text()
+    assert "no noise estimate" in page.read_text() and "params.serve.max_num_seqs" in page.read_text()
 
 
 def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path], tmp_path: Path,
@@ -70,7 +73,7 @@ def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path
     assert cli.main(["compare", "20261201T100000Z", "20261201T110000Z", "--outputs", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "params.serve.max_num_seqs: 16 -> 32" in out
-    assert (tmp_path / "lab" / "compare-20261201T100000Z-20261201T110000Z.html").exists()
+    assert (tmp_path / "lab" / "compare" / "20261201T100000Z-vs-20261201T110000Z.html").exists()
     assert cli.main(["compare", "20261201T100000Z", "29990101T000000Z", "--outputs", str(tmp_path)]) == 1
     assert "no run dir of that id" in capsys.readouterr().err
 
@@ -96,3 +99,19 @@ def test_a_baseline_with_bench_results_only_still_compares_its_points(two_runs: 
     assert c.a.kind == "unreadable" and "no manifest.json" in c.a.status
     assert {d.max_concurrency for d in c.deltas} == {1, 8}
     assert not any(x.differs for x in c.image)  # nothing recorded for A: no change claimed
+
+
+def test_earlier_runs_of_the_same_params_and_image_give_the_band(tmp_path: Path) -> None:
+    """Runs without repeats: the band is the spread of the figure over the runs before both, with B's params and
+    image (A and B themselves left out); a run of other params does not count."""
+    lab = tmp_path / "lab"
+    for run_id, tok_s in (("20261201T080000Z", 100.0), ("20261201T090000Z", 104.0)):
+        make_run(lab, run_id, points=[point(1, tok_s)])
+    make_run(lab, "20261201T093000Z", points=[point(1, 300.0)], params_yaml="cluster: lab\nother: 1\n")
+    a = make_run(lab, "20261201T100000Z", points=[point(1, 102.0)])
+    b = make_run(lab, "20261201T110000Z", points=[point(1, 92.0)])
+    d = next(d for d in compare.compare_runs(a, b).deltas if d.metric == "output_throughput")
+    assert d.noise_from == "earlier runs" and d.noise_pct == pytest.approx(100.0 * 4.0 / 102.0)
+    assert d.verdict == "worse"  # -9.8 % outside +-3.9 %
+    assert "c=1 output_throughput: 102.00 -> 92.00  -9.8 %: worse (noise +-3.9 % from earlier runs)" in \
+        compare.compare_runs(a, b).text()

@@ -65,6 +65,11 @@ def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: P
     assert written["notebooks"][2]["duration_s"] > 0
     index = (run_dir / "index.html").read_text()
     assert all(f'href="{n}"' in index for n in ("01-first.ipynb", "02-second.ipynb", "03-third.ipynb"))
+    assert all(f'href="{n}"' in index for n in ("01-first.html", "02-second.html", "03-third.html"))
+    assert [nb.html for nb in manifest.notebooks] == ["01-first.html", "02-second.html", "03-third.html"]
+    assert "because" in (run_dir / "02-second.html").read_text()  # nbconvert's page of the executed notebook
+    assert manifest.sparkbook_version == "0.1.0" and len(manifest.sparkbook_commit or "") == 40
+    assert manifest.params_hash and manifest.params_hash in index and "written by sparkbook 0.1.0" in index
     assert "because" in index
     assert TOKEN not in _all_text(run_dir) and "[REDACTED]" in (run_dir / "01-first.ipynb").read_text()
     archive = driver.pack_run(run_dir)
@@ -74,7 +79,7 @@ def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: P
 def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
     run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks,
                                     parameters={"fail": True}, say=lambda _: None)
-    assert [nb.status for nb in manifest.notebooks] == ["ok", "failed", "pending"]
+    assert [nb.status for nb in manifest.notebooks] == ["ok", "failed", "not run"]
     failed = manifest.notebooks[1]
     assert failed.exception["ename"] == "AssertionError" and "planted failure" in failed.exception["evalue"]
     assert failed.exception["cell_index"] is not None
@@ -88,6 +93,16 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
     assert run_dir2 == run_dir
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
     assert not any("01-first" in line for line in seen), "resume must not rerun what succeeded"
+
+
+def test_an_only_run_is_partial_in_its_manifest(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    """Issue 31: an --only 02 run said "ok" in its manifest with the other notebooks "pending"."""
+    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="02",
+                                   say=lambda _: None)
+    assert manifest.status == "partial"
+    assert [nb.status for nb in manifest.notebooks] == ["skipped (--only 02)", "ok", "skipped (--only 02)"]
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "partial"
+    assert "partial: 02 ran" in (run_dir / "index.html").read_text()
 
 
 def test_only_and_from_select_notebooks() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,7 +42,7 @@ from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
-from ...core.sweeppoint import Stall, SweepPoint, write_point
+from ...core.sweeppoint import GpuClocks, Stall, SweepPoint, write_point
 from .client import (
     TEMPERATURE,
     CompletionsServer,
@@ -56,6 +56,8 @@ from .client import (
     text_prompts,
     tokenize,
 )
+from .clocks import Sampler, gpu_nodes
+from .clocks import summarize as summarize_clocks
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Point:
     records: list[RequestRecord]  # every repeat's, in order
     repeats: list[dict[str, float | None]]  # each repeat's REPEAT_METRICS
     stalls: list[Stall]
+    clocks: list[GpuClocks] = field(default_factory=list)  # per GPU through the repeats (none: not sampled)
+    clocks_note: str | None = None  # why no clocks were sampled, or which node stopped answering
 
 
 class LoadRunner(Protocol):
@@ -167,11 +171,11 @@ class ServerGone(BenchmarkError):
 
 
 def measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
-                  timeout_s: float) -> Point:
+                  timeout_s: float, sampler: Sampler | None = None) -> Point:
     """Warm up, then `repeats` times `num_prompts` fresh prompts at `concurrency`, between two /metrics scrapes.
     Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
     try:
-        return _measure_point(target, plan, pool, concurrency, runner, timeout_s)
+        return _measure_point(target, plan, pool, concurrency, runner, timeout_s, sampler or Sampler([]))
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise ServerGone(f"the server at {target.base_url} ({target.model}) stopped answering during the "
                          f"c={concurrency} point: {type(exc).__name__}: {str(exc)[:200]}",
@@ -179,12 +183,13 @@ def measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int
 
 
 def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
-                   runner: LoadRunner, timeout_s: float) -> Point:
+                   runner: LoadRunner, timeout_s: float, sampler: Sampler) -> Point:
     warm_up(target, plan, pool, concurrency, timeout_s)
     prompt_sets = [text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=prompt_seed(concurrency, r))
                    for r in range(plan.repeats)]
     before = metrics(target)
-    runs = [runner(prompts, plan.output_len, concurrency, timeout_s) for prompts in prompt_sets]
+    with sampler:
+        runs = [runner(prompts, plan.output_len, concurrency, timeout_s) for prompts in prompt_sets]
     after = metrics(target)
     by_repeat = [[r for load in loads for r in load.records] for loads in runs]
     summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
@@ -197,8 +202,10 @@ def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[in
                for i, loads in enumerate(zip(*runs, strict=False))]
     baseline = min((m for m in map(median_ttft_ms, by_repeat) if m is not None), default=None)
     stalls = [s for r, records in enumerate(by_repeat) if (s := find_stall(records, concurrency, r, baseline))]
+    note = "; ".join(f"{n}: {why}" for n, why in sampler.errors.items()) or None if sampler.nodes else \
+        "not sampled: no node lists GPUs (params nodes[].gpus)"
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
-                 stalls)
+                 stalls, summarize_clocks(sampler.samples, plan.clock_drop), note)
 
 
 def server_counts(result: SweepPoint) -> dict[str, int]:
@@ -208,24 +215,28 @@ def server_counts(result: SweepPoint) -> dict[str, int]:
 
 
 def sweep(target: CompletionsServer, plan: BenchmarkPlan, runner: LoadRunner,
-          on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """Every concurrency of the plan, in order, each within its point_timeout_s; `on_point` is told after each."""
+          on_point: Callable[[Point], None] | None = None, sampler: Sampler | None = None) -> list[Point]:
+    """Every concurrency of the plan, in order, each within its point_timeout_s; `on_point` is told after each;
+    `sampler` samples the GPUs' clocks through each point's repeats."""
     pool = prompt_pool(target)
     points = []
     for concurrency in plan.concurrency:
-        points.append(measure_point(target, plan, pool, concurrency, runner, point_timeout_s(plan, concurrency)))
+        points.append(measure_point(target, plan, pool, concurrency, runner, point_timeout_s(plan, concurrency),
+                                    sampler))
         if on_point:
             on_point(points[-1])
     return points
 
 
 def run_sweep(target: CompletionsServer, plan: BenchmarkPlan,
-              on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """The sweep from this process (clients == 1) or from `plan.clients` ipyparallel engines."""
+              on_point: Callable[[Point], None] | None = None, nodes: list[Node] | None = None) -> list[Point]:
+    """The sweep from this process (clients == 1) or from `plan.clients` ipyparallel engines; the clocks of the
+    GPUs of `nodes` (those that list GPUs) sampled through every point."""
+    sampler = Sampler(gpu_nodes(nodes or []))
     if plan.clients == 1:
-        return sweep(target, plan, local_runner(target), on_point=on_point)
+        return sweep(target, plan, local_runner(target), on_point=on_point, sampler=sampler)
     with Engines(plan.clients) as engines:
-        return sweep(target, plan, engines.runner(target), on_point=on_point)
+        return sweep(target, plan, engines.runner(target), on_point=on_point, sampler=sampler)
 
 
 def memory_bandwidth(plan: BenchmarkPlan, head: Node) -> tuple[float, str]:
@@ -272,7 +283,8 @@ def saved_point(point: Point, target: CompletionsServer, plan: BenchmarkPlan, cl
                       "repeats": point.repeats, "stalls": point.stalls,
                       "server_cross_check": [asdict(c) for c in point.cross_checks],
                       "client_load": [asdict(c) for c in point.clients],
-                      "chunk_tokens": [r.chunk_tokens for r in ok]},
+                      "chunk_tokens": [r.chunk_tokens for r in ok],
+                      "clocks": [asdict(c) for c in point.clocks], "clocks_note": point.clocks_note},
     })
 
 

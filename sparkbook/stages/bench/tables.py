@@ -1,12 +1,12 @@
 """06's tables and the roofline's worked formula: the rows and markdown the notebook shows of its sweep points."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...core.benchstats import BatchCeiling, StepModel, repeat_spread
 from ...core.params import BenchmarkPlan
-from ...core.sweeppoint import SweepPoint
+from ...core.sweeppoint import GpuClocks, SweepPoint
 from .sweep import Point
 
 
@@ -17,6 +17,20 @@ def stall_rows(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
              "TTFT ms p99": round(s.p99_ttft_ms, 1), "requests hit": len(s.requests),
              "request index: TTFT ms": ", ".join(f"{q['index']}: {q['ttft_ms']:,.0f}" for q in s.requests)}
             for p in points for s in p.sparkbook.stalls]
+
+
+def clock_columns(p: SweepPoint) -> dict[str, Any]:
+    """The GPUs' clocks through the point, beside its figures: SM MHz start→lowest, hottest, mean power, and the
+    drop flagged beyond benchmark.clock_drop (per GPU, `node/gpu`); why not, where nothing was sampled."""
+    clocks = p.sparkbook.clocks
+    if not clocks:
+        return {"GPU clocks": p.sparkbook.clocks_note or "not recorded"}
+    def each(value: Callable[[GpuClocks], float | None]) -> str:
+        return "; ".join(f"{c.node}/{c.gpu} " + ("-" if value(c) is None else f"{value(c):.0f}") for c in clocks)
+    return {"SM MHz start": each(lambda c: c.sm_start_mhz), "SM MHz min": each(lambda c: c.sm_min_mhz),
+            "temp °C max": each(lambda c: c.temperature_max_c), "power W mean": each(lambda c: c.power_mean_w),
+            "clock drop": "; ".join(f"{c.node}/{c.gpu} {c.drop_pct:.1f} %" + (" DROPPED" if c.dropped else "")
+                                    for c in clocks if c.drop_pct is not None) or None}
 
 
 def table(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
@@ -31,7 +45,7 @@ def table(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
         return {"repeats": len(tput.values) if tput else 1,
                 "tok/s min-max": f"{tput.low:,.1f}-{tput.high:,.1f}" if tput else None,
                 "stdev %": r(tput.stdev_pct, 2) if tput else None,
-                "stalled repeats": ", ".join(str(s.repeat) for s in stalls) or None}
+                "stalled repeats": ", ".join(str(s.repeat) for s in stalls) or None, **clock_columns(p)}
 
     return [{"concurrency": p.max_concurrency, "completed": p.completed, "failed": p.failed,
              "output tok/s": r(p.output_throughput), **extras(p), "req/s": r(p.request_throughput, 2),

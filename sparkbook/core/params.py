@@ -31,6 +31,7 @@ _NETDEV = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 _ARG = re.compile(r"^[A-Za-z0-9._,:/@+=%{}\"'\[\] -]*$")
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SIZE = re.compile(r"^[0-9]+[KMGkmg]?$")
+_PROSE = re.compile(r"^[\w .,:?!'\"()/-]*$")  # a question in any script; no shell operators, no newline
 SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}")
 
 
@@ -59,6 +60,7 @@ NetDev = Annotated[str, _matches(_NETDEV, "network interface name")]
 Arg = Annotated[str, _matches(_ARG, "command-line argument"), AfterValidator(_no_secret)]
 Size = Annotated[str, _matches(_SIZE, "size (e.g. 128M, 1G)")]
 Parser = Annotated[str, _matches(_NAME, "vLLM parser name")]
+Prose = Annotated[str, _matches(_PROSE, "sentence (letters, digits, spaces, .,:?!'\"()/-)")]
 Env = dict[EnvName, EnvValue]
 
 
@@ -183,6 +185,20 @@ class RaySettings(Strict):
     join_timeout_s: float = Field(120, gt=0)
 
 
+class SmokeCheck(Strict):
+    """What 05's smoke test asks and expects: a question a real instruct model answers, and, where a tool-call
+    parser runs, one tool call that must come back parsed (broken FP8 output, a wrong chat template and a parser
+    that does not match the model all pass a test that accepts any text)."""
+
+    prompt: Prose = Field("What is the capital of France? Answer with the name of the city only.", min_length=1,
+                        max_length=2000, description="the chat request's question")
+    expect: Prose | None = Field("Paris", min_length=1, max_length=200, description="text the chat answer must "
+                               "contain, case-insensitive (null: any text, for a model that cannot answer, as the "
+                               "lab's tiny model)")
+    tool_call: bool = Field(True, description="with serve.tool_call_parser set, one request the model must answer "
+                            "with a call of the test's tool, parsed into tool_calls")
+
+
 class ServeSettings(Strict):
     port: int = Field(8000, ge=1, le=65535)
     executor: Literal["ray", "mp"] = "ray"
@@ -205,6 +221,7 @@ class ServeSettings(Strict):
                                              "it (under model.cache_dir, which is mounted); 05 checks it exists")
     smoke_max_tokens: int | None = Field(None, ge=1, le=32768, description="tokens per smoke-test request (default: "
                                          "1024 with a reasoning parser, where the model thinks first; 32 without)")
+    smoke: SmokeCheck = SmokeCheck()
     extra_args: list[Arg] = []
     env: Env = {}
     node_env: dict[Name, Env] = {}

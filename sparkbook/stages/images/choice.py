@@ -7,11 +7,13 @@
     compute_capabilities(ctx) / node_machines(ctx)     what the nodes need
     classify(facts, registry, inspection, ...) -> ImageVerdict
     evaluate(ctx, image, target, caps, machines) -> Candidate   every probe of one candidate, and its verdict
+                                                       (with one GPU operation where it is usable: gpuop.py)
     rows / inspection_logs / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision
     image_policy(ctx) / image_state / summary
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from ...core.modelinfo import ModelFacts
 from ...core.nodes import Node
 from ...core.record import Alternative, Decision
 from ...core.state import MissingState
+from .gpuop import GpuOp, kernel_mismatch, probe_gpu_op
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Candidate:
     registry: RegistryProbe
     inspection: InspectionProbe
     verdict: ImageVerdict
+    gpu_op: GpuOp | None = None  # None: no node lists GPUs, or the image was not usable before it
 
     @property
     def image(self) -> str:
@@ -306,7 +310,31 @@ def evaluate(ctx: Context, image: str, target: ModelTarget, capabilities: dict[s
         inspection = probe_inspection(ctx, image, target)
     verdict = classify(facts, registry, inspection, executor=ctx.params.serve.executor, capabilities=capabilities,
                        machines=machines)
-    return Candidate(facts, registry, inspection, verdict)
+    gpu_node = _gpu_node(ctx)
+    if not verdict.usable or gpu_node is None:
+        return Candidate(facts, registry, inspection, verdict)
+    op = probe_gpu_op(ctx, image, gpu_node)
+    return Candidate(facts, registry, inspection, with_gpu_op(verdict, op), op)
+
+
+def _gpu_node(ctx: Context) -> Node | None:
+    """Where the GPU operation runs: the head where params list GPUs for it, else the first node that lists any."""
+    listed = [s.name for s in ctx.params.nodes if s.gpus]
+    name = ctx.head.name if ctx.head.name in listed else next(iter(listed), None)
+    return ctx.cluster.nodes[name] if name else None
+
+
+def with_gpu_op(verdict: ImageVerdict, op: GpuOp) -> ImageVerdict:
+    """The verdict after the GPU operation: kernels without code for the GPU block the image; another failure is
+    a finding (the node's driver or a busy GPU fails every image alike, so it is not held against this one)."""
+    mismatch = kernel_mismatch(op)
+    if mismatch:
+        return dataclasses.replace(verdict, blocking=[*verdict.blocking, mismatch])
+    if op.failure is None:
+        return verdict
+    line = op.failure.strip().splitlines()[-1][:200]
+    return dataclasses.replace(verdict, flags=[*verdict.flags, f"the GPU operation on {op.node} failed, not for want "
+                                               f"of kernels: {line}"])
 
 
 def _not_probed(image: str, architecture: str, why: str) -> tuple[RegistryProbe, InspectionProbe]:
@@ -334,7 +362,8 @@ def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
                         + (f" ({r.error})" if r.error else ""),
             "registry s": r.duration_s,
             "inspection": "passes" if i.inspected else (i.cause or i.error_line or i.probe_error),
-            "inspection s": i.duration_s, "facts s": f.duration_s, "verdict": v.status,
+            "inspection s": i.duration_s, "facts s": f.duration_s,
+            "GPU op": c.gpu_op.cell() if c.gpu_op else "-", "verdict": v.status,
             "findings": "; ".join(v.blocking + v.flags) or "-"})
     return out
 
@@ -437,5 +466,6 @@ def summary(candidates: list[Candidate], decision: Decision, copied: str) -> str
     """The closing findings, one line per candidate plus the choice and the copy."""
     lines = [f"- {c.image} (vLLM {c.facts.vllm_version}): {c.verdict.status}; "
              f"registry {c.registry.duration_s:.1f} s, inspection {c.inspection.duration_s:.1f} s"
+             + (f", GPU op {c.gpu_op.cell()}" if c.gpu_op else "")
              + "".join(f"; {f}" for f in c.verdict.blocking + c.verdict.flags) for c in candidates]
     return "\n".join([*lines, f"- chosen: {decision.choice}", f"- distribution: {copied}"])

@@ -128,6 +128,12 @@ class DockerRuntime(Strict):
     privileged: bool = False
     nofile: int | None = Field(1048576, ge=1024, description="open-files ulimit in containers (null: the daemon's)")
     env: Env = {}
+    cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
+                                         "on each node, mounted in its container at the same path so a new container "
+                                         "compiles nothing the last one did (default: sparkbook-cache beside "
+                                         "model.cache_dir)")
+    pull: bool = Field(False, description="docker pull every candidate on the head before 03 probes them (where it "
+                       "reaches a registry; a failed pull is reported and the local copy probed)")
     image_policy: Literal["keep_installed", "newest"] = Field(
         "keep_installed", description="keep_installed: keep installed_image where it loads the model natively, has "
         "no blocking finding and is on every node with one ID; newest: the newest usable candidate")
@@ -181,6 +187,9 @@ class CleanupTargets(Strict):
 class RaySettings(Strict):
     port: int = Field(6379, ge=1, le=65535)
     num_cpus: int | None = Field(None, ge=1)
+    object_store_gib: float = Field(1.0, ge=0.1, le=1024, description="Ray's object store per node (its default "
+                                    "is 30 % of memory, which a unified-memory GB10 needs for the model; vLLM moves "
+                                    "tensors over NCCL, not the object store)")
     env: Env = {}
     join_timeout_s: float = Field(120, gt=0)
 

@@ -31,6 +31,7 @@ from ...core.nodes import Node
 from ...core.record import Alternative, Decision
 from ...core.state import MissingState
 from .gpuop import GpuOp, kernel_mismatch, probe_gpu_op
+from .tags import TagHistory
 
 
 @dataclass(frozen=True)
@@ -348,13 +349,16 @@ class NoUsableImage(SparkbookError):
     stage = "03-image-selection"
 
 
-def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
-    """The candidates table: versions, each probe's result and time, the verdict."""
+def rows(candidates: list[Candidate], history: dict[str, TagHistory] | None = None) -> list[dict[str, object]]:
+    """The candidates table: versions, each probe's result and time, the verdict, and (`history`) whether the
+    name still means the image an earlier run of this cluster probed."""
     out = []
     for c in candidates:
         f, r, i, v = c.facts, c.registry, c.inspection, c.verdict
         out.append({
-            "image": c.image, "id": (f.image_id or "absent")[:19], "GB": round((f.size_bytes or 0) / 1e9, 2),
+            "image": c.image, "id": (f.image_id or "absent")[:19],
+            "since last run": history[c.image].cell() if history and c.image in history else "-",
+            "GB": round((f.size_bytes or 0) / 1e9, 2),
             "vLLM": f.vllm_version, "torch (CUDA)": f"{f.torch_version} ({f.torch_cuda or 'cpu'})",
             "Python": f.python, "Ray": f.ray_version or "none", "CPU": f.architecture or "-",
             "CUDA archs": " ".join(f.cuda_archs) or "-",
@@ -420,10 +424,11 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
                     ["candidates table above (events.jsonl: image_probe)", *evidence], key="image")
 
 
-def image_policy(ctx: Context) -> tuple[str, str | None]:
-    """(runtime.image_policy, runtime.installed_image); the Python runtime has one candidate: `newest`, none."""
+def image_policy(ctx: Context, recorded: str | None = None) -> tuple[str, str | None]:
+    """(runtime.image_policy, the installed image): runtime.installed_image, else the one 02 probed as the old
+    deployment's (`recorded`, found running by 01); the Python runtime has one candidate: `newest`, none."""
     source = ctx.images
-    return source.policy, source.installed()
+    return source.policy, source.installed() or (recorded if ctx.params.runtime.kind == "docker" else None)
 
 
 def keep_installed(usable: list[Candidate], installed: str | None,

@@ -143,6 +143,8 @@ class PythonRuntime(Strict):
     kind: Literal["python"]
     python: RemotePath = Field(description="interpreter on every node whose environment has vLLM")
     env: Env = {}
+    cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
+                                         "on each node (default: where each tool keeps them, under the home)")
 
 
 class ModelTransfer(Strict):

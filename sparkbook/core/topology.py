@@ -37,10 +37,11 @@ def ray_env(params: Params) -> dict[str, str]:
 
 
 def cache_dir(params: Params) -> str | None:
-    """The compile caches' directory on every node (runtime.cache_dir, else sparkbook-cache beside the model
-    cache); None for the Python runtime, whose processes keep theirs under the user's home anyway."""
+    """The compile caches' directory on every node: runtime.cache_dir, else for containers sparkbook-cache beside the
+    model cache (a new container would start with empty caches); None for the Python runtime by default, whose
+    processes keep theirs under the user's home across starts anyway."""
     if params.runtime.kind != "docker":
-        return None
+        return params.runtime.cache_dir
     return params.runtime.cache_dir or str(PurePosixPath(params.model.cache_dir).parent / "sparkbook-cache")
 
 

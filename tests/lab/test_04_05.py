@@ -108,7 +108,8 @@ def check_env_reaches_every_serving_process(env, ctx, plan):
     params give lab-1 after 04 started its container is missing there, and the check fails naming lab-1."""
     found = {e.node: e for e in environ.read(ctx, plan)}
     assert set(found) == {"lab-0", "lab-1"} and all(e.processes for e in found.values()), found
-    assert "VLLM_CPU_OMP_THREADS_BIND" in found["lab-1"].expected and found["lab-1"].missing == ()
+    assert "VLLM_CPU_OMP_THREADS_BIND" in found["lab-1"].expected
+    assert found["lab-1"].missing == (), [(p.cmd, p.missing) for p in found["lab-1"].processes]
     assert "VLLM_CACHE_ROOT" in found["lab-1"].expected
     environ.check(list(found.values()))
     _, _, _, tmp = env

@@ -1,12 +1,13 @@
 """The environment variable NAMES (never values) of every serving process in this container: `vllm serve` and its
-workers, and Ray's worker processes (`ray::...`), which the raylet forks with the container's env.
+workers, and the Ray actors vLLM runs its workers in (`ray::RayWorkerWrapper...`), which the raylet forks with the
+container's env. Ray's own agents (`ray::DashboardAgent`, ...) are not serving and run with an env of Ray's making.
 
 usage: python3 -c SOURCE   (SOURCE = probes.source("serving_environ")) -> its document, as probes/__init__.py says
 Values stay on the node: they may hold secrets, and the check needs only the names.
 """
 import os
 
-MARKS = ("vllm", "ray::")
+MARKS = ("vllm", "ray::RayWorkerWrapper")
 SELF = "SPARKBOOK-" + "JSON"  # in this probe's own command line (and its wrappers'): not a serving process
 
 

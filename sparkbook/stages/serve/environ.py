@@ -79,8 +79,8 @@ def read(ctx: Context, plan: ServePlan) -> list[NodeEnviron]:
 def check(found: list[NodeEnviron]) -> None:
     """ServeError naming every node whose serving processes lack a name params give it, or where none was found."""
     problems = [f"{e.node}: {', '.join(e.missing)} not in the env of its serving processes" for e in found if e.missing]
-    problems += [f"{e.node}: no serving process found ({e.error or 'no vllm or ray:: process in its container'})"
-                 for e in found if not e.processes]
+    none = "no vllm or ray::RayWorkerWrapper process in its container"
+    problems += [f"{e.node}: no serving process found ({e.error or none})" for e in found if not e.processes]
     if problems:
         raise ServeError("the serving processes lack env that params give their node: " + "; ".join(problems),
                          node=next(e.node for e in found if e.missing or not e.processes),

@@ -1,6 +1,7 @@
 """What each notebook leaves in state.json for the ones after it, one typed model per hand-off.
 
     01-cleanup          CleanupOutcome  "cleanup"    what was stopped and where the restore plan is
+    01-cleanup          OldDeployment   "old_deployment"  the images the old deployment's containers ran
     02-diagnosis        ModelFacts      "model"      (core.modelinfo) the model as its config and files describe it
     02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe,
                                                      each node's memory
@@ -39,6 +40,16 @@ class CleanupOutcome(Handoff):
 
     stopped: list[Action]
     restore_plan: str
+
+
+class OldDeployment(Handoff):
+    """The images the running containers 01 found ran (sparkbook's own left out), with where each ran: 02 and
+    03 take the old deployment's image from here when runtime.installed_image is not set."""
+
+    key = "old_deployment"
+    notebook = "01-cleanup"
+
+    images: dict[str, list[str]]  # image -> ["node/container", ...], the most used first
 
 
 class Diagnosis(Handoff):

@@ -3,7 +3,8 @@
 Shared by 02 (is the model registered in the installed image?) and 03 (every candidate).
     run_probe(ctx, image, name, args) -> (document, error)   a probe script in a fresh container of the image
     probe_registry(ctx, image, architecture) -> RegistryProbe   static parse of the registry, no vLLM import
-    probe_installed(ctx, architecture) -> RegistryProbe | None  the old deployment's image
+    probe_installed(ctx, architecture, found) -> RegistryProbe | None  the old deployment's image (params', else
+                                                      the first image 01 found running that holds vLLM)
 """
 from __future__ import annotations
 
@@ -72,15 +73,38 @@ def probe_registry(ctx: Context, image: str, architecture: str, node: Node | Non
         duration_s=round(time.monotonic() - t0, 2), error=error or doc.get("error", ""))
 
 
-def probe_installed(ctx: Context, architecture: str) -> RegistryProbe | None:
-    """The registry probe of the old deployment's image (runtime.installed_image); None where there is none:
-    a Python runtime has no installed image, and a Docker runtime may name none."""
+def probe_installed(ctx: Context, architecture: str, found: dict[str, list[str]] | None = None
+                    ) -> RegistryProbe | None:
+    """The registry probe of the old deployment's image: runtime.installed_image, else the first of the images
+    01 found running (`found`: image -> where; candidates of params first, then the most used) whose probe reads
+    a vLLM version; None where there is none (a Python runtime has no installed image)."""
     installed = ctx.images.installed()
-    return probe_registry(ctx, installed, architecture) if installed else None
+    if installed:
+        return probe_registry(ctx, installed, architecture)
+    if ctx.params.runtime.kind != "docker":
+        return None
+    listed = ctx.images.candidates()
+    for image in sorted(found or {}, key=lambda i: (i not in listed, -len((found or {})[i]))):
+        probe = probe_registry(ctx, image, architecture)
+        if probe.vllm_version:
+            return probe
+    return None
 
 
-def no_installed_reason(ctx: Context) -> str:
-    return ctx.images.no_installed_reason()
+def no_installed_reason(ctx: Context, found: dict[str, list[str]] | None = None) -> str:
+    if ctx.images.installed() or ctx.params.runtime.kind != "docker" or found is None:
+        return ctx.images.no_installed_reason()
+    seen = ", ".join(f"{image} ({', '.join(where)})" for image, where in found.items()) or "none"
+    return (f"runtime.installed_image is not set, and no image 01 found running holds vLLM (images: {seen}); "
+            "03 probes the candidates")
+
+
+def installed_source(ctx: Context, probe: RegistryProbe | None) -> str:
+    """Where the installed image probed came from, for the notebooks to say."""
+    if probe is None:
+        return "none"
+    return "runtime.installed_image" if ctx.images.installed() else \
+        "not in params: the image of the old deployment's running containers that 01 found, holding vLLM"
 
 
 def _first_line(text: str) -> str:

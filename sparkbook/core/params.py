@@ -31,6 +31,7 @@ _NETDEV = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 _ARG = re.compile(r"^[A-Za-z0-9._,:/@+=%{}\"'\[\] -]*$")
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SIZE = re.compile(r"^[0-9]+[KMGkmg]?$")
+_PROSE = re.compile(r"^[\w .,:?!'\"()/-]*$")  # a question in any script; no shell operators, no newline
 SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}")
 
 
@@ -59,6 +60,7 @@ NetDev = Annotated[str, _matches(_NETDEV, "network interface name")]
 Arg = Annotated[str, _matches(_ARG, "command-line argument"), AfterValidator(_no_secret)]
 Size = Annotated[str, _matches(_SIZE, "size (e.g. 128M, 1G)")]
 Parser = Annotated[str, _matches(_NAME, "vLLM parser name")]
+Prose = Annotated[str, _matches(_PROSE, "sentence (letters, digits, spaces, .,:?!'\"()/-)")]
 Env = dict[EnvName, EnvValue]
 
 
@@ -130,6 +132,12 @@ class DockerRuntime(Strict):
     memory_limit: Size | None = Field(None, description="memory cap of each node's container (docker --memory, swap "
                                       "included; null: none): a runaway start is killed inside it, not sshd (README)")
     env: Env = {}
+    cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
+                                         "on each node, mounted in its container at the same path so a new container "
+                                         "compiles nothing the last one did (default: sparkbook-cache beside "
+                                         "model.cache_dir)")
+    pull: bool = Field(False, description="docker pull every candidate on the head before 03 probes them (where it "
+                       "reaches a registry; a failed pull is reported and the local copy probed)")
     image_policy: Literal["keep_installed", "newest"] = Field(
         "keep_installed", description="keep_installed: keep installed_image where it loads the model natively, has "
         "no blocking finding and is on every node with one ID; newest: the newest usable candidate")
@@ -139,6 +147,8 @@ class PythonRuntime(Strict):
     kind: Literal["python"]
     python: RemotePath = Field(description="interpreter on every node whose environment has vLLM")
     env: Env = {}
+    cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
+                                         "on each node (default: where each tool keeps them, under the home)")
 
 
 class ModelTransfer(Strict):
@@ -183,6 +193,9 @@ class CleanupTargets(Strict):
 class RaySettings(Strict):
     port: int = Field(6379, ge=1, le=65535)
     num_cpus: int | None = Field(None, ge=1)
+    object_store_gib: float = Field(1.0, ge=0.1, le=1024, description="Ray's object store per node (its default "
+                                    "is 30 % of memory, which a unified-memory GB10 needs for the model; vLLM moves "
+                                    "tensors over NCCL, not the object store)")
     env: Env = {}
     join_timeout_s: float = Field(120, gt=0)
 
@@ -203,6 +216,20 @@ def bearer(api_key_env: str | None) -> dict[str, str]:
     """The Authorization header for an API whose key is in `api_key_env` (none when it is None)."""
     key = api_key(api_key_env)
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class SmokeCheck(Strict):
+    """What 05's smoke test asks and expects: a question a real instruct model answers, and, where a tool-call
+    parser runs, one tool call that must come back parsed (broken FP8 output, a wrong chat template and a parser
+    that does not match the model all pass a test that accepts any text)."""
+
+    prompt: Prose = Field("What is the capital of France? Answer with the name of the city only.", min_length=1,
+                        max_length=2000, description="the chat request's question")
+    expect: Prose | None = Field("Paris", min_length=1, max_length=200, description="text the chat answer must "
+                               "contain, case-insensitive (null: any text, for a model that cannot answer, as the "
+                               "lab's tiny model)")
+    tool_call: bool = Field(True, description="with serve.tool_call_parser set, one request the model must answer "
+                            "with a call of the test's tool, parsed into tool_calls")
 
 
 class ServeSettings(Strict):
@@ -227,6 +254,7 @@ class ServeSettings(Strict):
                                              "it (under model.cache_dir, which is mounted); 05 checks it exists")
     smoke_max_tokens: int | None = Field(None, ge=1, le=32768, description="tokens per smoke-test request (default: "
                                          "1024 with a reasoning parser, where the model thinks first; 32 without)")
+    smoke: SmokeCheck = SmokeCheck()
     extra_args: list[Arg] = []
     env: Env = {}
     node_env: dict[Name, Env] = {}

@@ -65,6 +65,8 @@ class Existing:
     env: dict[str, str]
     devices: list[str]
     started_at: str
+    mounts: tuple[str, ...] = ()  # host paths mounted, as the runtime reports them
+    limits: tuple[str, ...] = ()  # ulimits and added capabilities, e.g. "memlock=unlimited", "cap IPC_LOCK"
 
 
 @dataclass(frozen=True)
@@ -163,9 +165,10 @@ class ImageSource(Protocol):
 def runtime_for(params: Params) -> Runtime:
     from .runtime_docker import DockerNodes
     from .runtime_python import PythonNodes
+    from .topology import cache_dir
 
     if isinstance(params.runtime, DockerRuntime):
-        return DockerNodes(params.runtime, params.model.cache_dir, params.secret_values())
+        return DockerNodes(params.runtime, params.model.cache_dir, params.secret_values(), cache_dir(params))
     return PythonNodes(params.runtime, params.secret_values())
 
 

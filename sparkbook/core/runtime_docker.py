@@ -24,8 +24,9 @@ class DockerNodes:
 
     not_reusable: str | None = None
 
-    def __init__(self, spec: DockerRuntime, model_cache: str, secrets: dict[str, str] | None = None):
-        self.spec, self.model_cache, self.secrets = spec, model_cache, secrets or {}
+    def __init__(self, spec: DockerRuntime, model_cache: str, secrets: dict[str, str] | None = None,
+                 cache_dir: str | None = None):
+        self.spec, self.model_cache, self.secrets, self.cache_dir = spec, model_cache, secrets or {}, cache_dir
 
     def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str | None:
         held = image_id_on(node, ref)
@@ -44,15 +45,30 @@ class DockerNodes:
             return []
         return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
 
+    def rdma_limits(self, node: Node) -> dict[str, object]:
+        """Ulimits and capabilities of a node's container: the open-files limit, and where the node has RoCE HCAs
+        what RDMA needs to register memory (NCCL's ibv_reg_mr fails without it): memlock unlimited and, unless
+        privileged, IPC_LOCK (the anchors' non-privileged variant)."""
+        ulimits = [docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)] \
+            if self.spec.nofile else []
+        if not node.spec.roce_hcas:
+            return {"ulimits": ulimits}
+        ulimits.append(docker.types.Ulimit(name="memlock", soft=-1, hard=-1))
+        return {"ulimits": ulimits, **({} if self.spec.privileged else {"cap_add": ["IPC_LOCK"]})}
+
     def existing(self, node: Node, place: Place) -> Existing | None:
         try:
             attrs = self.client(node).containers.get(place.name).attrs
         except docker.errors.NotFound:
             return None
+        host = attrs["HostConfig"]
+        ulimits = tuple(f"{u['Name']}={'unlimited' if u['Soft'] == -1 else u['Soft']}"
+                        for u in host.get("Ulimits") or [])
         return Existing(attrs["Id"], attrs["State"]["Status"], attrs["Image"],
                         dict(e.split("=", 1) for e in attrs["Config"]["Env"] or []),
-                        [d["PathOnHost"] for d in attrs["HostConfig"].get("Devices") or []],
-                        attrs["State"]["StartedAt"])
+                        [d["PathOnHost"] for d in host.get("Devices") or []], attrs["State"]["StartedAt"],
+                        tuple(m["Source"] for m in attrs.get("Mounts") or []),
+                        ulimits + tuple(f"cap {c}" for c in host.get("CapAdd") or []))
 
     def client(self, node: Node) -> docker.DockerClient:
         """The node's Docker client (docker_ssh keeps one per node, shared with the run's other steps)."""
@@ -80,19 +96,18 @@ class DockerNodes:
                          str(image), *command], timeout=timeout + 30)
 
     def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
-        """(Re)create the place's container: host network, shm, model cache, env and the params' secrets (through
-        the Docker API, never on a command line), an init that reaps orphans (killed serve processes leave
-        children), `sleep infinity` as its entrypoint whatever the image declares; returns its ID."""
+        """(Re)create the place's container: host network, shm, model cache and compile caches, env and the
+        params' secrets (through the Docker API, never on a command line), an init that reaps orphans (killed serve
+        processes leave children), `sleep infinity` as its entrypoint whatever the image declares; where the node
+        has RoCE HCAs, what RDMA needs (`rdma_limits`); returns its ID."""
         client = self.client(node)
         self.stop(node, place)
+        volumes = {path: {"bind": path, "mode": "rw"} for path in (self.model_cache, self.cache_dir) if path}
         kwargs: dict[str, object] = dict(
             name=place.name, entrypoint=["sleep", "infinity"], detach=True, network_mode="host", init=True,
             shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env, **self.secrets},
-            labels={LABEL: place.name},
-            volumes={self.model_cache: {"bind": self.model_cache, "mode": "rw"}}, privileged=self.spec.privileged,
-            ulimits=[docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)]
-            if self.spec.nofile else [],
-            devices=[f"{d}:{d}" for d in devices])
+            labels={LABEL: place.name}, volumes=volumes, privileged=self.spec.privileged,
+            devices=[f"{d}:{d}" for d in devices], **self.rdma_limits(node))
         if self.spec.ipc_host:
             kwargs["ipc_mode"] = "host"
         if self.spec.memory_limit:  # swap as large as the cap: the cap holds, swap or not

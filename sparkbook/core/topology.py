@@ -2,6 +2,8 @@
 the Ray address, and whether 04's Ray cluster still stands (04 forms it, 05 and 06 rely on it)."""
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params
 from .runtime import Place, Runtime, Spawned
@@ -24,12 +26,46 @@ def fabric_env(params: Params, spec: NodeSpec) -> dict[str, str]:
            "OMPI_MCA_btl_tcp_if_include": dev}
     if spec.roce_hcas:
         env["NCCL_IB_HCA"] = ",".join(spec.roce_hcas)
-    return {**env, **params.ray.env}
+    return env
+
+
+def ray_env(params: Params) -> dict[str, str]:
+    """Ray's caps as eugr's launch script sets them: the object store capped (ray.object_store_gib), no Python
+    workers started ahead of need (each holds memory the model wants on a unified-memory node)."""
+    return {"RAY_object_store_memory": str(int(params.ray.object_store_gib * 2**30)),
+            "RAY_num_prestart_python_workers": "0"}
+
+
+def cache_dir(params: Params) -> str | None:
+    """The compile caches' directory on every node: runtime.cache_dir, else for containers sparkbook-cache beside the
+    model cache (a new container would start with empty caches); None for the Python runtime by default, whose
+    processes keep theirs under the user's home across starts anyway."""
+    if params.runtime.kind != "docker":
+        return params.runtime.cache_dir
+    return params.runtime.cache_dir or str(PurePosixPath(params.model.cache_dir).parent / "sparkbook-cache")
+
+
+def cache_env(params: Params) -> dict[str, str]:
+    """Where vLLM, Triton, TorchInductor and FlashInfer keep what they compile: inside the mounted cache dir."""
+    root = cache_dir(params)
+    if root is None:
+        return {}
+    return {"VLLM_CACHE_ROOT": f"{root}/vllm", "TRITON_CACHE_DIR": f"{root}/triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor", "FLASHINFER_WORKSPACE_BASE": f"{root}/flashinfer"}
+
+
+def node_env(params: Params, spec: NodeSpec) -> dict[str, str]:
+    """Everything params give one node's processes, set on its container so that every process there has it:
+    `vllm serve`, and the Ray workers the raylet forks, which see the container's env and never the env of the
+    command that asked for them (a serve.node_env of a worker set on the head's command reaches no worker).
+    Later sources win: fabric, Ray's caps, ray.env, caches, serve.env, serve.node_env."""
+    return {**fabric_env(params, spec), **ray_env(params), **params.ray.env, **cache_env(params), **params.serve.env,
+            **params.serve.node_env.get(spec.name, {})}
 
 
 def places(params: Params, image: str) -> dict[str, Place]:
     """The node containers of this stage (05 serves in the same ones)."""
-    return {n.name: Place(n.name, container_name(params, n.name), image, fabric_env(params, n)) for n in params.nodes}
+    return {n.name: Place(n.name, container_name(params, n.name), image, node_env(params, n)) for n in params.nodes}
 
 
 def address(params: Params) -> str:

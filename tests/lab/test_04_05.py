@@ -13,10 +13,11 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
+from sparkbook.core.topology import cache_dir
 from sparkbook.stages.images import distribute
 from sparkbook.stages.raycluster import containers as node_containers
 from sparkbook.stages.raycluster import formation
-from sparkbook.stages.serve import bringup, commands, launch, memory, smoke
+from sparkbook.stages.serve import bringup, commands, environ, launch, memory, smoke
 
 pytestmark = pytest.mark.lab
 LAB_PARAMS = sblab.params_file(2)  # the active lab's (SPARKBOOK_LAB_ID)
@@ -102,6 +103,8 @@ def test_tp2_across_both_nodes_serves_text(env, ray_cluster):
     replies = smoke.smoke_test(plan.base_url, plan.model, plan.settings)
     assert [s.kind for s in replies] == ["chat", "completion"] and all(s.text for s in replies)
     smoke.check_smoke(replies)  # the tiny model has no reasoning parser: its 32 tokens of text pass as before
+    check_env_reaches_every_serving_process(env, ctx, up.launched.plan)
+    check_compile_caches_are_on_the_node(ctx)
     launch.stop_serving(ctx, up.launched)
 
 
@@ -132,3 +135,36 @@ def test_a_refused_flag_is_followed_by_the_settle_check_on_both_nodes(env, ray_c
     assert settled.ok, settled.problem()
     assert [r["node"] for r in settled.rows()] == ["lab-0", "lab-1"]
     assert all(r["after failure GiB"] > 0 and r["after settle GiB"] > 0 for r in settled.rows())
+
+
+def check_env_reaches_every_serving_process(env, ctx, plan):
+    """serve.node_env of lab-1 is in lab-1's serving processes (names read from /proc/<pid>/environ); a variable
+    params give lab-1 after 04 started its container is missing there, and the check fails naming lab-1."""
+    found = {e.node: e for e in environ.read(ctx, plan)}
+    assert set(found) == {"lab-0", "lab-1"} and all(e.processes for e in found.values()), found
+    assert "VLLM_CPU_OMP_THREADS_BIND" in found["lab-1"].expected
+    assert found["lab-1"].missing == (), [(p.cmd, p.missing) for p in found["lab-1"].processes]
+    assert "VLLM_CACHE_ROOT" in found["lab-1"].expected
+    environ.check(list(found.values()))
+    _, _, _, tmp = env
+
+    def late(d):
+        d["serve"]["node_env"]["lab-1"]["SPARKBOOK_PLANTED_LATE"] = "1"
+
+    changed = sparkbook.open_run(_params_file(tmp, "late-env.yaml", late), tmp / "run-late", stage="test")
+    after = environ.read(changed.context(IMAGE), plan)
+    with pytest.raises(commands.ServeError, match=r"lab-1: SPARKBOOK_PLANTED_LATE not in the env of its serving"):
+        environ.check(after)
+    assert [e.missing for e in after if e.node == "lab-0"] == [()]
+    changed.close()
+
+
+def check_compile_caches_are_on_the_node(ctx):
+    """The cache dir is mounted in every node container and vLLM wrote into it (a new container finds it)."""
+    root = cache_dir(ctx.params)
+    for node in ctx.params.nodes:
+        found = ctx.runtime.existing(ctx.cluster.nodes[node.name], ctx.places[node.name])
+        assert found is not None and root in found.mounts, (node.name, found)
+        listing = ctx.runtime.exec(ctx.cluster.nodes[node.name], ctx.places[node.name],
+                                   ["find", root, "-type", "f"], timeout=30)
+        assert listing.ok and listing.stdout.strip(), f"nothing written under {root} on {node.name}"

@@ -94,7 +94,9 @@ def test_the_decision_names_the_serve_output_fields():
     assert d.choice == "the answer in content, the thinking in reasoning_content"
     assert d.evidence == ["--host 0.0.0.0", "--reasoning-parser qwen3",
                           "--tool-call-parser qwen3_coder --enable-auto-tool-choice",
-                          "--chat-template /srv/models/unsloth.jinja", f"max_tokens {smoke.REASONING_TOKENS}"]
+                          "--chat-template /srv/models/unsloth.jinja", f"max_tokens {smoke.REASONING_TOKENS}",
+                          "answer must contain 'Paris' (serve.smoke.expect)",
+                          "a get_weather call parsed into tool_calls"]
     plain = smoke.smoke_decision(ServeSettings())
     assert plain.choice == "text in content, without think tags" and "no serve.reasoning_parser" in plain.evidence
 
@@ -105,3 +107,64 @@ def test_the_lab_models_reply_passes_as_before():
            "decodeUTF charactthod(), will\u0012idathtypeample")
     reply = smoke.judge("chat", {"choices": [{"message": {"role": "assistant", "content": lab}}]}, None, 32)
     assert reply.problem is None and reply.text == lab
+
+
+def test_an_answer_without_the_expected_text_is_a_wrong_answer():
+    plain = body("plain")  # phi-2 on Jeff Walker's formula: text in content, but not what was asked
+    reply = smoke.judge("chat", plain, None, 32, expect="Paris")
+    assert reply.problem.startswith("wrong answer: 'Paris' expected in it, got 'The main ideas")
+    assert "serve.smoke.expect" in reply.remediation and "chat template" in reply.remediation
+    assert smoke.judge("chat", body("split_ok"), "deepseek_r1", 1024, expect="hello").problem is None  # casefold
+
+
+def test_the_expectation_does_not_hide_where_the_answer_is():
+    reply = smoke.judge("chat", body("think_in_content"), None, 1024, expect="Scrum")
+    assert "<think>/</think> tags" in reply.problem  # the parser cause, not "wrong answer"
+
+
+def with_function(data: dict, name: str) -> dict:
+    data["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = name
+    return data
+
+
+def test_a_call_parsed_into_tool_calls_passes():
+    reply = smoke.judge("tool", with_function(body("tool_call_parsed"), "get_weather"), None, 32,
+                        tool_parser="qwen3_coder")
+    assert reply.problem is None and reply.text == 'get_weather({"input_num": 1024})'
+
+
+def test_a_call_of_another_function_or_without_json_arguments_is_unparsed():
+    reply = smoke.judge("tool", body("tool_call_parsed"), None, 32, tool_parser="qwen3_coder")
+    assert reply.problem.startswith("unparsed call: tool_calls holds 'square_the_number(")
+    bad = with_function(body("tool_call_parsed"), "get_weather")
+    bad["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "<parameter=city>Paris"
+    assert smoke.judge("tool", bad, None, 32, tool_parser="hermes").problem.startswith("unparsed call")
+
+
+def test_a_call_left_in_the_text_names_the_parser():
+    reply = smoke.judge("tool", body("tool_call_unparsed"), None, 32, tool_parser="hermes")
+    assert reply.problem.startswith("unparsed call: the model called the tool in its text but tool_calls is empty "
+                                    "(--tool-call-parser hermes did not parse '<tool_call>")
+    assert "qwen3_coder for <function=...> calls" in reply.remediation
+
+
+def test_an_answer_without_any_call_is_no_tool_call():
+    reply = smoke.judge("tool", body("plain"), None, 32, tool_parser="qwen3_coder")
+    assert reply.problem.startswith("no tool call: the model answered in text ('The main ideas")
+
+
+def test_the_tool_request_is_made_only_with_a_tool_parser_and_the_check_on():
+    kinds = [k for k, *_ in smoke.requests(ServeSettings())]
+    assert kinds == ["chat", "completion"]
+    on = smoke.requests(ServeSettings(tool_call_parser="qwen3_coder"))
+    assert [k for k, *_ in on] == ["chat", "completion", "tool"] and on[2][2]["tools"] == [smoke.TOOL]
+    off = ServeSettings.model_validate({"tool_call_parser": "qwen3_coder", "smoke": {"tool_call": False}})
+    assert [k for k, *_ in smoke.requests(off)] == ["chat", "completion"]
+    assert smoke.requests(ServeSettings())[0][2]["messages"][0]["content"].startswith("What is the capital of France")
+
+
+def test_dummy_weights_answer_noise_so_the_answer_is_not_checked():
+    assert smoke.expectation(ServeSettings()) == "Paris"
+    assert smoke.expectation(ServeSettings(extra_args=["--load-format", "dummy"])) is None
+    assert smoke.expectation(ServeSettings(extra_args=["--load-format=dummy"])) is None
+    assert smoke.expectation(ServeSettings.model_validate({"smoke": {"expect": None}})) is None

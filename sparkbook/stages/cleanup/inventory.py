@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from ...core.context import Context
 from ...core.docker_ssh import docker_client, unavailable
+from ...core.handoff import OldDeployment
 from ...core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
 from ...core.nodes import Node, Outcome, shell
 from ...core.params import CleanupTargets
+from ...core.runtime_docker import LABEL
 from .ownership import SHOW_PROPERTIES, DockerClientProcess, docker_clients, family, parse_show, tree
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
@@ -94,6 +96,17 @@ class Inventory:
         rss = sum(c.rss_mib for c in self.containers if c.pids and set(c.pids) <= set(pids))
         gpu = sum(a.used_mib or 0 for a in self.gpu_apps if a.pid in pids)
         return ports, next((self.health[p] for p in ports if p in self.health), ""), round(rss, 1), gpu
+
+
+def old_deployment(inventories: list[Inventory]) -> OldDeployment:
+    """The images of every running container the inventories found, sparkbook's own left out (its label): what the
+    old deployment runs, for 02 and 03 where params name no installed image."""
+    where: dict[str, list[str]] = {}
+    for inv in inventories:
+        for c in inv.containers:
+            if c.state == "running" and LABEL not in c.labels:
+                where.setdefault(c.image, []).append(f"{inv.node}/{c.name}")
+    return OldDeployment(images=dict(sorted(where.items(), key=lambda kv: -len(kv[1]))))
 
 
 def _containers(node: Node) -> tuple[list[Container], str]:

@@ -7,11 +7,13 @@
     compute_capabilities(ctx) / node_machines(ctx)     what the nodes need
     classify(facts, registry, inspection, ...) -> ImageVerdict
     evaluate(ctx, image, target, caps, machines) -> Candidate   every probe of one candidate, and its verdict
+                                                       (with one GPU operation where it is usable: gpuop.py)
     rows / inspection_logs / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision
     image_policy(ctx) / image_state / summary
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from ...core.modelinfo import ModelFacts
 from ...core.nodes import Node
 from ...core.record import Alternative, Decision
 from ...core.state import MissingState
+from .gpuop import GpuOp, kernel_mismatch, probe_gpu_op
+from .tags import TagHistory
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class Candidate:
     registry: RegistryProbe
     inspection: InspectionProbe
     verdict: ImageVerdict
+    gpu_op: GpuOp | None = None  # None: no node lists GPUs, or the image was not usable before it
 
     @property
     def image(self) -> str:
@@ -306,7 +311,31 @@ def evaluate(ctx: Context, image: str, target: ModelTarget, capabilities: dict[s
         inspection = probe_inspection(ctx, image, target)
     verdict = classify(facts, registry, inspection, executor=ctx.params.serve.executor, capabilities=capabilities,
                        machines=machines)
-    return Candidate(facts, registry, inspection, verdict)
+    gpu_node = _gpu_node(ctx)
+    if not verdict.usable or gpu_node is None:
+        return Candidate(facts, registry, inspection, verdict)
+    op = probe_gpu_op(ctx, image, gpu_node)
+    return Candidate(facts, registry, inspection, with_gpu_op(verdict, op), op)
+
+
+def _gpu_node(ctx: Context) -> Node | None:
+    """Where the GPU operation runs: the head where params list GPUs for it, else the first node that lists any."""
+    listed = [s.name for s in ctx.params.nodes if s.gpus]
+    name = ctx.head.name if ctx.head.name in listed else next(iter(listed), None)
+    return ctx.cluster.nodes[name] if name else None
+
+
+def with_gpu_op(verdict: ImageVerdict, op: GpuOp) -> ImageVerdict:
+    """The verdict after the GPU operation: kernels without code for the GPU block the image; another failure is
+    a finding (the node's driver or a busy GPU fails every image alike, so it is not held against this one)."""
+    mismatch = kernel_mismatch(op)
+    if mismatch:
+        return dataclasses.replace(verdict, blocking=[*verdict.blocking, mismatch])
+    if op.failure is None:
+        return verdict
+    line = op.failure.strip().splitlines()[-1][:200]
+    return dataclasses.replace(verdict, flags=[*verdict.flags, f"the GPU operation on {op.node} failed, not for want "
+                                               f"of kernels: {line}"])
 
 
 def _not_probed(image: str, architecture: str, why: str) -> tuple[RegistryProbe, InspectionProbe]:
@@ -320,13 +349,16 @@ class NoUsableImage(SparkbookError):
     stage = "03-image-selection"
 
 
-def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
-    """The candidates table: versions, each probe's result and time, the verdict."""
+def rows(candidates: list[Candidate], history: dict[str, TagHistory] | None = None) -> list[dict[str, object]]:
+    """The candidates table: versions, each probe's result and time, the verdict, and (`history`) whether the
+    name still means the image an earlier run of this cluster probed."""
     out = []
     for c in candidates:
         f, r, i, v = c.facts, c.registry, c.inspection, c.verdict
         out.append({
-            "image": c.image, "id": (f.image_id or "absent")[:19], "GB": round((f.size_bytes or 0) / 1e9, 2),
+            "image": c.image, "id": (f.image_id or "absent")[:19],
+            "since last run": history[c.image].cell() if history and c.image in history else "-",
+            "GB": round((f.size_bytes or 0) / 1e9, 2),
             "vLLM": f.vllm_version, "torch (CUDA)": f"{f.torch_version} ({f.torch_cuda or 'cpu'})",
             "Python": f.python, "Ray": f.ray_version or "none", "CPU": f.architecture or "-",
             "CUDA archs": " ".join(f.cuda_archs) or "-",
@@ -334,7 +366,8 @@ def rows(candidates: list[Candidate]) -> list[dict[str, object]]:
                         + (f" ({r.error})" if r.error else ""),
             "registry s": r.duration_s,
             "inspection": "passes" if i.inspected else (i.cause or i.error_line or i.probe_error),
-            "inspection s": i.duration_s, "facts s": f.duration_s, "verdict": v.status,
+            "inspection s": i.duration_s, "facts s": f.duration_s,
+            "GPU op": c.gpu_op.cell() if c.gpu_op else "-", "verdict": v.status,
             "findings": "; ".join(v.blocking + v.flags) or "-"})
     return out
 
@@ -391,10 +424,11 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
                     ["candidates table above (events.jsonl: image_probe)", *evidence], key="image")
 
 
-def image_policy(ctx: Context) -> tuple[str, str | None]:
-    """(runtime.image_policy, runtime.installed_image); the Python runtime has one candidate: `newest`, none."""
+def image_policy(ctx: Context, recorded: str | None = None) -> tuple[str, str | None]:
+    """(runtime.image_policy, the installed image): runtime.installed_image, else the one 02 probed as the old
+    deployment's (`recorded`, found running by 01); the Python runtime has one candidate: `newest`, none."""
     source = ctx.images
-    return source.policy, source.installed()
+    return source.policy, source.installed() or (recorded if ctx.params.runtime.kind == "docker" else None)
 
 
 def keep_installed(usable: list[Candidate], installed: str | None,
@@ -437,5 +471,6 @@ def summary(candidates: list[Candidate], decision: Decision, copied: str) -> str
     """The closing findings, one line per candidate plus the choice and the copy."""
     lines = [f"- {c.image} (vLLM {c.facts.vllm_version}): {c.verdict.status}; "
              f"registry {c.registry.duration_s:.1f} s, inspection {c.inspection.duration_s:.1f} s"
+             + (f", GPU op {c.gpu_op.cell()}" if c.gpu_op else "")
              + "".join(f"; {f}" for f in c.verdict.blocking + c.verdict.flags) for c in candidates]
     return "\n".join([*lines, f"- chosen: {decision.choice}", f"- distribution: {copied}"])

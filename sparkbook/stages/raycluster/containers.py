@@ -33,6 +33,8 @@ class NodeContainer:
     fabric_ip: str
     netdev: str
     netdev_ips: list[str]
+    mounts: tuple[str, ...] = ()
+    limits: tuple[str, ...] = ()
 
     @property
     def fabric_ip_present(self) -> bool:
@@ -42,6 +44,7 @@ class NodeContainer:
         return {"node": self.node, "container": self.name, "id": self.id, "image": self.image,
                 "GPUs": "all" if self.gpus else "none", "devices": ", ".join(self.devices) or "-",
                 f"addresses of {self.netdev}": ", ".join(self.netdev_ips) or "none",
+                "mounts": ", ".join(self.mounts) or "-", "limits": ", ".join(self.limits) or "-",
                 "env": " ".join(f"{k}={v}" for k, v in self.env.items())}
 
 
@@ -67,9 +70,11 @@ def start_containers(ctx: Context, image_id: str | None = None) -> list[NodeCont
             raise RayStageError(lacking, node=node.name, remediation="run 03 to distribute it")
         devices = runtime.devices(node)
         cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
+        found = runtime.existing(node, place)  # read back: the table shows what the daemon applied
         return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
                              str(spec.fabric_ip), spec.fabric_netdev,
-                             netdev_ips(ctx.runtime, node, place, spec.fabric_netdev))
+                             netdev_ips(ctx.runtime, node, place, spec.fabric_netdev),
+                             found.mounts if found else (), found.limits if found else ())
 
     outcomes = cluster.fan_out(one)
     if outcomes.failed:

@@ -56,7 +56,8 @@ def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_
     spec = node.spec
     return NodeContainer(node.name, place.name, found.id[:12], place.image or "", bool(spec.gpus), found.devices,
                          place.env, str(spec.fabric_ip), spec.fabric_netdev,
-                         netdev_ips(runtime, node, place, spec.fabric_netdev)), found.started_at
+                         netdev_ips(runtime, node, place, spec.fabric_netdev), found.mounts, found.limits), \
+        found.started_at
 
 
 def reusable(ctx: Context, image_id: str) -> Reuse:

@@ -1,0 +1,101 @@
+"""What params give each node's processes reaches them through its container (issue 30): the worker's own
+serve.node_env, the compile caches beside the model cache, Ray's caps; RDMA limits where the node has HCAs; and
+05's check of the names each serving process holds."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from sparkbook.core import probes, topology
+from sparkbook.core.params import load_params
+from sparkbook.core.runtime_docker import DockerNodes
+from sparkbook.stages.serve import environ
+from sparkbook.stages.serve.commands import ServeError
+
+
+@pytest.fixture
+def duo(write_params, base):
+    base["nodes"][0].update(roce_hcas=["rocep1s0f1", "roceP2p1s0f1"])
+    base["model"]["cache_dir"] = "/home/op/.cache/huggingface"
+    base["serve"].update(env={"VLLM_LOGGING_LEVEL": "DEBUG"}, node_env={base["nodes"][1]["name"]: {"ONLY_W": "1"}})
+    return load_params(write_params(base))
+
+
+def test_a_workers_node_env_is_on_its_own_container_and_no_other(duo):
+    head, worker = duo.head, duo.workers[0]
+    places = topology.places(duo, "img")
+    assert places[worker.name].env["ONLY_W"] == "1" and "ONLY_W" not in places[head.name].env
+    assert places[head.name].env["VLLM_LOGGING_LEVEL"] == places[worker.name].env["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_compile_caches_live_beside_the_model_cache_unless_params_say_where(duo, write_params, base):
+    env = topology.node_env(duo, duo.head)
+    assert topology.cache_dir(duo) == "/home/op/.cache/sparkbook-cache"
+    assert env["VLLM_CACHE_ROOT"] == "/home/op/.cache/sparkbook-cache/vllm"
+    assert {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"} <= set(env)
+    base["runtime"]["cache_dir"] = "/srv/compile"
+    assert topology.cache_dir(load_params(write_params(base))) == "/srv/compile"
+
+
+def test_ray_object_store_is_capped_and_no_workers_prestart_unless_ray_env_says_otherwise(duo, write_params, base):
+    env = topology.node_env(duo, duo.head)
+    assert env["RAY_object_store_memory"] == str(2**30) and env["RAY_num_prestart_python_workers"] == "0"
+    base["ray"] = {"object_store_gib": 4, "env": {"RAY_num_prestart_python_workers": "2"}}
+    env = topology.node_env(load_params(write_params(base)), duo.head)
+    assert env["RAY_object_store_memory"] == str(4 * 2**30) and env["RAY_num_prestart_python_workers"] == "2"
+
+
+def node(spec):
+    return types.SimpleNamespace(spec=spec, name=spec.name)
+
+
+def test_rdma_needs_memlock_unlimited_and_ipc_lock_where_the_node_has_hcas(duo):
+    runtime = DockerNodes(duo.runtime, duo.model.cache_dir)
+    with_hcas = runtime.rdma_limits(node(duo.head))
+    assert [(u["Name"], u["Soft"], u["Hard"]) for u in with_hcas["ulimits"]] == [
+        ("nofile", 1048576, 1048576), ("memlock", -1, -1)]
+    assert with_hcas["cap_add"] == ["IPC_LOCK"]
+    assert runtime.rdma_limits(node(duo.workers[0])).keys() == {"ulimits"}  # no HCAs: no memlock, no capability
+    privileged = DockerNodes(duo.runtime.model_copy(update={"privileged": True}), duo.model.cache_dir)
+    assert "cap_add" not in privileged.rdma_limits(node(duo.head))  # a privileged container holds every capability
+
+
+def test_expected_names_are_what_the_container_carries(duo):
+    want = environ.expected(duo, duo.workers[0].name)
+    assert {"ONLY_W", "VLLM_LOGGING_LEVEL", "VLLM_HOST_IP", "VLLM_CACHE_ROOT", "RAY_object_store_memory"} <= want
+    assert "ONLY_W" not in environ.expected(duo, duo.head.name)
+
+
+def test_a_missing_name_fails_naming_the_node_and_the_names():
+    ok = environ.NodeEnviron("a", ("X", "Y"), (environ.ServingProcess(10, "vllm serve m", ()),))
+    short = environ.NodeEnviron("b", ("X", "Y"), (environ.ServingProcess(11, "ray::RayWorkerWrapper", ("Y",)),
+                                                  environ.ServingProcess(12, "ray::IDLE", ())))
+    environ.check([ok])
+    with pytest.raises(ServeError, match=r"b: Y not in the env of its serving processes") as caught:
+        environ.check([ok, short])
+    assert caught.value.node == "b" and "run 04 again" in caught.value.remediation
+    assert short.row()["missing"] == "Y" and ok.row()["missing"] == "none"
+
+
+def test_a_node_without_serving_processes_is_named():
+    with pytest.raises(ServeError, match=r"b: no serving process found"):
+        environ.check([environ.NodeEnviron("b", ("X",), ())])
+
+
+def test_the_probe_reads_the_names_of_serving_processes_and_not_their_values():
+    """The probe run over this machine's /proc: a process whose command line names vllm is found with its env
+    names; the values are not in the document; the probe's own process is left out."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "vllm-serve-stand-in"],
+                               env={"SPARKBOOK_PROBE_SEES": "secret-value", "PATH": "/usr/bin:/bin"})
+    try:
+        out = subprocess.run([sys.executable, "-c", probes.source("serving_environ")], capture_output=True,
+                             text=True, timeout=60)
+        doc = probes.parse(out.stdout, node="here", probe="serving_environ")
+    finally:
+        sleeper.kill()
+    mine = [p for p in doc["processes"] if p["pid"] == sleeper.pid]
+    assert mine and "SPARKBOOK_PROBE_SEES" in mine[0]["names"] and "secret-value" not in out.stdout
+    assert all("SPARKBOOK-JSON" not in p["cmd"] for p in doc["processes"])

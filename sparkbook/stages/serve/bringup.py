@@ -47,15 +47,29 @@ def missing_chat_template(ctx: Context, serve_plan: ServePlan) -> str | None:
     return ", ".join(n for n, o in outcomes.items() if not (o.ok and o.value)) or None
 
 
+def make_room(ctx: Context, serve_plan: ServePlan) -> float | None:
+    """Before 05 measures memory for a launch: where no running server can be kept for this plan, stop what
+    earlier runs left serving (a replacement is confirmed by now), so that what is measured is what the new server
+    will get, not what the old one holds. The moment serving stopped; None where the running server serves this
+    plan and is kept (nothing is launched, so nothing is measured)."""
+    found, _ = find_running(ctx, serve_plan)
+    if found is not None:
+        return None
+    stopped_at = time.monotonic()
+    stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
+    return stopped_at
+
+
 def bring_up(ctx: Context, serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None,
-             available: dict[str, int] | None = None) -> BringUp:
+             available: dict[str, int] | None = None, stopped_at: float | None = None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
     serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
     gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
     a graph-capture OOM goes straight to --enforce-eager). `available`: each serving node's MemAvailable before the
     first launch (memory.before_launch); after a failed attempt every node must come back within serve.settle_gib of
-    it (memory.settle) or nothing more is tried. Raises ServeError, launching
+    it (memory.settle) or nothing more is tried. `stopped_at`: when `make_room` stopped the earlier server (the
+    cluster has served nothing since). Raises ServeError, launching
     nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone), the
     serve port is taken on the head or serve.chat_template is not there."""
     params = ctx.params
@@ -66,7 +80,7 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     found, why = find_running(ctx, serve_plan)
     if found is not None:
         return found
-    result, current = BringUp(reuse=start_decision(why), stopped_at=time.monotonic()), serve_plan
+    result, current = BringUp(reuse=start_decision(why), stopped_at=stopped_at or time.monotonic()), serve_plan
     stop_earlier(ctx, params.serve.max_remedies + 1)
     taken = port_taken(ctx, serve_plan)
     if taken is not None:

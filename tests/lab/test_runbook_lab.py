@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -100,6 +101,49 @@ def test_planted_secret_is_in_no_written_file(full_run: tuple[Path, Manifest], p
         assert len(members) == len([p for p in run_dir.rglob("*") if p.is_file()])
         for member in members:
             assert planted.encode() not in tar.extractfile(member).read(), member.name
+
+
+def _sparkbook(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    print(out.out, out.err)
+    assert "Traceback" not in out.out + out.err
+    return code, out.out + out.err
+
+
+def test_operator_commands_and_up_after_a_reboot(full_run: tuple[Path, Manifest], node_shells,  # type: ignore[no-untyped-def]
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """plan, status and logs on the running cluster; then the node containers removed as a reboot would (`sparkbook
+    stop` first, recorded), status and logs say it is dark, and `sparkbook up` brings the same plan back."""
+    run_dir, manifest = full_run
+    params, outputs = load_params(manifest.params_file), str(run_dir.parent.parent)
+    files = [manifest.params_file, "--outputs", outputs]
+    code, text = _sparkbook(capsys, "status", *files)
+    assert code == 0 and "/health answers 200" in text and text.count("running") >= 4, text
+    plan_hash = re.search(r"plan ([0-9a-f]{12})", text).group(1)  # type: ignore[union-attr]
+    code, text = _sparkbook(capsys, "logs", *files, "--node", "lab-0")
+    assert code == 0 and "vllm" in text.lower(), text
+    code, text = _sparkbook(capsys, "plan", *files)
+    assert code == 0 and "docker run -d --name " + container_name(params, "lab-0") in text and "ray start" in text
+    assert "vllm serve /" in text and "-e HF_TOKEN" in text, "the secret by name, never its value"
+
+    code, text = _sparkbook(capsys, "stop", *files, "--keep-ray")
+    assert code == 0 and "kept (Ray still runs)" in text, text
+    assert read_events(run_dir, "operator_stop") and _sparkbook(capsys, "status", *files)[0] == cli.EXIT_FAILED
+    for node in ("lab-0", "lab-1"):  # what a reboot does to them: gone, nothing restarts them
+        node_shells[node].run(["docker", "rm", "-f", container_name(params, node)], timeout=60)
+    code, text = _sparkbook(capsys, "status", *files)
+    assert code == cli.EXIT_FAILED and "NOT serving" in text and "none (" in text, text
+    code, text = _sparkbook(capsys, "logs", *files)
+    assert code == cli.EXIT_FAILED and "is not running" in text and "sparkbook up" in text, text
+
+    code, text = _sparkbook(capsys, "up", *files)
+    assert code == 0 and f"plan {plan_hash}" in text, text
+    up_dir = Path(text.split("run dir: ")[1].split()[0])
+    statuses = {nb.name[:2]: nb.status for nb in Manifest.read(up_dir).notebooks}
+    assert statuses == {"01": "skipped", "02": "skipped", "03": "skipped", "04": "ok", "05": "ok", "06": "skipped"}
+    code, text = _sparkbook(capsys, "status", *files)
+    assert code == 0 and f"plan {plan_hash}" in text and up_dir.name in text, text
 
 
 # --- `sparkbook restore` of the whole run (issue 21); after the tests above: they need the new server serving ---

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from sparkbook.core.params import load_params
 from sparkbook.core.record import read_events
@@ -145,13 +146,14 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     shutil.copytree(first_dir, copy)
     endpoint = json.loads((first_dir / "state.json").read_text())["endpoint"]
     before = _node_state(node_shells, params, first_dir)
-    text = Path(first.params_file).read_text()
-    assert "max_num_seqs: 16" in text
+    data = yaml.safe_load(Path(first.params_file).read_text())
+    assert data["serve"]["max_num_seqs"] == 16
+    data["serve"]["max_num_seqs"] = 8
     changed = tmp_path / "changed.yaml"
-    changed.write_text(text.replace("max_num_seqs: 16", "max_num_seqs: 8"))
+    changed.write_text(yaml.safe_dump(data, sort_keys=False))
+    data["serve"]["extra_args"].append("--planted-unknown-flag")
     planted_flag = tmp_path / "planted-flag.yaml"
-    planted_flag.write_text(text.replace("max_num_seqs: 16", "max_num_seqs: 8")
-                            .replace('"CPU_MLA"]', '"CPU_MLA", "--planted-unknown-flag"]'))
+    planted_flag.write_text(yaml.safe_dump(data, sort_keys=False))
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     try:
         _, refused = driver.run(changed, resume=copy, only="05", say=print)

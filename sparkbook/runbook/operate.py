@@ -9,7 +9,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from ..core.record import Run, now
 from ..core.rundir import is_run_dir
 from ..core.runtime import Place, Runtime, Spawned
 from ..core.topology import LOG_DIR, lost
+from ..stages.serve.endpoints import ClientAddress, client_addresses
 from . import driver
 from .manifest import Manifest
 
@@ -112,6 +113,7 @@ class Status:
     deployment: Deployment
     nodes: list[NodeStatus]
     health: str | None  # None: /health answers 200; else what was seen
+    addresses: list[ClientAddress] = field(default_factory=list)  # the URL clients use on each network
 
     @property
     def serving(self) -> bool:
@@ -122,7 +124,10 @@ class Status:
         return [f"cluster deployment of run {d.run_id} (server started by run {d.started_by()}): model "
                 f"{d.endpoint.model}, image {d.image.ref}, plan {d.plan_hash}, executor {d.endpoint.executor}",
                 f"endpoint {d.endpoint.base_url}: " + ("/health answers 200" if self.health is None
-                                                      else f"/health NOT answering ({self.health})")]
+                                                      else f"/health NOT answering ({self.health})"),
+                *(f"clients on the {a.network} network: {a.url}" + (f" (not listening: {a.not_listening})"
+                                                                      if a.not_listening else "")
+                  for a in self.addresses)]
 
 
 def _since(started_at: str) -> float | None:
@@ -163,7 +168,7 @@ def status(run: Run, d: Deployment) -> Status:
         timeout=PROBE_TIMEOUT_S)
     nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
                                                          None) for n, o in outcomes.items()]
-    return Status(d, nodes, health(d.endpoint.base_url))
+    return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params))
 
 
 def _log(d: Deployment, node: str) -> str:

@@ -31,6 +31,7 @@ STRING_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None], str]] = [
     ("runtime.installed_image", lambda d, v: d["runtime"].update(installed_image=v), "runtime.installed_image"),
     ("runtime.shm_size", lambda d, v: d["runtime"].update(shm_size=v), "runtime.shm_size"),
     ("runtime.memory_limit", lambda d, v: d["runtime"].update(memory_limit=v), "runtime.memory_limit"),
+    ("runtime.cache_dir", lambda d, v: d["runtime"].update(cache_dir=v), "runtime.cache_dir"),
     ("runtime.env", lambda d, v: d["runtime"].update(env={"A": v}), "runtime.env.A"),
     ("runtime.env (name)", lambda d, v: d["runtime"].update(env={v: "1"}), "runtime.env"),
     ("runtime.python", lambda d, v: d.update(runtime={"kind": "python", "python": v}), "runtime.python"),

@@ -47,6 +47,17 @@ def missing_chat_template(ctx: Context, serve_plan: ServePlan) -> str | None:
     return ", ".join(n for n, o in outcomes.items() if not (o.ok and o.value)) or None
 
 
+def refuse_missing_template(ctx: Context, serve_plan: ServePlan) -> None:
+    """ServeError naming the nodes where serve.chat_template is not a file (vLLM would say so after the load)."""
+    lacking = missing_chat_template(ctx, serve_plan)
+    if lacking:
+        raise ServeError(f"serve.chat_template: {serve_plan.settings.chat_template} is not a file where `vllm serve` "
+                         f"runs on {lacking}", node=lacking.split(", ")[0],
+                         remediation="put the template on every node under model.cache_dir "
+                                     f"({ctx.params.model.cache_dir}, which the node containers mount at the same "
+                                     "path) or correct serve.chat_template")
+
+
 def make_room(ctx: Context, serve_plan: ServePlan) -> float | None:
     """Before 05 measures memory for a launch: where no running server can be kept for this plan, stop what
     earlier runs left serving (a replacement is confirmed by now), so that what is measured is what the new server
@@ -55,6 +66,7 @@ def make_room(ctx: Context, serve_plan: ServePlan) -> float | None:
     found, _ = find_running(ctx, serve_plan)
     if found is not None:
         return None
+    refuse_missing_template(ctx, serve_plan)  # before the stop: a refusal after it would leave the cluster dark
     stopped_at = time.monotonic()
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
     return stopped_at
@@ -85,12 +97,7 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     taken = port_taken(ctx, serve_plan)
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
-    lacking = missing_chat_template(ctx, serve_plan)
-    if lacking:
-        raise ServeError(f"serve.chat_template: {serve_plan.settings.chat_template} is not a file where `vllm serve` "
-                         f"runs on {lacking}", node=lacking.split(", ")[0],
-                         remediation=f"put the template on every node under model.cache_dir ({params.model.cache_dir}, "
-                                     "which the node containers mount at the same path) or correct serve.chat_template")
+    refuse_missing_template(ctx, serve_plan)
     for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(ctx, current, attempt)
         ready = wait_ready(ctx, launched, params.serve.ready_timeout_s, on_round)

@@ -36,7 +36,7 @@ for s in $sids; do pkill -TERM -s "$s"; done; sleep 8; for s in $sids; do pkill 
 sleep 3; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
 # CACHES=DIR: start with the compile caches the runbook's 05 wrote (runtime.cache_dir): the second-start figure
 caches="${CACHES:-$(mktemp -d /tmp/plain-caches.XXXX)}"
-echo "=== compile caches: ${CACHES:+the runbook's, }$caches ($(du -sh "$caches" 2>/dev/null | cut -f1))"
+echo "=== compile caches: ${CACHES:+from the runbook run, }$caches ($(du -sh "$caches" 2>/dev/null | cut -f1))"
 export VLLM_CACHE_ROOT="$caches/vllm" TRITON_CACHE_DIR="$caches/triton" TORCHINDUCTOR_CACHE_DIR="$caches/inductor" \
   FLASHINFER_WORKSPACE_BASE="$caches/flashinfer"
 eval "$("$PY" tests/gpu/bench_pair.py env /tmp/run-h200-one.yaml 2>/dev/null || "$PY" tests/gpu/bench_pair.py env params/h200-one.yaml)"

@@ -3,6 +3,7 @@ committed GPU records compared."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,13 @@ def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path
     out = capsys.readouterr().out
     assert "params.serve.max_num_seqs: 16 -> 32" in out
     assert (tmp_path / "lab" / "compare" / "20261201T100000Z-vs-20261201T110000Z.html").exists()
+    committed = tmp_path / "outputs" / "examples"
+    committed.mkdir(parents=True)
+    shutil.rmtree(tmp_path / "lab" / "compare")
+    (tmp_path / "lab").rename(committed / "lab")
+    assert cli.main(["compare", "20261201T100000Z", "20261201T110000Z", "--outputs", str(committed)]) == 0
+    assert (tmp_path / "outputs" / "lab" / "compare" / "20261201T100000Z-vs-20261201T110000Z.html").exists()
+    assert not (committed / "lab" / "compare").exists(), "never into the committed records"
     assert cli.main(["compare", "20261201T100000Z", "29990101T000000Z", "--outputs", str(tmp_path)]) == 1
     assert "no run dir of that id" in capsys.readouterr().err
 

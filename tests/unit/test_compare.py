@@ -123,3 +123,13 @@ def test_earlier_runs_of_the_same_params_and_image_give_the_band(tmp_path: Path)
     assert d.verdict == "worse"  # -9.8 % outside +-3.9 %
     assert "c=1 output_throughput: 102.00 -> 92.00  -9.8 %: worse (noise +-3.9 % from earlier runs)" in \
         compare.compare_runs(a, b).text()
+
+
+def test_the_committed_ok_lab_runs_claim_no_band_wider_than_their_repeats(tmp_path: Path) -> None:
+    """Issue 31: bands of +-627.9 % came from single requests. These runs have one repeat per point and no earlier
+    run of their params: no estimate, said plainly, nothing called worse or better; the page goes under compare/."""
+    a, b = examples() / "lab/20261130T150551Z", examples() / "lab/20261201T195946Z"
+    c = compare.compare_runs(a, b)
+    assert c.deltas and all(d.noise_pct is None and d.verdict == "no noise estimate" for d in c.deltas)
+    assert "WORSE" not in c.text() and "worse" not in {d.verdict for d in c.deltas}
+    assert compare.page_path(examples(), c.a, c.b) == examples().parent / "lab/compare" / f"{a.name}-vs-{b.name}.html"

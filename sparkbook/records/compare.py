@@ -19,6 +19,7 @@ from .archive import RunRecord, fmt, read_run
 
 CLOCK_DIFF = 0.10  # a mean SM clock this much apart between two runs' points is named as a likely cause
 COMPARE_DIR = "compare"  # under outputs/<cluster>/: the comparison pages, never beside the run dirs
+COMMITTED = "examples"  # outputs/examples/: the records git tracks
 
 # The sweep metrics compared per concurrency (vllm bench serve's names).
 POINT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
@@ -99,10 +100,11 @@ def band(d: Delta) -> str:
 
 
 def page_path(outputs: Path, a: RunRecord, b: RunRecord) -> Path:
-    """Where `sparkbook compare` writes its page: outputs/<cluster>/compare/, apart from the run dirs (and from the
-    committed records under outputs/examples/)."""
+    """Where `sparkbook compare` writes its page: <outputs>/<cluster>/compare/, apart from the run dirs; for the
+    committed records (--outputs outputs/examples) under outputs/<cluster>/compare/, never into what git tracks."""
     cluster = b.cluster or b.run_dir.parent.name
-    return outputs / cluster / COMPARE_DIR / f"{a.run_id}-vs-{b.run_id}.html"
+    root = outputs.parent if outputs.name == COMMITTED else outputs
+    return root / cluster / COMPARE_DIR / f"{a.run_id}-vs-{b.run_id}.html"
 
 
 def history(a: RunRecord, b: RunRecord, metrics: tuple[str, ...] = POINT_METRICS) -> dict[tuple[int, str], float]:

@@ -14,7 +14,7 @@ from .compare import Comparison, band
 SEVERITIES = ("blocker", "warning", "fact")
 STYLE = """body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd;vertical-align:top;
 text-align:left}tr.failed td{background:#fdd}tr.partial td,tr.running td{background:#ffd}tr.unreadable td{color:#888}
-span.ok{color:green}span.failed{color:#a00}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px}
+span.ok{color:green}span.failed{color:#a00}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px;white-space:pre-wrap}
 .worse{color:#a00;font-weight:bold}.better{color:green;font-weight:bold}li.resolved{color:#666}
 p.cause{font-size:1.15em}"""
 

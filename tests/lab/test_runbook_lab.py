@@ -39,6 +39,14 @@ def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, Manifest]
     assert any(nb.decisions for nb in manifest.notebooks)
     index = (run_dir / "index.html").read_text()
     assert all(nb.name in index for nb in manifest.notebooks)
+    # issue 31: each notebook's nbconvert page linked, what wrote the run, its timeline, no path that dies with
+    # the machine (papermill's run_dir, bench_dir, the evidence are relative to the run dir)
+    assert all(nb.html and (run_dir / nb.html).exists() and f'href="{nb.html}"' in index for nb in manifest.notebooks)
+    assert manifest.status == "ok" and manifest.sparkbook_commit and manifest.params_hash in index
+    assert "<h2>Timeline</h2>" in index and "server start" in index and "stop" in index
+    absolute = [p.name for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl", ".ipynb", ".html")
+                and str(run_dir) in p.read_text(errors="replace")]
+    assert absolute == [], f"absolute paths into the run dir in {absolute}"
 
 
 def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, Manifest], planted: str) -> None:

@@ -3,6 +3,7 @@ committed GPU records compared."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,13 @@ def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path
     out = capsys.readouterr().out
     assert "params.serve.max_num_seqs: 16 -> 32" in out
     assert (tmp_path / "lab" / "compare" / "20261201T100000Z-vs-20261201T110000Z.html").exists()
+    committed = tmp_path / "outputs" / "examples"
+    committed.mkdir(parents=True)
+    shutil.rmtree(tmp_path / "lab" / "compare")
+    (tmp_path / "lab").rename(committed / "lab")
+    assert cli.main(["compare", "20261201T100000Z", "20261201T110000Z", "--outputs", str(committed)]) == 0
+    assert (tmp_path / "outputs" / "lab" / "compare" / "20261201T100000Z-vs-20261201T110000Z.html").exists()
+    assert not (committed / "lab" / "compare").exists(), "never into the committed records"
     assert cli.main(["compare", "20261201T100000Z", "29990101T000000Z", "--outputs", str(tmp_path)]) == 1
     assert "no run dir of that id" in capsys.readouterr().err
 
@@ -115,3 +123,13 @@ def test_earlier_runs_of_the_same_params_and_image_give_the_band(tmp_path: Path)
     assert d.verdict == "worse"  # -9.8 % outside +-3.9 %
     assert "c=1 output_throughput: 102.00 -> 92.00  -9.8 %: worse (noise +-3.9 % from earlier runs)" in \
         compare.compare_runs(a, b).text()
+
+
+def test_the_committed_ok_lab_runs_claim_no_band_wider_than_their_repeats(tmp_path: Path) -> None:
+    """Issue 31: bands of +-627.9 % came from single requests. These runs have one repeat per point and no earlier
+    run of their params: no estimate, said plainly, nothing called worse or better; the page goes under compare/."""
+    a, b = examples() / "lab/20261130T150551Z", examples() / "lab/20261201T195946Z"
+    c = compare.compare_runs(a, b)
+    assert c.deltas and all(d.noise_pct is None and d.verdict == "no noise estimate" for d in c.deltas)
+    assert "WORSE" not in c.text() and "worse" not in {d.verdict for d in c.deltas}
+    assert compare.page_path(examples(), c.a, c.b) == examples().parent / "lab/compare" / f"{a.name}-vs-{b.name}.html"

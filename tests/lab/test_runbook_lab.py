@@ -120,9 +120,12 @@ def _sparkbook(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
 
 
 def test_operator_commands_and_up_after_a_reboot(full_run: tuple[Path, Manifest], node_shells,  # type: ignore[no-untyped-def]
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 capsys: pytest.CaptureFixture[str], planted: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """plan, status and logs on the running cluster; then the node containers removed as a reboot would (`sparkbook
     stop` first, recorded), status and logs say it is dark, and `sparkbook up` brings the same plan back."""
+    monkeypatch.setenv("VLLM_API_KEY", planted)  # as the full run had it: `up`'s 05 sends it (serve.api_key_env)
+    monkeypatch.setenv("HF_TOKEN", planted)
     run_dir, manifest = full_run
     params, outputs = load_params(manifest.params_file), str(run_dir.parent.parent)
     files = [manifest.params_file, "--outputs", outputs]

@@ -209,7 +209,11 @@ def _to_html(run_dir: Path, name: str, say: Callable[[str], None]) -> str | None
     """The executed notebook as a static HTML page beside it (a browser shows .ipynb as raw JSON); nbconvert's
     basic template in a small page of our own (its full templates embed ~300 KB of CSS per notebook). None when it
     was not written or nbconvert fails (said, not fatal: the notebook itself is the record)."""
-    from nbconvert import HTMLExporter  # slow to import: only when notebooks really ran
+    try:
+        from nbconvert import HTMLExporter  # slow to import: only when notebooks really ran
+    except ImportError as exc:  # a controller without Jupyter's converter still keeps the notebooks as the record
+        say(f"{name}: no HTML page ({exc}); the notebook is the record")
+        return None
 
     source, target = run_dir / name, run_dir / name.replace(".ipynb", ".html")
     if not source.is_file():

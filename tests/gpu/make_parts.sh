@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 C=.carry
-PIECE_MIB=${PIECE_MIB:-55}             # split size of big wheels (MiB): lower it with CAP as the tree grows
-CAP=${CAP:-$((56 * 1024 * 1024))}      # bytes of wheels per part: 64 MiB less the working tree (~9 MB with outputs/)
+PIECE_MIB=${PIECE_MIB:-44}             # split size of big wheels (MiB): lower it with CAP as the tree grows
+CAP=${CAP:-$((45 * 1024 * 1024))}      # bytes of wheels per part: 64 MiB less the working tree (~11 MB with outputs/)
 MODEL_DIR="$C/model-qwen3moe"          # travels with part1 (carry it beside .carry/part1)
 [ -d "$C/wheels" ] && [ -d "$MODEL_DIR" ] || { echo "need $C/wheels/ and $MODEL_DIR/" >&2; exit 1; }
 rm -rf "$C"/part[0-9]* "$C/pieces"; mkdir -p "$C/pieces"

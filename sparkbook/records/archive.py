@@ -49,6 +49,7 @@ class RunRecord:
     image_changed: bool | None = None  # against the run before it (None: nothing to compare with)
     executor: str | None = None
     ready_s: float | None = None
+    addresses: list[str] = field(default_factory=list)  # "network: URL" clients use (05's endpoint), as recorded
     single_tok_s: float | None = None
     peak_tok_s: float | None = None
     peak_concurrency: int | None = None
@@ -216,6 +217,8 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     record.executor = endpoint.get("executor") or _decision(notebooks, "executor", "Which distributed executor")
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
+    addresses = endpoint.get("addresses")
+    record.addresses = [f"{net}: {url}" for net, url in addresses.items()] if isinstance(addresses, dict) else []
     if record.ready_s is None and not state and not events:
         record.ready_s = notebook_field(run_dir, "05-serve.ipynb", "ready_s")
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)

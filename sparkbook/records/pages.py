@@ -69,6 +69,7 @@ def key_figures(r: RunRecord) -> list[dict[str, str]]:
         ("runtime", _runtime(r.image) + changed + (f" — {versions}" if versions else "")),
         ("executor", fmt(r.executor)),
         ("time to ready", fmt(r.ready_s) + " s" if r.ready_s is not None else "-"),
+        ("clients reach the API at", "; ".join(r.addresses) or "-"),
         (SINGLE_STREAM, fmt(r.single_tok_s)), (TPOT_DECODE, fmt(decode_tok_s(r.single_point()))),
         ("peak output tok/s", fmt(r.peak_tok_s) + (f" at concurrency {r.peak_concurrency}"
                                                    if r.peak_concurrency else "")),

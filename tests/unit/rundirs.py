@@ -51,7 +51,8 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
     if statuses[1] == "ok":
         state["diagnosis"] = {"findings": findings or [], "question_for_03": "q", "installed_image": None}
     if statuses[4] == "ok":
-        state["endpoint"] = {"executor": "mp", "ready_s": 70.0}
+        state["endpoint"] = {"executor": "mp", "ready_s": 70.0,
+                             "addresses": {"management": "http://10.1.230.180:8000", "fabric": "http://192.168.200.12:8000"}}
     (run_dir / "state.json").write_text(json.dumps(state))
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events or []))
     for p in points or []:

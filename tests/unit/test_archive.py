@@ -205,3 +205,14 @@ def test_runs_named_by_a_params_file_a_cluster_or_nothing() -> None:
     assert archive.cluster_dirs(str(REPO / "params/h200-duo.yaml"), outputs) == [outputs / "h200-duo"]
     assert archive.cluster_dirs("lab", outputs) == [outputs / "lab"]
     assert {"lab", "h200-duo", "h200-duo-mp"} <= {d.name for d in archive.cluster_dirs(None, outputs)}
+
+
+def test_the_run_page_lists_where_clients_reach_the_api_on_each_network(tmp_path: Path) -> None:
+    """05's endpoint records the URL per network (issue 29): the page names both, so a colleague on the management
+    network does not try the fabric address."""
+    record = archive.read_run(make_run(tmp_path / "lab", "20261202T100000Z"))
+    assert record.addresses == ["management: http://10.1.230.180:8000", "fabric: http://192.168.200.12:8000"]
+    page = pages.run_page(record)
+    assert "clients reach the API at" in page and "management: http://10.1.230.180:8000" in page
+    unserved = archive.read_run(make_run(tmp_path / "lab", "20261202T110000Z", statuses=["ok"] * 4 + ["failed", "pending"]))
+    assert unserved.addresses == []

@@ -37,6 +37,14 @@ def test_the_same_plan_has_no_differences(tmp_path):
     assert differences(plan_data(lab_plan(tmp_path)), plan_data(lab_plan(tmp_path))) == []
 
 
+def test_the_smoke_tests_question_is_not_the_servers_plan(tmp_path):
+    """serve.smoke shapes 05's requests, not the server: a changed question replaces nothing, and the recorded
+    plan keeps it (a reused or rolled-back server's own record must not fall back to the defaults)."""
+    asked = lab_plan(tmp_path, {"smoke.expect": "Paris"})
+    assert differences(plan_data(lab_plan(tmp_path)), plan_data(asked)) == []
+    assert plan_data(lab_plan(tmp_path))["settings"]["smoke"]["expect"] is None  # the lab's own opt-out, recorded
+
+
 def test_a_changed_setting_shows_the_field_and_each_nodes_argv(tmp_path):
     changed = differences(plan_data(lab_plan(tmp_path)), plan_data(lab_plan(tmp_path, {"max_num_seqs": 8})))
     rows = {(d.field, d.running, d.new) for d in changed}

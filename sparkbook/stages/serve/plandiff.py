@@ -41,12 +41,16 @@ def _commands(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[Diff
     return out
 
 
+CLIENT_ONLY = {"smoke"}  # settings of the smoke test's requests, not of the server: changing them replaces nothing
+
+
 def differences(running: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
     """Every difference between two plans as `reuse` records them (executor, settings, commands, base_url,
-    model, model_dir); empty when they are the same plan."""
+    model, model_dir), the client-only settings left out; empty when they are the same plan."""
     old_s, new_s = running["settings"], new["settings"]
     out = [Difference(f"serve.{k}", _text(old_s.get(k)), _text(new_s.get(k)))
-           for k in [*old_s, *(k for k in new_s if k not in old_s)] if old_s.get(k) != new_s.get(k)]
+           for k in [*old_s, *(k for k in new_s if k not in old_s)]
+           if k not in CLIENT_ONLY and old_s.get(k) != new_s.get(k)]
     out += [Difference(k, _text(running.get(k)), _text(new.get(k)))
             for k in ("executor", "base_url", "model", "model_dir") if running.get(k) != new.get(k)]
     return out + _commands(running["commands"], new["commands"])

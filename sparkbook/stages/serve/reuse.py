@@ -19,14 +19,13 @@ from .commands import ServeCommand, ServePlan
 from .launch import BringUp, Kept, Launch, Readiness, get, log_path, tails
 from .plandiff import differences
 
-CLIENT_ONLY = {"smoke"}  # settings of the smoke test's requests, not of the server: changing them replaces nothing
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)
 
 
 def plan_data(p: ServePlan) -> dict[str, Any]:
     """The plan as its JSON record has it (what a later run compares its own plan with)."""
     data: dict[str, Any] = json.loads(json.dumps({
-        "executor": p.executor, "settings": p.settings.model_dump(mode="json", exclude=CLIENT_ONLY),
+        "executor": p.executor, "settings": p.settings.model_dump(mode="json"),
         "commands": [dataclasses.asdict(c) for c in p.commands], "base_url": p.base_url, "model": p.model,
         "model_dir": p.model_dir}))
     return data

@@ -68,7 +68,8 @@ def roll_back(ctx: Context, replaced: Replacement, failed: BringUp, new_failure:
     problem = ready.cause.summary() if ready.cause else None if ready.ok else "not ready"
     if ready.ok:
         try:
-            replies = smoke_test(old.running.base_url, old.running.model, old.running.settings)
+            asked = old.running.settings.model_copy(update={"smoke": ctx.params.serve.smoke})  # this run's question
+            replies = smoke_test(old.running.base_url, old.running.model, asked)
             problem = next((f"smoke test: {s.problem}" for s in replies if s.problem), None)
         except httpx.HTTPError as exc:
             problem = f"smoke test: {exc}"

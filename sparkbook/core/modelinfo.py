@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .params import Params, Speculative
+from .params import Params
 from .state import Handoff
 
 GIB = 1 << 30
@@ -54,6 +54,7 @@ class ModelFacts(Handoff):
     experts_per_token: int = 0  # routed experts each token picks (top-k)
     moe_layers: int = 0  # layers with routed experts
     expert_params: int = 0  # parameters of one routed expert in one layer
+    mtp_layers: int = 0  # multi-token-prediction layers (serve.speculative method mtp drafts with them)
 
     @property
     def is_moe(self) -> bool:
@@ -236,7 +237,7 @@ def model_facts(config: dict[str, Any], index: dict[str, Any] | None, file_sizes
         weight_bytes=weights if weights is not None else int(total * bpp), weight_source=source,
         num_layers=text_config(config)["num_hidden_layers"], kv_bytes_per_token=kv, kv_latent=latent,
         dir_on_nodes=dir_on_nodes, experts=experts, experts_per_token=top_k, moe_layers=moe_layers,
-        expert_params=expert_params)
+        expert_params=expert_params, mtp_layers=mtp_layers(config))
 
 
 # Where a config.json declares its multi-token-prediction layers, as vLLM's SpeculativeConfig.hf_config_override
@@ -249,17 +250,6 @@ def mtp_layers(config: dict[str, Any]) -> int:
     """The multi-token-prediction layers the model's config declares (0: none, so method mtp has nothing to run)."""
     c = text_config(config)
     return max((int(c.get(f) or 0) for f in MTP_FIELDS), default=0)
-
-
-def speculation_problem(config: dict[str, Any], spec: Speculative | None) -> str | None:
-    """Why the model cannot speculate as serve.speculative asks (None: it can, or nothing is asked). Only method mtp
-    depends on the served model: its draft is the model's own MTP layers, and vLLM fails at load, after the
-    weights, where the config declares none."""
-    if spec is None or spec.method != "mtp" or mtp_layers(config):
-        return None
-    arch = ", ".join(config.get("architectures") or []) or "the model"
-    return (f"serve.speculative.method: mtp, but {arch}'s config.json declares no multi-token-prediction layers "
-            f"({' or '.join(MTP_FIELDS)}): use method ngram, or eagle3 / draft_model with a draft of its own")
 
 
 def ranks_per_node(params: Params) -> dict[str, int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparkbook.core.benchstats import prometheus_totals
+from sparkbook.core.errors import SparkbookError
 from sparkbook.stages.bench.specmetrics import SpecCounters, spec_counters, speculation
 
 DATA = Path(__file__).parent / "data"
@@ -65,5 +66,5 @@ def test_an_idle_window_has_no_figures_and_a_restart_inside_it_is_refused():
     idle = speculation(page, page)
     assert (idle.drafts, idle.acceptance_rate, idle.mean_acceptance_length, idle.per_position_rate) == \
         (0, None, None, ())
-    with pytest.raises(ValueError, match="restarted"):
+    with pytest.raises(SparkbookError, match="restarted"):
         speculation(page, SpecCounters(10.0, 10.0, 5.0, ()))

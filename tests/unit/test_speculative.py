@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from sparkbook.core.context import Context
-from sparkbook.core.modelinfo import mtp_layers, speculation_problem
+from sparkbook.core.modelinfo import ModelFacts, mtp_layers
 from sparkbook.core.params import ParamsError, Speculative, load_params
 from sparkbook.runbook import plan as runbook_plan
+from sparkbook.stages import diagnose
+from sparkbook.stages.diagnose import speculation_problem
 from sparkbook.stages.serve import commands
 
 # Excerpts of config.json as published. Qwen/Qwen3.6-27B (the Qwen3.5 architecture, qwen3_5): its MTP layer count
@@ -111,12 +113,31 @@ def test_mtp_layers_where_the_config_declares_them(config, layers):
     assert mtp_layers(config) == layers
 
 
+def facts(config: dict) -> ModelFacts:
+    """02's facts of a model whose config is `config` (the figures beside the MTP layers do not matter here)."""
+    return ModelFacts(architectures=config["architectures"], model_type=config["model_type"], dtype="bfloat16",
+                      quantization=None, bytes_per_param=2.0, total_params=1, active_params=1, weight_bytes=2,
+                      weight_source="estimate", num_layers=1, kv_bytes_per_token=1, kv_latent=False,
+                      dir_on_nodes="/m", mtp_layers=mtp_layers(config))
+
+
 def test_mtp_only_for_a_model_with_mtp_layers():
     mtp = Speculative(method="mtp", num_speculative_tokens=2)
-    assert speculation_problem(QWEN36_27B, mtp) is None
-    assert speculation_problem(DEEPSEEK_V3, mtp) is None
-    problem = speculation_problem(LLAMA3_8B, mtp)
+    assert speculation_problem(facts(QWEN36_27B), mtp) is None
+    assert speculation_problem(facts(DEEPSEEK_V3), mtp) is None
+    problem = speculation_problem(facts(LLAMA3_8B), mtp)
     assert problem is not None and problem.startswith("serve.speculative.method: mtp, but LlamaForCausalLM's")
     assert "num_nextn_predict_layers or mtp_num_hidden_layers" in problem
-    assert speculation_problem(LLAMA3_8B, Speculative(method="ngram", num_speculative_tokens=4)) is None
-    assert speculation_problem(LLAMA3_8B, None) is None
+    assert speculation_problem(facts(LLAMA3_8B), Speculative(method="ngram", num_speculative_tokens=4)) is None
+    assert speculation_problem(facts(LLAMA3_8B), None) is None
+
+
+def test_02_stops_on_mtp_for_a_model_without_mtp_layers(write_params, base):
+    """The blocker is 02's, before 03 copies anything and long before vLLM would refuse after the weights load."""
+    params = _load(write_params, base, {"method": "mtp", "num_speculative_tokens": 1})
+    assert diagnose.speculation_findings(facts(QWEN36_27B), params) == []
+    findings = diagnose.speculation_findings(facts(LLAMA3_8B), params)
+    with pytest.raises(diagnose.Blocked) as exc:
+        diagnose.gate(findings, params)
+    assert "[speculation] serve.speculative.method: mtp, but LlamaForCausalLM's" in str(exc.value)
+    assert "set serve.speculative to a method this model has" in str(exc.value)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ...core.benchstats import RequestRecord, prometheus_totals
+from ...core.benchstats import RequestRecord
 from ...core.params import bearer
 
 T = TypeVar("T")
@@ -105,11 +105,11 @@ async def _text_prompts(target: CompletionsServer, id_prompts: list[list[int]], 
         return [await _fit_text(session, target, ids, pool, rng) for ids in id_prompts]
 
 
-async def _metrics(target: CompletionsServer) -> dict[str, float]:
+async def _metrics_page(target: CompletionsServer) -> str:
     async with target.session() as session:
         async with session.get(target.url("/metrics"), timeout=target.timeout(30)) as resp:
             resp.raise_for_status()
-            return prometheus_totals(await resp.text())
+            return await resp.text()
 
 
 async def _models(target: CompletionsServer) -> list[str]:
@@ -225,9 +225,10 @@ def text_prompts(target: CompletionsServer, pool: list[int], count: int, length:
     return _run(_text_prompts(target, make_prompts(pool, count, length, seed), pool, seed), 60 + count)
 
 
-def metrics(target: CompletionsServer) -> dict[str, float]:
-    """The server's Prometheus counters (GET /metrics), summed over labels."""
-    return _run(_metrics(target), 60)
+def metrics_page(target: CompletionsServer) -> str:
+    """The server's Prometheus page (GET /metrics): its counters summed over labels (benchstats.prometheus_totals)
+    for the cross-check, per label where one matters (specmetrics: speculative decoding's draft positions)."""
+    return _run(_metrics_page(target), 60)
 
 
 def served_models(target: CompletionsServer) -> list[str]:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ...core.errors import SparkbookError
+from ...core.sweeppoint import Speculation
+
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -46,29 +49,6 @@ def spec_counters(text: str) -> SpecCounters | None:
                         tuple(positions.get(k, 0.0) for k in range(max(positions, default=-1) + 1)))
 
 
-@dataclass(frozen=True)
-class Speculation:
-    """The counters' growth over one point's window, and vLLM's figures of it (None where nothing was drafted)."""
-
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    accepted_per_position: tuple[int, ...]
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
-
-    @property
-    def per_position_rate(self) -> tuple[float, ...]:
-        return tuple(a / self.drafts for a in self.accepted_per_position) if self.drafts else ()
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """Tokens each verification step emits: the accepted drafts and the target's own token."""
-        return 1 + self.accepted / self.drafts if self.drafts else None
-
-
 def speculation(before: SpecCounters | None, after: SpecCounters | None) -> Speculation | None:
     """What the window between two scrapes drafted and accepted (None: the server does not speculate). A series
     absent before counts from zero; one that went down means the server restarted inside the window, whose
@@ -81,7 +61,9 @@ def speculation(before: SpecCounters | None, after: SpecCounters | None) -> Spec
     deltas = [after.drafts - start.drafts, after.draft_tokens - start.draft_tokens, after.accepted - start.accepted,
               *(a - b for a, b in zip(after.accepted_per_position, earlier, strict=False))]
     if any(d < 0 for d in deltas) or len(earlier) > positions:
-        raise ValueError(f"the speculative-decoding counters went down between two scrapes ({start} -> {after}): "
-                         "the server restarted inside the window")
+        raise SparkbookError(f"the speculative-decoding counters went down between two scrapes ({start} -> {after}): "
+                             "the server restarted inside the point's window, whose figures would mix two servers",
+                             stage="06-benchmark",
+                             remediation="read 05's serve log tails on the head and benchmark again")
     drafts, draft_tokens, accepted, *per_position = (round(d) for d in deltas)
     return Speculation(drafts, draft_tokens, accepted, tuple(per_position))

@@ -54,6 +54,7 @@ class ModelFacts(Handoff):
     experts_per_token: int = 0  # routed experts each token picks (top-k)
     moe_layers: int = 0  # layers with routed experts
     expert_params: int = 0  # parameters of one routed expert in one layer
+    mtp_layers: int = 0  # multi-token-prediction layers (serve.speculative method mtp drafts with them)
 
     @property
     def is_moe(self) -> bool:
@@ -236,7 +237,19 @@ def model_facts(config: dict[str, Any], index: dict[str, Any] | None, file_sizes
         weight_bytes=weights if weights is not None else int(total * bpp), weight_source=source,
         num_layers=text_config(config)["num_hidden_layers"], kv_bytes_per_token=kv, kv_latent=latent,
         dir_on_nodes=dir_on_nodes, experts=experts, experts_per_token=top_k, moe_layers=moe_layers,
-        expert_params=expert_params)
+        expert_params=expert_params, mtp_layers=mtp_layers(config))
+
+
+# Where a config.json declares its multi-token-prediction layers, as vLLM's SpeculativeConfig.hf_config_override
+# reads them for method mtp: DeepSeek-V3, GLM-4.5, Qwen3-Next and others `num_nextn_predict_layers`; Qwen3.5 (and
+# Qwen3.6, the same architecture) `mtp_num_hidden_layers`, under text_config in its multimodal configs.
+MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def mtp_layers(config: dict[str, Any]) -> int:
+    """The multi-token-prediction layers the model's config declares (0: none, so method mtp has nothing to run)."""
+    c = text_config(config)
+    return max((int(c.get(f) or 0) for f in MTP_FIELDS), default=0)
 
 
 def ranks_per_node(params: Params) -> dict[str, int]:

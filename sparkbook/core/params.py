@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -232,6 +233,47 @@ class SmokeCheck(Strict):
                             "with a call of the test's tool, parsed into tool_calls")
 
 
+DRAFTED = ("eagle", "eagle3", "draft_model")  # speculative methods that load a draft model or head of their own
+
+
+class Speculative(Strict):
+    """vLLM's --speculative-config, as its vllm/config/speculative.py names the fields: the method, how many tokens
+    each step drafts, and the method's own fields (ngram's lookup window, a draft's directory)."""
+
+    method: Literal["mtp", "ngram", "eagle", "eagle3", "draft_model"] = Field(
+        description="mtp: the served model's own multi-token-prediction layers; ngram: drafts from the prompt; eagle, "
+        "eagle3, draft_model: a separate draft (speculative.model)")
+    num_speculative_tokens: int = Field(ge=1, le=16, description="tokens drafted per step")
+    model: RemotePath | None = Field(None, description="eagle, eagle3, draft_model: the draft's directory on every "
+                                     "node (for the docker runtime under model.cache_dir, which is mounted)")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest n-gram matched (vLLM's default 5)")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest n-gram matched (vLLM's default 5)")
+
+    @model_validator(mode="after")
+    def _method_fields(self) -> Speculative:
+        """Each method's own fields and no other's: vLLM ignores what its method does not read (a draft named for
+        mtp, a lookup window for eagle), so a typo would pass silently."""
+        problems = []
+        if self.method in DRAFTED and self.model is None:
+            problems.append(f"model: method {self.method} needs the draft's directory")
+        if self.method not in DRAFTED and self.model is not None:
+            problems.append(f"model: method {self.method} loads no draft (" + (
+                "its layers are the served model's own)" if self.method == "mtp" else "it drafts from the prompt)"))
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if self.method != "ngram" and getattr(self, name) is not None:
+                problems.append(f"{name}: only method ngram reads it, not {self.method}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            problems.append(f"prompt_lookup_min: {low} is above prompt_lookup_max {high}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def config_json(self) -> str:
+        """The value of `--speculative-config`: the fields set, as the JSON vLLM parses."""
+        return json.dumps(self.model_dump(exclude_none=True), separators=(",", ":"))
+
+
 class ServeSettings(Strict):
     port: int = Field(8000, ge=1, le=65535)
     executor: Literal["ray", "mp"] = "ray"
@@ -255,6 +297,8 @@ class ServeSettings(Strict):
     smoke_max_tokens: int | None = Field(None, ge=1, le=32768, description="tokens per smoke-test request (default: "
                                          "1024 with a reasoning parser, where the model thinks first; 32 without)")
     smoke: SmokeCheck = SmokeCheck()
+    speculative: Speculative | None = Field(None, description="speculative decoding, passed as --speculative-config "
+                                            "(null: none)")
     extra_args: list[Arg] = []
     env: Env = {}
     node_env: dict[Name, Env] = {}
@@ -280,8 +324,10 @@ class ServeSettings(Strict):
     def _no_field_flags(cls, value: list[str]) -> list[str]:
         """A flag with a field of its own in extra_args would be given twice, one value silently winning."""
         own = {"--host": "host", "--reasoning-parser": "reasoning_parser", "--tool-call-parser": "tool_call_parser",
-               "--enable-auto-tool-choice": "tool_call_parser", "--chat-template": "chat_template"}
-        taken = [f"{a} (use serve.{own[a.split('=', 1)[0]]})" for a in value if a.split("=", 1)[0] in own]
+               "--enable-auto-tool-choice": "tool_call_parser", "--chat-template": "chat_template",
+               "--speculative-config": "speculative", "-sc": "speculative"}
+        flags = [(a, a.split("=", 1)[0].split(".", 1)[0]) for a in value]  # --speculative-config.method: one field
+        taken = [f"{a} (use serve.{own[flag]})" for a, flag in flags if flag in own]
         if taken:
             raise ValueError(f"set by their own fields, not in extra_args: {', '.join(taken)}")
         return value
@@ -381,6 +427,11 @@ class Params(Strict):
         if self.serve.api_key_env and self.serve.api_key_env not in self.secrets:
             problems.append(f"serve.api_key_env: {self.serve.api_key_env} must also be listed under `secrets` (so its "
                             "value is redacted from every output and reaches the node containers)")
+        draft = self.serve.speculative.model if self.serve.speculative else None
+        cache = self.model.cache_dir.rstrip("/") + "/"
+        if draft and isinstance(self.runtime, DockerRuntime) and not draft.startswith(cache):
+            problems.append(f"serve.speculative.model: {draft} is not under model.cache_dir ({self.model.cache_dir}), "
+                            "the only host directory the node containers mount")
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")

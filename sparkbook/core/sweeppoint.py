@@ -51,6 +51,29 @@ class GpuClocks:
     dropped: bool
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """The counters' growth over one point's window, and vLLM's figures of it (None where nothing was drafted)."""
+
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    accepted_per_position: tuple[int, ...]
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def per_position_rate(self) -> tuple[float, ...]:
+        return tuple(a / self.drafts for a in self.accepted_per_position) if self.drafts else ()
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens each verification step emits: the accepted drafts and the target's own token."""
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+
 class SparkbookExtras(BaseModel):
     """sparkbook's own part of a point's file: each repeat's figures and the stalled repeats (read back by the
     tables and the noise band); the cross-check and client load are kept for a reader of the file."""
@@ -60,6 +83,7 @@ class SparkbookExtras(BaseModel):
     stalls: list[Stall] = []
     clocks: list[GpuClocks] = []  # none: not sampled (clocks_note says why) or a point saved before issue 31
     clocks_note: str | None = None
+    speculation: Speculation | None = None  # what speculative decoding did (none: the server does not speculate)
 
 
 class SweepPoint(BaseModel):

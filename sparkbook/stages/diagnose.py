@@ -13,9 +13,9 @@ from ..core.fabric import hca_findings
 from ..core.handoff import Diagnosis
 from ..core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
 from ..core.imageprobes import RegistryProbe
-from ..core.modelinfo import GIB, SEED_SHARE, FitRow, NodeMemory
+from ..core.modelinfo import GIB, MTP_FIELDS, SEED_SHARE, FitRow, ModelFacts, NodeMemory
 from ..core.nodes import Node, Outcome, bash, shell
-from ..core.params import ModelSpec, NodeSpec, Params
+from ..core.params import ModelSpec, NodeSpec, Params, Speculative
 from ..core.record import Alternative, Decision, Finding, unreachable
 
 PROBE_TIMEOUT_S = 20
@@ -321,6 +321,24 @@ def model_findings(files: dict[str, Outcome[ModelFiles]]) -> list[Finding]:
     return out
 
 
+def speculation_problem(model: ModelFacts, spec: Speculative | None) -> str | None:
+    """Why the model cannot speculate as serve.speculative asks (None: it can, or nothing is asked). Only method mtp
+    depends on the served model: its draft is the model's own MTP layers, and vLLM fails at load, after the
+    weights, where the config declares none."""
+    if spec is None or spec.method != "mtp" or model.mtp_layers:
+        return None
+    arch = ", ".join(model.architectures) or "the model"
+    return (f"serve.speculative.method: mtp, but {arch}'s config.json declares no multi-token-prediction layers "
+            f"({' or '.join(MTP_FIELDS)}): use method ngram, or eagle3 / draft_model with a draft of its own")
+
+
+def speculation_findings(model: ModelFacts, params: Params) -> list[Finding]:
+    """serve.speculative asking of the model what its config does not have (method mtp without MTP layers): a
+    blocker, since vLLM would say so only after loading every weight."""
+    problem = speculation_problem(model, params.serve.speculative)
+    return [Finding("blocker", "speculation", problem)] if problem else []
+
+
 def fit_findings(rows: list[FitRow]) -> list[Finding]:
     """A plan that does not fit in what CUDA can allocate is a blocker; one that takes more than SEED_SHARE of it
     a warning."""
@@ -388,6 +406,8 @@ REMEDIATION = {
               "fabric IPs",
     "model": "put the model on one node, the head (model.path, or model.hf_id in model.cache_dir): 03 copies it "
              "from there to every node that lacks it; a node that holds different files must have them removed first",
+    "speculation": "set serve.speculative to a method this model has (ngram needs nothing; eagle3 or draft_model "
+                   "a draft of their own), or remove it",
     "memory": "lower serve.max_model_len, kv_cache_memory_bytes or gpu_memory_utilization, spread the model over more "
               "GPUs (tensor/pipeline parallel), or free memory on the node",
 }

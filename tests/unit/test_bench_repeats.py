@@ -41,11 +41,13 @@ class FakeServer:
     """A vLLM-like completions server on 127.0.0.1 in a thread of its own."""
 
     def __init__(self, step_s: float = 0.001, slow_first_chunk: dict[int, float] | None = None,
-                 refuse: str | None = None):
+                 refuse: str | None = None, speculate: bool = False, usage_extra: int = 0):
         self.step_s, self.slow, self.refuse = step_s, slow_first_chunk or {}, refuse
         self.prompts: list[str] = []
         self.in_flight = self.max_in_flight = 0
         self.generated = self.prefilled = 0
+        self.speculate, self.steps = speculate, 0  # two draft tokens a step, the first accepted: 2 tokens a step
+        self.usage_extra = usage_extra  # completion_tokens in usage beyond what was streamed
         self.loop = asyncio.new_event_loop()
         self.port = 0
 
@@ -56,8 +58,18 @@ class FakeServer:
         return web.json_response({"prompt": "".join(chr(t) for t in (await request.json())["tokens"])})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        spec = ("# TYPE vllm:spec_decode_num_drafts counter\n"
+                f'vllm:spec_decode_num_drafts_total{{engine="0"}} {self.steps}.0\n'
+                "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+                f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {2 * self.steps}.0\n'
+                "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.steps}.0\n'
+                "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} {self.steps}.0\n'
+                'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 0.0\n'
+                ) if self.speculate else ""
         return web.Response(text=f"vllm:generation_tokens_total {self.generated}.0\n"
-                                 f"vllm:prompt_tokens_total {self.prefilled}.0\n")
+                                 f"vllm:prompt_tokens_total {self.prefilled}.0\n" + spec)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -75,10 +87,11 @@ class FakeServer:
                 await asyncio.sleep(self.step_s)
                 chunk = {"choices": [{"text": "x", "token_ids": [120]}]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"] + self.usage_extra}
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
             self.generated += body["max_tokens"]
             self.prefilled += len(body["prompt"])
+            self.steps += (body["max_tokens"] + 1) // 2
             return resp
         finally:
             self.in_flight -= 1
@@ -271,6 +284,27 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     (row,) = stall_rows(saved)
     assert (row["concurrency"], row["repeat"], row["requests hit"]) == (1, 2, 1)
     assert row["request index: TTFT ms"].startswith("3: ")
+    assert saved[0].sparkbook.speculation is None and "tokens per step" not in rows[0], "no speculation, no columns"
+
+
+def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp_path: Path):
+    """06 reads the speculative-decoding counters before and after each point's repeats (issue 32 item 2): the
+    window holds the repeats' steps only, not the warm-up's, and the figures survive the point's file."""
+    plan = BenchmarkPlan(input_len=16, output_len=6, num_prompts=4, concurrency=[1, 2], warmup_requests=1, repeats=2)
+    with FakeServer(speculate=True, usage_extra=3) as server:
+        points = sweep(server.target, plan, local_runner(server.target))
+    for point in points:
+        assert {r.output_tokens for r in point.records} == {6}, "the streamed tokens, not usage's 9"
+        assert all(c.agrees for c in point.cross_checks), "the server's generation counter agrees with the stream"
+        assert point.speculation is not None
+        assert point.speculation.drafts == 2 * 4 * 3, "2 repeats x 4 prompts x 3 steps of 2 tokens, no warm-up"
+        assert (point.speculation.draft_tokens, point.speculation.accepted_per_position) == (48, (24, 0))
+    save(tmp_path, points, server.target, plan, 1)
+    saved = read_points(tmp_path)
+    assert saved[0].sparkbook.speculation == points[0].speculation
+    row = table(saved)[0]
+    assert (row["tokens per step"], row["draft acceptance %"], row["acceptance by position"]) == \
+        (2.0, 50.0, "1.00, 0.00")
 
 
 def test_the_throughput_plot_draws_the_repeats_min_max():

@@ -1,4 +1,5 @@
-"""The graph-capture OOM ladder from 02's memory fit (issue 23 item 2), on vLLM's own log and error texts."""
+"""The graph-capture OOM ladder from 02's memory fit (issue 23 item 2), speculation dropped first where it may have
+crashed the start (issue 32 item 4), on vLLM's own log and error texts."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +8,9 @@ import pytest
 
 from sparkbook.core.context import Context
 from sparkbook.core.modelinfo import GIB, RESERVE_BYTES, ModelFacts, utilization_floor
-from sparkbook.core.params import ServeSettings, load_params
+from sparkbook.core.params import ServeSettings, Speculative, load_params
 from sparkbook.stages.serve import bringup, commands, launch
-from sparkbook.stages.serve.failures import GRAPH_OOM, UNKNOWN, classify, remedy
+from sparkbook.stages.serve.failures import GRAPH_CRASH, GRAPH_OOM, ILLEGAL_ACCESS, UNKNOWN, classify, remedy
 
 # A Ray worker's graph-capture OOM, vllm-project/vllm#15598 (its log lines; the error line is the issue's title).
 GRAPH_OOM_RAY = """\
@@ -125,3 +126,82 @@ def test_without_a_fit_or_when_nothing_fits_lower_the_ladder_goes_straight_to_ea
     assert fix.change == {"enforce_eager": True} and "no gpu_memory_utilization holds" in fix.reason
     assert remedy(oom, fix.settings, floor=too_big) is None
 
+
+
+# Speculation's crashes (issue 32 item 4), vLLM's log lines as the issues quote them.
+# MTP in CUDA graph capture, vllm-project/vllm#48749 ("[MRV2] MTP speculative decoding crashes with
+# cudaErrorStreamCaptureUnsupported during CUDA graph capture"); the quote breaks off inside the error line, which is
+# completed here with CUDA's text for cudaErrorStreamCaptureUnsupported.
+MTP_CAPTURE = """\
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/cudagraph_utils.py", line 359, in capture
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231]     with torch.cuda.graph(graph, self.pool):
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231]   File "/usr/local/lib/python3.12/dist-packages/torch/cuda/graphs.py", line 265, in __exit__
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231]     self.cuda_graph.capture_end()
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231]   File "/usr/local/lib/python3.12/dist-packages/torch/cuda/graphs.py", line 126, in capture_end
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231]     super().capture_end()
+(EngineCore pid=1140) ERROR 07-15 00:27:03 core.py:1231] torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing
+"""  # noqa: E501 (log lines as vLLM wrote them)
+
+# MTP's illegal memory access on long sequences, vllm-project/vllm#40756 (Qwen3.6-27B-FP8, vLLM 0.19.1).
+MTP_ILLEGAL = """\
+(EngineCore pid=175)     self._seq_lens_cpu = self.seq_lens.to("cpu")
+(APIServer pid=100) ERROR 05-05 14:59:18 [serving.py:1137] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+(EngineCore pid=175) torch.AcceleratorError: CUDA error: an illegal memory access was encountered
+(EngineCore pid=175) Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.
+(EngineCore pid=175) CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+"""  # noqa: E501 (log lines as vLLM wrote them)
+
+MTP = Speculative(method="mtp", num_speculative_tokens=2)
+
+
+@pytest.mark.parametrize("log, cause", [(MTP_CAPTURE, GRAPH_CRASH), (MTP_ILLEGAL, ILLEGAL_ACCESS)],
+                         ids=["capture", "illegal-access"])
+def test_speculations_real_crashes_are_classified(log, cause):
+    d = classify({"spark-0": log})
+    assert d.cause == cause
+    assert "CUDA error: " in d.evidence and d.evidence in log
+
+
+@pytest.mark.parametrize("log", [MTP_CAPTURE, MTP_ILLEGAL, GRAPH_OOM_V1], ids=["capture", "illegal-access", "oom"])
+def test_with_speculation_on_the_first_remedy_drops_it(duo, log):
+    settings = duo.serve.model_copy(update={"speculative": MTP})
+    fix = remedy(classify({"a": log}), settings, floor=0.7)
+    assert fix.change == {"speculative": None}
+    assert fix.settings.speculative is None
+    assert fix.settings.gpu_memory_utilization == settings.gpu_memory_utilization  # nothing else given up
+    assert "mtp, 2 tokens" in fix.reason
+
+
+def test_without_speculation_an_illegal_access_needs_a_person_and_a_capture_oom_steps_memory(duo):
+    assert remedy(classify({"a": MTP_ILLEGAL}), duo.serve, floor=0.7) is None
+    assert remedy(classify({"a": MTP_CAPTURE}), duo.serve, floor=0.7) is None
+    assert remedy(classify({"a": GRAPH_OOM_V1}), duo.serve, floor=0.7).change == {"gpu_memory_utilization": 0.75}
+
+
+def test_speculation_dropped_then_the_memory_ladder(duo, monkeypatch):
+    """bring_up with every node operation replaced: launches with speculation crash in capture (#48749's text), the
+    first one without it OOMs in capture, the next one with less memory is ready."""
+    monkeypatch.setattr(bringup, "lost", lambda *a: {})
+    monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
+    for name in ("stop_earlier", "stop_serving", "remember"):
+        monkeypatch.setattr(bringup, name, lambda *a: None)
+    monkeypatch.setattr(bringup, "port_taken", lambda *a: None)
+    monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
+
+    def wait_ready(ctx, launched, timeout_s, on_round):
+        settings = launched.plan.settings
+        if settings.gpu_memory_utilization < 0.8:
+            return launch.Readiness(True, 300.0, 290.0, ["model"], {})
+        logs = {"a": MTP_CAPTURE if settings.speculative else GRAPH_OOM_V1}
+        return launch.Readiness(False, 600.0, None, [], logs, classify(logs))
+
+    monkeypatch.setattr(bringup, "wait_ready", wait_ready)
+    spec = duo.model_copy(update={"serve": duo.serve.model_copy(update={"speculative": MTP})})
+    ctx = Context(spec, None, None, Path("/tmp"), image="img")
+    first = commands.plan(ctx, "ray")
+    assert "--speculative-config" in first.commands[0].argv
+    up = bringup.bring_up(ctx, first, floor=0.7)
+    assert up.ok and [r.change for r in up.remedies] == [{"speculative": None}, {"gpu_memory_utilization": 0.75}]
+    assert [r.cause for r in up.remedies] == [GRAPH_CRASH, GRAPH_OOM]
+    assert "--speculative-config" not in up.launched.plan.commands[0].argv
+    assert [d.choice for d in up.decisions()][1:] == ["speculative=None", "gpu_memory_utilization=0.75"]

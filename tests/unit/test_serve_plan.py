@@ -10,7 +10,7 @@ import pytest
 from sparkbook.core import topology
 from sparkbook.core.context import Context
 from sparkbook.core.nodes import Outcome, Result
-from sparkbook.core.params import ParamsError, load_params
+from sparkbook.core.params import ParamsError, Speculative, load_params
 from sparkbook.stages.raycluster import containers, formation
 from sparkbook.stages.serve import bringup, commands
 
@@ -250,7 +250,7 @@ class _Cluster:
 
 
 class _Files:
-    """A runtime whose `test -f PATH` succeeds only for the (node, path) pairs it holds."""
+    """A runtime whose `test -f PATH` (or -d) succeeds only for the (node, path) pairs it holds."""
 
     def __init__(self, present):
         self.present = present
@@ -261,12 +261,12 @@ class _Files:
 
 
 def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab, monkeypatch):
-    assert bringup.missing_chat_template(ctx(lab), commands.plan(ctx(lab), "mp")) is None  # none named: nothing to ask
+    assert bringup.missing_on_nodes(ctx(lab), commands.plan(ctx(lab), "mp")) == {}  # none named: nothing to ask
     template = "/srv/models/unsloth.jinja"
     params = lab.model_copy(update={"serve": lab.serve.model_copy(update={"chat_template": template})})
     p = commands.plan(ctx(params), "mp")
     on_nodes = ctx(params, _Cluster(["lab-0", "lab-1"]), _Files({("lab-0", template)}))
-    assert bringup.missing_chat_template(on_nodes, p) == "lab-1"
+    assert bringup.missing_on_nodes(on_nodes, p) == {"serve.chat_template": "lab-1"}
     for name, value in (("lost", {}), ("find_running", (None, "nothing serving")), ("stop_earlier", None),
                         ("port_taken", None)):
         monkeypatch.setattr(bringup, name, lambda *a, v=value: v)
@@ -275,6 +275,21 @@ def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab
         bringup.bring_up(on_nodes, p)
     assert exc.value.message == f"serve.chat_template: {template} is not a file where `vllm serve` runs on lab-1"
     assert exc.value.node == "lab-1" and "under model.cache_dir (/srv/models" in exc.value.remediation
+
+
+def test_a_draft_model_missing_on_a_serving_node_is_named_with_its_field(lab):
+    """serve.speculative's draft (eagle3, draft_model) must be a directory on every serving node (issue 32 item 1)."""
+    draft = "/srv/models/eagle3-draft"
+    spec = Speculative(method="eagle3", num_speculative_tokens=3, model=draft)
+    params = lab.model_copy(update={"serve": lab.serve.model_copy(update={"speculative": spec})})
+    p = commands.plan(ctx(params), "mp")
+    assert bringup.missing_on_nodes(ctx(params, _Cluster(["lab-0", "lab-1"]), _Files(set())), p) == \
+        {"serve.speculative.model": "lab-0, lab-1"}
+    present = _Files({("lab-0", draft), ("lab-1", draft)})
+    assert bringup.missing_on_nodes(ctx(params, _Cluster(["lab-0", "lab-1"]), present), p) == {}
+    with pytest.raises(commands.ServeError, match="serve.speculative.model: /srv/models/eagle3-draft is not a "
+                       "directory where `vllm serve` runs on lab-1"):
+        bringup.refuse_missing_files(ctx(params, _Cluster(["lab-0", "lab-1"]), _Files({("lab-0", draft)})), p)
 
 
 @pytest.mark.parametrize("platform", [CPU, CUDA], ids=["cpu", "cuda"])

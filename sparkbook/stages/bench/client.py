@@ -2,9 +2,9 @@
 
 Prompts are text of an exact token count (random token ids decoded, re-encoded and adjusted by the server's
 own tokenizer, as `vllm bench serve`'s random dataset does: the server's tokenization is part of TTFT, as it is
-for a user's text); output length is fixed with max_tokens + ignore_eos; usage comes from the stream
-(`stream_options.include_usage`). Timing follows `vllm bench serve`'s
-request function; see sparkbook.core.benchstats for the definitions. Every call has a timeout.
+for a user's text); output length is fixed with max_tokens + ignore_eos; output tokens are counted from the
+streamed token ids (`return_token_ids`), the prompt's from usage (`stream_options.include_usage`). Timing follows
+`vllm bench serve`'s request function; see sparkbook.core.benchstats for the definitions. Every call has a timeout.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ...core.benchstats import RequestRecord, prometheus_totals
+from ...core.benchstats import RequestRecord
 from ...core.params import bearer
 
 T = TypeVar("T")
@@ -105,11 +105,11 @@ async def _text_prompts(target: CompletionsServer, id_prompts: list[list[int]], 
         return [await _fit_text(session, target, ids, pool, rng) for ids in id_prompts]
 
 
-async def _metrics(target: CompletionsServer) -> dict[str, float]:
+async def _metrics_page(target: CompletionsServer) -> str:
     async with target.session() as session:
         async with session.get(target.url("/metrics"), timeout=target.timeout(30)) as resp:
             resp.raise_for_status()
-            return prometheus_totals(await resp.text())
+            return await resp.text()
 
 
 async def _models(target: CompletionsServer) -> list[str]:
@@ -137,6 +137,7 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
     ttft = last = None
     gaps: list[float] = []
     counts: list[int] = []
+    streamed: int | None = None  # token ids the chunks carried (None: the server sends none)
     usage: dict[str, Any] = {}
     try:
         async with session.post(target.url("/v1/completions"), json=request_body(target, prompt, output_len),
@@ -150,11 +151,13 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
                 data = json.loads(line[5:])
                 if choices := data.get("choices"):
                     now = time.perf_counter()
+                    ids = choices[0].get("token_ids")
+                    if ids is not None:
+                        streamed = (streamed or 0) + len(ids)
                     if ttft is None or last is None:
                         ttft = now - t0
                     else:
                         gaps.append(now - last)
-                        ids = choices[0].get("token_ids")
                         counts.append(len(ids) if ids is not None else 1)
                     last = now
                 if data.get("usage"):
@@ -164,7 +167,16 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
     if ttft is None or last is None:
         return RequestRecord(False, sent_at, error="no tokens streamed")
     return RequestRecord(True, sent_at, ttft, last - t0, gaps, counts, usage.get("prompt_tokens"),
-                         int(usage.get("completion_tokens") or len(gaps) + 1))
+                         output_tokens(streamed, usage, len(gaps) + 1))
+
+
+def output_tokens(streamed: int | None, usage: dict[str, Any], chunks: int) -> int:
+    """The tokens a request received: those its chunks carried, counted from the stream, because `usage` counts
+    more than the client got under speculative decoding (issue 32); usage only where no chunk carries its ids,
+    the chunks as the last resort."""
+    if streamed is not None:
+        return streamed
+    return int(usage.get("completion_tokens") or chunks)
 
 
 async def _load(target: CompletionsServer, prompts: list[Prompt], output_len: int, concurrency: int,
@@ -225,9 +237,10 @@ def text_prompts(target: CompletionsServer, pool: list[int], count: int, length:
     return _run(_text_prompts(target, make_prompts(pool, count, length, seed), pool, seed), 60 + count)
 
 
-def metrics(target: CompletionsServer) -> dict[str, float]:
-    """The server's Prometheus counters (GET /metrics), summed over labels."""
-    return _run(_metrics(target), 60)
+def metrics_page(target: CompletionsServer) -> str:
+    """The server's Prometheus page (GET /metrics): its counters summed over labels (benchstats.prometheus_totals)
+    for the cross-check, per label where one matters (specmetrics: speculative decoding's draft positions)."""
+    return _run(_metrics_page(target), 60)
 
 
 def served_models(target: CompletionsServer) -> list[str]:

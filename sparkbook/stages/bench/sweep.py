@@ -31,6 +31,7 @@ from ...core.benchstats import (
     known_bandwidth_gbs,
     median_ttft_ms,
     point_timeout_s,
+    prometheus_totals,
     prompt_seed,
     repeat_figures,
     summarize,
@@ -42,14 +43,14 @@ from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
-from ...core.sweeppoint import GpuClocks, Stall, SweepPoint, write_point
+from ...core.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
 from .client import (
     TEMPERATURE,
     CompletionsServer,
     LoadResult,
     Prompt,
     make_prompts,
-    metrics,
+    metrics_page,
     prefill_groups,
     run_load,
     run_load_on_engine,
@@ -58,6 +59,7 @@ from .client import (
 )
 from .clocks import Sampler, gpu_nodes
 from .clocks import summarize as summarize_clocks
+from .specmetrics import spec_counters, speculation
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Point:
     stalls: list[Stall]
     clocks: list[GpuClocks] = field(default_factory=list)  # per GPU through the repeats (none: not sampled)
     clocks_note: str | None = None  # why no clocks were sampled, or which node stopped answering
+    speculation: Speculation | None = None  # the server's speculative-decoding counters over the repeats
 
 
 class LoadRunner(Protocol):
@@ -187,15 +190,15 @@ def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[in
     warm_up(target, plan, pool, concurrency, timeout_s)
     prompt_sets = [text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=prompt_seed(concurrency, r))
                    for r in range(plan.repeats)]
-    before = metrics(target)
+    before = metrics_page(target)
     with sampler:
         runs = [runner(prompts, plan.output_len, concurrency, timeout_s) for prompts in prompt_sets]
-    after = metrics(target)
+    after = metrics_page(target)
     by_repeat = [[r for load in loads for r in load.records] for loads in runs]
     summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
                            concurrency) for records, loads in zip(by_repeat, runs, strict=False)]
     result = aggregate_repeats(summaries)
-    checks = cross_check(before, after, server_counts(result))
+    checks = cross_check(prometheus_totals(before), prometheus_totals(after), server_counts(result))
     clients = [client_load(i, sum(r.output_tokens for load in loads for r in load.records if r.ok),
                            sum(load.chunks for load in loads), sum(load.cpu_s for load in loads),
                            sum(load.finished_at - load.started_at for load in loads))
@@ -205,7 +208,8 @@ def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[in
     note = "; ".join(f"{n}: {why}" for n, why in sampler.errors.items()) or None if sampler.nodes else \
         "not sampled: no node lists GPUs (params nodes[].gpus)"
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
-                 stalls, summarize_clocks(sampler.samples, plan.clock_drop), note)
+                 stalls, summarize_clocks(sampler.samples, plan.clock_drop), note,
+                 speculation(spec_counters(before), spec_counters(after)))
 
 
 def server_counts(result: SweepPoint) -> dict[str, int]:
@@ -284,7 +288,8 @@ def saved_point(point: Point, target: CompletionsServer, plan: BenchmarkPlan, cl
                       "server_cross_check": [asdict(c) for c in point.cross_checks],
                       "client_load": [asdict(c) for c in point.clients],
                       "chunk_tokens": [r.chunk_tokens for r in ok],
-                      "clocks": [asdict(c) for c in point.clocks], "clocks_note": point.clocks_note},
+                      "clocks": [asdict(c) for c in point.clocks], "clocks_note": point.clocks_note,
+                      "speculation": asdict(point.speculation) if point.speculation else None},
     })
 
 

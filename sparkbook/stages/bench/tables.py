@@ -33,6 +33,19 @@ def clock_columns(p: SweepPoint) -> dict[str, Any]:
                                     for c in clocks if c.drop_pct is not None) or None}
 
 
+def speculation_columns(p: SweepPoint) -> dict[str, Any]:
+    """What speculative decoding did over the point, from the server's counters (specmetrics): the tokens each
+    decode step emitted (mean acceptance length, vLLM's figure), the share of drafted tokens accepted, and the rate
+    at each draft position; nothing where the server does not speculate."""
+    s = p.sparkbook.speculation
+    if s is None:
+        return {}
+    rate = s.acceptance_rate
+    return {"tokens per step": None if s.mean_acceptance_length is None else round(s.mean_acceptance_length, 2),
+            "draft acceptance %": None if rate is None else round(100 * rate, 1),
+            "acceptance by position": ", ".join(f"{r:.2f}" for r in s.per_position_rate) or None}
+
+
 def table(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
     """One row per saved sweep point with the numbers a reader compares first (rounded): the medians over its
     repeats, the output throughput's min-max and standard deviation over them, and the repeats that stalled."""
@@ -45,7 +58,8 @@ def table(points: Iterable[SweepPoint]) -> list[dict[str, Any]]:
         return {"repeats": len(tput.values) if tput else 1,
                 "tok/s min-max": f"{tput.low:,.1f}-{tput.high:,.1f}" if tput else None,
                 "stdev %": r(tput.stdev_pct, 2) if tput else None,
-                "stalled repeats": ", ".join(str(s.repeat) for s in stalls) or None, **clock_columns(p)}
+                "stalled repeats": ", ".join(str(s.repeat) for s in stalls) or None, **speculation_columns(p),
+                **clock_columns(p)}
 
     return [{"concurrency": p.max_concurrency, "completed": p.completed, "failed": p.failed,
              "output tok/s": r(p.output_throughput), **extras(p), "req/s": r(p.request_throughput, 2),

@@ -10,6 +10,8 @@ from ...core import probes
 from ...core.context import Context
 from ...core.errors import ProbeOutputError
 from ...core.handoff import Endpoint
+from ...core.nodes import Node
+from ...core.params import ServeSettings
 from ...core.topology import lost
 from .commands import ServeError, ServePlan, plan
 from .endpoints import ClientAddress
@@ -35,27 +37,43 @@ def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
     return classify({head: f"{host}:{port}: {bound['error']}"})
 
 
-def missing_chat_template(ctx: Context, serve_plan: ServePlan) -> str | None:
-    """Where serve.chat_template is not a file as each serving node's container sees it (None when it is, or when
-    params name none): vLLM would report it only after loading the model."""
-    path = serve_plan.settings.chat_template
-    if path is None:
-        return None
+def named_paths(settings: ServeSettings) -> list[tuple[str, str, str]]:
+    """What params name on the serving nodes, as (field, path, `test` flag): serve.chat_template, a file;
+    serve.speculative.model, the draft's directory."""
+    draft = settings.speculative.model if settings.speculative else None
+    return [(field, path, flag) for field, path, flag in (("serve.chat_template", settings.chat_template, "-f"),
+                                                          ("serve.speculative.model", draft, "-d")) if path]
+
+
+def lacking(ctx: Context, serve_plan: ServePlan, path: str, flag: str) -> list[str]:
+    """The serving nodes on which `test FLAG PATH` fails in the node's container (or that do not answer)."""
     nodes, where = [ctx.cluster.nodes[c.node] for c in serve_plan.commands], ctx.places
-    outcomes = ctx.cluster.fan_out(lambda n: ctx.runtime.exec(n, where[n.name], ["test", "-f", path], timeout=30).ok,
-                                   nodes, timeout=60)
-    return ", ".join(n for n, o in outcomes.items() if not (o.ok and o.value)) or None
+
+    def there(n: Node) -> bool:
+        return ctx.runtime.exec(n, where[n.name], ["test", flag, path], timeout=30).ok
+    return [n for n, o in ctx.cluster.fan_out(there, nodes, timeout=60).items() if not (o.ok and o.value)]
 
 
-def refuse_missing_template(ctx: Context, serve_plan: ServePlan) -> None:
-    """ServeError naming the nodes where serve.chat_template is not a file (vLLM would say so after the load)."""
-    lacking = missing_chat_template(ctx, serve_plan)
-    if lacking:
-        raise ServeError(f"serve.chat_template: {serve_plan.settings.chat_template} is not a file where `vllm serve` "
-                         f"runs on {lacking}", node=lacking.split(", ")[0],
-                         remediation="put the template on every node under model.cache_dir "
-                                     f"({ctx.params.model.cache_dir}, which the node containers mount at the same "
-                                     "path) or correct serve.chat_template")
+def missing_on_nodes(ctx: Context, serve_plan: ServePlan) -> dict[str, str]:
+    """Each named path (named_paths) that is not there as a serving node's container sees it: its field -> the
+    nodes that lack it. vLLM would report either only after loading the model."""
+    return {field: ", ".join(nodes) for field, path, flag in named_paths(serve_plan.settings)
+            if (nodes := lacking(ctx, serve_plan, path, flag))}
+
+
+def refuse_missing_files(ctx: Context, serve_plan: ServePlan) -> None:
+    """ServeError naming each field and the nodes where its file or directory is not (vLLM would say so after the
+    load)."""
+    missing = missing_on_nodes(ctx, serve_plan)
+    if not missing:
+        return
+    named = {field: (path, "a file" if flag == "-f" else "a directory")
+             for field, path, flag in named_paths(serve_plan.settings)}
+    raise ServeError("; ".join(f"{f}: {named[f][0]} is not {named[f][1]} where `vllm serve` runs on {nodes}"
+                               for f, nodes in missing.items()),
+                     node=next(iter(missing.values())).split(", ")[0],
+                     remediation=f"put it on every node under model.cache_dir ({ctx.params.model.cache_dir}, which "
+                                 "the node containers mount at the same path) or correct the field")
 
 
 def make_room(ctx: Context, serve_plan: ServePlan) -> float | None:
@@ -66,7 +84,7 @@ def make_room(ctx: Context, serve_plan: ServePlan) -> float | None:
     found, _ = find_running(ctx, serve_plan)
     if found is not None:
         return None
-    refuse_missing_template(ctx, serve_plan)  # before the stop: a refusal after it would leave the cluster dark
+    refuse_missing_files(ctx, serve_plan)  # before the stop: a refusal after it would leave the cluster dark
     stopped_at = time.monotonic()
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
     return stopped_at
@@ -97,7 +115,7 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     taken = port_taken(ctx, serve_plan)
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
-    refuse_missing_template(ctx, serve_plan)
+    refuse_missing_files(ctx, serve_plan)
     for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(ctx, current, attempt)
         ready = wait_ready(ctx, launched, params.serve.ready_timeout_s, on_round)

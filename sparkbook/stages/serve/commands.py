@@ -159,6 +159,8 @@ def serve_argv(params: Params, settings: ServeSettings, executor: str, spec: Nod
         argv.append("--enable-auto-tool-choice")
     if settings.enforce_eager:
         argv.append("--enforce-eager")
+    if settings.speculative:
+        argv += ["--speculative-config", settings.speculative.config_json()]
     return argv + list(settings.extra_args)
 
 

@@ -1,19 +1,24 @@
 """05's failures: known signatures in vLLM/Ray/NCCL logs and the kernel's (a named cause, the line that shows it, a
-remediation) and the remediation ladder that retries an out-of-memory start with less memory, a step at a time, then
-eager."""
+remediation) and the remediation ladder that retries a start without speculative decoding where it may have crashed it,
+and an out-of-memory start with less memory, a step at a time, then eager."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
 from ...core.modelinfo import VLLM_DEFAULT_UTILIZATION
-from ...core.params import ServeSettings
+from ...core.params import ServeSettings, Speculative
 
 GRAPH_OOM = "CUDA out of memory during graph capture"
 FREE_MEMORY = "not enough free memory at start-up"
 OOM_KILL = "killed by the kernel's OOM killer"
 REG_MR = "NCCL could not register memory (ENOMEM)"
 LADDER = (GRAPH_OOM, FREE_MEMORY, OOM_KILL, REG_MR)  # out of memory: less gpu_memory_utilization helps, then eager
+ILLEGAL_ACCESS = "CUDA illegal memory access"
+GRAPH_CRASH = "CUDA error in graph capture"
+# Crashes that speculative decoding has caused (MTP in CUDA graph capture, vllm-project/vllm#48749; MTP's illegal
+# memory access, #40756): with serve.speculative set, the first retry goes without it.
+SPECULATION_SUSPECTS = (GRAPH_OOM, GRAPH_CRASH, ILLEGAL_ACCESS)
 _VLLM_COMM = r"(python\S*|vllm\S*|VLLM\S*|pt_main_thread|ray::\S*|raylet|EngineCore\S*)"  # comm, <= 15 chars
 
 
@@ -61,6 +66,16 @@ SIGNATURES: tuple[Signature, ...] = (
               "lower serve.gpu_memory_utilization to the lowest that still holds weights and KV cache (02's memory "
               "fit); if that is not enough, serve with --enforce-eager",
               requires=(r"captur\w* .*(cuda ?graph|cudagraph)|cuda ?graph.*captur|cudagraph",)),
+    # torch's text for cudaErrorIllegalAddress (c10/cuda/CUDAException), an asynchronous kernel fault
+    Signature(ILLEGAL_ACCESS,
+              (r"CUDA error: an illegal memory access was encountered", r"cudaErrorIllegalAddress"),
+              "a CUDA kernel read or wrote out of bounds; with serve.speculative set, serve without it (the ladder "
+              "does); else report it with the log tail (a vLLM or kernel bug for this model, dtype and GPU)"),
+    # cudaErrorStreamCaptureUnsupported and its kin, raised where torch.cuda.graph ends a capture
+    Signature(GRAPH_CRASH,
+              (r"CUDA error: operation not permitted when stream is capturing", r"cudaErrorStreamCapture\w+"),
+              "a kernel that CUDA graphs cannot capture: with serve.speculative set, serve without it (the ladder "
+              "does); else serve with --enforce-eager"),
     # vLLM's start-up check: vllm/v1/worker/utils.py (request_memory), raised before any weight loads
     Signature(FREE_MEMORY,
               (r"Free memory on device .* on startup is less than desired GPU memory utilization",),
@@ -188,11 +203,16 @@ class Remedy:
 def remedy(cause: FailureCause, settings: ServeSettings, floor: float | None = None) -> Remedy | None:
     """The next automatic remediation for `cause` under `settings`, or None where there is none.
 
+    A cause speculation is known to bring (SPECULATION_SUSPECTS) with serve.speculative set: serve without it first,
+    since the steps below would give up memory or speed for a crash that may not be theirs.
+
     Out of memory (a cause in LADDER): lower gpu_memory_utilization by serve.utilization_step while the result still
     holds the weights and the KV cache on every node (`floor`, `modelinfo.utilization_floor` from 02's memory fit;
     each attempt reloads every weight, so one step at a time gives up no more KV cache than the start needs), then
     --enforce-eager (no CUDA graphs). Unknown floor (None: no fit): straight to eager. Every other cause needs a
     person (or an earlier stage)."""
+    if cause.cause in SPECULATION_SUSPECTS and settings.speculative is not None:
+        return _without_speculation(cause, settings, settings.speculative)
     if cause.cause not in LADDER or settings.enforce_eager:
         return None
     current = settings.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
@@ -212,4 +232,15 @@ def remedy(cause: FailureCause, settings: ServeSettings, floor: float | None = N
                   f"fit's floor {floor}") + ": skip CUDA graph capture"
         alts = [("lower gpu_memory_utilization", "below the memory fit's floor the weights and the KV cache for "
                  "max_model_len no longer fit")]
+    return Remedy(cause.cause, change, settings.model_copy(update=change), reason, alts)
+
+
+def _without_speculation(cause: FailureCause, settings: ServeSettings, spec: Speculative) -> Remedy:
+    change: dict[str, object] = {"speculative": None}
+    reason = (f"{cause.cause} with speculative decoding on ({spec.method}, {spec.num_speculative_tokens} tokens): "
+              "serve without it first, since speculation has crashed CUDA graph capture and made illegal memory "
+              "accesses (vllm-project/vllm#48749, #40756) and its draft takes memory of its own; the memory steps "
+              "follow if the cause stays")
+    alts = [("lower gpu_memory_utilization first", "gives up KV cache for a crash that may be speculation's"),
+            ("enforce_eager", "costs every request's decode speed; speculation is the likelier cause")]
     return Remedy(cause.cause, change, settings.model_copy(update=change), reason, alts)

@@ -68,3 +68,16 @@ def test_an_idle_window_has_no_figures_and_a_restart_inside_it_is_refused():
         (0, None, None, ())
     with pytest.raises(SparkbookError, match="restarted"):
         speculation(page, SpecCounters(10.0, 10.0, 5.0, ()))
+
+
+def test_a_real_ngram_servers_page_from_the_labs_vllm_cpu_build():
+    """vLLM 0.32.0's CPU build speculates with ngram (the lab's newer image): its page after two 48-token completions.
+    The generation counter holds the 96 tokens the two replies carried (usage said 48 + 48)."""
+    page = (DATA / "vllm-0.32-cpu-ngram-metrics.txt").read_text()
+    counters = spec_counters(page)
+    assert counters == SpecCounters(6.0, 11.0, 7.0, (4.0, 3.0))
+    s = speculation(None, counters)
+    assert (s.drafts, s.draft_tokens, s.accepted, s.accepted_per_position) == (6, 11, 7, (4, 3))
+    assert round(s.mean_acceptance_length, 2) == 2.17 and round(s.acceptance_rate, 3) == 0.636
+    assert tuple(round(r, 3) for r in s.per_position_rate) == (0.667, 0.5)
+    assert prometheus_totals(page)["vllm:generation_tokens_total"] == 96.0

@@ -56,6 +56,8 @@ STRING_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None], str]] = [
     ("serve.env", lambda d, v: d["serve"].update(env={"A": v}), "serve.env.A"),
     ("serve.node_env", lambda d, v: d["serve"].update(node_env={"a": {"A": v}}), "serve.node_env.a.A"),
     ("serve.api_key_env", lambda d, v: d["serve"].update(api_key_env=v), "serve.api_key_env"),
+    ("serve.speculative.model", lambda d, v: d["serve"].update(
+        speculative={"method": "eagle3", "num_speculative_tokens": 2, "model": v}), "serve.speculative.model"),
     ("secrets", lambda d, v: d.update(secrets=[v]), "secrets[0]"),
     ("run_lock.path", lambda d, v: d.update(run_lock={"path": v}), "run_lock.path"),
 ]

@@ -86,16 +86,22 @@ def test_floor_holds_weights_kv_for_max_model_len_and_the_reserve(duo):
     assert utilization_floor(_facts(119), no_len, {"a": GB10, "b": GB10}) is None
 
 
-def test_a_graph_capture_oom_serve_reaches_eager_within_max_remedies(duo, monkeypatch):
-    """bring_up with every node operation replaced: each launch with CUDA graphs OOMs in capture (the real V1
-    text), an eager one is ready. Each remedy steps down by serve.utilization_step while the fit holds (a floor of
-    0.7, as the seed's start needed), then goes eager."""
+def no_node_operations(monkeypatch):
+    """bring_up's node operations replaced: a whole cluster, nothing serving, every launch spawned (wait_ready,
+    patched by each test, decides how it ends)."""
     monkeypatch.setattr(bringup, "lost", lambda *a: {})
     monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
     for name in ("stop_earlier", "stop_serving", "remember"):
         monkeypatch.setattr(bringup, name, lambda *a: None)
     monkeypatch.setattr(bringup, "port_taken", lambda *a: None)
     monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
+
+
+def test_a_graph_capture_oom_serve_reaches_eager_within_max_remedies(duo, monkeypatch):
+    """bring_up with every node operation replaced: each launch with CUDA graphs OOMs in capture (the real V1
+    text), an eager one is ready. Each remedy steps down by serve.utilization_step while the fit holds (a floor of
+    0.7, as the seed's start needed), then goes eager."""
+    no_node_operations(monkeypatch)
 
     def wait_ready(ctx, launched, timeout_s, on_round):
         if launched.plan.settings.enforce_eager:
@@ -181,12 +187,7 @@ def test_without_speculation_an_illegal_access_needs_a_person_and_a_capture_oom_
 def test_speculation_dropped_then_the_memory_ladder(duo, monkeypatch):
     """bring_up with every node operation replaced: launches with speculation crash in capture (#48749's text), the
     first one without it OOMs in capture, the next one with less memory is ready."""
-    monkeypatch.setattr(bringup, "lost", lambda *a: {})
-    monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
-    for name in ("stop_earlier", "stop_serving", "remember"):
-        monkeypatch.setattr(bringup, name, lambda *a: None)
-    monkeypatch.setattr(bringup, "port_taken", lambda *a: None)
-    monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
+    no_node_operations(monkeypatch)
 
     def wait_ready(ctx, launched, timeout_s, on_round):
         settings = launched.plan.settings

@@ -67,10 +67,9 @@ def refuse_missing_files(ctx: Context, serve_plan: ServePlan) -> None:
     missing = missing_on_nodes(ctx, serve_plan)
     if not missing:
         return
-    named = {field: (path, "a file" if flag == "-f" else "a directory")
-             for field, path, flag in named_paths(serve_plan.settings)}
-    raise ServeError("; ".join(f"{f}: {named[f][0]} is not {named[f][1]} where `vllm serve` runs on {nodes}"
-                               for f, nodes in missing.items()),
+    raise ServeError("; ".join(f"{field}: {path} is not {'a file' if flag == '-f' else 'a directory'} where "
+                               f"`vllm serve` runs on {missing[field]}"
+                               for field, path, flag in named_paths(serve_plan.settings) if field in missing),
                      node=next(iter(missing.values())).split(", ")[0],
                      remediation=f"put it on every node under model.cache_dir ({ctx.params.model.cache_dir}, which "
                                  "the node containers mount at the same path) or correct the field")

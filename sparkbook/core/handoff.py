@@ -10,10 +10,13 @@
     04-ray-cluster      FabricProof     "fabric"     the all_reduce test's figures, for 06 to set beside its decode
     05-serve            Endpoint        "endpoint"   where to send requests and what was started where
     06-benchmark        BenchmarkSummary "benchmark" single stream, peak, roofline share, regressions
+    06-benchmark        AbVerdict       "ab"         the A/B's ratios and the configuration that stays serving (the
+                                                     driver serves the baseline again when it is kept)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -152,3 +155,26 @@ class BenchmarkSummary(Handoff):
     compared_with: str | None
     worse_than_earlier: list[str]
     points: list[BenchPoint]
+
+
+class AbRatio(_Part):
+    """One concurrency of the A/B: the speculative arm's output tok/s over the baseline's, judged against the noise
+    band of both arms' repeats."""
+
+    max_concurrency: int
+    baseline_tok_s: float
+    speculative_tok_s: float
+    ratio: float
+    noise_pct: float | None  # None: no repeats to measure the noise with
+    verdict: str  # better | worse | within noise | no noise estimate (speculation against the baseline)
+
+
+class AbVerdict(Handoff):
+    key = "ab"
+    notebook = "06-benchmark"
+
+    kept: Literal["baseline", "speculative"]
+    reason: str
+    decided_at: int  # the concurrency whose ratio decided
+    crossing: str | None  # where the ratio crosses 1, if it does
+    ratios: list[AbRatio]

@@ -346,6 +346,12 @@ class BenchmarkPlan(Strict):
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
     clock_drop: float = Field(0.10, gt=0, lt=1, description="06 flags a point whose GPU SM clock fell more than "
                               "this fraction below its start (sampled with nvidia-smi where nodes list GPUs)")
+    ab: Literal["speculative"] | None = Field(None, description="speculative: 05 and 06 run twice, the plan without "
+                                              "serve.speculative first, then with it (same prompts, seeds and "
+                                              "concurrency points); 06 records the ratio at each concurrency and "
+                                              "which configuration stays serving")
+    ab_decide_at: int | None = Field(None, ge=1, description="the concurrency whose ratio decides the A/B (default: "
+                                     "the lowest measured, the single stream speculation is for)")
 
 
 class Fabric(Strict):
@@ -432,12 +438,30 @@ class Params(Strict):
         if draft and isinstance(self.runtime, DockerRuntime) and not draft.startswith(cache):
             problems.append(f"serve.speculative.model: {draft} is not under model.cache_dir ({self.model.cache_dir}), "
                             "the only host directory the node containers mount")
+        problems += self._ab_problems()
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _ab_problems(self) -> list[str]:
+        """An A/B needs its two arms to differ, and decides at a concurrency the sweep measures."""
+        bench, problems = self.benchmark, []
+        if bench.ab == "speculative" and self.serve.speculative is None:
+            problems.append("benchmark.ab: speculative compares the plan with and without serve.speculative; set "
+                            "serve.speculative (e.g. method: ngram, num_speculative_tokens: 3) or drop benchmark.ab")
+        if bench.ab_decide_at is not None and bench.ab_decide_at not in bench.concurrency:
+            problems.append(f"benchmark.ab_decide_at: {bench.ab_decide_at} is not one of benchmark.concurrency "
+                            f"{bench.concurrency}")
+        if bench.ab_decide_at is not None and bench.ab is None:
+            problems.append("benchmark.ab_decide_at: set without benchmark.ab (no A/B to decide)")
+        return problems
+
+    def without_speculation(self) -> Params:
+        """The same plan with serve.speculative off: the A/B's baseline arm."""
+        return self.model_copy(update={"serve": self.serve.model_copy(update={"speculative": None})})
 
     @property
     def head(self) -> NodeSpec:

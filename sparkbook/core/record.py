@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from . import state
 from .context import Context
@@ -16,7 +16,7 @@ from .nodes import Cluster, Outcome, Result
 from .params import Params, load_params
 from .progress import Progress
 from .redact import Redactor
-from .rundir import EVENTS, INTERACTIVE, LOGS, relative_paths
+from .rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
 from .runtime import runtime_for
 from .state import H
 
@@ -103,8 +103,9 @@ def _slug(text: str) -> str:
 class Run:
     """One execution of the runbook for one cluster: params, run dir, state and evidence."""
 
-    def __init__(self, params_file: Path, params: Params, run_dir: Path, stage: str):
+    def __init__(self, params_file: Path, params: Params, run_dir: Path, stage: str, ab_arm: AbArm | None = None):
         self.params_file, self.params, self.run_dir, self.stage = params_file, params, run_dir, stage
+        self.ab_arm = ab_arm
         self.redactor = Redactor.from_env(params.secrets)
         self._cluster: Cluster | None = None
         (run_dir / LOGS).mkdir(parents=True, exist_ok=True)
@@ -118,6 +119,12 @@ class Run:
     def context(self, image: str | None = None) -> Context:
         """What the stages are handed (params, nodes, runtime, run dir; the image from 04 on)."""
         return Context(self.params, self.cluster, runtime_for(self.params), self.run_dir, image)
+
+    @property
+    def bench_root(self) -> Path:
+        """The dir whose bench/ holds this notebook's sweep points: the run dir, or the A/B baseline arm's own
+        (so the run's bench/, which comparisons and the archive read, is always the params' own plan)."""
+        return self.run_dir / AB_BASELINE if self.ab_arm == "baseline" else self.run_dir
 
     def _trusted(self, host: str, fingerprint: str) -> None:
         self.record("host_key_trusted", {"host": host, "fingerprint": fingerprint})
@@ -218,12 +225,25 @@ def _display_table(rows: list[dict[str, Any]]) -> None:
                   "text/plain": frame.to_string(index=False)})
 
 
-def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path = "", stage: str = "") -> Run:
-    """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/)."""
+# The A/B's arms other than the params' own plan (benchmark.ab: speculative): "baseline" is 05 and 06 without
+# serve.speculative, "kept" is 05 serving that plan again when the A/B keeps it.
+AbArm = Literal["baseline", "kept"]
+AB_ARMS: tuple[AbArm, ...] = get_args(AbArm)
+
+
+def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path = "", stage: str = "",
+             ab_arm: str | None = None) -> Run:
+    """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/). An A/B arm
+    (the driver passes it) runs the plan without serve.speculative and records under `<stage>.ab-<arm>`."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)
+    if ab_arm is not None and ab_arm not in AB_ARMS:
+        raise ValueError(f"ab_arm: {ab_arm!r} is not an A/B arm (one of {', '.join(AB_ARMS)}, or None)")
+    arm = cast(AbArm | None, ab_arm)
+    if arm is not None:
+        params, stage = params.without_speculation(), f"{stage}.ab-{arm}"
     if not run_dir:
         run_dir = params_file.parent.parent / "outputs" / params.cluster / INTERACTIVE
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Run(params_file, params, run_dir, stage)
+    return Run(params_file, params, run_dir, stage, arm)

@@ -17,6 +17,7 @@ PARAMS_COPY = "params.yaml"  # the params file as the run used it (for `sparkboo
 INDEX = "index.html"  # a run's page, and a cluster's page over its runs one level up
 LOGS = "logs"  # full command output, where a cell shows a tail
 BENCH = "bench"  # 06's sweep points, one vLLM-bench JSON file per concurrency
+AB_BASELINE = "ab-baseline"  # the A/B's baseline arm (benchmark.ab): its 06 keeps its sweep points in its own bench/
 RESTORE_PLAN = "restore-plan.json"  # 01's plan of what it stopped, for `sparkbook restore`
 RESTORE_SCRIPT = "restore.sh"  # the same steps as a shell script, for a node without sparkbook
 INTERACTIVE = "interactive"  # the run dir of notebooks opened by hand (no driver, no run id)

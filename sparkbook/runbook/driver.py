@@ -20,7 +20,7 @@ from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
 from ..records import pages
 from ..records.archive import params_hash, read_run
 from ..records.restore import restore_section
-from . import lock
+from . import arms, lock
 from .limits import cell_limit
 from .manifest import Manifest, NotebookRun, sparkbook_version
 
@@ -86,20 +86,23 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     if resume:
         run_dir = resume.resolve()
         manifest = Manifest.read(run_dir)
+        recorded = [nb.name for nb in manifest.notebooks]
         first_bad = next((nb.name for nb in manifest.notebooks if nb.status != "ok"), None)
-        todo = select(names, start or (first_bad[:2] if first_bad else None), only)
         if not first_bad and not start and not only:
             say(f"{run_dir}: every notebook already ran ok; nothing to resume")
             return run_dir, manifest
+        # from the first that did not run ok, in the recorded order (an A/B's arms included)
+        todo = recorded[recorded.index(first_bad):] if first_bad and not start and not only \
+            else arms.with_arms(select(names, start, only), params)
         parameters = {**manifest.parameters, **parameters}
         run_id = manifest.run_id
     else:
         run_id = new_run_id()
         run_dir = (out_root / params.cluster / run_id).resolve()
-        todo = select(names, start, only, upto)
+        todo = arms.with_arms(select(names, start, only, upto), params)
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
                             notebooks=[NotebookRun(n, "pending" if n in todo or not seed else "skipped")
-                                       for n in names])
+                                       for n in arms.with_arms(names, params)])
     with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
         run_dir.mkdir(parents=True, exist_ok=resume is not None)
         if seed:
@@ -158,7 +161,9 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
     manifest.write(run_dir)
     os.environ["SPARKBOOK_HEADLESS"] = "1"
     by_name = {nb.name: nb for nb in manifest.notebooks}
-    for i, name in enumerate(todo, 1):
+    todo, i = list(todo), 0
+    while i < len(todo):
+        name, i = todo[i], i + 1
         entry = by_name[name]
         entry.cell_limit_s, entry.cell_limit_reason = cell_limit(params, name)
         say(f"[{i}/{len(todo)}] {name} … (a cell may run {entry.cell_limit_s} s: {entry.cell_limit_reason})")
@@ -166,10 +171,11 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
         entry.status, entry.exception = "running", None
         manifest.write(run_dir)
         try:
+            source = folder / arms.source(name)
             papermill.execute_notebook(
-                str(folder / name), str(run_dir / name), kernel_name="python3", cwd=str(folder),
-                parameters=parameters_for(folder / name, {"params_file": str(params_file), "run_dir": str(run_dir),
-                                                          **parameters}),
+                str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
+                parameters=parameters_for(source, {"params_file": str(params_file), "run_dir": str(run_dir),
+                                                   **parameters, **arms.parameters(name)}),
                 progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:
@@ -187,6 +193,11 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
             + (f": {entry.exception['ename']}: {entry.exception['evalue'][:300]}" if entry.exception else ""))
         if entry.status == "failed":
             break
+        if (more := arms.follow_up(run_dir, name, params, notebook_names(folder))) is not None:
+            say(f"the A/B keeps the plan without speculation: {more} serves it again")
+            todo.append(more)
+            by_name[more] = NotebookRun(more)
+            manifest.notebooks.append(by_name[more])
     manifest.close(todo, only)
     manifest.finished = now()
     manifest.write(run_dir)

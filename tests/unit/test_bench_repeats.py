@@ -284,7 +284,7 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     (row,) = stall_rows(saved)
     assert (row["concurrency"], row["repeat"], row["requests hit"]) == (1, 2, 1)
     assert row["request index: TTFT ms"].startswith("3: ")
-    assert saved[0].sparkbook.speculation is None and "tokens per step" not in rows[0], "no speculation, no columns"
+    assert saved[0].sparkbook.speculation is None and "mean accepted length" not in rows[0], "no speculation, no columns"
 
 
 def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp_path: Path):
@@ -303,8 +303,10 @@ def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp
     saved = read_points(tmp_path)
     assert saved[0].sparkbook.speculation == points[0].speculation
     row = table(saved)[0]
-    assert (row["tokens per step"], row["draft acceptance %"], row["acceptance by position"]) == \
+    assert (row["mean accepted length"], row["draft acceptance %"], row["acceptance by position"]) == \
         (2.0, 50.0, "1.00, 0.00")
+    assert saved[0].total_output_tokens == 48 and saved[0].sparkbook.speculation.accepted == 24
+    assert row["decode steps/s"] == round(saved[0].output_throughput / 2, 1), "48 tokens in 24 steps"
 
 
 def test_the_throughput_plot_draws_the_repeats_min_max():

@@ -33,15 +33,30 @@ def clock_columns(p: SweepPoint) -> dict[str, Any]:
                                     for c in clocks if c.drop_pct is not None) or None}
 
 
+def decode_steps_per_s(p: SweepPoint) -> float | None:
+    """Decode steps per second over all sequences: every step of a sequence emits one token of the target model
+    plus the drafts it accepted, so steps = output tokens - accepted drafts; without speculation each token is a
+    step. Output tok/s counts what speculation gained, this the rate the target model itself stepped at (what
+    llama-benchy reports as tokens/s, and why MTP's gain looks smaller there)."""
+    s = p.sparkbook.speculation
+    if p.output_throughput is None or s is None:
+        return p.output_throughput
+    if not p.total_output_tokens:
+        return None
+    return p.output_throughput * (1 - s.accepted / p.total_output_tokens)
+
+
 def speculation_columns(p: SweepPoint) -> dict[str, Any]:
-    """What speculative decoding did over the point, from the server's counters (specmetrics): the tokens each
-    decode step emitted (mean acceptance length, vLLM's figure), the share of drafted tokens accepted, and the rate
-    at each draft position; nothing where the server does not speculate."""
+    """What speculative decoding did over the point, from the server's counters (specmetrics): the decode steps per
+    second beside the output tok/s, the tokens each drafting step emitted (mean accepted length, vLLM's mean
+    acceptance length), the share of drafted tokens accepted, and the rate at each draft position; nothing where
+    the server does not speculate."""
     s = p.sparkbook.speculation
     if s is None:
         return {}
-    rate = s.acceptance_rate
-    return {"tokens per step": None if s.mean_acceptance_length is None else round(s.mean_acceptance_length, 2),
+    rate, steps = s.acceptance_rate, decode_steps_per_s(p)
+    return {"decode steps/s": None if steps is None else round(steps, 1),
+            "mean accepted length": None if s.mean_acceptance_length is None else round(s.mean_acceptance_length, 2),
             "draft acceptance %": None if rate is None else round(100 * rate, 1),
             "acceptance by position": ", ".join(f"{r:.2f}" for r in s.per_position_rate) or None}
 

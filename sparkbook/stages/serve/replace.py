@@ -28,11 +28,17 @@ class Replacement:
     def whose(self) -> str:
         return f"run {self.serving.run or '(unrecorded)'}'s server (serving since {self.serving.since or 'unknown'})"
 
-    def decision(self) -> Decision:
+    def started_by(self, run_id: str) -> bool:
+        """Whether this run started the live server (the A/B's other arm): a run replaces its own server as its
+        params planned, without confirm_replace, which guards servers other runs left."""
+        return self.serving.run == run_id
+
+    def decision(self, own: bool = False) -> Decision:
+        why = ("this run started it for the A/B's other arm (benchmark.ab)" if own
+               else "confirm_replace=true: the operator chose the new plan")
         return Decision(
             "Replace the live server with the new plan?", f"replace {self.whose}",
-            "confirm_replace=true: the operator chose the new plan; should it fail to start, "
-            "serve.rollback_on_failure relaunches this one",
+            f"{why}; should it fail to start, serve.rollback_on_failure relaunches this one",
             [Alternative("keep the running server", "not what confirm_replace asked for")],
             [f"{d.field}: {d.running!r} -> {d.new!r}" for d in self.differences], key="replace")
 

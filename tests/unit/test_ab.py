@@ -1,0 +1,194 @@
+"""benchmark.ab: speculative (issue 32 item 3): the params it needs, the ratio at each concurrency against the noise of
+both arms, where the two cross, which configuration stays serving, and the driver running 05 and 06 as two arms (a
+third 05 where the baseline is kept) through papermill, with each arm's notebook seeing its own plan."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from sparkbook.core.handoff import AbVerdict
+from sparkbook.core.params import ParamsError, Speculative, load_params
+from sparkbook.core.record import open_run
+from sparkbook.core.rundir import AB_BASELINE
+from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.runbook import arms, driver
+from sparkbook.stages.bench import ab
+from sparkbook.stages.bench.tables import decode_steps_per_s
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+SPEC = Speculative.model_validate(NGRAM)
+
+
+def _problems(write_params: Callable[..., Path], base: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(ParamsError) as exc:
+        load_params(write_params(base))
+    return {p.field: p.message for p in exc.value.problems}
+
+
+def test_an_ab_needs_speculation_and_decides_at_a_measured_concurrency(write_params, base):
+    base["benchmark"] = {"ab": "speculative"}
+    assert "set serve.speculative" in _problems(write_params, base)["benchmark.ab"]
+    base["serve"]["speculative"] = NGRAM
+    base["benchmark"] = {"ab": "speculative", "concurrency": [1, 4], "ab_decide_at": 8}
+    assert "not one of benchmark.concurrency [1, 4]" in _problems(write_params, base)["benchmark.ab_decide_at"]
+    base["benchmark"] = {"ab_decide_at": 1, "concurrency": [1, 4]}
+    assert "without benchmark.ab" in _problems(write_params, base)["benchmark.ab_decide_at"]
+    base["benchmark"] = {"ab": "speculative", "concurrency": [1, 4], "ab_decide_at": 4}
+    params = load_params(write_params(base))
+    assert params.serve.speculative == SPEC and params.without_speculation().serve.speculative is None
+    assert params.without_speculation().serve.tensor_parallel_size == params.serve.tensor_parallel_size
+
+
+def test_an_arm_opens_the_run_without_speculation_under_its_own_stage(write_params, base, tmp_path):
+    base["serve"]["speculative"] = NGRAM
+    base["benchmark"] = {"ab": "speculative"}
+    path = write_params(base)
+    own = open_run(path, tmp_path / "run", stage="06-benchmark")
+    arm = open_run(path, tmp_path / "run", stage="06-benchmark", ab_arm="baseline")
+    assert (own.stage, own.params.serve.speculative, own.bench_root) == ("06-benchmark", SPEC, tmp_path / "run")
+    assert (arm.stage, arm.params.serve.speculative) == ("06-benchmark.ab-baseline", None)
+    assert arm.bench_root == tmp_path / "run" / AB_BASELINE
+    with pytest.raises(ValueError, match="not an A/B arm"):
+        open_run(path, tmp_path / "run", stage="05-serve", ab_arm="speculative")
+
+
+def _point(c: int, *tput: float, accepted: int | None = None, output: int = 1000) -> SweepPoint:
+    """A saved point with its repeats' output tok/s (the median reported) and, where given, what speculation did."""
+    spec = None if accepted is None else {"drafts": accepted, "draft_tokens": 3 * accepted, "accepted": accepted,
+                                          "accepted_per_position": [accepted, 0, 0]}
+    return SweepPoint.model_validate({
+        "max_concurrency": c, "output_throughput": sorted(tput)[len(tput) // 2], "total_output_tokens": output,
+        "sparkbook": {"repeats": [{"output_throughput": t} for t in tput] if len(tput) > 1 else [],
+                      "speculation": spec}})
+
+
+BASELINE = [_point(1, 98, 100, 102), _point(4, 300, 310, 320), _point(16, 800, 820, 830)]
+FASTER_ALONE = [_point(1, 138, 140, 141, accepted=300), _point(4, 310, 320, 345, accepted=300),
+                _point(16, 700, 712, 720, accepted=300)]
+
+
+def test_speculation_faster_at_one_stream_stays_and_the_crossing_is_named():
+    rows = ab.ratios(BASELINE, FASTER_ALONE)
+    assert [(r.max_concurrency, round(r.ratio, 3)) for r in rows] == [(1, 1.4), (4, 1.032), (16, 0.868)]
+    assert [r.verdict for r in rows] == ["better", "within noise", "worse"]
+    assert rows[1].noise_pct == pytest.approx(100 * 35 / 320), "the wider of the two arms' repeat spreads"
+    verdict = ab.verdict(rows, None, SPEC)
+    assert (verdict.kept, verdict.decided_at) == ("speculative", 1)
+    assert verdict.crossing == "between c=4 (1.03x) and c=16 (0.87x)"
+    decided = ab.decision(verdict, SPEC)
+    assert decided.choice == "with speculation (ngram, 3 tokens)" and decided.key == "ab"
+    assert decided.evidence[-1] == "the ratio crosses 1 between c=4 (1.03x) and c=16 (0.87x)"
+    assert "1.40x" in decided.reason and "without speculation" == decided.alternatives[0].option
+
+
+def test_deciding_where_it_only_matches_or_loses_keeps_the_baseline():
+    rows = ab.ratios(BASELINE, FASTER_ALONE)
+    at_four = ab.verdict(rows, 4, SPEC)
+    assert at_four.kept == "baseline" and "within the noise" in at_four.reason
+    at_sixteen = ab.verdict(rows, 16, SPEC)
+    assert at_sixteen.kept == "baseline" and "slower beyond the noise" in at_sixteen.reason
+
+
+def test_one_repeat_measures_no_noise_so_no_gain_keeps_speculation():
+    rows = ab.ratios([_point(1, 100)], [_point(1, 150, accepted=400)])
+    assert rows[0].noise_pct is None and rows[0].verdict == "no noise estimate"
+    verdict = ab.verdict(rows, None, SPEC)
+    assert verdict.kept == "baseline" and "benchmark.repeats to 2 or more" in verdict.reason
+    assert verdict.crossing is None and ab.decision(verdict, SPEC).evidence[-1] == "the ratio does not cross 1"
+
+
+def test_both_arms_rows_show_decode_steps_beside_output_tokens():
+    rows = ab.arm_rows(BASELINE, FASTER_ALONE)
+    assert [(r["concurrency"], r["arm"]) for r in rows[:2]] == [(1, "baseline"), (1, "speculative")]
+    assert rows[0]["decode steps/s"] == 100 and "mean accepted length" not in rows[0]
+    # 1000 output tokens of which 300 were accepted drafts: 700 steps, 140 tok/s -> 98 steps/s
+    assert rows[1]["decode steps/s"] == 98.0 and rows[1]["mean accepted length"] == 2.0
+    assert rows[1]["tok/s min-max"] == "138.0-141.0"
+    assert decode_steps_per_s(_point(1, 100, accepted=10, output=0)) is None, "no token count, no steps"
+
+
+def _notebook(folder: Path, name: str, body: str) -> None:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""\nab_arm = None\nkeep = "speculative"')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / name)
+
+
+@pytest.fixture
+def ab_notebooks(tmp_path: Path) -> Path:
+    """A 05 that notes the speculation its arm serves with, and a 06 whose A/B keeps `keep` (as the real one
+    remembers its verdict)."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    opened = 'import json, sparkbook\nrun = sparkbook.open_run(params_file, run_dir, stage="{stage}", ab_arm=ab_arm)\n'
+    serve = opened.format(stage="05-serve") + (
+        'spec = run.params.serve.speculative\n'
+        'with (run.run_dir / "served.jsonl").open("a") as fh:\n'
+        '    fh.write(json.dumps([run.stage, spec.method if spec else None]) + "\\n")\n')
+    bench = opened.format(stage="06-benchmark") + (
+        'from sparkbook.core.handoff import AbVerdict\n'
+        'if ab_arm is None:\n'
+        '    run.remember(AbVerdict(kept=keep, reason="planted", decided_at=1, crossing=None, ratios=[]))\n')
+    _notebook(folder, "04-ray.ipynb", opened.format(stage="04-ray"))
+    _notebook(folder, "05-serve.ipynb", serve)
+    _notebook(folder, "06-benchmark.ipynb", bench)
+    return folder
+
+
+@pytest.fixture
+def ab_params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
+    for node in base["nodes"]:
+        node["transport"] = "local"
+    base["run_lock"] = {"path": str(tmp_path / "run.lock")}
+    base["serve"]["speculative"] = NGRAM
+    base["benchmark"] = {"ab": "speculative"}
+    return write_params(base)
+
+
+def _served(run_dir: Path) -> list[list[str | None]]:
+    return [json.loads(line) for line in (run_dir / "served.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("keep", ["speculative", "baseline"])
+def test_the_driver_runs_both_arms_and_serves_the_kept_one_last(ab_notebooks, ab_params, tmp_path, keep):
+    said: list[str] = []
+    run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
+                                   parameters={"keep": keep})
+    expected = ["04-ray.ipynb", "05-serve.ab-baseline.ipynb", "06-benchmark.ab-baseline.ipynb", "05-serve.ipynb",
+                "06-benchmark.ipynb"] + (["05-serve.ab-kept.ipynb"] if keep == "baseline" else [])
+    assert [nb.name for nb in manifest.notebooks] == expected
+    assert manifest.status == "ok" and all(nb.status == "ok" for nb in manifest.notebooks)
+    assert all((run_dir / name).is_file() for name in expected)
+    served = [["05-serve.ab-baseline", None], ["05-serve", "ngram"]]
+    assert _served(run_dir) == served + ([["05-serve.ab-kept", None]] if keep == "baseline" else [])
+    assert any("05-serve.ab-kept.ipynb serves it again" in line for line in said) == (keep == "baseline")
+
+
+def test_an_ab_run_resumes_at_its_failed_arm(ab_notebooks, ab_params, tmp_path):
+    run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
+                                   parameters={"keep": "nonsense"})  # the verdict fails its schema in the last 06
+    assert [nb.status for nb in manifest.notebooks][-2:] == ["ok", "failed"]
+    _, manifest = driver.run(ab_params, resume=run_dir, folder=ab_notebooks, say=lambda _: None,
+                             parameters={"keep": "baseline"})
+    assert [nb.name for nb in manifest.notebooks][-2:] == ["06-benchmark.ipynb", "05-serve.ab-kept.ipynb"]
+    assert manifest.status == "ok"
+    assert [stage for stage, _ in _served(run_dir)] == ["05-serve.ab-baseline", "05-serve", "05-serve.ab-kept"]
+
+
+def test_without_both_serve_and_bench_there_is_no_ab(ab_params):
+    params = load_params(ab_params)
+    names = ["04-ray.ipynb", "05-serve.ipynb", "06-benchmark.ipynb"]
+    assert arms.with_arms(names[:2], params) == names[:2]
+    assert arms.with_arms(names, params.without_speculation().model_copy(
+        update={"benchmark": params.benchmark.model_copy(update={"ab": None})})) == names
+    assert arms.source("05-serve.ab-kept.ipynb") == "05-serve.ipynb" and arms.source(names[2]) == names[2]
+    assert arms.parameters("06-benchmark.ab-baseline.ipynb") == {"ab_arm": "baseline"}
+    assert arms.parameters(names[2]) == {}
+    assert AbVerdict.key == "ab"

@@ -225,22 +225,24 @@ def _display_table(rows: list[dict[str, Any]]) -> None:
                   "text/plain": frame.to_string(index=False)})
 
 
-# The A/B's arms other than the params' own plan (benchmark.ab: speculative): "baseline" is 05 and 06 without
-# serve.speculative, "kept" is 05 serving that plan again when the A/B keeps it.
-AbArm = Literal["baseline", "kept"]
+# The A/B's arms (benchmark.ab: speculative): "baseline" is 05 and 06 without serve.speculative, "speculative" the
+# params' own plan after it (its 05 replaces the baseline's server, its 06 decides), "kept" is 05 serving the
+# baseline again when the A/B keeps it.
+AbArm = Literal["baseline", "speculative", "kept"]
 AB_ARMS: tuple[AbArm, ...] = get_args(AbArm)
 
 
 def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path = "", stage: str = "",
              ab_arm: str | None = None) -> Run:
-    """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/). An A/B arm
-    (the driver passes it) runs the plan without serve.speculative and records under `<stage>.ab-<arm>`."""
+    """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/). The A/B's
+    baseline and kept arms (the driver passes them) run the plan without serve.speculative and record under
+    `<stage>.ab-<arm>`."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)
     if ab_arm is not None and ab_arm not in AB_ARMS:
         raise ValueError(f"ab_arm: {ab_arm!r} is not an A/B arm (one of {', '.join(AB_ARMS)}, or None)")
     arm = cast(AbArm | None, ab_arm)
-    if arm is not None:
+    if arm in ("baseline", "kept"):
         params, stage = params.without_speculation(), f"{stage}.ab-{arm}"
     if not run_dir:
         run_dir = params_file.parent.parent / "outputs" / params.cluster / INTERACTIVE

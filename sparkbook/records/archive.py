@@ -50,6 +50,7 @@ class RunRecord:
     executor: str | None = None
     ready_s: float | None = None
     addresses: list[str] = field(default_factory=list)  # "network: URL" clients use (05's endpoint), as recorded
+    ab_kept: str | None = None  # benchmark.ab: which configuration stays serving and why (06's verdict)
     single_tok_s: float | None = None
     peak_tok_s: float | None = None
     peak_concurrency: int | None = None
@@ -221,6 +222,7 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     record.addresses = [f"{net}: {url}" for net, url in addresses.items()] if isinstance(addresses, dict) else []
     if record.ready_s is None and not state and not events:
         record.ready_s = notebook_field(run_dir, "05-serve.ipynb", "ready_s")
+    record.ab_kept = _ab_kept(state.get("ab"))
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
@@ -234,6 +236,15 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
                    f"{record.failing_cell['notebook']}: {record.cause}") if record.failing_cell else None
     record.timeline = steps(events, failure)
     return record
+
+
+def _ab_kept(verdict: Any) -> str | None:
+    """06's A/B verdict in a line: the configuration that stays serving, why, and where the ratio crosses 1."""
+    if not isinstance(verdict, dict) or "kept" not in verdict:
+        return None
+    kept = "with speculation" if verdict["kept"] == "speculative" else "without speculation"
+    cross = verdict.get("crossing")
+    return f"{kept}: {verdict.get('reason')}" + (f"; the ratio crosses 1 {cross}" if cross else "")
 
 
 def _resolved(findings: list[dict[str, Any]], notebooks: list[dict[str, Any]]) -> list[dict[str, Any]]:

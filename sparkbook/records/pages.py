@@ -74,6 +74,7 @@ def key_figures(r: RunRecord) -> list[dict[str, str]]:
         ("peak output tok/s", fmt(r.peak_tok_s) + (f" at concurrency {r.peak_concurrency}"
                                                    if r.peak_concurrency else "")),
         ("% of single-stream roofline (the TPOT-based decode rate against it)", fmt(r.roofline_pct)),
+        *((("serving after the A/B (benchmark.ab)", r.ab_kept),) if r.ab_kept else ()),
         ("failure cause", fmt(r.cause) if r.failing_cell else "none: no notebook failed"))]
 
 

@@ -2,8 +2,10 @@
 serve.speculative, then as the params' own plan, on the same nodes one after the other; 06 of the second arm decides
 which configuration stays serving, and where that is the baseline, 05 serves it again as the last notebook.
 
-An arm is a notebook run under its own output name, `NN-name.ab-<arm>.ipynb`, with the notebook's `ab_arm`
-parameter set: its record (decisions, events, logs) is filed under that name, its sweep points under ab-baseline/.
+The baseline and kept arms run under their own output names, `NN-name.ab-<arm>.ipynb`, so their record (decisions,
+events, logs) is filed apart, the baseline's sweep points under ab-baseline/; the params' own plan keeps the
+notebooks' names. Every notebook of an A/B is told its arm (`ab_arm`): the second and third 05 replace the server the
+arm before them left, and the second 06 decides.
 """
 from __future__ import annotations
 
@@ -28,10 +30,18 @@ def source(name: str) -> str:
     return f"{stem}.ipynb" if arm else name
 
 
-def parameters(name: str) -> dict[str, Any]:
-    """The notebook parameters of an arm's output name (none for the params' own plan)."""
+def arm_of(name: str) -> str | None:
     _, _, arm = name.removesuffix(".ipynb").partition(".ab-")
-    return {"ab_arm": arm} if arm else {}
+    return arm or None
+
+
+def parameters(name: str, run: list[str]) -> dict[str, Any]:
+    """The `ab_arm` of a notebook of the run whose notebooks are `run`: its own arm, "speculative" for 05 and 06 of
+    the params' plan in a run that has the baseline arm, none outside an A/B."""
+    if (arm := arm_of(name)) is not None:
+        return {"ab_arm": arm}
+    in_ab = name.startswith((SERVE, BENCH)) and any(arm_of(n) == "baseline" for n in run)
+    return {"ab_arm": "speculative"} if in_ab else {}
 
 
 def with_arms(names: list[str], params: Params) -> list[str]:
@@ -45,9 +55,10 @@ def with_arms(names: list[str], params: Params) -> list[str]:
     return names[:at] + [arm_name(serve[0], "baseline"), arm_name(bench[0], "baseline")] + names[at:]
 
 
-def follow_up(run_dir: Path, name: str, params: Params, names: list[str]) -> str | None:
-    """After the second arm's 06: 05 once more, serving the baseline, where the A/B kept it (None otherwise)."""
-    if params.benchmark.ab is None or not name.startswith(BENCH) or parameters(name):
+def follow_up(run_dir: Path, name: str, run: list[str], names: list[str]) -> str | None:
+    """After the second arm's 06 (in `run`, the run's notebooks): 05 once more, serving the baseline, where the A/B
+    kept it (None otherwise). `names`: the notebooks of the folder."""
+    if not name.startswith(BENCH) or parameters(name, run) != {"ab_arm": "speculative"}:
         return None
     if load(run_dir, AbVerdict).kept == "speculative":
         return None

@@ -175,7 +175,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
             papermill.execute_notebook(
                 str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
                 parameters=parameters_for(source, {"params_file": str(params_file), "run_dir": str(run_dir),
-                                                   **parameters, **arms.parameters(name)}),
+                                                   **parameters, **arms.parameters(name, list(by_name))}),
                 progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:
@@ -193,7 +193,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
             + (f": {entry.exception['ename']}: {entry.exception['evalue'][:300]}" if entry.exception else ""))
         if entry.status == "failed":
             break
-        if (more := arms.follow_up(run_dir, name, params, notebook_names(folder))) is not None:
+        if (more := arms.follow_up(run_dir, name, list(by_name), notebook_names(folder))) is not None:
             say(f"the A/B keeps the plan without speculation: {more} serves it again")
             todo.append(more)
             by_name[more] = NotebookRun(more)

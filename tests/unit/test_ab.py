@@ -53,8 +53,10 @@ def test_an_arm_opens_the_run_without_speculation_under_its_own_stage(write_para
     assert (own.stage, own.params.serve.speculative, own.bench_root) == ("06-benchmark", SPEC, tmp_path / "run")
     assert (arm.stage, arm.params.serve.speculative) == ("06-benchmark.ab-baseline", None)
     assert arm.bench_root == tmp_path / "run" / AB_BASELINE
+    second = open_run(path, tmp_path / "run", stage="05-serve", ab_arm="speculative")
+    assert (second.stage, second.params.serve.speculative) == ("05-serve", SPEC), "the params' own plan"
     with pytest.raises(ValueError, match="not an A/B arm"):
-        open_run(path, tmp_path / "run", stage="05-serve", ab_arm="speculative")
+        open_run(path, tmp_path / "run", stage="05-serve", ab_arm="eagle")
 
 
 def _point(c: int, *tput: float, accepted: int | None = None, output: int = 1000) -> SweepPoint:
@@ -108,6 +110,7 @@ def test_both_arms_rows_show_decode_steps_beside_output_tokens():
     assert rows[0]["decode steps/s"] == 100 and "mean accepted length" not in rows[0]
     # 1000 output tokens of which 300 were accepted drafts: 700 steps, 140 tok/s -> 98 steps/s
     assert rows[1]["decode steps/s"] == 98.0 and rows[1]["mean accepted length"] == 2.0
+    assert rows[1]["steps drafting %"] == 42.9, "300 drafting steps of 700"
     assert rows[1]["tok/s min-max"] == "138.0-141.0"
     assert decode_steps_per_s(_point(1, 100, accepted=10, output=0)) is None, "no token count, no steps"
 
@@ -131,10 +134,10 @@ def ab_notebooks(tmp_path: Path) -> Path:
     serve = opened.format(stage="05-serve") + (
         'spec = run.params.serve.speculative\n'
         'with (run.run_dir / "served.jsonl").open("a") as fh:\n'
-        '    fh.write(json.dumps([run.stage, spec.method if spec else None]) + "\\n")\n')
+        '    fh.write(json.dumps([run.stage, ab_arm, spec.method if spec else None]) + "\\n")\n')
     bench = opened.format(stage="06-benchmark") + (
         'from sparkbook.core.handoff import AbVerdict\n'
-        'if ab_arm is None:\n'
+        'if ab_arm == "speculative":\n'
         '    run.remember(AbVerdict(kept=keep, reason="planted", decided_at=1, crossing=None, ratios=[]))\n')
     _notebook(folder, "04-ray.ipynb", opened.format(stage="04-ray"))
     _notebook(folder, "05-serve.ipynb", serve)
@@ -166,8 +169,8 @@ def test_the_driver_runs_both_arms_and_serves_the_kept_one_last(ab_notebooks, ab
     assert [nb.name for nb in manifest.notebooks] == expected
     assert manifest.status == "ok" and all(nb.status == "ok" for nb in manifest.notebooks)
     assert all((run_dir / name).is_file() for name in expected)
-    served = [["05-serve.ab-baseline", None], ["05-serve", "ngram"]]
-    assert _served(run_dir) == served + ([["05-serve.ab-kept", None]] if keep == "baseline" else [])
+    served = [["05-serve.ab-baseline", "baseline", None], ["05-serve", "speculative", "ngram"]]
+    assert _served(run_dir) == served + ([["05-serve.ab-kept", "kept", None]] if keep == "baseline" else [])
     assert any("05-serve.ab-kept.ipynb serves it again" in line for line in said) == (keep == "baseline")
 
 
@@ -179,7 +182,7 @@ def test_an_ab_run_resumes_at_its_failed_arm(ab_notebooks, ab_params, tmp_path):
                              parameters={"keep": "baseline"})
     assert [nb.name for nb in manifest.notebooks][-2:] == ["06-benchmark.ipynb", "05-serve.ab-kept.ipynb"]
     assert manifest.status == "ok"
-    assert [stage for stage, _ in _served(run_dir)] == ["05-serve.ab-baseline", "05-serve", "05-serve.ab-kept"]
+    assert [stage for stage, _, _ in _served(run_dir)] == ["05-serve.ab-baseline", "05-serve", "05-serve.ab-kept"]
 
 
 def test_without_both_serve_and_bench_there_is_no_ab(ab_params):
@@ -189,6 +192,8 @@ def test_without_both_serve_and_bench_there_is_no_ab(ab_params):
     assert arms.with_arms(names, params.without_speculation().model_copy(
         update={"benchmark": params.benchmark.model_copy(update={"ab": None})})) == names
     assert arms.source("05-serve.ab-kept.ipynb") == "05-serve.ipynb" and arms.source(names[2]) == names[2]
-    assert arms.parameters("06-benchmark.ab-baseline.ipynb") == {"ab_arm": "baseline"}
-    assert arms.parameters(names[2]) == {}
+    run = arms.with_arms(names, params)
+    assert [arms.parameters(n, run) for n in run] == [{}, {"ab_arm": "baseline"}, {"ab_arm": "baseline"},
+                                                      {"ab_arm": "speculative"}, {"ab_arm": "speculative"}]
+    assert arms.parameters(names[2], names) == {}, "06 alone (--only 06) decides no A/B"
     assert AbVerdict.key == "ab"

@@ -307,6 +307,7 @@ def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp
         (2.0, 50.0, "1.00, 0.00")
     assert saved[0].total_output_tokens == 48 and saved[0].sparkbook.speculation.accepted == 24
     assert row["decode steps/s"] == round(saved[0].output_throughput / 2, 1), "48 tokens in 24 steps"
+    assert row["steps drafting %"] == 100.0, "every step drafted"
 
 
 def test_the_throughput_plot_draws_the_repeats_min_max():

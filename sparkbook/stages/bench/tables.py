@@ -48,14 +48,17 @@ def decode_steps_per_s(p: SweepPoint) -> float | None:
 
 def speculation_columns(p: SweepPoint) -> dict[str, Any]:
     """What speculative decoding did over the point, from the server's counters (specmetrics): the decode steps per
-    second beside the output tok/s, the tokens each drafting step emitted (mean accepted length, vLLM's mean
-    acceptance length), the share of drafted tokens accepted, and the rate at each draft position; nothing where
-    the server does not speculate."""
+    second beside the output tok/s, the share of steps that drafted at all (ngram drafts only where the context
+    repeats), the tokens each drafting step emitted (mean accepted length, vLLM's mean acceptance length), the
+    share of drafted tokens accepted, and the rate at each draft position; nothing where the server does not
+    speculate. A high acceptance on few drafting steps gains little: the steps column shows it."""
     s = p.sparkbook.speculation
     if s is None:
         return {}
     rate, steps = s.acceptance_rate, decode_steps_per_s(p)
+    all_steps = (p.total_output_tokens or 0) - s.accepted
     return {"decode steps/s": None if steps is None else round(steps, 1),
+            "steps drafting %": round(100 * s.drafts / all_steps, 1) if all_steps > 0 else None,
             "mean accepted length": None if s.mean_acceptance_length is None else round(s.mean_acceptance_length, 2),
             "draft acceptance %": None if rate is None else round(100 * rate, 1),
             "acceptance by position": ", ".join(f"{r:.2f}" for r in s.per_position_rate) or None}

@@ -28,13 +28,10 @@ class Replacement:
     def whose(self) -> str:
         return f"run {self.serving.run or '(unrecorded)'}'s server (serving since {self.serving.since or 'unknown'})"
 
-    def started_by(self, run_id: str) -> bool:
-        """Whether this run started the live server (the A/B's other arm): a run replaces its own server as its
-        params planned, without confirm_replace, which guards servers other runs left."""
-        return self.serving.run == run_id
-
-    def decision(self, own: bool = False) -> Decision:
-        why = ("this run started it for the A/B's other arm (benchmark.ab)" if own
+    def decision(self, ab: bool = False) -> Decision:
+        """`ab`: the A/B's next arm replaces what its arm before left serving (this run's own plan, no
+        confirm_replace needed; that guards the servers other runs left)."""
+        why = ("the A/B's arm before this one serves it (benchmark.ab)" if ab
                else "confirm_replace=true: the operator chose the new plan")
         return Decision(
             "Replace the live server with the new plan?", f"replace {self.whose}",

@@ -284,9 +284,33 @@ TPOT_DECODE = "decode tok/s from TPOT (1000 / median TPOT at concurrency 1; no p
 
 
 def decode_tok_s(point: SweepPoint | None) -> float | None:
-    """One stream's decode rate, 1000 / median TPOT: the number the decode roofline bounds (no prefill)."""
+    """One stream's decode rate, 1000 / median TPOT (no prefill)."""
     tpot = point.median_tpot_ms if point else None
     return 1000.0 / tpot if tpot else None
+
+
+def step_share(point: SweepPoint) -> float | None:
+    """The share of a point's output tokens that took a step of the target model: every step of a sequence emits one
+    token of its own plus the drafts it accepted, so steps = output tokens - accepted (1 without speculation;
+    None where the point counted no tokens)."""
+    s = point.sparkbook.speculation
+    if s is None:
+        return 1.0
+    return 1 - s.accepted / point.total_output_tokens if point.total_output_tokens else None
+
+
+def decode_steps_per_s(point: SweepPoint) -> float | None:
+    """Decode steps per second over all sequences: the output tok/s without speculation; with it, the rate the target
+    model itself stepped at (what llama-benchy reports as tokens/s, and why MTP's gain looks smaller there)."""
+    share = step_share(point)
+    return None if point.output_throughput is None or share is None else point.output_throughput * share
+
+
+def decode_steps_from_tpot(point: SweepPoint | None) -> float | None:
+    """One stream's decode steps per second from its TPOT: what the roofline bounds, since a step reads the weights
+    once however many drafted tokens it verifies (1000 / median TPOT without speculation)."""
+    rate, share = decode_tok_s(point), step_share(point) if point else None
+    return None if rate is None or share is None else rate * share
 
 
 def served_bytes_per_param(model_bytes_per_param: float, serve_dtype: str) -> float:
@@ -367,8 +391,9 @@ def batch_ceiling(m: StepModel, concurrency: int, measured_tok_s: float | None =
 
 
 def batch_ceilings(m: StepModel, points: Iterable[SweepPoint]) -> list[BatchCeiling]:
-    """The ceiling at each measured concurrency, against its output throughput."""
-    return [batch_ceiling(m, p.max_concurrency, p.output_throughput) for p in points]
+    """The ceiling at each measured concurrency, against its decode steps per second: its output throughput, or with
+    speculation the steps (a step reads the weights once whatever it verifies, so tokens could pass the ceiling)."""
+    return [batch_ceiling(m, p.max_concurrency, decode_steps_per_s(p)) for p in points]
 
 
 # --- comparisons -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 import nbformat
 import pytest
 
+from sparkbook.core.benchstats import decode_steps_per_s
 from sparkbook.core.handoff import AbVerdict
 from sparkbook.core.params import ParamsError, Speculative, load_params
 from sparkbook.core.record import open_run
@@ -18,7 +19,6 @@ from sparkbook.core.rundir import AB_BASELINE
 from sparkbook.core.sweeppoint import SweepPoint
 from sparkbook.runbook import arms, driver
 from sparkbook.stages.bench import ab
-from sparkbook.stages.bench.tables import decode_steps_per_s
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 SPEC = Speculative.model_validate(NGRAM)
@@ -197,3 +197,19 @@ def test_without_both_serve_and_bench_there_is_no_ab(ab_params):
                                                       {"ab_arm": "speculative"}, {"ab_arm": "speculative"}]
     assert arms.parameters(names[2], names) == {}, "06 alone (--only 06) decides no A/B"
     assert AbVerdict.key == "ab"
+
+
+def test_the_ceilings_bound_decode_steps_not_the_tokens_speculation_emits():
+    """On one H200 (outputs/examples/h200-one-ab) ngram speculation made 1798.6 output tok/s at c=8 against a ceiling
+    of 1442.7: a step verifies ~4 drafted tokens and reads the weights once, so the ceiling bounds its steps."""
+    from sparkbook.core.benchstats import StepModel, batch_ceilings, decode_steps_from_tpot
+    model = StepModel(dense_params=10**9, experts=0, experts_per_token=0, moe_layers=0, expert_params=0,
+                      bytes_per_param=2.0, kv_bytes_per_token=0.0, context_tokens=0.0, kv_replicated=False,
+                      tensor_parallel=1, node_bandwidth_gbs=4000.0)  # 0.5 ms a step: 2000 steps/s per sequence
+    plain, drafting = _point(1, 1500), _point(1, 1500, accepted=600, output=800)
+    (a,), (b,) = batch_ceilings(model, [plain]), batch_ceilings(model, [drafting])
+    assert a.ceiling_tok_s == b.ceiling_tok_s == pytest.approx(2000.0)
+    assert (a.measured_tok_s, b.measured_tok_s) == (1500, pytest.approx(375.0)), "200 steps for 800 tokens"
+    with_tpot = drafting.model_copy(update={"median_tpot_ms": 0.8})
+    assert decode_steps_from_tpot(with_tpot) == pytest.approx(1250 * 0.25)
+    assert decode_steps_from_tpot(plain.model_copy(update={"median_tpot_ms": 0.8})) == pytest.approx(1250)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ...core.benchstats import compare, repeat_spread
+from ...core.benchstats import compare, decode_steps_per_s, repeat_spread
 from ...core.handoff import AbRatio, AbVerdict
 from ...core.params import Speculative
 from ...core.record import Alternative, Decision
 from ...core.sweeppoint import SweepPoint
-from .tables import decode_steps_per_s, speculation_columns
+from .tables import speculation_columns
 
 THROUGHPUT = "output_throughput"
 

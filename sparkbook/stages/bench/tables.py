@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...core.benchstats import BatchCeiling, StepModel, repeat_spread
+from ...core.benchstats import BatchCeiling, StepModel, decode_steps_per_s, repeat_spread
 from ...core.params import BenchmarkPlan
 from ...core.sweeppoint import GpuClocks, SweepPoint
 from .sweep import Point
@@ -31,19 +31,6 @@ def clock_columns(p: SweepPoint) -> dict[str, Any]:
             "temp °C max": each(lambda c: c.temperature_max_c), "power W mean": each(lambda c: c.power_mean_w),
             "clock drop": "; ".join(f"{c.node}/{c.gpu} {c.drop_pct:.1f} %" + (" DROPPED" if c.dropped else "")
                                     for c in clocks if c.drop_pct is not None) or None}
-
-
-def decode_steps_per_s(p: SweepPoint) -> float | None:
-    """Decode steps per second over all sequences: every step of a sequence emits one token of the target model
-    plus the drafts it accepted, so steps = output tokens - accepted drafts; without speculation each token is a
-    step. Output tok/s counts what speculation gained, this the rate the target model itself stepped at (what
-    llama-benchy reports as tokens/s, and why MTP's gain looks smaller there)."""
-    s = p.sparkbook.speculation
-    if p.output_throughput is None or s is None:
-        return p.output_throughput
-    if not p.total_output_tokens:
-        return None
-    return p.output_throughput * (1 - s.accepted / p.total_output_tokens)
 
 
 def speculation_columns(p: SweepPoint) -> dict[str, Any]:
@@ -91,7 +78,8 @@ def ceiling_rows(ceilings: list[BatchCeiling]) -> list[dict[str, Any]]:
     return [{"concurrency": c.concurrency, "experts touched / MoE layer": round(c.experts_touched, 1),
              "weights MB / step": round(c.weight_bytes / 1e6, 1), "KV MB / step": round(c.kv_bytes / 1e6, 2),
              "step ms": round(c.step_s * 1e3, 3), "ceiling tok/s": round(c.ceiling_tok_s, 1),
-             "output tok/s": None if c.measured_tok_s is None else round(c.measured_tok_s, 1),
+             "decode steps/s (output tok/s without speculation)": None if c.measured_tok_s is None
+             else round(c.measured_tok_s, 1),
              "% of ceiling": None if c.percent_of_ceiling is None else round(c.percent_of_ceiling, 1)}
             for c in ceilings]
 
@@ -117,7 +105,7 @@ def ceiling_markdown(m: StepModel, ceilings: list[BatchCeiling]) -> str:
     lines += [f"- B = {c.concurrency}: " + (f"E_B = {c.experts_touched:.1f}; " if m.experts else "")
               + f"t_step = ({c.weight_bytes / 1e6:,.1f} MB + {c.kv_bytes / 1e6:,.2f} MB) / "
               f"({m.tensor_parallel} x {m.node_bandwidth_gbs:g} GB/s) = {c.step_s * 1e3:.3f} ms → ceiling "
-              f"{c.ceiling_tok_s:,.0f} tok/s" + (f"; measured {c.measured_tok_s:,.1f} tok/s = "
+              f"{c.ceiling_tok_s:,.0f} tok/s" + (f"; measured {c.measured_tok_s:,.1f} steps/s = "
                                                  f"{c.percent_of_ceiling:.1f} %" if c.percent_of_ceiling else "")
               for c in ceilings]
     return "\n".join(lines)

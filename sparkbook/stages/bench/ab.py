@@ -55,7 +55,9 @@ def verdict(rows: list[AbRatio], decide_at: int | None, spec: Speculative) -> Ab
                "no noise estimate": "one repeat per point measures no noise, so no gain is shown (set "
                                     "benchmark.repeats to 2 or more)"}
     kept: Literal["baseline", "speculative"] = "speculative" if at.verdict == "better" else "baseline"
-    reason = f"{figures}: " + ("faster beyond the noise" if kept == "speculative" else why_not[at.verdict])
+    reason = f"{figures}: " + ("faster beyond the noise" if kept == "speculative" else why_not[at.verdict]
+                               + "; the runbook serves the baseline again, and later runs and `sparkbook up` serve "
+                               "it once serve.speculative is removed from the params")
     return AbVerdict(kept=kept, reason=reason, decided_at=at.max_concurrency, crossing=crossing(rows), ratios=rows)
 
 

@@ -143,13 +143,17 @@ def test_cli_exits_2_without_connecting(what: str, key: str, value: Any, field: 
     base["ssh"]["port"] = port
     _set(base, key, value)
     accepted: list[object] = []
+    exited = threading.Event()
 
-    def watch() -> None:
-        for _ in range(40):
+    def watch() -> None:  # for as long as the command runs, then once more for a connection still in the backlog
+        while True:
+            last = exited.is_set()
             try:
                 accepted.append(listener.accept())
             except OSError:
                 pass
+            if last:
+                return
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -157,6 +161,7 @@ def test_cli_exits_2_without_connecting(what: str, key: str, value: Any, field: 
     command = ["check"] if first_20 else ["run", "--outputs", str(tmp_path / "o")]
     proc = subprocess.run([sys.executable, "-m", "sparkbook.cli", command[0], str(write_params(base)), *command[1:]],
                           capture_output=True, text=True, timeout=60)
+    exited.set()
     watcher.join()
     listener.close()
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -1,16 +1,18 @@
-"""The fault-injection suite (issue 7): nine faults, injected one at a time against the real lab, each through
+"""The fault-injection suite (issue 7): ten faults, injected one at a time against the real lab, each through
 the sparkbook calls the notebooks make. For each: detected, the node and cause named, within 60 s of the
 injection, the call returned (a hard limit fails a hang), nothing the step started left running on any node
 (checked over the lab's SSH), and the fault undone in a `finally`.
 
 Order shares work: faults before 04 need no cluster (the worker's copy of the chosen image runs meanwhile);
 the Ray cluster is formed once for the port, the benchmark and the worker faults; killing a worker container
-breaks it, so it is formed again for the Ray-head fault. The table (fault, time to detection, message, left
-running) goes to $SPARKBOOK_FAULT_REPORT (else the test's tmp dir) as faults.json + faults.md, and is printed.
+breaks it, so it is formed again for the Ray-head fault, and its containers once more for the held Ray port.
+The table (fault, time to detection, message, left running) goes to $SPARKBOOK_FAULT_REPORT (else the test's tmp
+dir) as faults.json + faults.md, and is printed.
 """
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -313,6 +315,40 @@ def test_ray_head_killed_after_the_cluster_formed(cluster, node_shells, watch, r
     assert isinstance(call.error, commands.ServeError), call.error or call.value.table()
     _check(report, Row("Ray head killed after the cluster formed", "lab-0", call.returned_at - t0, str(call.error),
                        watch.left(before), "serve.bring_up (topology.lost)"), ("lab-0", "Ray head"))
+
+
+def _answers(ip: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex((ip, port)) == 0
+
+
+def test_ray_port_held_by_another_cluster_on_the_head(nodes, cluster, node_shells, watch, report):
+    """Another cluster's Ray on the same nodes (here a listener on the head's Ray port in a container of another
+    name, as a second cluster's head would hold it): 04 refuses before its own Ray head starts and names the port and
+    the process, where before the wait took the stranger's answer for its GCS and failed a minute later at the node
+    table with "0 bytes received"."""
+    run, ctx, where, plan = cluster
+    node_containers.stop(ctx)  # this run's own Ray leaves the port
+    node_containers.start_containers(ctx)
+    ip, port, other = nodes["lab-0"].ip, ctx.params.ray.port, "other-cluster-ray-head"
+    node_shells["lab-0"].run(["docker", "run", "-d", "--name", other, "--network", "host", "sparkbook-lab/base:bookworm",
+                              "python3", "-m", "http.server", str(port), "--bind", ip], timeout=60, check=True)
+    try:
+        end = time.monotonic() + 30
+        while not _answers(ip, port):
+            assert time.monotonic() < end, f"the planted listener never answered on {ip}:{port}"
+            time.sleep(0.5)
+        before = watch.seen()
+        t0 = time.monotonic()
+        call = faults.bounded(lambda: formation.start_ray(ctx), HANG_S)
+        left = watch.left(before)
+    finally:
+        node_shells["lab-0"].run(["docker", "rm", "-f", other], timeout=60)
+    assert isinstance(call.error, node_containers.RayStageError), call.error or call.value
+    _check(report, Row("Ray's port held by another cluster on the head", "lab-0", call.returned_at - t0,
+                       str(call.error), left, "raycluster.start_ray (04)"),
+           ("lab-0", f"{ip}:{port} (ray.port)", '"python3"', "another ray.port"))
 
 
 def test_nothing_left_after_the_suite(cluster, watch, at_start):

@@ -47,9 +47,16 @@ class RayStart:
 
 
 def start_ray(ctx: Context) -> list[RayStart]:
-    """`ray start --block` in each container: the head first, workers once its GCS answers."""
+    """`ray start --block` in each container: the head first, workers once its GCS answers. Refused before
+    anything starts where something already listens on the head's Ray port: the wait for the head would take its
+    answer for this run's GCS and the workers would join whatever it is (another cluster's Ray on these nodes)."""
     params, cluster, runtime, where = ctx.params, ctx.cluster, ctx.runtime, ctx.places
     head = cluster.head
+    if _gcs_answers(params, runtime, head, where[head.name]):
+        raise RayStageError(f"{head.name}: {params.head.fabric_ip}:{params.ray.port} (ray.port) already accepts "
+                            f"connections before this run's Ray head starts; {port_holder(head, params.ray.port)}",
+                            node=head.name, remediation="stop what holds it (another cluster's Ray on this node?) or "
+                                                        "give this cluster another ray.port in the params")
     started = [RayStart(head.name, ray_argv(params, head.spec),
                         runtime.spawn(head, where[head.name], ray_argv(params, head.spec), RAY_LOG))]
     _wait_head(params, runtime, head, where[head.name], started[0].spawned)
@@ -59,16 +66,35 @@ def start_ray(ctx: Context) -> list[RayStart]:
     return started
 
 
+def _gcs_answers(params: Params, runtime: Runtime, head: Node, place: Place) -> bool:
+    """Does the head's Ray port accept a connection, seen from its container? No whole answer counts as no."""
+    probe = ["python3", "-c", probes.source("port_open"), str(params.head.fabric_ip), str(params.ray.port)]
+    try:
+        reply = probes.parse(runtime.exec(head, place, probe, timeout=15), node=head.name, probe="GCS port")
+    except ProbeOutputError:
+        return False
+    return bool(reply["open"])
+
+
+def port_holder(node: Node, port: int) -> str:
+    """Who listens on `port` of the node, as `ss -ltnp` on the node tells it (the process only where the SSH user
+    may see it)."""
+    out = node.run(["ss", "-Hltnp", "sport", "=", f":{port}"], timeout=15)
+    lines = [" ".join(line.split()) for line in out.stdout.splitlines() if line.strip()]
+    if not out.ok or not lines:
+        return f"`ss -ltnp` on {node.name} could not tell what holds it ({(out.stderr or 'no socket listed').strip()})"
+    if not any("users:" in line for line in lines):
+        return (f"`ss -ltnp` lists {' | '.join(lines)} but not its process: run `sudo ss -ltnp 'sport = :{port}'` "
+                f"on {node.name}")
+    return f"held by: {' | '.join(lines)}"
+
+
 def _wait_head(params: Params, runtime: Runtime, head: Node, place: Place, spawned: Spawned) -> None:
     """Until the head's GCS port accepts connections (or its `ray start` exits, or the join timeout)."""
-    probe = ["python3", "-c", probes.source("port_open"), str(params.head.fabric_ip), str(params.ray.port)]
 
     def answers() -> bool:
-        try:
-            if probes.parse(runtime.exec(head, place, probe, timeout=15), node=head.name, probe="GCS port")["open"]:
-                return True
-        except ProbeOutputError:
-            pass  # no whole answer yet: asked again
+        if _gcs_answers(params, runtime, head, place):
+            return True
         if not runtime.running(head, place, spawned):
             log = runtime.read(head, place, RAY_LOG, tail_bytes=2000)
             raise RayStageError(f"{head.name}: the Ray head exited: {log}")

@@ -102,6 +102,21 @@ def test_server_is_reused_and_still_answers(second, planted: str) -> None:
     assert reply.status_code == 200 and reply.json()["choices"][0]["text"]
 
 
+def test_first_run_chose_the_new_image_and_copied_it_to_the_worker_only(full_run) -> None:
+    """03 on the lab's three candidates, as its notebook shows them: the old image does not know the model's
+    architecture, the grafted one registers it but fails inspection on a missing kernel; the new one is chosen and
+    copied to the worker alone (the lab's reset left it on the head only). The second run copies nothing (above)."""
+    run_dir, _ = full_run
+    text = (run_dir / "03-image-selection.ipynb").read_text()
+    assert "not registered" in text and "registered, fails inspection" in text
+    assert "failed to be inspected" in text and "hpc_gated_mla_gemm" in text
+    assert "Chosen: **sparkbook-lab/vllm-cpu:0.32.0**" in text
+    copied = [e["data"] for e in read_events(run_dir, "distribution")][-1]
+    assert [c["node"] for c in copied["copies"]] == ["lab-1"] and len(set(copied["ids"].values())) == 1, copied
+    image = json.loads((run_dir / "state.json").read_text())["image"]
+    assert image["ref"] == "sparkbook-lab/vllm-cpu:0.32.0" and set(image["nodes"].values()) == {image["id"]}
+
+
 def test_first_run_records_that_it_started_afresh(full_run) -> None:
     _, manifest = full_run
     assert _decision(manifest, "04", "Reuse the running Ray cluster or start a new one?")["choice"] == \

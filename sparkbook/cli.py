@@ -113,6 +113,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
             print(lab.up(nodes=args.nodes, progress=print))
         elif args.action == "down":
             lab.down(progress=print)
+        elif args.action == "reset":  # back to the initial state (the old deployment serving) without a restart
+            print(lab.reset(progress=print))
         else:
             print(lab.status())
     except lab.LabError as exc:  # the lab keeps its own root; here it is one more expected failure
@@ -315,7 +317,7 @@ def parser() -> argparse.ArgumentParser:
     unlock.set_defaults(func=cmd_unlock)
 
     lab = sub.add_parser("lab", help="the local multi-node test cluster")
-    lab.add_argument("action", choices=["up", "down", "status"])
+    lab.add_argument("action", choices=["up", "down", "reset", "status"])
     lab.add_argument("--nodes", type=int, default=2)
     lab.set_defaults(func=cmd_lab)
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import sparkbook.lab as sblab
+from sparkbook import cli
 from sparkbook.core.params import load_params
 from sparkbook.lab import cluster, deployment
 
@@ -248,8 +249,8 @@ def test_ray_two_nodes_in_containers(lab, node_shells, lab_progress):
     finally:
         for n, name in names.items():
             node_shells[n].run(["docker", "rm", "-f", name], check=False)
-    st = sblab.reset(lab_progress)
-    assert image not in st.nodes[1].images
+    assert cli.main(["lab", "reset"]) == 0  # the command line's reset: the worker's copy goes again
+    assert image not in sblab.status().nodes[1].images
 
 
 # --------------------------------------------------------------------------------------------------

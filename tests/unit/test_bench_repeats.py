@@ -245,7 +245,8 @@ def test_admission_never_above_the_concurrency():
 def test_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
     groups = [[f"g{k}-{i}" for i in range(k)] for k in (1, 2, 3)]
     with FakeServer(step_s=0.002) as server:
-        records = client.prefill_groups(server.target, groups, 30, companion="companion", companion_len=30)
+        # the companion outlasts the groups (cancelled after the last), so the group of 3 has it beside it
+        records = client.prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
         assert [r.output_tokens for r in records] == [1] * 6 and server.max_in_flight == 4
         assert "companion" in server.prompts
     with FakeServer(refuse="refused") as server:

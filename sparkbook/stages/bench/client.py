@@ -131,8 +131,9 @@ def request_body(target: CompletionsServer, prompt: Prompt, output_len: int) -> 
 
 
 async def one_request(session: aiohttp.ClientSession, target: CompletionsServer, prompt: Prompt,
-                      output_len: int) -> RequestRecord:
-    """Send one streamed completion; time every chunk (vLLM's way: TTFT at the first chunk with choices)."""
+                      output_len: int, first_token: asyncio.Event | None = None) -> RequestRecord:
+    """Send one streamed completion; time every chunk (vLLM's way: TTFT at the first chunk with choices);
+    `first_token` is set at that chunk (its prefill done)."""
     sent_at, t0 = time.time(), time.perf_counter()
     ttft = last = None
     gaps: list[float] = []
@@ -156,6 +157,8 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
                         streamed = (streamed or 0) + len(ids)
                     if ttft is None or last is None:
                         ttft = now - t0
+                        if first_token is not None:
+                            first_token.set()
                     else:
                         gaps.append(now - last)
                         counts.append(len(ids) if ids is not None else 1)
@@ -201,17 +204,21 @@ async def _prefill_groups(target: CompletionsServer, groups: list[list[Prompt]],
                           companion_len: int) -> list[RequestRecord]:
     """Each group's prompts sent together for one output token (prefill only), one group after another; with a
     `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last group;
-    given up when the server refuses it)."""
+    given up when the server refuses it), the first group sent once its first token came (a fixed pause let a busy
+    server take the groups before the companion, which then decoded beside none of them)."""
     records: list[RequestRecord] = []
+    decoding = asyncio.Event()
     async with target.session(aiohttp.TCPConnector(limit=0)) as session:
         async def decode_beside(prompt: Prompt) -> None:
-            while (await one_request(session, target, prompt, companion_len)).ok:
+            while (await one_request(session, target, prompt, companion_len, decoding)).ok:
                 pass
 
         beside = asyncio.create_task(decode_beside(companion)) if companion is not None else None
         try:
-            if beside is not None:
-                await asyncio.sleep(0.05)  # its prefill done: the groups' steps hold one decode each
+            if beside is not None:  # its prefill done (or refused): the groups' steps hold one decode each
+                waiting = asyncio.create_task(decoding.wait())
+                await asyncio.wait([beside, waiting], return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
             for group in groups:
                 records += await asyncio.gather(*(one_request(session, target, p, 1) for p in group))
         finally:

@@ -332,8 +332,10 @@ def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str],
     return built, trees
 
 
-def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = False) -> list[str]:
-    """Images, models and the old deployment as a freshly-up lab has them. Idempotent."""
+def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = False,
+                   keep_worker_images: bool = False) -> list[str]:
+    """Images, models and the old deployment as a freshly-up lab has them (the images a worker holds beyond its
+    initial ones kept with `keep_worker_images`). Idempotent."""
     from . import deployment, images
     params = _load_yaml(REPO_PARAMS)
     actions: list[str] = []
@@ -346,7 +348,7 @@ def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = Fa
     actions += [f"rm container {r}" for r in removed]
     for s in specs:
         want = head_tags if s.role == "head" else worker_tags
-        if s.role != "head":
+        if s.role != "head" and not keep_worker_images:
             actions += [f"rmi {s.name}/{r}" for r in _reset_worker_images(s, set(want), progress)]
         before = set(node_images(s))
         images.load_images(s.docker_host, want, progress)
@@ -386,15 +388,16 @@ def up(nodes: int = 2, progress: Progress = None) -> LabStatus:
         return st
 
 
-def reset(progress: Progress = None) -> LabStatus:
-    """On a lab that is up: remove what a runbook run left (containers, vLLM images on workers) and
-    start the old deployment again, without restarting any node."""
+def reset(progress: Progress = None, *, keep_worker_images: bool = False) -> LabStatus:
+    """On a lab that is up: remove what a runbook run left (containers, vLLM images on workers unless
+    `keep_worker_images`: a worker that already holds an image of the new build's family, so a copy sends only the
+    layers it lacks) and start the old deployment again, without restarting any node."""
     t0 = time.monotonic()
     with _lock():
         n = cluster.load_state().get("n")
         if not n or not _lab_is_up(n):
             raise LabError("the lab is not up; run `sparkbook lab up`")
-        actions = _initial_state(cluster.node_specs(n), progress)
+        actions = _initial_state(cluster.node_specs(n), progress, keep_worker_images=keep_worker_images)
         st = _status()
         st.actions, st.seconds = actions, time.monotonic() - t0
         return st

@@ -218,39 +218,15 @@ def test_up_on_up_lab_changes_nothing(lab):
         [[(c["name"], c["state"]) for c in n.containers] for n in before.nodes]
 
 
-def test_ray_two_nodes_in_containers(lab, node_shells, lab_progress):
-    """A 2-node Ray cluster in containers (--network host) on lab-0 and lab-1 reports 2 nodes."""
+def test_lab_reset_on_the_command_line_takes_a_workers_extra_image_away(lab, node_shells):
+    """`sparkbook lab reset` leaves a worker with its initial images only: an extra tag there goes (a runbook's
+    copy would be one; Ray across the nodes in containers is what 04's tests form, test_04_05 and test_04_fabric)."""
     from sparkbook.lab import images
-    image = images.NEW
-    head, worker = lab.nodes[0], lab.nodes[1]
-    # the worker starts without vLLM images; bring one there for this test (reset() removes it again)
-    images.load_images(cluster.node_specs(2)[1].docker_host, [image], lab_progress)
-    names = {"lab-0": "sbk-test-ray-head", "lab-1": "sbk-test-ray-worker"}
-    common = ["docker", "run", "-d", "--network", "host", "--shm-size", "512m",
-              "--env", "RAY_memory_monitor_refresh_ms=0", "--label", "org.sparkbook.test=ray"]
-    ray_opts = ["--block", "--num-cpus", "1", "--object-store-memory", "100000000", "--disable-usage-stats"]
-    try:
-        node_shells["lab-0"].run([*common, "--name", names["lab-0"], image, "ray", "start", "--head",
-                                  "--node-ip-address", head.ip, "--port", "6379", "--include-dashboard=false",
-                                  "--temp-dir", "/tmp/ray-sbk-test", *ray_opts])
-        node_shells["lab-1"].run([*common, "--name", names["lab-1"], image, "ray", "start",
-                                  "--address", f"{head.ip}:6379", "--node-ip-address", worker.ip, *ray_opts])
-        deadline, out = time.monotonic() + 120, ""
-        while time.monotonic() < deadline:
-            rc, out, err = node_shells["lab-0"].run(["docker", "exec", names["lab-0"], "ray", "status",
-                                                     "--address", f"{head.ip}:6379"], check=False)
-            active = out.split("Active:")[1].split("Pending:")[0] if "Active:" in out else ""
-            if len(re.findall(r"node_[0-9a-f]+", active)) == 2:
-                break
-            time.sleep(2)
-        print(out)
-        active = out.split("Active:")[1].split("Pending:")[0]
-        assert len(re.findall(r"node_[0-9a-f]+", active)) == 2, out
-    finally:
-        for n, name in names.items():
-            node_shells[n].run(["docker", "rm", "-f", name], check=False)
-    assert cli.main(["lab", "reset"]) == 0  # the command line's reset: the worker's copy goes again
-    assert image not in sblab.status().nodes[1].images
+    extra = "sparkbook-lab/extra:reset-test"
+    node_shells["lab-1"].run(["docker", "tag", images.BASE, extra])
+    assert extra in sblab.status().nodes[1].images
+    assert cli.main(["lab", "reset"]) == 0
+    assert extra not in sblab.status().nodes[1].images and images.BASE in sblab.status().nodes[1].images
 
 
 # --------------------------------------------------------------------------------------------------

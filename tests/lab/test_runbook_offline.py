@@ -1,6 +1,8 @@
 """The whole runbook on the path real hardware takes (issues 22, 16): params/lab-hf.yaml's candidate shaped like vLLM's
 official image (ENTRYPOINT `vllm serve`), the model by hf_id from a hub cache that is not root's and that only the head
-holds at the start: 03 copies it to the worker over the fabric, as to the seed's worker without internet.
+holds at the start: 03 copies it to the worker over the fabric, as to the seed's worker without internet. The
+lab is reset with the worker's images kept: it holds the full run's 0.32.0 build, so the entrypoint image (the same
+layers under another config) goes as a delta, as it would to a worker that served the plain image before.
 It runs after test_runbook_lab (file order): its reset would remove the shared full run's server that those tests
 read; test_unit_managed, later, resets the lab again and leaves the old deployment stopped for nbval."""
 from __future__ import annotations
@@ -24,7 +26,7 @@ HUB = "/home/lab/.cache/huggingface/hub"  # the nodes' hub cache, not root's
 def hf_run(lab, tmp_path_factory):  # type: ignore[no-untyped-def]
     if sblab.params_file(2) != sblab.REPO_PARAMS:
         pytest.skip("params/lab-hf.yaml describes the default lab (SPARKBOOK_LAB_ID unset)")
-    sblab.reset()
+    sblab.reset(keep_worker_images=True)
     return driver.run(PARAMS, out_root=tmp_path_factory.mktemp("outputs-hf"), parameters={"confirm_cleanup": True},
                        say=print)
 

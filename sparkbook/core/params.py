@@ -4,9 +4,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -371,9 +372,45 @@ class Fabric(Strict):
     allreduce_timeout_s: float = Field(90, gt=0, le=900, description="04's all_reduce test ends by then, on every node")
 
 
+SYSTEM_DIRS = frozenset({"/run/lock", "/run/user", "/var/lock", "/var/run", "/var/tmp", "/var/lib", "/var/log",
+                         "/var/cache", "/usr/local", "/usr/lib", "/usr/share", "/dev/shm"})  # and every top-level one
+
+
+def _no_climb(value: str) -> str:
+    """The path with `.` and doubled slashes folded (`//tmp` is `/tmp`); `..` refused, as it leads out of the
+    directory it seems to be below."""
+    if ".." in value.split("/"):
+        raise ValueError(f"{value} has a `..` component; write the directory it leads to without `..`")
+    return posixpath.normpath("/" + value.lstrip("/"))
+
+
+PlainPath = Annotated[RemotePath, AfterValidator(_no_climb)]
+
+
 class RunLockSettings(Strict):
-    path: RemotePath = Field("/tmp/sparkbook/run.lock", description="lock directory on the head node")
+    """Where the run lock lives: strictly below a directory of sparkbook's own, never a system one, so a mistyped
+    path cannot name a directory other programs keep data in."""
+
+    root: PlainPath = Field("/tmp/sparkbook", description="directory on the head the lock must lie below: one of "
+                            "sparkbook's own, not a system directory (/, /tmp, /run/lock, /home, ...)")
+    path: PlainPath = Field("/tmp/sparkbook/run.lock", description="lock directory on the head node, below "
+                            "run_lock.root")
     stale_after_s: float = Field(43200, gt=0, description="a lock older than this is reported as stale")
+
+    @field_validator("root")
+    @classmethod
+    def _own_root(cls, value: str) -> str:
+        if len(PurePosixPath(value).parts) < 3 or value in SYSTEM_DIRS:
+            raise ValueError(f"{value} is a system directory that other programs keep files in; name a directory of "
+                             "sparkbook's own below it (the default: /tmp/sparkbook)")
+        return value
+
+    @model_validator(mode="after")
+    def _below_root(self) -> RunLockSettings:
+        if not PurePosixPath(self.path).is_relative_to(self.root) or self.path == self.root:
+            raise ValueError(f"path: {self.path} is not below run_lock.root ({self.root}); put the lock there (e.g. "
+                             f"{self.root}/run.lock) or set run_lock.root to a directory of sparkbook's own above it")
+        return self
 
 
 class Params(Strict):

@@ -1,11 +1,13 @@
 """The run lock: one `sparkbook run` per cluster at a time, held as a directory on the head node.
 
 Taking it is one atomic rename on the head (a fresh directory holding `holder.json` becomes the lock
-directory, or the rename fails because a lock is there). A lock whose holder is provably gone (its PID is
-not running on the host it names) or older than `run_lock.stale_after_s` is reported as stale. One whose holder
-ran on this very controller and whose PID is gone is taken over by the next run, which says so (a killed run cannot
-release it, and nothing else could hold it); any other stale lock is cleared only on request: `sparkbook unlock
-PARAMS` or `sparkbook run PARAMS --break-lock`.
+directory, or the rename fails because a lock is there). The lock is a directory sparkbook made: it holds
+`holder.json` alone, marked `"sparkbook_lock": 1`; anything else at `run_lock.path` is refused and left alone, and
+clearing a lock removes that one file and the then empty directory, nothing more. A lock whose holder is provably gone
+(it ran in this controller's boot and PID namespace, and its PID is gone or now another process) or older than
+`run_lock.stale_after_s` is reported as stale. One whose holder is provably gone is taken over by the next run, which
+says so (a killed run cannot release it, and nothing else could hold it); any other stale lock is cleared only on
+request: `sparkbook unlock PARAMS` or `sparkbook run PARAMS --break-lock`.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import TypeAdapter
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
 from ..core.errors import SparkbookError
@@ -24,12 +27,19 @@ from ..core.nodes import Node, shell
 from ..core.params import Params
 
 HOLDER = "holder.json"
+MARK = "sparkbook_lock"  # in every holder.json sparkbook writes, and nowhere else: what makes a directory a lock
 TIMEOUT_S = 60  # a loaded node's login shell can take most of this before the command starts
-_TAKE = ('mkdir -p "$(dirname {path})" || exit 3; t=$(mktemp -d "$(dirname {path})/.lock.XXXXXX") || exit 3; '
-         'printf %s {holder} >"$t"/holder.json || exit 3; mv -T "$t" {path} 2>/dev/null || {{ rm -rf "$t"; exit 17; }}')
-_READ = 'cat {path}/holder.json 2>/dev/null || {{ test -d {path} && echo "{{}}"; }}'
-_REMOVE = 'test -d {path} || exit 1; rm -rf {path}'
-EXISTS = 17
+# the rename would replace an empty directory: one that is there already is left to _READ to refuse
+_TAKE = ('test -e {path} || test -L {path} && exit 17; mkdir -p "$(dirname {path})" || exit 3; '
+         't=$(mktemp -d "$(dirname {path})/.lock.XXXXXX") || exit 3; printf %s {holder} >"$t"/holder.json || exit 3; '
+         'mv -T "$t" {path} 2>/dev/null || {{ rm -f "$t"/holder.json; rmdir "$t"; exit 17; }}')
+_READ = ('test -e {path} || test -L {path} || exit 0; test -d {path} && test ! -L {path} || exit 4; '
+         'test "$(ls -A {path})" = holder.json && test -f {path}/holder.json && test ! -L {path}/holder.json '
+         '|| {{ ls -A {path}; exit 5; }}; cat {path}/holder.json')
+# only the holder.json read before, then the directory it leaves empty: a lock changed meanwhile is not ours to clear
+_REMOVE = ('test ! -L {path} && cd {path} && test "$(ls -A)" = holder.json && test ! -L holder.json '
+           '&& test "$(cat holder.json)" = {raw} && rm -f holder.json && cd / && rmdir {path}')
+EXISTS, NOT_A_DIR, NOT_ALONE = 17, 4, 5
 
 
 @dataclass(frozen=True)
@@ -38,11 +48,12 @@ class Holder:
 
     run_id: str
     host: str
+    host_id: str  # the controller's boot and PID namespace (_host_id): where `pid` names this process
     pid: int
+    pid_started: int | None  # the process's start time in clock ticks since boot (tells a reused PID)
     user: str
     started: str
-    params_file: str = ""
-    pid_started: int | None = None  # the process's start time in clock ticks since boot (tells a reused PID)
+    params_file: str
 
     def describe(self) -> str:
         return (f"run {self.run_id} (pid {self.pid} on host {self.host}, user {self.user}, started {self.started}"
@@ -55,10 +66,23 @@ class Holder:
             return float("inf")
 
 
+_HOLDER_JSON = TypeAdapter(Holder)
+
+
 def me(run_id: str, params_file: str | Path) -> Holder:
     pid = os.getpid()
-    return Holder(run_id, socket.gethostname(), pid, getpass.getuser(),
-                  datetime.now(UTC).isoformat(timespec="seconds"), str(params_file), _start_ticks(pid))
+    return Holder(run_id, socket.gethostname(), _host_id(), pid, _start_ticks(pid), getpass.getuser(),
+                  datetime.now(UTC).isoformat(timespec="seconds"), str(params_file))
+
+
+def _host_id() -> str:
+    """This controller's kernel boot and PID namespace ("" where unreadable): a PID names one process only within
+    both, and a hostname tells neither (two machines, or containers of one, can share a hostname)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -70,10 +94,10 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def dead_here(holder: Holder, host: str | None = None) -> str | None:
-    """Why the holder provably no longer runs (its PID on this controller is gone or now another process); None
-    when it may still run or is on another host (its PID cannot be checked from here)."""
-    if not holder.started or holder.host != (host or socket.gethostname()):
+def dead_here(holder: Holder) -> str | None:
+    """Why the holder provably no longer runs (it ran in this controller's boot and PID namespace, and its PID is
+    gone or now another process); None when it may still run or ran elsewhere (its PID cannot be checked here)."""
+    if not _ran_here(holder):
         return None
     ticks = _start_ticks(holder.pid)
     if ticks is None:
@@ -83,11 +107,14 @@ def dead_here(holder: Holder, host: str | None = None) -> str | None:
     return None
 
 
-def staleness(holder: Holder, stale_after_s: float, host: str | None = None) -> str | None:
+def _ran_here(holder: Holder) -> bool:
+    """The holder ran in this controller's boot and PID namespace, so its PID can be checked here."""
+    return bool(holder.host_id) and holder.host_id == _host_id()
+
+
+def staleness(holder: Holder, stale_after_s: float) -> str | None:
     """Why the lock is stale (None when its holder may still run): its process is gone, or it is too old."""
-    if not holder.started:
-        return "the lock directory holds no readable holder.json"
-    if dead := dead_here(holder, host):
+    if dead := dead_here(holder):
         return dead
     if holder.age_s() > stale_after_s:
         return f"it is {holder.age_s() / 3600:.1f} h old, more than run_lock.stale_after_s ({stale_after_s:g} s)"
@@ -123,10 +150,10 @@ class RunLock:
         return f"run lock: took over the lock of {self.took_over}" if self.took_over else None
 
     def release(self) -> bool:
-        current = read(self.node, self.path)
-        if current != self.holder:
+        current = _read(self.node, self.path)
+        if current is None or current[0] != self.holder:
             return False
-        return _remove(self.node, self.path)
+        return _remove(self.node, self.path, current[1])
 
 
 def _where(node: Node, path: str) -> str:
@@ -134,19 +161,51 @@ def _where(node: Node, path: str) -> str:
 
 
 def read(node: Node, path: str) -> Holder | None:
-    """The lock's holder, or None when the head holds no lock."""
+    """The lock's holder, or None when the head holds no lock; LockError when `path` is not a lock sparkbook made."""
+    held = _read(node, path)
+    return held[0] if held else None
+
+
+def _read(node: Node, path: str) -> tuple[Holder, str] | None:
+    """The holder and holder.json's text (what _remove checks is still there), or None when there is no lock."""
     out = node.run(shell(_READ, path=path), timeout=TIMEOUT_S)
-    if not out.stdout.strip():
+    if out.exit_code == NOT_A_DIR:
+        raise _not_a_lock(node, path, "it is a file or a symbolic link, not a directory")
+    if out.exit_code == NOT_ALONE:
+        raise _not_a_lock(node, path, _contents(out.stdout.split()))
+    if not out.ok:
+        what = "no answer in time" if out.timed_out else (out.stderr or out.stdout).strip()[-300:]
+        raise LockError(f"cannot read the {_where(node, path)}: {what}")
+    if not out.stdout:
         return None
     try:
         data = json.loads(out.stdout)
-        return Holder(**data)
-    except (ValueError, TypeError):
-        return Holder("unknown", "unknown", 0, "unknown", "", "")  # a lock dir nobody could have made: stale by age
+        holder = _HOLDER_JSON.validate_python(data) if isinstance(data, dict) and data.pop(MARK, None) == 1 else None
+    except ValueError:  # not JSON, or a field missing or of the wrong type (pydantic's ValidationError)
+        holder = None
+    if holder is None:
+        raise _not_a_lock(node, path, f'its {HOLDER} is not one sparkbook wrote (those have "{MARK}": 1 and the run, '
+                          'host and pid holding the lock)')
+    return holder, out.stdout
 
 
-def _remove(node: Node, path: str) -> bool:
-    return node.run(shell(_REMOVE, path=path), timeout=TIMEOUT_S).ok
+def _contents(names: list[str]) -> str:
+    """Why a directory holding `names` is no lock: a lock holds holder.json alone, as a plain file."""
+    if not names:
+        return "it is empty"
+    if names == [HOLDER]:
+        return f"its {HOLDER} is not a plain file"
+    return f"it holds {', '.join(names[:5])}{' ...' if names[5:] else ''}, not {HOLDER} alone"
+
+
+def _not_a_lock(node: Node, path: str, why: str) -> LockError:
+    return LockError(f"{path} on {node.name} ({node.spec.host}) is not a run lock sparkbook made: {why}; it is "
+                     "left as it is", remediation=f"if it really is a lock, remove it by hand on {node.name}; else set "
+                     "run_lock.path to a path of sparkbook's own")
+
+
+def _remove(node: Node, path: str, raw: str) -> bool:
+    return node.run(shell(_REMOVE, path=path, raw=raw), timeout=TIMEOUT_S).ok
 
 
 def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, break_stale: bool = False,
@@ -159,19 +218,20 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
 
     def take() -> RunLock | None:
         """The lock, or None when it is worth one more try (released meanwhile, or a stale one removed)."""
-        took = node.run(shell(_TAKE, path=path, holder=json.dumps(asdict(holder))), timeout=TIMEOUT_S)
+        took = node.run(shell(_TAKE, path=path, holder=json.dumps({MARK: 1, **asdict(holder)})), timeout=TIMEOUT_S)
         if took.ok or (took.exit_code != EXISTS and read(node, path) == holder):  # a late answer: it did take
             return RunLock(node, path, holder, took_over[-1] if took_over else None)
         if took.exit_code != EXISTS:
             what = "no answer in time" if took.timed_out else (took.stderr or took.stdout).strip()[-300:]
             raise LockError(f"cannot take the {_where(node, path)}: {what}")
-        current = read(node, path)
-        if current is None:
+        held = _read(node, path)
+        if held is None:
             return None  # released between our attempt and the read: try once more
+        current, raw = held
         stale = staleness(current, params.run_lock.stale_after_s)
         dead = dead_here(current)
         if stale and (break_stale or current.run_id == same_run or dead):
-            _remove(node, path)
+            _remove(node, path, raw)
             if dead:
                 took_over.append(f"{current.describe()}: {dead}")
             return None
@@ -196,11 +256,12 @@ class Unlocked:
 def unlock(params: Params, node: Node, *, force: bool = False) -> Unlocked:
     """Clear the lock deliberately; a holder still running on this very host is kept unless `force`."""
     path = params.run_lock.path
-    current = read(node, path)
-    if current is None:
+    held = _read(node, path)
+    if held is None:
         return Unlocked(None, None, False)
+    current, raw = held
     stale = staleness(current, params.run_lock.stale_after_s)
-    if not stale and current.host == socket.gethostname() and not force:
+    if not stale and _ran_here(current) and not force:
         raise LockError(f"{_where(node, path)} is held by {current.describe()}, which is still running on this "
                         "host", remediation=f"stop it first (kill {current.pid}), or pass --force")
-    return Unlocked(current, stale, _remove(node, path))
+    return Unlocked(current, stale, _remove(node, path, raw))

@@ -149,7 +149,7 @@ def ab_notebooks(tmp_path: Path) -> Path:
 def ab_params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"path": str(tmp_path / "run.lock")}
+    base["run_lock"] = {"root": str(tmp_path), "path": str(tmp_path / "run.lock")}
     base["serve"]["speculative"] = NGRAM
     base["benchmark"] = {"ab": "speculative"}
     return write_params(base)

@@ -85,7 +85,7 @@ def test_a_held_lock_exits_3_with_its_remediation(base: dict[str, Any], write_pa
                                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"path": str(tmp_path / "locks" / "run.lock")}
+    base["run_lock"] = {"root": str(tmp_path), "path": str(tmp_path / "locks" / "run.lock")}
     params_file = write_params(base)
     params = load_params(params_file)
     cluster = Cluster(params)

@@ -60,6 +60,7 @@ STRING_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None], str]] = [
         speculative={"method": "eagle3", "num_speculative_tokens": 2, "model": v}), "serve.speculative.model"),
     ("secrets", lambda d, v: d.update(secrets=[v]), "secrets[0]"),
     ("run_lock.path", lambda d, v: d.update(run_lock={"path": v}), "run_lock.path"),
+    ("run_lock.root", lambda d, v: d.update(run_lock={"root": v}), "run_lock.root"),
 ]
 CASES = [(path, put, field, value) for path, put, field in STRING_FIELDS for value in HOSTILE]
 

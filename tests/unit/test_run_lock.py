@@ -1,5 +1,6 @@
 """The run lock, on a real (local-transport) head: atomic take, refusal naming the holder, stale detection,
-deliberate clearing, release on every way out, resume of the same run."""
+deliberate clearing, release on every way out, resume of the same run; a path that is no lock sparkbook made is
+never removed, and the schema keeps the path below a directory of sparkbook's own."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.params import Params, ParamsError, load_params
 from sparkbook.runbook import driver, lock
 
 
@@ -22,7 +23,8 @@ from sparkbook.runbook import driver, lock
 def params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Params:
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"path": str(tmp_path / "locks" / "run.lock"), "stale_after_s": 3600}
+    base["run_lock"] = {"root": str(tmp_path / "locks"), "path": str(tmp_path / "locks" / "run.lock"),
+                        "stale_after_s": 3600}
     return load_params(write_params(base))
 
 
@@ -52,10 +54,18 @@ def _holder(run_id: str, pid: int, **changes: Any) -> lock.Holder:
                                **changes)
 
 
+def _other_boot() -> str:
+    """This controller's host identity with another boot id: another machine that shares its hostname."""
+    boot, ns = lock._host_id().split(" ")
+    return f"{'0' * len(boot)} {ns}"
+
+
 def test_take_writes_the_holder_and_release_removes_it(params: Params, head) -> None:
     held = lock.acquire(params, head, lock.me("run-a", "cluster.yaml"), params_file="cluster.yaml")
     written = json.loads((Path(params.run_lock.path) / "holder.json").read_text())
-    assert written["run_id"] == "run-a" and set(written) >= {"host", "pid", "user", "started"}
+    assert written["run_id"] == "run-a" and written["sparkbook_lock"] == 1
+    assert set(written) >= {"host", "host_id", "pid", "pid_started", "user", "started"}
+    assert written["host_id"] == lock._host_id() and lock._host_id().count(" ") == 1, "boot id and PID namespace"
     assert lock.read(head, params.run_lock.path) == held.holder
     assert held.release()
     assert not Path(params.run_lock.path).exists()
@@ -85,8 +95,14 @@ def test_lock_of_a_dead_process_here_is_taken_over_saying_so(params: Params, hea
     fresh.release()
 
 
-def test_lock_of_a_dead_pid_on_another_host_still_refuses(params: Params, head) -> None:
-    lock.acquire(params, head, _holder("run-a", _dead_pid(), host="elsewhere"), params_file="cluster.yaml")
+@pytest.mark.parametrize("elsewhere", ["another boot, same hostname", "another PID namespace, same boot"])
+def test_lock_of_a_dead_pid_on_another_host_still_refuses(params: Params, head, elsewhere: str) -> None:
+    """A hostname does not tell where a PID can be checked: two machines, or containers, can share one."""
+    here = lock._host_id()
+    other = _other_boot() if elsewhere.startswith("another boot") else here.split(" ")[0] + " pid:[1]"
+    planted = _holder("run-a", _dead_pid(), host_id=other)
+    assert planted.host == lock.me("run-b", "x").host and lock.dead_here(planted) is None
+    lock.acquire(params, head, planted, params_file="cluster.yaml")
     with pytest.raises(lock.LockHeld) as refused:
         lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml")
     assert "may still be going" in str(refused.value), "its PID cannot be checked from here"
@@ -95,16 +111,22 @@ def test_lock_of_a_dead_pid_on_another_host_still_refuses(params: Params, head) 
 
 def test_lock_older_than_the_limit_is_stale_even_from_another_host(params: Params, head, live_pid: int) -> None:
     old = (datetime.now(UTC) - timedelta(hours=2)).isoformat(timespec="seconds")
-    lock.acquire(params, head, _holder("run-a", live_pid, host="elsewhere", started=old), params_file="x")
+    lock.acquire(params, head, _holder("run-a", live_pid, host_id=_other_boot(), started=old), params_file="x")
     assert "more than run_lock.stale_after_s" in lock.staleness(lock.read(head, params.run_lock.path), 3600)
-    recent = _holder("run-a", live_pid, host="elsewhere")
+    recent = _holder("run-a", live_pid, host_id=_other_boot())
     assert lock.staleness(recent, 3600) is None, "another host's recent lock may be live: never assumed stale"
 
 
-def test_a_reused_pid_does_not_keep_a_lock_alive(live_pid: int) -> None:
+def test_a_reused_pid_does_not_keep_a_lock_alive(params: Params, head, live_pid: int) -> None:
+    """Same boot and PID namespace, the PID running but started at another time: the holder is gone."""
     holder = _holder("run-a", live_pid)
     assert lock.staleness(holder, 3600) is None
-    assert "now another process" in lock.staleness(dataclasses.replace(holder, pid_started=1), 3600)
+    reused = dataclasses.replace(holder, pid_started=1)
+    assert "now another process" in lock.staleness(reused, 3600)
+    lock.acquire(params, head, reused, params_file="x")
+    held = lock.acquire(params, head, lock.me("run-b", "x"), params_file="x")
+    assert f"pid {live_pid} on {holder.host} is now another process" in held.took_over_line()
+    held.release()
 
 
 def test_resume_takes_over_its_own_stale_lock_but_not_a_live_one(params: Params, head, live_pid: int) -> None:
@@ -146,6 +168,7 @@ def test_cli_run_refuses_and_unlock_clears(params: Params, head, live_pid: int, 
     cleared = subprocess.run([*cli, "unlock", str(params_file)], capture_output=True, text=True, timeout=60)
     assert cleared.returncode == 0 and "removed the lock of run run-a" in cleared.stdout, cleared.stdout
     assert lock.read(head, params.run_lock.path) is None
+    assert not list(Path(params.run_lock.path).parent.iterdir()), "the lock removed, and nothing left of it"
 
 
 def lock_exit() -> int:
@@ -167,3 +190,123 @@ def test_interrupted_run_releases_the_lock(params: Params, tmp_path: Path) -> No
         driver.run(params_file, out_root=tmp_path / "out", say=interrupt)
     assert seen == [True], "the lock is held while notebooks run"
     assert not Path(params.run_lock.path).exists()
+
+
+def _plant(path: Path, what: str) -> None:
+    """Something at the lock path that sparkbook did not make (or no longer wholly made)."""
+    marked = json.dumps({"sparkbook_lock": 1, **dataclasses.asdict(_holder("run-a", _dead_pid()))})
+    if what == "a file":
+        path.parent.mkdir(parents=True)
+        path.write_text("data\n")
+        return
+    if what == "a link to a lock":
+        (path.parent.parent / "elsewhere").mkdir()
+        (path.parent.parent / "elsewhere" / "holder.json").write_text(marked)
+        path.parent.mkdir(parents=True)
+        path.symlink_to(path.parent.parent / "elsewhere")
+        return
+    path.mkdir(parents=True)
+    if what == "data, no holder.json":
+        (path / "results.db").write_text("a week of results\n")
+        (path / "sub").mkdir()
+        (path / "sub" / "notes.txt").write_text("notes\n")
+    elif what == "a holder.json without the marker":
+        (path / "holder.json").write_text(json.dumps(dataclasses.asdict(_holder("run-a", _dead_pid()))))
+    elif what == "a holder.json that is no JSON":
+        (path / "holder.json").write_text("{not json")
+    elif what == "a sparkbook holder.json and data":
+        (path / "holder.json").write_text(marked)
+        (path / "results.db").write_text("a week of results\n")
+    elif what == "a holder.json linking elsewhere":
+        (path.parent / "target.json").write_text(marked)
+        (path / "holder.json").symlink_to(path.parent / "target.json")
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() if p.is_file() else "" for p in sorted(root.rglob("*"))}
+
+
+PLANTED = ["data, no holder.json", "a holder.json without the marker", "a holder.json that is no JSON",
+           "a sparkbook holder.json and data", "a holder.json linking elsewhere", "an empty directory", "a file",
+           "a link to a lock"]
+
+
+@pytest.mark.parametrize("what", PLANTED)
+def test_what_sparkbook_did_not_make_is_refused_and_never_removed(what: str, params: Params, head,
+                                                                  tmp_path: Path) -> None:
+    """The issue's case: run_lock.path naming a directory that holds data; unlock, break-lock and a run's take-over
+    all refuse it, naming the path, and leave every file as it was."""
+    path = Path(params.run_lock.path)
+    _plant(path, what)
+    before = _tree(tmp_path / "locks") | _tree(tmp_path)
+    attempts: list[Callable[[], object]] = [
+        lambda: lock.unlock(params, head, force=True),
+        lambda: lock.acquire(params, head, lock.me("run-b", "x"), params_file="x", break_stale=True),
+        lambda: lock.acquire(params, head, lock.me("run-a", "x"), params_file="x", same_run="run-a"),
+        lambda: lock.read(head, str(path)),
+    ]
+    for attempt in attempts:
+        with pytest.raises(lock.LockError) as refused:
+            attempt()
+        text = str(refused.value)
+        assert not isinstance(refused.value, lock.LockHeld), text
+        assert f"{path} on {head.name}" in text and "is not a run lock sparkbook made" in text, text
+        assert "remove it by hand" in text and "\n" not in text, text
+    assert _tree(tmp_path / "locks") | _tree(tmp_path) == before, "nothing was removed or changed"
+
+
+def test_cli_unlock_refuses_a_directory_of_data(params: Params, tmp_path: Path) -> None:
+    path = Path(params.run_lock.path)
+    _plant(path, "data, no holder.json")
+    params_file = next(tmp_path.glob("*.yaml"))
+    done = subprocess.run([sys.executable, "-m", "sparkbook.cli", "unlock", str(params_file)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == lock_exit() and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    assert f"{path} on a" in done.stderr and "it holds results.db, sub, not holder.json alone" in done.stderr
+    assert "remove it by hand" in done.stderr and "removed the lock" not in done.stdout
+    assert (path / "results.db").read_text() == "a week of results\n" and (path / "sub" / "notes.txt").is_file()
+
+
+def test_a_lock_that_changed_since_it_was_read_is_not_removed(params: Params, head, live_pid: int) -> None:
+    lock.acquire(params, head, _holder("run-a", live_pid), params_file="x")
+    assert not lock._remove(head, params.run_lock.path, json.dumps({"sparkbook_lock": 1, "run_id": "run-old"}))
+    assert lock.read(head, params.run_lock.path).run_id == "run-a"
+
+
+@pytest.mark.parametrize("root", ["/", "/tmp", "/tmp/", "//tmp", "/run", "/run/lock", "/var", "/var/tmp", "/home",
+                                  "/root", "/etc", "/usr", "/usr/local", "/dev/shm", "/srv/x/..", "srv/sparkbook"])
+def test_schema_refuses_a_system_directory_as_the_lock_root(root: str, base: dict[str, Any],
+                                                            write_params: Callable[..., Path]) -> None:
+    base["run_lock"] = {"root": root, "path": "/tmp/run.lock"}
+    with pytest.raises(ParamsError) as refused:
+        load_params(write_params(base))
+    problems = [p for p in refused.value.problems if p.field.startswith("run_lock")]
+    assert [p.field for p in problems] == ["run_lock.root"], problems
+    assert problems[0].line is not None, "the line of run_lock.root is named"
+
+
+@pytest.mark.parametrize("lock_path,why", [
+    ("/tmp/victim", "not below run_lock.root (/tmp/sparkbook)"),
+    ("/tmp/sparkbook/../victim", "has a `..` component"),
+    ("/tmp/sparkbook/locks/../../victim", "has a `..` component"),
+    ("/tmp/sparkbook", "not below run_lock.root"),
+    ("/tmp/sparkbook/", "not below run_lock.root"),
+    ("/tmp/sparkbook-other/run.lock", "not below run_lock.root"),
+    ("/run/lock", "not below run_lock.root"),
+    ("/home", "not below run_lock.root"),
+])
+def test_schema_keeps_the_lock_path_below_its_root(lock_path: str, why: str, base: dict[str, Any],
+                                                   write_params: Callable[..., Path]) -> None:
+    base["run_lock"] = {"path": lock_path}
+    with pytest.raises(ParamsError) as refused:
+        load_params(write_params(base))
+    problems = [p for p in refused.value.problems if p.field.startswith("run_lock")]
+    assert [p.field for p in problems] == ["run_lock.path"] and why in problems[0].message, problems
+    assert problems[0].line is not None
+
+
+def test_schema_takes_a_root_of_sparkbooks_own(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
+    assert load_params(write_params(base)).run_lock.path == "/tmp/sparkbook/run.lock"
+    base["run_lock"] = {"root": "/srv/sparkbook/", "path": "/srv//sparkbook/./locks/run.lock"}
+    settings = load_params(write_params(base)).run_lock
+    assert (settings.root, settings.path) == ("/srv/sparkbook", "/srv/sparkbook/locks/run.lock")

@@ -43,7 +43,7 @@ def params_file(base: dict[str, Any], write_params: Callable[..., Path], tmp_pat
     """Nodes on this machine (local transport): the run lock is real, in a directory of this test."""
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"path": str(tmp_path / "run.lock")}
+    base["run_lock"] = {"root": str(tmp_path), "path": str(tmp_path / "run.lock")}
     return write_params(base)
 
 

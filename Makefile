@@ -9,7 +9,7 @@ export SPARKBOOK_HEADLESS := 1
 
 BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 
-.PHONY: setup lab runbook test unit bench lint
+.PHONY: setup lab runbook test test-all unit bench lint
 setup: $(BIN)/sparkbook
 # Debian's Chromium and chromedriver for the browser test (tests/lab/test_browser.py); no browser downloads
 $(BROWSER) &:
@@ -39,8 +39,14 @@ lint: setup
 unit: setup lint
 	$(BIN)/pytest tests/unit
 
+# make test: every capability with at least one lab proof (tests/README.md), inside CI's time; pytest's 30 slowest
+# durations at its end. make test-all adds the heavy scenarios marked `slow` (what they add: tests/README.md).
+PYTEST_ALL := $(BIN)/pytest tests notebooks --nbval-lax --durations=30
 test: lab $(BROWSER) lint
-	$(BIN)/pytest tests notebooks --nbval-lax -m "not benchmark"
+	$(PYTEST_ALL) -m "not benchmark and not slow"
+
+test-all: lab $(BROWSER) lint
+	$(PYTEST_ALL) -m "not benchmark"
 
 bench: lab
 	$(BIN)/pytest tests -m benchmark -s

@@ -11,8 +11,10 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 
 
 def pytest_configure(config):
@@ -49,27 +51,49 @@ def planted() -> str:
     return "hf_" + "Pl4nted" * 4
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def hf_params(lab_params: Path) -> dict:
+    """This lab's params on the path real hardware takes (params/lab-hf.yaml for the default lab): the candidate
+    shaped like vLLM's official image (ENTRYPOINT `vllm serve`), the model by hf_id out of a hub cache that is not
+    root's and that only the head holds after a reset."""
+    data = yaml.safe_load(lab_params.read_text())
+    hf = yaml.safe_load((REPO / "params" / "lab-hf.yaml").read_text())
+    data["cluster"] = f"{data['cluster']}-hf"
+    data["model"] = hf["model"]
+    data["runtime"].update(images=hf["runtime"]["images"], env=hf["runtime"]["env"])
+    return data
+
+
 @pytest.fixture(scope="session")
 def full_run(lab, lab_progress, planted, tmp_path_factory):
-    """One confirmed run of all six notebooks on the active lab, with a planted secret in the environment as
-    HF_TOKEN and as the API key vLLM requires of every /v1 request (serve.api_key_env: VLLM_API_KEY)
-    (session-wide: test_runbook_lab checks it, test_idempotence runs the runbook a second time on top of it).
-    The old deployment (the old vLLM too) answers before 01 inventories it, as the issue's cluster did, so 01
-    records every port and health URL that restore checks."""
+    """The session's one whole run of all six notebooks, confirmed, on the path real hardware takes (hf_params:
+    the entrypoint image, the model by hf_id, copied to the worker over the fabric by 03), with a planted secret
+    in the environment as HF_TOKEN and as the API key vLLM requires of every /v1 request (serve.api_key_env:
+    VLLM_API_KEY). test_runbook_lab, test_runbook_offline, test_idempotence and test_lab_ab read it; params/lab.yaml's
+    own path (the plain image, the model by path) is `make runbook`'s and nbval's whole run. The old deployment
+    (the old vLLM too) answers before 01 inventories it, as the issue's cluster did, so 01 records every port and
+    health URL that restore checks. The workers keep their images: the entrypoint image goes to a worker that
+    holds the plain 0.32.0 build (test_faults copied it) as the delta of the layers it lacks."""
     import sparkbook.lab as sblab
     from sparkbook.runbook import driver
 
-    sblab.reset()
+    sblab.reset(keep_worker_images=True)
     sblab.wait_old_deployment(progress=lab_progress)
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
-    params = tmp_path_factory.mktemp("params") / "lab.yaml"
-    params.write_text(sblab.params_file(2).read_text().replace("secrets: []", "secrets: [HF_TOKEN, VLLM_API_KEY]")
-                      .replace("serve:\n", "serve:\n  api_key_env: VLLM_API_KEY\n", 1))
+    data = hf_params(sblab.params_file(2))
+    data["secrets"] = ["HF_TOKEN", "VLLM_API_KEY"]
+    data["serve"]["api_key_env"] = "VLLM_API_KEY"
+    params = tmp_path_factory.mktemp("params") / "lab-hf.yaml"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    t0 = time.monotonic()
     try:
         return driver.run(params, out_root=tmp_path_factory.mktemp("outputs"), parameters={"confirm_cleanup": True},
-                           say=print)
+                          say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
+        lab_progress(f"the session's full run took {time.monotonic() - t0:.0f} s")
 
 
 @dataclass

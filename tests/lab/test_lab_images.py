@@ -170,6 +170,9 @@ def chat(url: str, model: str) -> str:
         return json.load(r)["choices"][0]["message"]["content"]
 
 
+# slow: make test serves both builds already, the new one in every whole run (01-06) and the old one as the lab's old
+# deployment (old-vllm, waited for before the full run's 01); this serves each from a bare `docker run`.
+@pytest.mark.slow
 @pytest.mark.parametrize("tag,model,extra", [(NEW, "hyv4-tiny", ["--attention-backend", "CPU_MLA"]),
                                              (OLD, "qwen3-tiny", [])])
 def test_serves_chat(models: dict[str, Path], tag: str, model: str, extra: list[str]) -> None:
@@ -187,6 +190,7 @@ def test_serves_chat(models: dict[str, Path], tag: str, model: str, extra: list[
         remove(name)
 
 
+@pytest.mark.slow  # make test: `lab up` loads the images into every node's daemon, and each reset skips them
 def test_load_images_into_another_daemon(images: dict[str, str]) -> None:
     """load_images copies the base into a fresh daemon, then skips it when asked again."""
     root = Path(tempfile.mkdtemp(prefix="ld-", dir=LAB_HOME))

@@ -25,6 +25,7 @@ from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
 from .core.rundir import INDEX, MANIFEST, RESTORE_PLAN
+from .core.stagelist import CLEANUP
 from .runbook import driver, lock, operate
 from .runbook.manifest import Manifest
 from .stages.serve import endpoints
@@ -138,7 +139,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             return 0
         params_file, steps = Manifest.read(run_dir).params_file, []
     else:
-        raise driver.RunbookError(f"{plan_file} not found: 01-cleanup writes it after it stops something")
+        raise driver.RunbookError(f"{plan_file} not found: {CLEANUP.name} writes it after it stops something")
     run = open_run(params_file, run_dir, stage="restore")
     try:
         out = restore.rollback(run, steps, run.params.cleanup, args.stop_new)
@@ -162,12 +163,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
     """What the restore did, step by step, and each target's verdict with the log tail of a failed one."""
     if out.result == "nothing to restore":
-        print(f"{run_dir}: 01-cleanup stopped nothing in this run: nothing to restore; nothing was changed")
+        print(f"{run_dir}: {CLEANUP.name} stopped nothing in this run: nothing to restore; nothing was changed")
     for con in out.conflicts:
         print(f"in the way: {con.line()}")
     if out.unread_ports:
-        print(f"01 saw no listening port of {', '.join(out.unread_ports)} (still starting, or none): a conflict on "
-              "their ports cannot be found before acting")
+        print(f"{CLEANUP.id} saw no listening port of {', '.join(out.unread_ports)} (still starting, or none): a "
+              "conflict on their ports cannot be found before acting")
     for a in [*out.stopped_new, *out.actions]:
         print(f"{a.node:12} {a.name:24} {'ok' if a.ok else 'FAILED'}  {a.command}  {a.detail}")
     for c in out.checks:
@@ -251,7 +252,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     finally:
         cluster.close()
     for p in parts:
-        print(f"\n== {p.notebook}: {p.title or ''}")
+        print(f"\n== {p.stage.name}: {p.title or ''}")
         if p.unknown:
             print(f"   {p.unknown}")
         elif p.rows:

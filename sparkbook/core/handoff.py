@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .imageprobes import RegistryProbe
 from .record import Finding
+from .stagelist import BENCH, CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE
 from .state import Handoff
 
 
@@ -39,7 +40,7 @@ class Action:
 
 class CleanupOutcome(Handoff):
     key = "cleanup"
-    notebook = "01-cleanup"
+    notebook = CLEANUP.name
 
     stopped: list[Action]
     restore_plan: str
@@ -50,14 +51,14 @@ class OldDeployment(Handoff):
     03 take the old deployment's image from here when runtime.installed_image is not set."""
 
     key = "old_deployment"
-    notebook = "01-cleanup"
+    notebook = CLEANUP.name
 
     images: dict[str, list[str]]  # image -> ["node/container", ...], the most used first
 
 
 class Diagnosis(Handoff):
     key = "diagnosis"
-    notebook = "02-diagnosis"
+    notebook = DIAGNOSE.name
 
     findings: list[Finding]
     question_for_03: str
@@ -67,7 +68,7 @@ class Diagnosis(Handoff):
 
 class ImageChoice(Handoff):
     key = "image"
-    notebook = "03-image-selection"
+    notebook = IMAGES.name
 
     ref: str
     id: str | None
@@ -88,7 +89,7 @@ class JoinedNode(_Part):
 
 class RayCluster(Handoff):
     key = "ray"
-    notebook = "04-ray-cluster"
+    notebook = RAYCLUSTER.name
 
     address: str
     containers: dict[str, str]  # node -> container name
@@ -101,7 +102,7 @@ class FabricProof(Handoff):
     """04's all_reduce figures that 06 sets beside its decode time: a small size's latency, a large one's busbw."""
 
     key = "fabric"
-    notebook = "04-ray-cluster"
+    notebook = RAYCLUSTER.name
 
     backend: str  # nccl | gloo
     world: int
@@ -113,7 +114,7 @@ class FabricProof(Handoff):
 
 class Endpoint(Handoff):
     key = "endpoint"
-    notebook = "05-serve"
+    notebook = SERVE.name
 
     base_url: str
     model: str
@@ -141,7 +142,7 @@ class BenchPoint(_Part):
 
 class BenchmarkSummary(Handoff):
     key = "benchmark"
-    notebook = "06-benchmark"
+    notebook = BENCH.name
 
     single_stream_output_tok_s: float | None
     single_stream_median_tpot_ms: float | None
@@ -171,7 +172,7 @@ class AbRatio(_Part):
 
 class AbVerdict(Handoff):
     key = "ab"
-    notebook = "06-benchmark"
+    notebook = BENCH.name
 
     kept: Literal["baseline", "speculative"]
     reason: str

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .params import Params
+from .stagelist import DIAGNOSE
 from .state import Handoff
 
 GIB = 1 << 30
@@ -35,7 +36,7 @@ class ModelFacts(Handoff):
     """The model as its config and weight files describe it (parameter counts are estimates)."""
 
     key = "model"
-    notebook = "02-diagnosis"
+    notebook = DIAGNOSE.name
 
     architectures: list[str]
     model_type: str

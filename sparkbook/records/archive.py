@@ -17,6 +17,7 @@ from typing import Any
 from ..core.errors import SparkbookError
 from ..core.record import read_events
 from ..core.rundir import MANIFEST, PARAMS_COPY, STATE, is_run_dir
+from ..core.stagelist import BENCH, IMAGES, SERVE, stage_of
 from ..core.sweeppoint import SweepPoint, read_points
 from .failure import LogExcerpt, excerpts
 from .timeline import Step, steps
@@ -24,7 +25,7 @@ from .timeline import Step, steps
 STATUSES = ("ok", "failed", "partial", "running", "unreadable")
 # A finding's topic and the notebook that resolves it when it runs ok (02 reports that the installed image cannot
 # serve the model; 03 picks one that can).
-RESOLVED_BY = {"image": "03"}
+RESOLVED_BY = {"image": IMAGES.id}
 
 
 class ArchiveError(SparkbookError):
@@ -126,7 +127,7 @@ def _cause(record: RunRecord, events: list[dict[str, Any]]) -> str | None:
     """The failure's named cause: 05's classified serve failure, else the failing cell's exception."""
     if record.failing_cell is None:
         return None
-    if record.failing_cell["notebook"].startswith("05"):
+    if SERVE.owns(record.failing_cell["notebook"]):
         attempts = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"]]
         causes = [str(a["cause"]) for a in attempts if a.get("cause")]
         if causes:
@@ -221,13 +222,13 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     addresses = endpoint.get("addresses")
     record.addresses = [f"{net}: {url}" for net, url in addresses.items()] if isinstance(addresses, dict) else []
     if record.ready_s is None and not state and not events:
-        record.ready_s = notebook_field(run_dir, "05-serve.ipynb", "ready_s")
+        record.ready_s = notebook_field(run_dir, SERVE.notebook, "ready_s")
     record.ab_kept = _ab_kept(state.get("ab"))
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
     if record.roofline_pct is None and not state and not events:
-        record.roofline_pct = notebook_field(run_dir, "06-benchmark.ipynb", "percent_of_ceiling")
+        record.roofline_pct = notebook_field(run_dir, BENCH.notebook, "percent_of_ceiling")
     record.failing_cell = _failing_cell(run_dir, notebooks)
     record.cause = _cause(record, events)
     if record.failing_cell:
@@ -249,7 +250,7 @@ def _ab_kept(verdict: Any) -> str | None:
 
 def _resolved(findings: list[dict[str, Any]], notebooks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The findings, each marked `resolved_by` the later notebook that resolved it (None: still open)."""
-    ok = {nb["name"][:2] for nb in notebooks if nb.get("status") == "ok"}
+    ok = {s.id for nb in notebooks if nb.get("status") == "ok" and (s := stage_of(nb["name"]))}
     return [{**f, "resolved_by": RESOLVED_BY.get(str(f.get("topic"))) if RESOLVED_BY.get(str(f.get("topic"))) in ok
              else None} for f in findings]
 

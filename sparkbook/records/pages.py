@@ -8,6 +8,7 @@ from typing import Any
 
 from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
 from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE
+from ..core.stagelist import DIAGNOSE
 from .archive import STATUSES, RunRecord, fmt, row, runs
 from .compare import Comparison, band
 
@@ -94,12 +95,12 @@ def _findings(r: RunRecord) -> str:
     counts += f"; {resolved} resolved by a later stage" if resolved else ""
     if r.findings:
         return f"<h2>Findings</h2><p>{counts}</p><ul>{''.join(items)}</ul>"
-    if not any(nb.get("name", "").startswith("02") for nb in r.notebooks):
-        why = "02-diagnosis did not run in this run dir"
+    if not any(DIAGNOSE.owns(nb.get("name", "")) for nb in r.notebooks):
+        why = f"{DIAGNOSE.name} did not run in this run dir"
     elif (r.run_dir / STATE).exists():
-        why = "02-diagnosis found nothing to report"
+        why = f"{DIAGNOSE.name} found nothing to report"
     else:
-        why = f"this run dir keeps no {STATE}: the findings are in 02-diagnosis.ipynb"
+        why = f"this run dir keeps no {STATE}: the findings are in {DIAGNOSE.notebook}"
     return f"<h2>Findings</h2><p>none recorded ({e(why)})</p>"
 
 

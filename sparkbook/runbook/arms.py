@@ -14,9 +14,9 @@ from typing import Any
 
 from ..core.handoff import AbVerdict
 from ..core.params import Params
+from ..core.stagelist import BENCH, SERVE
 from ..core.state import load
 
-SERVE, BENCH = "05", "06"
 KEPT = "kept"
 
 
@@ -40,15 +40,15 @@ def parameters(name: str, run: list[str]) -> dict[str, Any]:
     the params' plan in a run that has the baseline arm, none outside an A/B."""
     if (arm := arm_of(name)) is not None:
         return {"ab_arm": arm}
-    in_ab = name.startswith((SERVE, BENCH)) and any(arm_of(n) == "baseline" for n in run)
+    in_ab = (SERVE.owns(name) or BENCH.owns(name)) and any(arm_of(n) == "baseline" for n in run)
     return {"ab_arm": "speculative"} if in_ab else {}
 
 
 def with_arms(names: list[str], params: Params) -> list[str]:
     """`names` with the baseline arm's 05 and 06 before 05, where the params ask for an A/B and both 05 and 06 are
     among them (an A/B needs a server and a sweep on it; `--only 05` or `--upto 05` serves the params' plan)."""
-    serve = [n for n in names if n.startswith(SERVE)]
-    bench = [n for n in names if n.startswith(BENCH)]
+    serve = [n for n in names if SERVE.owns(n)]
+    bench = [n for n in names if BENCH.owns(n)]
     if params.benchmark.ab is None or len(serve) != 1 or len(bench) != 1:
         return names
     at = names.index(serve[0])
@@ -58,8 +58,8 @@ def with_arms(names: list[str], params: Params) -> list[str]:
 def follow_up(run_dir: Path, name: str, run: list[str], names: list[str]) -> str | None:
     """After the second arm's 06 (in `run`, the run's notebooks): 05 once more, serving the baseline, where the A/B
     kept it (None otherwise). `names`: the notebooks of the folder."""
-    if not name.startswith(BENCH) or parameters(name, run) != {"ab_arm": "speculative"}:
+    if not BENCH.owns(name) or parameters(name, run) != {"ab_arm": "speculative"}:
         return None
     if load(run_dir, AbVerdict).kept == "speculative":
         return None
-    return arm_name(next(n for n in names if n.startswith(SERVE)), KEPT)
+    return arm_name(next(n for n in names if SERVE.owns(n)), KEPT)

@@ -17,6 +17,7 @@ from ..core.progress import Progress
 from ..core.record import now, read_events
 from ..core.redact import Redactor
 from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
+from ..core.stagelist import STAGES
 from ..records import pages
 from ..records.archive import params_hash, read_run
 from ..records.restore import restore_section
@@ -32,7 +33,9 @@ class RunbookError(SparkbookError):
 
 
 def notebook_names(folder: Path = NOTEBOOKS) -> list[str]:
-    return sorted(p.name for p in folder.glob("[0-9][0-9]-*.ipynb"))
+    """The folder's notebooks in the stage list's order (a test's folder holds its own notebooks for a few stages)."""
+    names = sorted(p.name for p in folder.glob("*.ipynb"))
+    return [n for stage in STAGES for n in names if stage.owns(n)]
 
 
 def declared_parameters(notebook: Path) -> set[str]:

@@ -23,6 +23,7 @@ from ..core.params import Params, load_params
 from ..core.record import Run, now
 from ..core.rundir import is_run_dir
 from ..core.runtime import Place, Runtime, Spawned
+from ..core.stagelist import RAYCLUSTER, SERVE
 from ..core.topology import LOG_DIR, lost
 from ..stages.serve.endpoints import ClientAddress, client_addresses
 from . import driver
@@ -68,7 +69,7 @@ def _served(run_dir: Path) -> Deployment | None:
     """The run's deployment when its 05 ended ok and its state holds the image and the endpoint."""
     try:
         manifest = Manifest.read(run_dir)
-        if not any(nb.name.startswith("05") and nb.status == "ok" for nb in manifest.notebooks):
+        if not any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks):
             return None
         return Deployment(run_dir, state.load(run_dir, ImageChoice, "status"), state.load(run_dir, Endpoint, "status"))
     except (OSError, ValueError, TypeError, KeyError, SparkbookError):
@@ -86,7 +87,7 @@ def deployments(cluster_dir: Path) -> list[Deployment]:
 def last_good(params: Params, outputs: Path) -> Deployment:
     found = deployments(outputs / params.cluster)
     if not found:
-        raise NothingDeployed(f"no run under {outputs / params.cluster} deployed a server (05 ended ok)",
+        raise NothingDeployed(f"no run under {outputs / params.cluster} deployed a server ({SERVE.id} ended ok)",
                               remediation="run the runbook first: sparkbook run PARAMS -p confirm_cleanup=true")
     return found[0]
 
@@ -233,5 +234,6 @@ def up(params_file: Path, outputs: Path, *, say: Callable[[str], None] = print) 
     params = load_params(params_file)
     d = last_good(params, outputs)
     say(f"up: the deployment of run {d.run_id} (image {d.image.ref}, model {d.endpoint.model}, plan {d.plan_hash})")
-    run_dir, manifest = driver.run(params_file, out_root=outputs, seed=d.run_dir, start="04", upto="05", say=say)
+    run_dir, manifest = driver.run(params_file, out_root=outputs, seed=d.run_dir, start=RAYCLUSTER.id,
+                                   upto=SERVE.id, say=say)
     return run_dir, manifest, d

@@ -15,6 +15,7 @@ from ..core.modelinfo import human_params, memory_fit, model_facts
 from ..core.params import DockerRuntime, NodeSpec, Params
 from ..core.runtime import Place
 from ..core.runtime_docker import LABEL
+from ..core.stagelist import CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE, Stage
 from ..stages import diagnose
 from ..stages.cleanup.inventory import inventory
 from ..stages.cleanup.planning import plan as cleanup_plan
@@ -28,9 +29,9 @@ FANOUT_S = 120
 
 @dataclass(frozen=True)
 class StagePreview:
-    """One notebook's part of the plan: rows to show, or why it cannot be told without acting."""
+    """One stage's part of the plan: rows to show, or why it cannot be told without acting."""
 
-    notebook: str
+    stage: Stage
     title: str
     rows: list[dict[str, str]]
     unknown: str | None = None  # None: previewed; else why not
@@ -58,7 +59,7 @@ def _cleanup(ctx: Context) -> StagePreview:
     invs = [o.value for o in found.values() if o.ok and o.value]
     rows = [{k: str(v) for k, v in r.items()} for r in cleanup_plan(invs, ctx.params.cleanup).rows()]
     rows += [{"node": n, "stop": f"UNREACHABLE: {o.error}"} for n, o in found.items() if not o.ok]
-    return StagePreview("01-cleanup", "what cleanup would stop (with -p confirm_cleanup=true), in order", rows)
+    return StagePreview(CLEANUP, "what cleanup would stop (with -p confirm_cleanup=true), in order", rows)
 
 
 def _fit(ctx: Context) -> StagePreview:
@@ -66,7 +67,7 @@ def _fit(ctx: Context) -> StagePreview:
     source = diagnose.config_source(diagnose.model_files_all(ctx), ctx.params.head.name)
     model = model_facts(source.config or {}, source.index, source.file_sizes, source.dir)
     fit = memory_fit(model, ctx.params, {n: o.value.memory.for_fit(n) for n, o in facts.items() if o.ok and o.value})
-    return StagePreview("02-diagnosis", f"memory fit of {ctx.params.model.served_name} "
+    return StagePreview(DIAGNOSE, f"memory fit of {ctx.params.model.served_name} "
                         f"({human_params(model.total_params)} parameters)",
                         [{"node": f.node, "ranks": str(f.ranks), "planned GiB": f"{f.planned_gib:.1f}",
                           "allocatable GiB": f"{f.allocatable_gib:.1f}", "fits": "yes" if f.fits else "NO",
@@ -75,7 +76,7 @@ def _fit(ctx: Context) -> StagePreview:
 
 def _copies(ctx: Context, image: str) -> StagePreview:
     p = distribute.plan(ctx, image)
-    return StagePreview("03-image-selection", f"image copy of {image} ({p.size_bytes / 1e9:.2f} GB) from {p.source}",
+    return StagePreview(IMAGES, f"image copy of {image} ({p.size_bytes / 1e9:.2f} GB) from {p.source}",
                         [{"node": n, "holds": held or "nothing", "action": "copy from the head over the fabric"
                           if n in p.to_copy else "already held: nothing copied"} for n, held in p.held.items()])
 
@@ -90,12 +91,12 @@ def _containers(ctx: Context) -> StagePreview:
                  if isinstance(spec, DockerRuntime) else f"(python runtime: processes of {spec.python})")
         rows.append({"node": node.name, "node container": start, "ray start": shlex.join(ray_argv(ctx.params, ns)),
                      "env (names)": ", ".join(sorted(ctx.places[node.name].env))})
-    return StagePreview("04-ray-cluster", "node containers and Ray", rows)
+    return StagePreview(RAYCLUSTER, "node containers and Ray", rows)
 
 
 def _serve(ctx: Context, executor: str, model_dir: str) -> StagePreview:
     p = serve_plan(ctx, executor, model_dir=model_dir)
-    return StagePreview("05-serve", f"vllm serve ({executor} executor), the API at {p.base_url}",
+    return StagePreview(SERVE, f"vllm serve ({executor} executor), the API at {p.base_url}",
                         [{"node": c.node, "vllm serve": shlex.join(c.argv), "env (names)": ", ".join(sorted(c.env))}
                          for c in p.commands])
 
@@ -107,23 +108,23 @@ def preview(ctx: Context, outputs: Path) -> list[StagePreview]:
         image, executor, model_dir = d.image.ref, d.endpoint.executor, _model_dir(d.endpoint.commands)
     except NothingDeployed:
         d, image, executor, model_dir = None, "", ctx.params.serve.executor, ""
-    steps: list[tuple[str, str, Callable[[], StagePreview]]] = [
-        ("01-cleanup", "cleanup", lambda: _cleanup(ctx)), ("02-diagnosis", "memory fit", lambda: _fit(ctx))]
+    steps: list[tuple[Stage, str, Callable[[], StagePreview]]] = [
+        (CLEANUP, "cleanup", lambda: _cleanup(ctx)), (DIAGNOSE, "memory fit", lambda: _fit(ctx))]
     if d is None:
-        why = "no run of this cluster deployed a server yet: 03 chooses the image by probing the candidates"
-        unknown = [StagePreview(nb, "", [], why) for nb in ("03-image-selection", "04-ray-cluster", "05-serve")]
+        why = f"no run of this cluster deployed a server yet: {IMAGES.id} chooses the image by probing the candidates"
+        unknown = [StagePreview(stage, "", [], why) for stage in (IMAGES, RAYCLUSTER, SERVE)]
     else:
         at = ctx.with_image(image)
         unknown = []
-        steps += [("03-image-selection", "image copy", lambda: _copies(at, image)),
-                  ("04-ray-cluster", "containers", lambda: _containers(at)),
-                  ("05-serve", "serve", lambda: _serve(at, executor, model_dir))]
+        steps += [(IMAGES, "image copy", lambda: _copies(at, image)),
+                  (RAYCLUSTER, "containers", lambda: _containers(at)),
+                  (SERVE, "serve", lambda: _serve(at, executor, model_dir))]
     out = []
-    for notebook, what, step in steps:
+    for stage, what, step in steps:
         try:
             out.append(step())
         except (SparkbookError, OSError) as exc:
-            out.append(StagePreview(notebook, what, [], f"cannot tell without acting: {exc}"[:400]))
+            out.append(StagePreview(stage, what, [], f"cannot tell without acting: {exc}"[:400]))
     return out + unknown
 
 

@@ -17,6 +17,7 @@ from ..core.modelinfo import GIB, MTP_FIELDS, SEED_SHARE, FitRow, ModelFacts, No
 from ..core.nodes import Node, Outcome, bash, shell
 from ..core.params import ModelSpec, NodeSpec, Params, Speculative
 from ..core.record import Alternative, Decision, Finding, unreachable
+from ..core.stagelist import DIAGNOSE, IMAGES
 
 PROBE_TIMEOUT_S = 20
 
@@ -91,7 +92,7 @@ class ModelFiles:
 class DiagnosisError(SparkbookError):
     """The diagnosis cannot go on; the message names what no node has."""
 
-    stage = "02-diagnosis"
+    stage = DIAGNOSE.name
 
 
 # --- node facts -------------------------------------------------------------------------------------
@@ -398,7 +399,7 @@ def diagnosis(findings: list[Finding], probe: RegistryProbe | None, architecture
 # and a long load: a node that does not answer, the fabric (the fabric IP not on its netdev, no ping, TCP filtered),
 # the model (on no node, or different config.json files on the nodes: 03 copies the model only to nodes that lack
 # it, from one that holds it) and the memory fit.
-RESOLVED_LATER = {"image": "03-image-selection probes every candidate image and chooses one whose own vLLM registers "
+RESOLVED_LATER = {"image": f"{IMAGES.name} probes every candidate image and chooses one whose own vLLM registers "
                            "and loads the model"}
 REMEDIATION = {
     "node": "bring the node back (sshd running, its address in params right) or take it out of params.nodes",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from ...core.errors import SparkbookError
+from ...core.stagelist import BENCH
 from ...core.sweeppoint import Speculation
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -63,7 +64,7 @@ def speculation(before: SpecCounters | None, after: SpecCounters | None) -> Spec
     if any(d < 0 for d in deltas) or len(earlier) > positions:
         raise SparkbookError(f"the speculative-decoding counters went down between two scrapes ({start} -> {after}): "
                              "the server restarted inside the point's window, whose figures would mix two servers",
-                             stage="06-benchmark",
+                             stage=BENCH.name,
                              remediation="read 05's serve log tails on the head and benchmark again")
     drafts, draft_tokens, accepted, *per_position = (round(d) for d in deltas)
     return Speculation(drafts, draft_tokens, accepted, tuple(per_position))

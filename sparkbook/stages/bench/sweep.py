@@ -43,6 +43,7 @@ from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
 from ...core.record import Decision
+from ...core.stagelist import BENCH
 from ...core.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
 from .client import (
     TEMPERATURE,
@@ -166,7 +167,7 @@ def warm_up(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], con
 class BenchmarkError(SparkbookError):
     """The benchmark could not go on; the message says why."""
 
-    stage = "06-benchmark"
+    stage = BENCH.name
 
 
 class ServerGone(BenchmarkError):

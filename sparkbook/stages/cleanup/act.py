@@ -15,6 +15,7 @@ from ...core.docker_ssh import docker_client
 from ...core.errors import SparkbookError
 from ...core.handoff import Action, CleanupOutcome
 from ...core.nodes import Node, shell
+from ...core.stagelist import CLEANUP
 from . import boot
 from .inventory import PROBE_TIMEOUT_S, Inventory, vanished
 from .planning import STOP_GRACE_S, CleanupTarget, Plan
@@ -23,7 +24,7 @@ from .planning import STOP_GRACE_S, CleanupTarget, Plan
 class CleanupError(SparkbookError):
     """A cleanup or restore step cannot be done; the message says which and why."""
 
-    stage = "01-cleanup"
+    stage = CLEANUP.name
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ...core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ...core.modelinfo import ModelFacts
 from ...core.nodes import Node
 from ...core.record import Alternative, Decision
+from ...core.stagelist import DIAGNOSE, IMAGES
 from ...core.state import MissingState
 from .gpuop import GpuOp, kernel_mismatch, probe_gpu_op
 from .tags import TagHistory
@@ -48,7 +49,7 @@ def model_target(ctx: Context, recorded: ModelFacts | None) -> ModelTarget:
     """The model as 02-diagnosis recorded it (`recorded`); where the state lacks it, read config.json on the head."""
     if recorded is not None:
         return ModelTarget(recorded.architectures[0], recorded.model_type, recorded.dir_on_nodes or _model_dir(ctx),
-                           "state (02-diagnosis)")
+                           f"state ({DIAGNOSE.name})")
     config = json.loads(ctx.head.read_text(f"{_model_dir(ctx)}/config.json"))
     return ModelTarget(config["architectures"][0], config.get("model_type", ""), _model_dir(ctx),
                        f"config.json on {ctx.head.name}")
@@ -56,8 +57,8 @@ def model_target(ctx: Context, recorded: ModelFacts | None) -> ModelTarget:
 
 def _model_dir(ctx: Context) -> str:
     if ctx.params.model.path is None:
-        raise MissingState("model.path is not set and 02-diagnosis has not recorded the model's directory",
-                           stage="03-image-selection", remediation="run 02 first")
+        raise MissingState(f"model.path is not set and {DIAGNOSE.name} has not recorded the model's directory",
+                           stage=IMAGES.name, remediation=f"run {DIAGNOSE.id} first")
     return ctx.params.model.path
 
 
@@ -346,7 +347,7 @@ def _not_probed(image: str, architecture: str, why: str) -> tuple[RegistryProbe,
 class NoUsableImage(SparkbookError):
     """No candidate loads the model natively without a blocking finding."""
 
-    stage = "03-image-selection"
+    stage = IMAGES.name
 
 
 def rows(candidates: list[Candidate], history: dict[str, TagHistory] | None = None) -> list[dict[str, object]]:
@@ -377,7 +378,7 @@ def inspection_logs(candidates: list[Candidate]) -> dict[str, str]:
     logs = {}
     for c in candidates:
         slug = c.image.replace("/", "_").replace(":", "_")
-        logs[f"03-inspect-{slug}.txt"] = "\n\n".join(filter(None, [
+        logs[f"{IMAGES.id}-inspect-{slug}.txt"] = "\n\n".join(filter(None, [
             f"# {c.image}: {c.verdict.status}", c.inspection.error, c.inspection.cause_text, c.inspection.probe_error]))
     return logs
 

@@ -28,8 +28,8 @@ from ...core.errors import SparkbookError
 from ...core.nodes import Node, shell
 from ...core.params import ModelSpec, NodeSpec, Params
 from ...core.progress import Progress
+from ...core.stagelist import IMAGES
 
-STAGE = "03-image-selection"
 INCOMING = ".sparkbook-incoming"
 PID_DIR = "/tmp/sparkbook"
 LIST_TIMEOUT_S = 60
@@ -185,7 +185,7 @@ class ModelCopy:
 class ModelCopyError(SparkbookError):
     """The model could not be put on a node; the message names the node, the path and why."""
 
-    stage = STAGE
+    stage = IMAGES.name
 
 
 class DiskTooSmall(ModelCopyError):
@@ -312,7 +312,8 @@ def check_disk(p: NodePlan, reserve_bytes: int) -> None:
         raise DiskTooSmall(
             f"{p.node}: {p.root}: the disk has {p.free_bytes / 1e9:.2f} GB free; the model needs "
             f"{p.bytes_to_send / 1e9:.2f} GB more plus model.transfer.reserve {reserve_bytes / 1e9:.2f} GB "
-            f"(short by {(p.bytes_to_send + reserve_bytes - p.free_bytes) / 1e9:.2f} GB)", node=p.node, stage=STAGE,
+            f"(short by {(p.bytes_to_send + reserve_bytes - p.free_bytes) / 1e9:.2f} GB)", node=p.node,
+            stage=IMAGES.name,
             remediation="free space on that disk, or put the model cache on a larger one (model.cache_dir)")
 
 

@@ -19,6 +19,7 @@ from ...core.handoff import FabricProof
 from ...core.params import NodeSpec, Params
 from ...core.record import Alternative, Decision
 from ...core.runtime import Spawned
+from ...core.stagelist import RAYCLUSTER
 from ...core.topology import LOG_DIR
 
 EVENT = "fabric_allreduce"
@@ -354,7 +355,7 @@ def verdict(params: Params, test: AllReduceTest) -> FabricVerdict:
 class FabricTestFailed(SparkbookError):
     """04's all_reduce test found the fabric unfit to serve over; the message has the figures."""
 
-    stage = "04-ray-cluster"
+    stage = RAYCLUSTER.name
 
     def __init__(self, result: FabricVerdict):
         self.verdict = result

@@ -9,13 +9,14 @@ from ...core.context import Context
 from ...core.errors import SparkbookError
 from ...core.nodes import Node
 from ...core.runtime import Place, Runtime
+from ...core.stagelist import RAYCLUSTER
 from ...core.topology import places
 
 
 class RayStageError(SparkbookError):
     """The Ray stage could not go on; the message names the node(s)."""
 
-    stage = "04-ray-cluster"
+    stage = RAYCLUSTER.name
 
 
 

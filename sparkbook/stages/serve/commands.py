@@ -9,13 +9,14 @@ from ...core.context import Context
 from ...core.errors import ProbeOutputError, SparkbookError
 from ...core.params import NodeSpec, Params, ServeSettings
 from ...core.record import Alternative, Decision
+from ...core.stagelist import SERVE
 from ...core.topology import address
 
 
 class ServeError(SparkbookError):
     """Serving could not start; the message names the node and the classified cause."""
 
-    stage = "05-serve"
+    stage = SERVE.name
 
 
 @dataclass(frozen=True)

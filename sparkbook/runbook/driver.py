@@ -4,11 +4,12 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SparkbookError
 from ..core.nodes import Cluster, HostKeyMismatch, NodeError
@@ -24,6 +25,9 @@ from ..records.restore import restore_section
 from . import arms, lock
 from .limits import cell_limit
 from .manifest import Manifest, NotebookRun, sparkbook_version
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -175,11 +179,12 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
         manifest.write(run_dir)
         try:
             source = folder / arms.source(name)
-            papermill.execute_notebook(
-                str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
-                parameters=parameters_for(source, {"params_file": str(params_file), "run_dir": str(run_dir),
-                                                   **parameters, **arms.parameters(name, list(by_name))}),
-                progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False)
+            with _ipc_kernel() as kernel:
+                papermill.execute_notebook(
+                    str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
+                    parameters=parameters_for(source, {"params_file": str(params_file), "run_dir": str(run_dir),
+                                                       **parameters, **arms.parameters(name, list(by_name))}),
+                    progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False, config=kernel)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:
             entry.status = "failed"
@@ -207,6 +212,17 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
     write_index(run_dir, manifest)
     _scrub(run_dir, Redactor.from_env(params.secrets))
     pages.write_cluster_index(run_dir.parent)
+
+
+@contextmanager
+def _ipc_kernel() -> Iterator[Config]:
+    """nbclient's config for a kernel on IPC sockets in a private directory: it talks to the driver through files
+    only they can reach, not over TCP, so ipykernel has no cause to print its warning of unencrypted TCP (once per
+    notebook, amid the runbook's own lines). Its own directory: IPC names its sockets by fixed numbers (1-5)."""
+    from traitlets.config import Config  # with papermill: only when notebooks really run
+
+    with tempfile.TemporaryDirectory(prefix="sparkbook-kernel-") as sockets:
+        yield Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
 
 
 def _decisions(run_dir: Path, notebook: str) -> list[dict[str, Any]]:

@@ -160,10 +160,11 @@ def _served(run_dir: Path) -> list[list[str | None]]:
 
 
 @pytest.mark.parametrize("keep", ["speculative", "baseline"])
-def test_the_driver_runs_both_arms_and_serves_the_kept_one_last(ab_notebooks, ab_params, tmp_path, keep):
+def test_the_driver_runs_both_arms_and_serves_the_kept_one_last(ab_notebooks, ab_params, tmp_path, keep, capfd):
     said: list[str] = []
     run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
                                    parameters={"keep": keep})
+    assert "without encryption" not in capfd.readouterr().err  # no kernel's TCP warning amid the driver's lines
     expected = ["04-ray.ipynb", "05-serve.ab-baseline.ipynb", "06-benchmark.ab-baseline.ipynb", "05-serve.ipynb",
                 "06-benchmark.ipynb"] + (["05-serve.ab-kept.ipynb"] if keep == "baseline" else [])
     assert [nb.name for nb in manifest.notebooks] == expected

@@ -56,9 +56,11 @@ def _all_text(folder: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
 
 
-def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: Path, tmp_path: Path,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
     run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
     assert manifest.status == "ok"
+    assert "without encryption" not in capfd.readouterr().err  # the kernels talk over IPC: no TCP warning each
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
     assert manifest.notebooks[1].decisions[0]["choice"] == "02-second"
     written = json.loads((run_dir / "manifest.json").read_text())

@@ -178,7 +178,6 @@ MANAGER_PIDFILE = "/run/old-cluster-manager.pid"  # the head's own /run (a tmpfs
 MANAGER_LOG = "/tmp/old-cluster-manager.log"  # the head's own /tmp
 MANAGED_NAME = "vllm_node"  # launch-cluster.sh's container name, on every node
 MANAGED_ROLES = (("ray-head", 8003), ("ray-worker", 8004))  # head, workers
-MANAGED_HOLD_MIB = 16
 STOP_TIMEOUT_S = 60
 
 

@@ -465,31 +465,6 @@ def compare(now: Iterable[SweepPoint], earlier: Iterable[SweepPoint], metrics: I
     return deltas
 
 
-@dataclass(frozen=True)
-class Agreement:
-    """Our number next to a reference tool's for the same quantity."""
-
-    max_concurrency: int
-    metric: str
-    ours: float
-    reference: float
-    diff_pct: float
-    within: bool
-
-
-def agreement(ours: SweepPoint, reference: SweepPoint, metrics: Iterable[str],
-              tolerance_pct: float = 5.0) -> list[Agreement]:
-    """Relative differences of the named metrics between our point and e.g. `vllm bench serve`'s result."""
-    rows = []
-    for metric in metrics:
-        a, b = ours.figure(metric), reference.figure(metric)
-        if a is None or b is None:
-            raise ValueError(f"{metric} is missing from {'our point' if a is None else 'the reference'}")
-        diff = 100.0 * (a - b) / b
-        rows.append(Agreement(ours.max_concurrency, metric, a, b, diff, abs(diff) <= tolerance_pct))
-    return rows
-
-
 # --- the client's own ceiling ------------------------------------------------------------------
 @dataclass(frozen=True)
 class ClientLoad:

@@ -20,10 +20,22 @@ from pathlib import Path
 import yaml
 
 from sparkbook.core.params import BenchmarkPlan
-from sparkbook.stages.bench.client import CompletionsServer
-from sparkbook.stages.bench.sweep import local_runner, sweep, vllm_bench_argv
+from sparkbook.stages.bench.client import TEMPERATURE, CompletionsServer
+from sparkbook.stages.bench.sweep import local_runner, sweep
 
 KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "failed")
+
+
+def vllm_bench_argv(target: CompletionsServer, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
+                    result_filename: str) -> list[str]:
+    """`vllm bench serve` with the sweep's lengths, sampling, warm-ups and percentiles: the reference to agree with."""
+    return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(plan.input_len),
+            "--random-output-len", str(plan.output_len), "--ignore-eos", "--temperature", str(TEMPERATURE),
+            "--max-concurrency", str(concurrency),
+            "--num-prompts", str(plan.num_prompts), "--num-warmups", str(plan.warmup_requests),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--result-dir", result_dir, "--result-filename", result_filename]
 
 
 def env(params_file: str) -> None:

@@ -5,7 +5,6 @@ import pytest
 
 from sparkbook.core.benchstats import (
     RequestRecord,
-    agreement,
     client_load,
     compare,
     cross_check,
@@ -169,14 +168,6 @@ def test_compare_never_takes_noise_from_single_requests():
     assert deltas[(1, "output_throughput")].noise_from == "earlier runs"
     assert deltas[(8, "median_ttft_ms")].verdict == "within noise"  # +18.75 % inside 25 %
     assert deltas[(1, "median_ttft_ms")].verdict == "no noise estimate"
-
-
-def test_agreement_within_tolerance():
-    rows = agreement(SweepPoint(max_concurrency=8, output_throughput=104.0, median_tpot_ms=10.0),
-                     SweepPoint(max_concurrency=8, output_throughput=100.0, median_tpot_ms=10.6),
-                     ["output_throughput", "median_tpot_ms"])
-    assert [(r.diff_pct, r.within) for r in rows] == [(pytest.approx(4.0), True),
-                                                      (pytest.approx(-5.66, abs=0.01), False)]
 
 
 def test_client_ceiling_is_tokens_per_cpu_second():

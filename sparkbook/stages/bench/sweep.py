@@ -46,7 +46,6 @@ from ...core.record import Decision
 from ...core.stagelist import BENCH
 from ...core.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
 from .client import (
-    TEMPERATURE,
     CompletionsServer,
     LoadResult,
     Prompt,
@@ -321,15 +320,3 @@ def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier:
         worse_than_earlier=[f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
         points=[BenchPoint.model_validate(r.model_dump(include=set(BenchPoint.model_fields))) for r in results],
     )
-
-
-def vllm_bench_argv(target: CompletionsServer, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
-                    result_filename: str) -> list[str]:
-    """`vllm bench serve` with the same lengths, sampling, warm-ups and percentiles: the reference to agree with."""
-    return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,
-            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(plan.input_len),
-            "--random-output-len", str(plan.output_len), "--ignore-eos", "--temperature", str(TEMPERATURE),
-            "--max-concurrency", str(concurrency),
-            "--num-prompts", str(plan.num_prompts), "--num-warmups", str(plan.warmup_requests),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--save-result", "--result-dir", result_dir, "--result-filename", result_filename]

@@ -12,19 +12,20 @@ the medians agreed within 3.7% on every metric.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sparkbook import open_run
-from sparkbook.core.benchstats import agreement
 from sparkbook.core.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.modelinfo import ModelFacts, model_facts
 from sparkbook.core.sweeppoint import SweepPoint, read_points
@@ -42,6 +43,33 @@ PORT = 18601
 SERVER, REFERENCE = "sbk-bench-test", "sbk-bench-test-ref"
 REPO = Path(__file__).resolve().parents[2]
 AGREE = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+_PAIR = importlib.util.spec_from_file_location("bench_pair", REPO / "tests" / "gpu" / "bench_pair.py")
+assert _PAIR and _PAIR.loader
+bench_pair = importlib.util.module_from_spec(_PAIR)
+_PAIR.loader.exec_module(bench_pair)  # its vllm_bench_argv: the one reference command for the lab and the GPU
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Our median next to `vllm bench serve`'s for one metric at one concurrency."""
+
+    max_concurrency: int
+    metric: str
+    ours: float
+    reference: float
+    diff_pct: float
+    within: bool
+
+
+def agreement(ours: SweepPoint, reference: SweepPoint, metrics: tuple[str, ...],
+              tolerance_pct: float = 5.0) -> list[Agreement]:
+    rows = []
+    for metric in metrics:
+        a, b = ours.figure(metric), reference.figure(metric)
+        assert a is not None and b is not None, f"{metric} is missing from {'ours' if a is None else 'the reference'}"
+        diff = 100.0 * (a - b) / b
+        rows.append(Agreement(ours.max_concurrency, metric, a, b, diff, abs(diff) <= tolerance_pct))
+    return rows
 # Server and clients on separate cores: on a 2-core machine a client's own CPU otherwise comes out of the server's
 # (measured: `vllm bench serve`'s client slowed single-stream decode 12-40 % against sparkbook's, unpinned).
 SERVER_CPU, CLIENT_CPU = "0", "1"
@@ -105,7 +133,7 @@ def model_state() -> ModelFacts:
 
 def vllm_bench(target: CompletionsServer, plan, concurrency: int, out: Path, tag: str = "") -> dict:
     name = f"vllm-c{concurrency}{tag}.json"
-    argv = bench.vllm_bench_argv(target, plan, concurrency, f"/models/{MODEL}", "/results", name)
+    argv = bench_pair.vllm_bench_argv(target, plan, concurrency, f"/models/{MODEL}", "/results", name)
     try:
         docker("run", "--rm", "--name", REFERENCE, "--network", "host", "-v", f"{MODELS}:/models:ro",
                "-v", f"{out}:/results", "-e", "HF_HUB_OFFLINE=1", "--cpuset-cpus", CLIENT_CPU, IMAGE, *argv,

@@ -30,10 +30,9 @@ class StateError(SparkbookError):
     """state.json cannot give a value: another schema version wrote it, or the value fails its schema."""
 
 
-class MissingState(StateError, KeyError):
-    """No notebook of this run has stored the value yet (a KeyError too, for callers that fall back)."""
-
-    __str__ = Exception.__str__  # KeyError's own would quote the message
+class MissingState(StateError):
+    """No notebook of this run has stored the hand-off yet: the one exception every notebook falls back on, naming
+    the hand-off and the notebook that makes it."""
 
 
 def load(run_dir: Path, kind: type[H], stage: str | None = None) -> H:

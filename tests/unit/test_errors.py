@@ -46,7 +46,7 @@ def test_remediation_is_a_field_and_ends_the_message() -> None:
     assert str(exc) == "lab-1: cannot reach root@10.0.0.2:22: start its sshd"
     assert (exc.node, exc.reason, exc.remediation, exc.stage) == ("lab-1", "cannot reach root@10.0.0.2:22",
                                                                    "start its sshd", None)
-    with pytest.raises(KeyError) as caught:  # a missing state value is still a KeyError to its callers
+    with pytest.raises(MissingState) as caught:
         raise MissingState("'image' is not in state.json", remediation="run 03 first")
     assert str(caught.value) == "'image' is not in state.json: run 03 first"
 

@@ -141,8 +141,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
     else:
         raise driver.RunbookError(f"{plan_file} not found: {CLEANUP.name} writes it after it stops something")
     run = open_run(params_file, run_dir, stage="restore")
+    out = restore.RestoreOutcome("nothing to restore")
     try:
-        out = restore.rollback(run, steps, run.params.cleanup, args.stop_new)
+        for event in restore.rollback(run.context(), steps, run.params.cleanup, args.stop_new):
+            run.record(event.kind, event.data)  # each step as it is taken: one that fails later keeps the earlier
+            if isinstance(event.data, restore.RestoreOutcome):
+                out = event.data
     finally:
         run.close()
         if manifest.is_file():

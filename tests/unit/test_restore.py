@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from sparkbook import cli
+from sparkbook.core import state
 from sparkbook.core.context import Context
-from sparkbook.core.handoff import Action
+from sparkbook.core.handoff import Action, RayCluster
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
@@ -215,25 +216,8 @@ def test_the_index_shows_each_restore_with_conflicts_and_verdicts(tmp_path: Path
     assert "docker stop x" in section and "NOT BACK" in section and "Errno 98 &lt;Address in use&gt;" in section
 
 
-class FakeRun:
-    """What rollback uses of a Run: its dir, its recorded events, the hand-off 04 left (none here)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir, self.cluster, self.events = run_dir, None, []
-        self.params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
-                                      nodes=[SimpleNamespace(name=n) for n in NEW])
-
-    def record(self, kind: str, payload: Any) -> None:
-        self.events.append((kind, payload))
-
-    def recall(self, kind: type) -> Any:
-        from sparkbook.core.handoff import RayCluster
-        assert kind is RayCluster
-        return RayCluster(address="10.77.0.10:6379", containers={n: name for n, (name, _) in NEW.items()},
-                          reused=False, container_ids={n: cid for n, (_, cid) in NEW.items()}, nodes=[])
-
-
-def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
     seen = [after_new_deployment()]
     acted: list[str] = []
     monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: seen[-1])
@@ -249,10 +233,20 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
                 for n, (name, cid) in new.items()]
 
     monkeypatch.setattr(restore, "stop_new", stop)
-    run = FakeRun(RUN)
-    out = restore.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False)  # type: ignore[arg-type]
-    assert out.result == "refused" and acted == []
+    state.store(tmp_path, RayCluster(address="10.77.0.10:6379", containers={n: name for n, (name, _) in NEW.items()},
+                                     reused=False, container_ids={n: cid for n, (_, cid) in NEW.items()}, nodes=[]),
+                lambda d: d)
+    params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
+                             nodes=[SimpleNamespace(name=n) for n in NEW])
+    ctx = Context(params, None, None, tmp_path)  # type: ignore[arg-type]
+    refused = list(restore.rollback(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False))
+    assert [e.kind for e in refused] == ["restore_conflicts", "restore_outcome"] and acted == []
+    out = refused[-1].data
+    assert isinstance(out, restore.RestoreOutcome) and out.result == "refused"
     assert [c.target for c in out.conflicts] == ["the old services", "the old services", "old-vllm"]
-    out = restore.rollback(run, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True)  # type: ignore[arg-type]
-    assert out.result == "restored" and acted == ["stop-new", "restore"] and len(out.stopped_new) == 2
-    assert [k for k, _ in run.events].count("restore_outcome") == 2
+    restored = list(restore.rollback(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True))
+    assert [e.kind for e in restored] == ["restore_conflicts", "restore_stop_new", "restore_conflicts", "restore",
+                                          "restore_outcome"]
+    out = restored[-1].data
+    assert isinstance(out, restore.RestoreOutcome) and out.result == "restored"
+    assert acted == ["stop-new", "restore"] and len(out.stopped_new) == 2

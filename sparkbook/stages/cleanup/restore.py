@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,9 +18,9 @@ from ...core.handoff import Action, RayCluster
 from ...core.hostfacts import FANOUT_TIMEOUT_S
 from ...core.nodes import Cluster, Node, SSHNode
 from ...core.params import CleanupTargets
-from ...core.record import Run, tail
+from ...core.record import tail
 from ...core.rundir import RESTORE_PLAN, RESTORE_SCRIPT
-from ...core.state import MissingState
+from ...core.state import MissingState, load
 from ...core.topology import container_name
 from . import boot
 from .act import CleanupError, act
@@ -173,16 +173,16 @@ def restore_steps(plan_file: Path) -> list[Step]:
     return [Step(**s) for s in json.loads(plan_file.read_text())["steps"]]
 
 
-def new_deployment(run: Run) -> dict[str, tuple[str, str]]:
+def new_deployment(ctx: Context) -> dict[str, tuple[str, str]]:
     """node -> (container name, the ID this run's 04 recorded, or "") of this runbook's node containers: whichever
     run started them, they hold the ports, memory and GPUs the old services need. {} for a Python runtime."""
-    if run.params.runtime.kind != "docker":
+    if ctx.params.runtime.kind != "docker":
         return {}
     try:
-        ids = run.recall(RayCluster).container_ids
+        ids = load(ctx.run_dir, RayCluster).container_ids
     except MissingState:
         ids = {}
-    return {n.name: (container_name(run.params, n.name), ids.get(n.name, "")) for n in run.params.nodes}
+    return {n.name: (container_name(ctx.params, n.name), ids.get(n.name, "")) for n in ctx.params.nodes}
 
 
 # pure: what stands in the way
@@ -406,35 +406,47 @@ def verify_restore(cluster: Cluster, steps: list[Step], ready_timeout_s: float =
     return [judge(s, observe(cluster.nodes[s.node], s)) for s in steps]
 
 
-def rollback(run: Run, steps: list[Step], targets: CleanupTargets, stop_first: bool) -> RestoreOutcome:
+@dataclass(frozen=True)
+class RestoreEvent:
+    """One step of a restore, handed to the caller as it is taken: the caller records it (a stage never records),
+    and a step taken before a later one fails is still on the record."""
+
+    kind: str  # restore_conflicts | restore_stop_new | restore | restore_outcome (the last one, a RestoreOutcome)
+    data: object
+
+
+def rollback(ctx: Context, steps: list[Step], targets: CleanupTargets, stop_first: bool) -> Iterator[RestoreEvent]:
     """`sparkbook restore`: refuse while something stands in the way (unless `stop_first`: stop this run's node
-    containers first), restore in plan order, verify each target; every step is recorded in the run dir."""
+    containers first), restore in plan order, verify each target; yields each step, the `RestoreOutcome` last."""
     if not steps:
-        return _done(run, RestoreOutcome("nothing to restore"))
-    new = new_deployment(run)
-    now = _inventories(run.cluster, targets)
-    found = conflicts(steps, now, new, run.run_dir)
+        yield RestoreEvent("restore_outcome", RestoreOutcome("nothing to restore"))
+        return
+    new = new_deployment(ctx)
+    now = _inventories(ctx.cluster, targets)
+    found = conflicts(steps, now, new, ctx.run_dir)
     unread = unread_ports(steps)
-    run.record("restore_conflicts", found)
+    yield RestoreEvent("restore_conflicts", found)
     if found and not stop_first:
-        return _done(run, RestoreOutcome("refused", found, unread_ports=unread))
+        yield RestoreEvent("restore_outcome", RestoreOutcome("refused", found, unread_ports=unread))
+        return
     stopped: list[Action] = []
     if stop_first:
-        stopped = stop_new(run.cluster, new)
-        run.record("restore_stop_new", stopped)
-        now = _inventories(run.cluster, targets)
-        found = conflicts(steps, now, new, run.run_dir)
-        run.record("restore_conflicts", found)
+        stopped = stop_new(ctx.cluster, new)
+        yield RestoreEvent("restore_stop_new", stopped)
+        now = _inventories(ctx.cluster, targets)
+        found = conflicts(steps, now, new, ctx.run_dir)
+        yield RestoreEvent("restore_conflicts", found)
         if found or not all(a.ok for a in stopped):
-            return _done(run, RestoreOutcome("refused", found, stopped, unread_ports=unread))
-    actions = bring_back(run.cluster, steps)
-    run.record("restore", actions)
-    checks = verify_restore(run.cluster, steps)
-    after = _inventories(run.cluster, targets)
+            yield RestoreEvent("restore_outcome", RestoreOutcome("refused", found, stopped, unread_ports=unread))
+            return
+    actions = bring_back(ctx.cluster, steps)
+    yield RestoreEvent("restore", actions)
+    checks = verify_restore(ctx.cluster, steps)
+    after = _inventories(ctx.cluster, targets)
     memory = [{"node": n, **now[n].memory.delta(after[n].memory)} for n in now if n in after]
     ok = all(a.ok for a in actions) and all(c.ok for c in checks)
-    return _done(run, RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks, memory,
-                                        unread))
+    yield RestoreEvent("restore_outcome", RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks,
+                                                         memory, unread))
 
 
 def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Inventory]:
@@ -444,8 +456,3 @@ def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Invento
                             remediation="make every node reachable, then run `sparkbook restore` again")
     found = cluster.fan_out(lambda n: inventory(n, targets), timeout=FANOUT_TIMEOUT_S)
     return {inv.node: inv for inv in found.values_or_raise(unseen)}
-
-
-def _done(run: Run, out: RestoreOutcome) -> RestoreOutcome:
-    run.record("restore_outcome", out)
-    return out

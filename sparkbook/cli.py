@@ -31,7 +31,7 @@ from .runbook.manifest import Manifest
 from .stages.serve import endpoints
 
 if TYPE_CHECKING:
-    from .core.record import Run
+    from .runbook.session import Run
     from .stages.cleanup.restore import RestoreOutcome
 
 EXIT_FAILED = 1
@@ -124,7 +124,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from .core.record import open_run, read_events
+    from .core.evidence import read_events
+    from .runbook.session import open_run
     from .stages.cleanup import restore
     from .stages.cleanup.act import CleanupError
 
@@ -185,7 +186,7 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
 
 def _operated(args: argparse.Namespace) -> tuple[Run, operate.Deployment]:
     """The cluster's last good deployment and a Run on its dir (what the operator commands act on and record in)."""
-    from .core.record import open_run
+    from .runbook.session import open_run
 
     params = load_params(args.params)
     d = operate.last_good(params, Path(args.outputs))

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import state
+from .evidence import Finding
 from .handoff import FabricProof
 from .params import NodeSpec
-from .record import Finding
 
 
 # --- ibdev2netdev (02) -------------------------------------------------------------------------------

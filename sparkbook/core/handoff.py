@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .evidence import Finding
 from .imageprobes import RegistryProbe
-from .record import Finding
 from .stagelist import BENCH, CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE
 from .state import Handoff
 

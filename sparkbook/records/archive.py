@@ -1,7 +1,7 @@
 """The archive: what each run dir under outputs/<cluster>/ holds, read into one record per run.
 
 A run dir (its layout: core.rundir) holds manifest.json (runbook.manifest), state.json (core.state: the hand-offs),
-events.jsonl (core.record: decisions, serve attempts, the roofline) and bench/c*.json (06). Older run dirs lack some
+events.jsonl (runbook.session: decisions, serve attempts, the roofline) and bench/c*.json (06). Older run dirs lack some
 of these: a missing
 value is None (shown as '-'); a run dir that cannot be read at all becomes a record that says why.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SparkbookError
-from ..core.record import read_events
+from ..core.evidence import read_events
 from ..core.rundir import MANIFEST, PARAMS_COPY, STATE, is_run_dir
 from ..core.stagelist import BENCH, IMAGES, SERVE, stage_of
 from ..core.sweeppoint import SweepPoint, read_points

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SparkbookError
+from ..core.evidence import now, read_events
 from ..core.nodes import Cluster, HostKeyMismatch, NodeError
 from ..core.params import Params, load_params
 from ..core.progress import Progress
-from ..core.record import now, read_events
 from ..core.redact import Redactor
 from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
 from ..core.stagelist import STAGES

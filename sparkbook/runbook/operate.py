@@ -17,10 +17,10 @@ import httpx
 
 from ..core import state
 from ..core.errors import SparkbookError
+from ..core.evidence import now
 from ..core.handoff import Endpoint, ImageChoice
 from ..core.nodes import Node, NodeError
 from ..core.params import Params, load_params
-from ..core.record import Run, now
 from ..core.rundir import is_run_dir
 from ..core.runtime import Place, Runtime, Spawned
 from ..core.stagelist import RAYCLUSTER, SERVE
@@ -28,6 +28,7 @@ from ..core.topology import LOG_DIR, lost
 from ..stages.serve.endpoints import ClientAddress, client_addresses
 from . import driver
 from .manifest import Manifest
+from .session import Run
 
 HEALTH_TIMEOUT_S = 5.0
 FOLLOW_POLL_S = 2.0

@@ -22,8 +22,8 @@ import yaml
 from faults import Row
 
 import sparkbook.lab as sblab
-from sparkbook.core import record, topology
-from sparkbook.core.record import open_run
+from sparkbook.core import evidence, topology
+from sparkbook.runbook.session import open_run
 from sparkbook.stages import diagnose
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer
@@ -148,7 +148,7 @@ def test_worker_sshd_stopped(nodes, runs, copy_started, watch, report):
         t0 = time.monotonic()
         inv = faults.bounded(lambda: inventory.inventory_all(run.context()), HANG_S)  # 01
         facts = faults.bounded(lambda: diagnose.facts_all(run.context()), HANG_S)  # 02
-    found = [f.text for f in record.unreachable(inv.value) + record.unreachable(facts.value)]
+    found = [f.text for f in evidence.unreachable(inv.value) + evidence.unreachable(facts.value)]
     assert inv.value["lab-0"].ok and facts.value["lab-0"].ok
     assert len(found) == 2 and all(t.startswith("lab-1: ") for t in found), found
     assert inv.value["lab-1"].duration_s < 30 and facts.value["lab-1"].duration_s < 30, "issue 4: named within 30 s"

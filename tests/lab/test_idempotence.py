@@ -15,8 +15,8 @@ import httpx
 import pytest
 import yaml
 
+from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
-from sparkbook.core.record import read_events
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest

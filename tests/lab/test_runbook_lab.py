@@ -11,8 +11,8 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook import cli
+from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
-from sparkbook.core.record import read_events
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest

@@ -14,10 +14,10 @@ import pytest
 from sparkbook.core.benchstats import decode_steps_per_s
 from sparkbook.core.handoff import AbVerdict
 from sparkbook.core.params import ParamsError, Speculative, load_params
-from sparkbook.core.record import open_run
 from sparkbook.core.rundir import AB_BASELINE
 from sparkbook.core.sweeppoint import SweepPoint
 from sparkbook.runbook import arms, driver
+from sparkbook.runbook.session import open_run
 from sparkbook.stages.bench import ab
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkbook.core.evidence import Finding
 from sparkbook.core.hostfacts import meminfo, memory_from, sections
 from sparkbook.core.modelinfo import GIB, SEED_SHARE, memory_fit, model_facts
 from sparkbook.core.params import load_params
-from sparkbook.core.record import Finding
 from sparkbook.stages import diagnose
 
 DATA = Path(__file__).parent / "data"

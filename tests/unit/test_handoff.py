@@ -9,6 +9,7 @@ import pytest
 
 from sparkbook import open_run
 from sparkbook.core.errors import SparkbookError
+from sparkbook.core.evidence import Finding
 from sparkbook.core.handoff import (
     Action,
     BenchmarkSummary,
@@ -22,9 +23,9 @@ from sparkbook.core.handoff import (
 )
 from sparkbook.core.imageprobes import RegistryProbe
 from sparkbook.core.modelinfo import ModelFacts
-from sparkbook.core.record import Finding, Run
 from sparkbook.core.rundir import STATE
 from sparkbook.core.state import VERSION, VERSION_KEY, Handoff, MissingState, StateError
+from sparkbook.runbook.session import Run
 
 IMAGE_ID = "sha256:fcd98530b53b"
 IMAGE = ImageChoice(ref="sparkbook-lab/vllm-cpu:0.32.0", id=IMAGE_ID, vllm_version="0.32.0+cpu", ray_version="2.60.0",

@@ -15,14 +15,15 @@ import pytest
 from sparkbook import cli
 from sparkbook.core import state
 from sparkbook.core.context import Context
+from sparkbook.core.evidence import read_events
 from sparkbook.core.handoff import Action, RayCluster
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.core.record import open_run, read_events
 from sparkbook.core.runtime import runtime_for
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest, NotebookRun
+from sparkbook.runbook.session import open_run
 from sparkbook.stages.cleanup import restore
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Listener, answering, listeners
 from sparkbook.stages.cleanup.planning import Plan, plan

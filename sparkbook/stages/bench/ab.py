@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ...core.benchstats import compare, decode_steps_per_s, repeat_spread
+from ...core.evidence import Alternative, Decision
 from ...core.handoff import AbRatio, AbVerdict
 from ...core.params import Speculative
-from ...core.record import Alternative, Decision
 from ...core.sweeppoint import SweepPoint
 from .tables import speculation_columns
 

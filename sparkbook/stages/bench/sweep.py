@@ -39,10 +39,10 @@ from ...core.benchstats import (
 )
 from ...core.benchstats import prefill_groups as group_sizes
 from ...core.errors import SparkbookError
+from ...core.evidence import Decision
 from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
 from ...core.params import BenchmarkPlan
-from ...core.record import Decision
 from ...core.stagelist import BENCH
 from ...core.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
 from .client import (

@@ -7,8 +7,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ...core.evidence import Alternative, Decision
 from ...core.params import CleanupTargets
-from ...core.record import Alternative, Decision
 from . import boot
 from .inventory import Inventory, Process, matching
 

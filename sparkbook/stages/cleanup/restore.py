@@ -14,11 +14,11 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from ...core.context import Context
 from ...core.docker_ssh import docker_client
+from ...core.evidence import tail
 from ...core.handoff import Action, RayCluster
 from ...core.hostfacts import FANOUT_TIMEOUT_S
 from ...core.nodes import Cluster, Node, SSHNode
 from ...core.params import CleanupTargets
-from ...core.record import tail
 from ...core.rundir import RESTORE_PLAN, RESTORE_SCRIPT
 from ...core.state import MissingState, load
 from ...core.topology import container_name

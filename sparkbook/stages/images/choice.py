@@ -23,12 +23,12 @@ from packaging.version import InvalidVersion, Version
 
 from ...core.context import Context
 from ...core.errors import SparkbookError
+from ...core.evidence import Alternative, Decision
 from ...core.handoff import ImageChoice
 from ...core.hostfacts import goarch
 from ...core.imageprobes import RegistryProbe, probe_registry, run_probe
 from ...core.modelinfo import ModelFacts
 from ...core.nodes import Node
-from ...core.record import Alternative, Decision
 from ...core.stagelist import DIAGNOSE, IMAGES
 from ...core.state import MissingState
 from .gpuop import GpuOp, kernel_mismatch, probe_gpu_op

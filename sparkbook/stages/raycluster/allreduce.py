@@ -14,10 +14,10 @@ from matplotlib.figure import Figure
 from ...core import probes
 from ...core.context import Context
 from ...core.errors import ProbeOutputError, SparkbookError
+from ...core.evidence import Alternative, Decision
 from ...core.fabric import size_label
 from ...core.handoff import FabricProof
 from ...core.params import NodeSpec, Params
-from ...core.record import Alternative, Decision
 from ...core.runtime import Spawned
 from ...core.stagelist import RAYCLUSTER
 from ...core.topology import LOG_DIR

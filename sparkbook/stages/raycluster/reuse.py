@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.context import Context
+from ...core.evidence import Alternative, Decision
 from ...core.nodes import Node
 from ...core.params import Params
-from ...core.record import Alternative, Decision
 from ...core.runtime import Place, Runtime
 from ...core.topology import lost
 from .containers import NodeContainer, RayStageError, netdev_ips

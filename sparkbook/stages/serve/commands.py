@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from ...core import probes
 from ...core.context import Context
 from ...core.errors import ProbeOutputError, SparkbookError
+from ...core.evidence import Alternative, Decision
 from ...core.params import NodeSpec, Params, ServeSettings
-from ...core.record import Alternative, Decision
 from ...core.stagelist import SERVE
 from ...core.topology import address
 

@@ -12,9 +12,9 @@ from tenacity import Retrying, retry_if_result, wait_fixed
 
 from ...core import probes
 from ...core.context import Context
+from ...core.evidence import Alternative, Decision
 from ...core.nodes import Node
 from ...core.params import api_key
-from ...core.record import Alternative, Decision
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
 from .commands import ServePlan

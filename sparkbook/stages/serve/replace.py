@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import httpx
 
 from ...core.context import Context
-from ...core.record import Alternative, Decision
+from ...core.evidence import Alternative, Decision
 from .commands import ServeError, ServePlan
 from .launch import get
 from .plandiff import Difference, differences

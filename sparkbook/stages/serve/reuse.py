@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from ...core.context import Context
+from ...core.evidence import Alternative, Decision, now
 from ...core.params import ServeSettings
-from ...core.record import Alternative, Decision, now
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
 from .commands import ServeCommand, ServePlan

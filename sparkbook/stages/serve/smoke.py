@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import httpx
 
+from ...core.evidence import Alternative, Decision
 from ...core.params import ServeSettings
-from ...core.record import Alternative, Decision
 from .commands import ServeError
 
 SmokeKind = Literal["chat", "completion", "tool"]

@@ -1,99 +1,28 @@
-"""Evidence of a run: results, values and decisions recorded in the run dir and shown in the cell."""
+"""The notebook's session: one run of the runbook opened on a params file and a run dir, recording what the stages
+return (events, decisions, results) into the run dir and showing it, redacted, in the cell; the A/B arms' naming."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from . import state
-from .context import Context
-from .nodes import Cluster, Outcome, Result
-from .params import Params, load_params
-from .progress import Progress
-from .redact import Redactor
-from .rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
-from .runtime import runtime_for
-from .state import H
+from ..core import state
+from ..core.context import Context
+from ..core.evidence import Decision, now, tail, to_data
+from ..core.nodes import Cluster, Result
+from ..core.params import Params, load_params
+from ..core.progress import Progress
+from ..core.redact import Redactor
+from ..core.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
+from ..core.runtime import runtime_for
+from ..core.state import H
 
 DECISION_MIME = "application/vnd.sparkbook.decision+json"
 
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class Alternative:
-    option: str
-    rejected_because: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A choice made by a stage: what, over which alternatives, why, on what evidence."""
-
-    question: str
-    choice: str
-    reason: str
-    alternatives: list[Alternative] = field(default_factory=list)
-    evidence: list[str] = field(default_factory=list)
-    key: str | None = None  # stable name the records read it by ("image", "executor"), whatever the question's words
-
-    def markdown(self) -> str:
-        lines = [f"**Decision — {self.question}**", "", f"Chosen: **{self.choice}** — {self.reason}"]
-        lines += [f"- rejected **{a.option}**: {a.rejected_because}" for a in self.alternatives]
-        if self.evidence:
-            lines += ["", "Evidence: " + "; ".join(self.evidence)]
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # blocker | warning | fact
-    topic: str
-    text: str
-
-
-def unreachable(outcomes: dict[str, Outcome[Any]]) -> list[Finding]:
-    """Each node that failed, by name (NodeError messages already start with it)."""
-    return [Finding("blocker", "node", str(o.error) if str(o.error).startswith(f"{n}:") else f"{n}: {o.error}")
-            for n, o in outcomes.items() if not o.ok]
-
-
-def to_data(value: Any) -> Any:
-    """Plain JSON-able data from dataclasses, paths, datetimes and containers."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): to_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [to_data(v) for v in value]
-    if isinstance(value, (Path, datetime)):
-        return str(value)
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return value
-
-
-def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The run's recorded events (all, or of one kind), oldest first."""
-    path = run_dir / EVENTS
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r for r in rows if kind is None or r["kind"] == kind]
-
-
 LONG_TEXT_LINES = 30  # longer text is shown as its tail, the whole of it in a log file
 TAIL_LINES = 20
-
-
-def tail(text: str, lines: int = 20) -> str:
-    kept = text.rstrip().splitlines()[-lines:]
-    return "\n".join(kept)
 
 
 def _slug(text: str) -> str:

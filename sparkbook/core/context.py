@@ -13,6 +13,7 @@ from pathlib import Path
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params
 from .runtime import ImageSource, Place, Runtime, image_source_for
+from .state import Handoff, Handoffs
 from .topology import places as _places
 
 
@@ -26,9 +27,14 @@ class Context:
     runtime: Runtime
     run_dir: Path
     image: str | None = None
+    handoffs: Handoffs = dataclasses.field(default_factory=Handoffs)  # what the notebooks before this one left
 
     def with_image(self, ref: str) -> Context:
         return dataclasses.replace(self, image=ref)
+
+    def with_handoffs(self, *values: Handoff) -> Context:
+        """The same context with these hand-offs beside its own (`sparkbook plan` chains the previews so)."""
+        return dataclasses.replace(self, handoffs=self.handoffs.adding(*values))
 
     @property
     def images(self) -> ImageSource:

@@ -9,8 +9,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .errors import SparkbookError
 from .nodes import Outcome
 from .rundir import EVENTS
+from .state import Handoff
 
 
 def now() -> str:
@@ -47,6 +49,42 @@ class Finding:
     severity: str  # blocker | warning | fact
     topic: str
     text: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """One piece of evidence for events.jsonl that is not a decision: its kind ("serve_attempts") and its data."""
+
+    kind: str
+    data: object
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One thing a notebook cell shows: a title and a value the session renders (rows, text, a dataclass)."""
+
+    title: str
+    value: object
+
+
+@dataclass(kw_only=True)
+class StageOutcome:
+    """What every stage's `run` returns beside its own typed fields: the evidence in the order it happened
+    (decisions and events), the hand-offs for the notebooks after it, the logs to keep, and the error that ended
+    it (None: it ended ok). The notebook records it (`Run.record_outcome`), which raises `error` once it is
+    recorded, so a failed stage leaves the same evidence as a good one."""
+
+    records: list[Decision | Event] = field(default_factory=list)
+    handoffs: list[Handoff] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)  # name under the run dir's logs/ -> text (redacted on write)
+    error: SparkbookError | None = None
+
+    def decide(self, decision: Decision) -> Decision:
+        self.records.append(decision)
+        return decision
+
+    def event(self, kind: str, data: object) -> None:
+        self.records.append(Event(kind, data))
 
 
 def unreachable(outcomes: dict[str, Outcome[Any]]) -> list[Finding]:

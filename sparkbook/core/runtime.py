@@ -8,7 +8,8 @@ Runtime's verbs:
   lacks(node, ref, image_id)      why the node cannot start a place of `ref`, as a fact (None where it can)
   existing(node, place) / not_reusable   a place a previous run left, as it stands now / why none is reused
   one_off(node, image, argv)      a short command in a fresh container / in the environment
-  start(node, image, name, env)   a long-lived place to exec in (a container; nothing for a Python env)
+  start_spec(node, place, ...)    a place's start as one value (StartSpec), what `plan` shows and `start` runs
+  start(node, spec)               a long-lived place to exec in (a container; a PID directory for a Python env)
   exec(node, name, argv)          a command in that place, with a node-side timeout
   spawn(node, name, argv, log)    a background process (its own session) writing to a log file -> Spawned
   running / kill (node, name, spawned)   is that process alive / end its whole session, by its ID
@@ -23,6 +24,7 @@ ImageSource's verbs:
 """
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -53,6 +55,63 @@ class Place:
     name: str
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ulimit:
+    name: str
+    soft: int  # -1: unlimited
+    hard: int
+
+    def text(self) -> str:
+        """As `docker inspect` and the node table show it: "memlock=unlimited", "nofile=1048576"."""
+        return f"{self.name}={'unlimited' if self.soft == -1 else self.soft}"
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """A place's start as one value: what `Runtime.start` creates and what a preview renders, so the two cannot
+    drift. Env by value for what params and the place set, by name only for the secrets (the runtime adds their
+    values at the start, never into this value)."""
+
+    node: str
+    name: str
+    image: str | None  # None: the Python runtime's PID directory, nothing to create from
+    command: tuple[str, ...]  # the entrypoint argv (a container), or what creates the place
+    env: dict[str, str] = field(default_factory=dict)
+    secret_names: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()  # host paths bound read-write at the same path
+    ulimits: tuple[Ulimit, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    gpus: bool = False
+    privileged: bool = False
+    ipc_host: bool = False
+    shm_size: str | None = None
+    memory_limit: str | None = None  # the container's memory cap, swap as large (the cap holds, swap or not)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env_names(self) -> list[str]:
+        return sorted({*self.env, *self.secret_names})
+
+    def command_line(self) -> str:
+        """The shell equivalent of the start, env by name only (`docker run -e NAME` reads it from the shell)."""
+        if self.image is None:
+            return shlex.join(self.command)
+        argv = ["docker", "run", "-d", "--name", self.name, "--network", "host", "--init"]
+        argv += ["--shm-size", self.shm_size] if self.shm_size else []
+        argv += [a for k, v in self.labels.items() for a in ("--label", f"{k}={v}")]
+        argv += [a for path in self.mounts for a in ("-v", f"{path}:{path}:rw")]
+        argv += [a for name in self.env_names for a in ("-e", name)]
+        argv += ["--privileged"] if self.privileged else []
+        argv += [a for u in self.ulimits for a in ("--ulimit", f"{u.name}={u.soft}:{u.hard}")]
+        argv += [a for c in self.cap_add for a in ("--cap-add", c)]
+        argv += [a for d in self.devices for a in ("--device", f"{d}:{d}")]
+        argv += ["--ipc", "host"] if self.ipc_host else []
+        argv += ["--memory", self.memory_limit, "--memory-swap", self.memory_limit] if self.memory_limit else []
+        argv += ["--gpus", "all"] if self.gpus else []
+        return shlex.join([*argv, "--entrypoint", self.command[0], self.image, *self.command[1:]])
 
 
 @dataclass(frozen=True)
@@ -105,8 +164,11 @@ class Runtime(Protocol):
         """argv in a fresh container of `image` (or the environment): no network, model cache read-only; with the
         node's GPUs where `gpus`."""
 
-    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
-        """(Re)create the place; its ID."""
+    def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
+        """The place's start as one value (no remote call)."""
+
+    def start(self, node: Node, spec: StartSpec) -> str:
+        """(Re)create the place `spec` describes; its ID."""
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
              env: dict[str, str] | None = None) -> Result:

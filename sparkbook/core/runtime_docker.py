@@ -12,7 +12,7 @@ import docker.errors
 from .docker_ssh import docker_client
 from .nodes import Cluster, FanOut, Node, NodeError, Result, ended_by_timeout, with_timeout
 from .params import DockerRuntime
-from .runtime import ID_TIMEOUT_S, KILL_SH, RUNNING_SH, SPAWN_SH, Existing, Place, Spawned
+from .runtime import ID_TIMEOUT_S, KILL_SH, RUNNING_SH, SPAWN_SH, Existing, Place, Spawned, StartSpec, Ulimit
 
 LABEL = "org.sparkbook.run"  # on every container sparkbook starts
 DAEMON_TIMEOUT_S = 20
@@ -45,16 +45,14 @@ class DockerNodes:
             return []
         return ["/dev/infiniband"] if node.run(["test", "-d", "/dev/infiniband"], timeout=15).ok else []
 
-    def rdma_limits(self, node: Node) -> dict[str, object]:
-        """Ulimits and capabilities of a node's container: the open-files limit, and where the node has RoCE HCAs
-        what RDMA needs to register memory (NCCL's ibv_reg_mr fails without it): memlock unlimited and, unless
-        privileged, IPC_LOCK (the anchors' non-privileged variant)."""
-        ulimits = [docker.types.Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)] \
-            if self.spec.nofile else []
+    def rdma_limits(self, node: Node) -> tuple[tuple[Ulimit, ...], tuple[str, ...]]:
+        """Ulimits and added capabilities of a node's container: the open-files limit, and where the node has RoCE
+        HCAs what RDMA needs to register memory (NCCL's ibv_reg_mr fails without it): memlock unlimited and,
+        unless privileged, IPC_LOCK (the anchors' non-privileged variant)."""
+        ulimits = (Ulimit("nofile", self.spec.nofile, self.spec.nofile),) if self.spec.nofile else ()
         if not node.spec.roce_hcas:
-            return {"ulimits": ulimits}
-        ulimits.append(docker.types.Ulimit(name="memlock", soft=-1, hard=-1))
-        return {"ulimits": ulimits, **({} if self.spec.privileged else {"cap_add": ["IPC_LOCK"]})}
+            return ulimits, ()
+        return (*ulimits, Ulimit("memlock", -1, -1)), () if self.spec.privileged else ("IPC_LOCK",)
 
     def existing(self, node: Node, place: Place) -> Existing | None:
         try:
@@ -95,26 +93,36 @@ class DockerNodes:
                          f"{LABEL}=one-off", "-v", f"{cache}:{cache}:ro", *flags, "--entrypoint", entrypoint,
                          str(image), *command], timeout=timeout + 30)
 
-    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
-        """(Re)create the place's container: host network, shm, model cache and compile caches, env and the
-        params' secrets (through the Docker API, never on a command line), an init that reaps orphans (killed serve
-        processes leave children), `sleep infinity` as its entrypoint whatever the image declares; where the node
-        has RoCE HCAs, what RDMA needs (`rdma_limits`); returns its ID."""
+    def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
+        """The place's container: host network, shm, model cache and compile caches, env and the params' secrets (by
+        name here; `start` gives their values to the Docker API, never a command line), an init that reaps orphans
+        (killed serve processes leave children), `sleep infinity` as its entrypoint whatever the image declares;
+        where the node has RoCE HCAs, what RDMA needs (`rdma_limits`)."""
+        ulimits, caps = self.rdma_limits(node)
+        return StartSpec(node.name, place.name, place.image, ("sleep", "infinity"), {**self.spec.env, **place.env},
+                         tuple(sorted(self.secrets)), tuple(p for p in (self.model_cache, self.cache_dir) if p),
+                         ulimits, caps, tuple(devices), gpus, self.spec.privileged, self.spec.ipc_host,
+                         self.spec.shm_size, self.spec.memory_limit.lower() if self.spec.memory_limit else None,
+                         {LABEL: place.name})
+
+    def start(self, node: Node, spec: StartSpec) -> str:
+        """(Re)create the container `spec` describes through docker-py; returns its ID."""
         client = self.client(node)
-        self.stop(node, place)
-        volumes = {path: {"bind": path, "mode": "rw"} for path in (self.model_cache, self.cache_dir) if path}
+        self.stop(node, Place(spec.node, spec.name, spec.image))
         kwargs: dict[str, object] = dict(
-            name=place.name, entrypoint=["sleep", "infinity"], detach=True, network_mode="host", init=True,
-            shm_size=self.spec.shm_size, environment={**self.spec.env, **place.env, **self.secrets},
-            labels={LABEL: place.name}, volumes=volumes, privileged=self.spec.privileged,
-            devices=[f"{d}:{d}" for d in devices], **self.rdma_limits(node))
-        if self.spec.ipc_host:
+            name=spec.name, entrypoint=list(spec.command), detach=True, network_mode="host", init=True,
+            shm_size=spec.shm_size, environment={**spec.env, **{k: self.secrets[k] for k in spec.secret_names}},
+            labels=spec.labels, volumes={p: {"bind": p, "mode": "rw"} for p in spec.mounts},
+            privileged=spec.privileged, devices=[f"{d}:{d}" for d in spec.devices],
+            ulimits=[docker.types.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in spec.ulimits],
+            cap_add=list(spec.cap_add) or None)
+        if spec.ipc_host:
             kwargs["ipc_mode"] = "host"
-        if self.spec.memory_limit:  # swap as large as the cap: the cap holds, swap or not
-            kwargs["mem_limit"] = kwargs["memswap_limit"] = self.spec.memory_limit.lower()
-        if gpus:
+        if spec.memory_limit:
+            kwargs["mem_limit"] = kwargs["memswap_limit"] = spec.memory_limit
+        if spec.gpus:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        return str(client.containers.run(place.image, **kwargs).id)
+        return str(client.containers.run(spec.image, **kwargs).id)
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
              env: dict[str, str] | None = None) -> Result:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from .nodes import Cluster, FanOut, Node, Result
 from .params import PythonRuntime
-from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned
+from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec
 
 # commands the stages start by name, as modules of the Python runtime's interpreter
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
@@ -57,9 +57,15 @@ class PythonNodes:
         """The environment sees the host's GPUs as it is (`gpus` changes nothing)."""
         return node.run(self._argv(argv), env=self._env(env), timeout=timeout)
 
-    def start(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> str:
+    def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
+        """The place's PID directory: what lists the session IDs of the processes spawned there."""
+        return StartSpec(node.name, place.name, None, ("mkdir", "-p", self._dir(place)), dict(place.env),
+                         tuple(sorted(self.secrets)))
+
+    def start(self, node: Node, spec: StartSpec) -> str:
+        place = Place(spec.node, spec.name)
         self.stop(node, place)
-        node.run(["mkdir", "-p", self._dir(place)], check=True, timeout=30)
+        node.run(list(spec.command), check=True, timeout=30)
         return self._dir(place)
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,

@@ -35,6 +35,36 @@ class MissingState(StateError):
     the hand-off and the notebook that makes it."""
 
 
+class Handoffs:
+    """The hand-offs a stage may read: a run dir's state.json (the runbook), or values given outright (`sparkbook
+    plan` hands a preview what the previews before it would hand off). Read-only: stages return hand-offs, the
+    notebook stores them."""
+
+    def __init__(self, run_dir: Path | None = None, given: tuple[Handoff, ...] = (), stage: str | None = None):
+        self.run_dir, self.given, self.stage = run_dir, given, stage
+
+    def need(self, kind: type[H]) -> H:
+        """The hand-off of type `kind`; MissingState (naming the notebook that writes it) where there is none."""
+        for value in self.given:
+            if isinstance(value, kind):
+                return value
+        if self.run_dir is None:
+            raise MissingState(f"{kind.key!r} is not known yet", stage=self.stage,
+                               remediation=f"run the notebook that sets it first ({kind.notebook})")
+        return load(self.run_dir, kind, self.stage)
+
+    def get(self, kind: type[H]) -> H | None:
+        """The hand-off of type `kind`, None where no notebook of the run has stored it (the stage falls back)."""
+        try:
+            return self.need(kind)
+        except MissingState:
+            return None
+
+    def adding(self, *values: Handoff) -> Handoffs:
+        """These hand-offs beside the ones held (a later value of a kind wins)."""
+        return Handoffs(self.run_dir, (*values, *self.given), self.stage)
+
+
 def load(run_dir: Path, kind: type[H], stage: str | None = None) -> H:
     """The value of type `kind` stored in the run dir, validated."""
     data = _read(run_dir, kind, stage)

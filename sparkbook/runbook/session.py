@@ -10,14 +10,14 @@ from typing import Any, Literal, cast, get_args
 
 from ..core import state
 from ..core.context import Context
-from ..core.evidence import Decision, now, tail, to_data
+from ..core.evidence import Decision, Event, Shown, StageOutcome, now, tail, to_data
 from ..core.nodes import Cluster, Result
 from ..core.params import Params, load_params
 from ..core.progress import Progress
 from ..core.redact import Redactor
 from ..core.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
 from ..core.runtime import runtime_for
-from ..core.state import H
+from ..core.state import H, Handoffs
 
 DECISION_MIME = "application/vnd.sparkbook.decision+json"
 
@@ -46,8 +46,9 @@ class Run:
         return self._cluster
 
     def context(self, image: str | None = None) -> Context:
-        """What the stages are handed (params, nodes, runtime, run dir; the image from 04 on)."""
-        return Context(self.params, self.cluster, runtime_for(self.params), self.run_dir, image)
+        """What the stages are handed (params, nodes, runtime, run dir, the run's hand-offs; the image from 04 on)."""
+        return Context(self.params, self.cluster, runtime_for(self.params), self.run_dir, image,
+                       Handoffs(self.run_dir, stage=self.stage))
 
     @property
     def bench_root(self) -> Path:
@@ -67,6 +68,21 @@ class Run:
     def recall(self, kind: type[H]) -> H:
         """The hand-off of type `kind` an earlier notebook stored, validated (StateError when it cannot be)."""
         return state.load(self.run_dir, kind, self.stage)
+
+    def record_outcome(self, outcome: StageOutcome) -> None:
+        """Record what a stage's run returned: its logs, its decisions (shown) and events in their order, its
+        hand-offs; then raise the error that ended it, so a failed stage's evidence is kept as a good one's."""
+        for name, text in outcome.logs.items():
+            self.write_log(name, text)
+        for item in outcome.records:
+            if isinstance(item, Event):
+                self.record(item.kind, item.data)
+            else:
+                self.decide(item)
+        for value in outcome.handoffs:
+            self.remember(value)
+        if outcome.error is not None:
+            raise outcome.error
 
     # --- evidence -----------------------------------------------------------------------------
     def record(self, kind: str, payload: Any) -> None:
@@ -127,6 +143,11 @@ class Run:
             _display({"text/plain": data})
         else:
             _display({"text/plain": json.dumps(data, indent=2, default=str)})
+
+    def show_all(self, shown: Iterable[Shown]) -> None:
+        """Show each of what a stage's preview or outcome lists, in its order."""
+        for item in shown:
+            self.show(item.value, title=item.title)
 
     def close(self) -> None:
         if self._cluster:

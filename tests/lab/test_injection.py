@@ -66,7 +66,7 @@ def test_values_reach_containers_verbatim(cluster) -> None:
         one_off = runtime.one_off(node, BASE_IMAGE, ["sh", "-c", _PRINT_ENV], env=env, timeout=60)
         assert _split(one_off.stdout) == HOSTILE, (node.name, one_off.stderr)
         place = Place(node.name, "sparkbook-injection-test", BASE_IMAGE, env)
-        runtime.start(node, place, gpus=False)
+        runtime.start(node, runtime.start_spec(node, place, gpus=False))
         try:
             assert _split(runtime.exec(node, place, ["sh", "-c", _PRINT_ENV]).stdout) == HOSTILE
             assert _split(runtime.exec(node, place, ["printf", "%s\\0", *HOSTILE]).stdout) == HOSTILE

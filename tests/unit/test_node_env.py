@@ -11,6 +11,7 @@ import pytest
 
 from sparkbook.core import probes, topology
 from sparkbook.core.params import load_params
+from sparkbook.core.runtime import Place
 from sparkbook.core.runtime_docker import DockerNodes
 from sparkbook.stages.serve import environ
 from sparkbook.stages.serve.commands import ServeError
@@ -54,13 +55,27 @@ def node(spec):
 
 def test_rdma_needs_memlock_unlimited_and_ipc_lock_where_the_node_has_hcas(duo):
     runtime = DockerNodes(duo.runtime, duo.model.cache_dir)
-    with_hcas = runtime.rdma_limits(node(duo.head))
-    assert [(u["Name"], u["Soft"], u["Hard"]) for u in with_hcas["ulimits"]] == [
-        ("nofile", 1048576, 1048576), ("memlock", -1, -1)]
-    assert with_hcas["cap_add"] == ["IPC_LOCK"]
-    assert runtime.rdma_limits(node(duo.workers[0])).keys() == {"ulimits"}  # no HCAs: no memlock, no capability
+    ulimits, caps = runtime.rdma_limits(node(duo.head))
+    assert [(u.name, u.soft, u.hard) for u in ulimits] == [("nofile", 1048576, 1048576), ("memlock", -1, -1)]
+    assert caps == ("IPC_LOCK",)
+    assert runtime.rdma_limits(node(duo.workers[0]))[1] == ()  # no HCAs: no memlock, no capability
+    assert [u.name for u in runtime.rdma_limits(node(duo.workers[0]))[0]] == ["nofile"]
     privileged = DockerNodes(duo.runtime.model_copy(update={"privileged": True}), duo.model.cache_dir)
-    assert "cap_add" not in privileged.rdma_limits(node(duo.head))  # a privileged container holds every capability
+    assert privileged.rdma_limits(node(duo.head))[1] == ()  # a privileged container holds every capability
+
+
+def test_the_start_spec_is_what_the_command_line_shows(duo):
+    """The value start() hands docker-py, rendered: limits, capabilities, mounts and env by name, no secret value."""
+    runtime = DockerNodes(duo.runtime, duo.model.cache_dir, {"HF_TOKEN": "hf_secret"}, "/var/cache/compile")
+    place = Place(duo.head.name, "sparkbook-node-x", "vllm:1", {"NCCL_SOCKET_IFNAME": "enp1"})
+    spec = runtime.start_spec(node(duo.head), place, gpus=True, devices=["/dev/infiniband"])
+    line = spec.command_line()
+    assert spec.mounts == (duo.model.cache_dir, "/var/cache/compile")
+    assert "--ulimit memlock=-1:-1" in line and "--cap-add IPC_LOCK" in line and "--gpus all" in line
+    assert f"-v {duo.model.cache_dir}:{duo.model.cache_dir}:rw" in line and "-v /var/cache/compile" in line
+    assert "-e HF_TOKEN" in line and "hf_secret" not in line and "-e NCCL_SOCKET_IFNAME" in line
+    assert "enp1" not in line  # env values stay out of the printed line
+    assert line.endswith("--entrypoint sleep vllm:1 infinity")
 
 
 def test_expected_names_are_what_the_container_carries(duo):

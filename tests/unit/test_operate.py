@@ -46,20 +46,3 @@ def test_no_deployment_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Cap
         assert cli.main([*command, str(LAB), "--outputs", str(tmp_path)]) == 1
         err = capsys.readouterr().err
         assert "no run under" in err and "deployed a server" in err and "Traceback" not in err, err
-
-
-def test_the_planned_docker_run_names_env_and_secrets_but_never_their_values(monkeypatch) -> None:
-    from sparkbook.core.runtime import Place
-    from sparkbook.runbook.plan import docker_run_argv
-
-    params = load_params(LAB)
-    params = params.model_copy(update={"secrets": ["HF_TOKEN"]})
-    monkeypatch.setenv("HF_TOKEN", "hf_plannedsecretvalue")
-    place = Place("lab-0", "sparkbook-lab-lab-0", "img:1", {"VLLM_HOST_IP": "10.77.0.10"})
-    argv = docker_run_argv(params, params.runtime, place, gpus=True, devices=["/dev/infiniband"])
-    assert argv[:5] == ["docker", "run", "-d", "--name", "sparkbook-lab-lab-0"]
-    assert argv[-4:] == ["--entrypoint", "sleep", "img:1", "infinity"], "PID 1 is sleep infinity, as 04 starts it"
-    assert "-e" in argv and "VLLM_HOST_IP" in argv and "HF_TOKEN" in argv
-    assert not any("10.77.0.10" in a or "hf_planned" in a for a in argv), "env by name only"
-    assert ["--gpus", "all"] == argv[argv.index("--gpus"):argv.index("--gpus") + 2]
-    assert "/dev/infiniband:/dev/infiniband" in argv

@@ -70,7 +70,7 @@ def start_containers(ctx: Context, image_id: str | None = None) -> list[NodeCont
         if lacking:
             raise RayStageError(lacking, node=node.name, remediation="run 03 to distribute it")
         devices = runtime.devices(node)
-        cid = runtime.start(node, place, gpus=bool(spec.gpus), devices=devices)
+        cid = runtime.start(node, runtime.start_spec(node, place, gpus=bool(spec.gpus), devices=devices))
         found = runtime.existing(node, place)  # read back: the table shows what the daemon applied
         return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
                              str(spec.fabric_ip), spec.fabric_netdev,

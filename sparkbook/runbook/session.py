@@ -2,11 +2,12 @@
 return (events, decisions, results) into the run dir and showing it, redacted, in the cell; the A/B arms' naming."""
 from __future__ import annotations
 
+import base64
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from ..core import state
 from ..core.context import Context
@@ -18,6 +19,9 @@ from ..core.redact import Redactor
 from ..core.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
 from ..core.runtime import runtime_for
 from ..core.state import H, Handoffs
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DECISION_MIME = "application/vnd.sparkbook.decision+json"
 
@@ -148,6 +152,18 @@ class Run:
         """Show each of what a stage's preview or outcome lists, in its order."""
         for item in shown:
             self.show(item.value, title=item.title)
+
+    def show_figures(self, figures: Mapping[str, Figure], where: Path) -> list[Path]:
+        """Save each figure a stage returned as a PNG named by its key under `where` (a dir of the run dir) and
+        show it; the paths written."""
+        where.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, figure in figures.items():
+            path = where / name
+            figure.savefig(path, dpi=110)
+            _display({"image/png": base64.b64encode(path.read_bytes()).decode(), "text/plain": str(path)})
+            paths.append(path)
+        return paths
 
     def close(self) -> None:
         if self._cluster:

@@ -24,7 +24,7 @@ import yaml
 from .core.errors import SparkbookError
 from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
-from .core.rundir import INDEX, MANIFEST, RESTORE_PLAN
+from .core.rundir import INDEX, MANIFEST, PARAMS_COPY, RESTORE_PLAN
 from .core.stagelist import CLEANUP
 from .runbook import driver, lock, operate
 from .runbook.manifest import Manifest
@@ -138,7 +138,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if not manifest.is_file():  # a notebook's own run dir: nothing to record the restore against
             _print_restore(run_dir, restore.RestoreOutcome("nothing to restore"))
             return 0
-        params_file, steps = Manifest.read(run_dir).params_file, []
+        own = run_dir / PARAMS_COPY  # the run's own copy, which loads wherever the source has moved
+        params_file, steps = str(own) if own.is_file() else Manifest.read(run_dir).params_file, []
     else:
         raise driver.RunbookError(f"{plan_file} not found: {CLEANUP.name} writes it after it stops something")
     run = open_run(params_file, run_dir, stage="restore")

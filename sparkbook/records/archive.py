@@ -43,7 +43,7 @@ class RunRecord:
     cluster: str | None = None
     started: str | None = None
     finished: str | None = None
-    params_file: str | None = None
+    params_source: str | None = None  # the params file it copied, relative to the repo (None: outside it, or unknown)
     params_hash: str | None = None
     image: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)  # image id, vllm, ray
@@ -202,7 +202,7 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
             raise ValueError(f"{MANIFEST}: a notebook entry without a name or with malformed decisions: {nb!r}"[:200])
     kind, status = status_of(notebooks, manifest.get("status", "running"))
     record = RunRecord(run_dir, manifest.get("run_id", run_dir.name), kind, status, manifest.get("cluster"),
-                       manifest.get("started"), manifest.get("finished"), manifest.get("params_file"),
+                       manifest.get("started"), manifest.get("finished"), manifest.get("params_source"),
                        params_hash(run_dir),
                        notebooks=notebooks, parameters=manifest.get("parameters") or {})
     record.not_run = [nb["name"] for nb in notebooks if nb.get("status") not in ("ok", "failed", "running")]

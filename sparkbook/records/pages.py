@@ -161,12 +161,14 @@ def run_page(r: RunRecord, extra: str = "") -> str:
     """A run's own page: status, key figures, findings, the failing cell, what did not run, each notebook with
     its decisions; `extra` (HTML) is appended (the Restore section)."""
     not_run = (f"<p>Not run: {', '.join(e(n) for n in r.not_run)}</p>" if r.not_run else "")
-    params = _link(r.run_dir, PARAMS_COPY, f"params {fmt(r.params_hash)}") if r.params_hash else "params -"
+    params = (f"params {_link(r.run_dir, PARAMS_COPY)} ({e(fmt(r.params_hash))}"
+              + (f", copied from <code>{e(r.params_source)}</code>)" if r.params_source else ")")
+              if r.params_hash else "params: none kept")
     notebooks = _table(_notebook_rows(r), raw=("notebook", "status", "duration", "exception", "decisions"),
                        classes=[nb.get("status", "") for nb in r.notebooks])
     body = (f"<h1>sparkbook run {e(r.run_id)} — {e(fmt(r.cluster))}</h1>"
             f"<p>Status: <b>{e(r.status)}</b>; started {e(fmt(r.started))}, finished {e(fmt(r.finished))}; "
-            f"params <code>{e(fmt(r.params_file))}</code> ({params}); <a href=\"{MANIFEST}\">manifest.json</a>; "
+            f"{params}; <a href=\"{MANIFEST}\">manifest.json</a>; "
             f'{_written_by(r)}; <a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
             f"{_failing(r)}<h2>Key figures</h2>{_table(key_figures(r))}{_findings(r)}{_timeline(r)}"
             f"<h2>Notebooks</h2>{notebooks}"

@@ -11,10 +11,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from ..core.errors import SparkbookError
 from ..core.evidence import now, read_events
 from ..core.nodes import Cluster, HostKeyMismatch, NodeError
-from ..core.params import Params, load_params
+from ..core.params import Params, ParamsError, load_params
 from ..core.progress import Progress
 from ..core.redact import Redactor
 from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
@@ -108,6 +110,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         run_dir = (out_root / params.cluster / run_id).resolve()
         todo = arms.with_arms(select(names, start, only, upto), params)
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
+                            params_source=params_source(params_file, out_root),
                             notebooks=[NotebookRun(n, "pending" if n in todo or not seed else "skipped")
                                        for n in arms.with_arms(names, params)])
     with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
@@ -157,13 +160,35 @@ def verify_host_keys(cluster: Cluster, params_file: Path) -> None:
                            + ". Nothing ran on any node.")
 
 
+def copy_params(params_file: Path, params: Params, run_dir: Path) -> Path:
+    """The run dir's own params.yaml, what its notebooks load and its page names (for `sparkbook compare` too): the
+    source's text, or, where the source names its ssh files relative to itself, the params with those paths resolved,
+    so the copy loads from the run dir as the source did."""
+    copy = run_dir / PARAMS_COPY
+    shutil.copyfile(params_file, copy)
+    try:
+        same = load_params(copy) == params
+    except ParamsError:  # a relative ssh file, which does not lie beside the copy
+        same = False
+    if not same:
+        copy.write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
+    return copy
+
+
+def params_source(params_file: Path, out_root: Path) -> str | None:
+    """The params file relative to the repo that holds the outputs (`params/lab.yaml`); None where it lies outside
+    it (a test's temporary file), whose path would tell a reader nothing they can open."""
+    repo = out_root.resolve().parent
+    return str(params_file.relative_to(repo)) if params_file.is_relative_to(repo) else None
+
+
 def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
              params_file: Path, folder: Path, say: Callable[[str], None], only: str | None = None) -> None:
     import papermill  # slow to import: only when notebooks really run
 
     manifest.status, manifest.finished = "running", None
     manifest.sparkbook_version, manifest.sparkbook_commit = sparkbook_version()
-    shutil.copyfile(params_file, run_dir / PARAMS_COPY)  # what this run used, for `sparkbook compare`
+    own_params = copy_params(params_file, params, run_dir)
     manifest.params_hash = params_hash(run_dir)
     manifest.write(run_dir)
     os.environ["SPARKBOOK_HEADLESS"] = "1"
@@ -182,7 +207,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
             with _ipc_kernel() as kernel:
                 papermill.execute_notebook(
                     str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
-                    parameters=parameters_for(source, {"params_file": str(params_file), "run_dir": str(run_dir),
+                    parameters=parameters_for(source, {"params_file": str(own_params), "run_dir": str(run_dir),
                                                        **parameters, **arms.parameters(name, list(by_name))}),
                     progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False, config=kernel)
             entry.status = "ok"

@@ -43,6 +43,7 @@ class Manifest:
     sparkbook_version: str | None = None
     sparkbook_commit: str | None = None  # None: not run from a git checkout
     params_hash: str | None = None  # of the params file as copied into the run dir
+    params_source: str | None = None  # the params file relative to the repo; None: outside it (or an older run)
 
     def data(self) -> dict[str, Any]:
         """The manifest as plain JSON data (what manifest.json holds, what the records read)."""

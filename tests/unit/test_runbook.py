@@ -87,7 +87,7 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
     assert failed.exception["cell_index"] is not None
     assert not (run_dir / "03-third.ipynb").exists()
     assert "failed at 02" in (run_dir.parent / "index.html").read_text()  # the cluster's index, after every run
-    assert (run_dir / "params.yaml").read_text() == params_file.read_text()
+    assert load_params(run_dir / "params.yaml") == load_params(params_file)  # its ssh files resolved, loadable there
 
     seen: list[str] = []
     run_dir2, manifest = driver.run(params_file, resume=run_dir, folder=notebooks, parameters={"fail": False},
@@ -153,3 +153,37 @@ def test_the_cell_limit_is_in_the_manifest_and_the_index(notebooks: Path, params
     written = json.loads((run_dir / "manifest.json").read_text())["notebooks"][0]
     assert written["cell_limit_s"] == limits.BASE_CELL_S and written["cell_limit_reason"]
     assert f"cell limit {limits.BASE_CELL_S} s" in (run_dir / "index.html").read_text()
+
+
+def test_the_notebooks_load_the_run_dirs_own_params_and_the_page_names_it(notebooks: Path, params_file: Path,
+                                                                           tmp_path: Path) -> None:
+    """Issue 39: the injected parameters cell and the run page name the run dir's params.yaml, not a temporary
+    source path; the source is named only where it lies inside the repo that holds the outputs."""
+    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="01",
+                                   say=lambda _: None)
+    executed = json.loads((run_dir / "01-first.ipynb").read_text())
+    injected = "".join(next(c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", []))
+                       ["source"])
+    assert 'params_file = "params.yaml"' in injected  # the run dir's own copy, written relative to the run dir
+    assert manifest.params_source == params_file.name  # tmp_path holds both the params and the outputs
+    page = (run_dir / "index.html").read_text()
+    assert '<a href="params.yaml">params.yaml</a>' in page and f"copied from <code>{params_file.name}</code>" in page
+    assert str(params_file) not in page
+
+
+def test_the_params_source_is_named_relative_to_the_repo_only_inside_it(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    assert driver.params_source(repo / "params" / "lab.yaml", repo / "outputs") == "params/lab.yaml"
+    assert driver.params_source(tmp_path / "elsewhere.yaml", repo / "outputs") is None
+
+
+def test_the_params_copy_loads_from_the_run_dir_when_the_source_names_its_ssh_files_relatively(
+        base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "known_hosts").write_text("")
+    base["ssh"] = {**base.get("ssh", {}), "known_hosts": "keys/known_hosts"}
+    source = write_params(base)
+    (tmp_path / "run").mkdir()
+    copy = driver.copy_params(source, load_params(source), tmp_path / "run")
+    assert load_params(copy) == load_params(source)
+    assert load_params(copy).ssh.known_hosts == (source.parent / "keys" / "known_hosts").resolve()

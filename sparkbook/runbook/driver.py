@@ -23,7 +23,7 @@ from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
 from ..core.stagelist import STAGES
 from ..records import pages
 from ..records.archive import params_hash, read_run
-from ..records.restore import restore_section
+from ..records.restore_section import restore_section
 from . import arms, lock
 from .limits import cell_limit
 from .manifest import Manifest, NotebookRun, sparkbook_version

@@ -246,26 +246,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .core.context import Context
+    from .core.evidence import table_rows, to_data
     from .core.nodes import Cluster
-    from .core.runtime import runtime_for
-    from .runbook.plan import preview
+    from .core.redact import Redactor
+    from .core.runtimes import runtime_for
+    from .runbook.previews import preview
 
     params = load_params(args.params)
-    cluster = Cluster(params)
+    cluster, redactor = Cluster(params), Redactor.from_env(params.secrets)
     try:  # nothing is written: the context's run dir is only where the cluster's runs are read from
         parts = preview(Context(params, cluster, runtime_for(params), Path(args.outputs) / params.cluster),
                         Path(args.outputs))
     finally:
         cluster.close()
     for p in parts:
-        print(f"\n== {p.stage.name}: {p.title or ''}")
+        print(f"\n== {p.stage.name}")
         if p.unknown:
-            print(f"   {p.unknown}")
-        elif p.rows:
+            print(f"   {redactor.text(p.unknown)}")
+        for shown in p.shown:
+            data = redactor.data(to_data(shown.value))
+            rows = table_rows(data)
+            print(f"-- {redactor.text(shown.title)}")
             with pd.option_context("display.max_colwidth", 2000, "display.width", 10000):
-                print(pd.DataFrame(p.rows).to_string(index=False))
-        else:
-            print("   nothing to do")
+                print(pd.DataFrame(rows).to_string(index=False) if rows is not None else
+                      data if isinstance(data, str) else json.dumps(data, indent=2, default=str))
     return 0 if all(p.unknown is None for p in parts) else EXIT_FAILED
 
 

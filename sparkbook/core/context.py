@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params
-from .runtime import ImageSource, Place, Runtime, image_source_for
+from .runtime import ImageSource, Place, Runtime
+from .runtimes import image_source_for
 from .state import Handoff, Handoffs
 from .topology import places as _places
 

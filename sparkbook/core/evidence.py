@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import SparkbookError
 from .nodes import Outcome
@@ -65,6 +65,26 @@ class Shown:
 
     title: str
     value: object
+
+
+class Preview(Protocol):
+    """What every stage's `preview` returns: what it would do, to show, and the hand-offs it would leave as far as a
+    preview can tell (`sparkbook plan` hands them to the next stage's preview)."""
+
+    @property
+    def assumed(self) -> tuple[Handoff, ...]: ...
+
+    def shown(self) -> list[Shown]: ...
+
+
+def table_rows(data: object) -> list[dict[str, Any]] | None:
+    """Plain data (`to_data`'s) as table rows where it is table-like: rows of mappings, or one mapping of scalars
+    as field/value rows; None for text and nested data. The session and the command line render tables alike."""
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        return data
+    if isinstance(data, dict) and data and all(not isinstance(v, (dict, list)) for v in data.values()):
+        return [{"field": k, "value": v} for k, v in data.items()]
+    return None
 
 
 @dataclass(kw_only=True)

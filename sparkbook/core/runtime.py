@@ -1,6 +1,6 @@
 """Where vLLM runs on a node, as two interfaces: `Runtime` (process control, 04/05/06) and `ImageSource` (what 03
 asks of the images it chooses among). Docker (runtime_docker) and a Python environment (runtime_python) implement
-both; `runtime_for(params)` and `image_source_for(params)` pick one, and no stage asks which it got.
+both; `core.runtimes` picks one for a params file, and no stage asks which it got.
 
 Runtime's verbs:
   preflight(cluster)              every node can start places (its Docker daemon answers) -> FanOut
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .nodes import Cluster, FanOut, Node, Result
-from .params import DockerRuntime, Params
 
 ID_TIMEOUT_S = 30  # reading an image's ID on a node
 
@@ -224,20 +223,3 @@ class ImageSource(Protocol):
 
 
 # The implementations import this module's values, so the factories import them when called.
-def runtime_for(params: Params) -> Runtime:
-    from .runtime_docker import DockerNodes
-    from .runtime_python import PythonNodes
-    from .topology import cache_dir
-
-    if isinstance(params.runtime, DockerRuntime):
-        return DockerNodes(params.runtime, params.model.cache_dir, params.secret_values(), cache_dir(params))
-    return PythonNodes(params.runtime, params.secret_values())
-
-
-def image_source_for(params: Params) -> ImageSource:
-    from .runtime_docker import DockerImages
-    from .runtime_python import PythonImages
-
-    if isinstance(params.runtime, DockerRuntime):
-        return DockerImages(params.runtime)
-    return PythonImages(params.runtime)

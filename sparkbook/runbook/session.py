@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from ..core import state
 from ..core.context import Context
-from ..core.evidence import Decision, Event, Shown, StageOutcome, now, tail, to_data
+from ..core.evidence import Decision, Event, Shown, StageOutcome, now, table_rows, tail, to_data
 from ..core.nodes import Cluster, Result
 from ..core.params import Params, load_params
 from ..core.progress import Progress
 from ..core.redact import Redactor
 from ..core.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
-from ..core.runtime import runtime_for
+from ..core.runtimes import runtime_for
 from ..core.state import H, Handoffs
 
 if TYPE_CHECKING:
@@ -135,10 +135,9 @@ class Run:
         if title:
             _display({"text/markdown": f"**{self.redactor.text(title)}**", "text/plain": self.redactor.text(title)})
         data = self.redactor.data(to_data(value))
-        if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
-            _display_table(data)
-        elif isinstance(data, dict) and data and all(not isinstance(v, (dict, list)) for v in data.values()):
-            _display_table([{"field": k, "value": v} for k, v in data.items()])
+        rows = table_rows(data)
+        if rows is not None:
+            _display_table(rows)
         elif isinstance(data, str) and len(data.splitlines()) > LONG_TEXT_LINES:
             path = self._new_log(title or "output", data)
             _display({"text/plain": f"… last {TAIL_LINES} of {len(data.splitlines())} lines; all of them in {path}\n"

@@ -15,7 +15,7 @@ import pytest
 import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.imageprobes import probe_registry
-from sparkbook.core.runtime import image_source_for
+from sparkbook.core.runtimes import image_source_for
 from sparkbook.stages.images import choice, distribute
 
 pytestmark = pytest.mark.lab

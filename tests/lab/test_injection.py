@@ -14,7 +14,8 @@ import yaml
 
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import load_params
-from sparkbook.core.runtime import Place, runtime_for
+from sparkbook.core.runtime import Place
+from sparkbook.core.runtimes import runtime_for
 from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab

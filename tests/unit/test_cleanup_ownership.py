@@ -16,7 +16,7 @@ from sparkbook.core.context import Context
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.core.runtime import runtime_for
+from sparkbook.core.runtimes import runtime_for
 from sparkbook.stages.cleanup import inventory, planning
 from sparkbook.stages.cleanup.act import verify
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit

@@ -20,7 +20,7 @@ from sparkbook.core.handoff import Action, RayCluster
 from sparkbook.core.hostfacts import Memory
 from sparkbook.core.nodes import Cluster
 from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.core.runtime import runtime_for
+from sparkbook.core.runtimes import runtime_for
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.runbook.session import open_run

@@ -16,9 +16,10 @@ import pytest
 from sparkbook.core.errors import SparkbookError
 from sparkbook.core.nodes import Cluster, FanOut, LocalNode, Node
 from sparkbook.core.params import load_params
-from sparkbook.core.runtime import ImageSource, Place, Runtime, image_source_for, runtime_for
+from sparkbook.core.runtime import ImageSource, Place, Runtime
 from sparkbook.core.runtime_docker import DockerImages, DockerNodes
 from sparkbook.core.runtime_python import PythonImages, PythonNodes
+from sparkbook.core.runtimes import image_source_for, runtime_for
 
 # a stand-in `docker`: one image is held, the daemon never answers, `run` prints its argv one per line
 FAKE_DOCKER = """#!/bin/sh

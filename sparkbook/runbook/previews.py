@@ -1,0 +1,54 @@
+"""`sparkbook plan PARAMS`: every stage's preview in the stage list's order, before anything is touched. Only
+read-only probes run (each stage's `preview`); each preview is handed what the ones before it would hand off
+(`assumed`), so 04's `docker run` and 05's `vllm serve` are shown before any run too, for the candidate 03 would try
+first, or for the image the cluster's last good deployment serves. Env by name only."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, cast
+
+from ..core.context import Context
+from ..core.errors import SparkbookError
+from ..core.evidence import Preview, Shown
+from ..core.stagelist import IMAGES, STAGES, Stage
+from .operate import NothingDeployed, last_good
+
+
+class FrontDoor(Protocol):
+    def preview(self, ctx: Context) -> Preview: ...
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage's part of `sparkbook plan`: what its preview shows, or why it cannot be told without acting."""
+
+    stage: Stage
+    shown: list[Shown]
+    unknown: str | None = None  # None: previewed
+
+
+def preview(ctx: Context, outputs: Path) -> list[StagePlan]:
+    """Each stage's preview in run order; one that cannot be told (a node down, a hand-off only a run makes) says
+    why, and the stages after it are still previewed on what is known."""
+    try:
+        deployed = last_good(ctx.params, outputs).image
+    except NothingDeployed:
+        deployed = None
+    plans = []
+    for stage in STAGES:
+        front = cast(FrontDoor, importlib.import_module(f"sparkbook.stages.{stage.package}"))
+        try:
+            seen = front.preview(ctx)
+        except (SparkbookError, OSError) as exc:
+            plans.append(StagePlan(stage, [], f"cannot tell without acting: {exc}"[:400]))
+            continue
+        shown = seen.shown()
+        ctx = ctx.with_handoffs(*seen.assumed)
+        if stage is IMAGES and deployed is not None:  # what a redeploy keeps unless 03's probes choose another
+            ctx = ctx.with_handoffs(deployed)
+            shown.append(Shown("the stages below are shown for", f"{deployed.ref}, the image the last good deployment "
+                               f"serves ({IMAGES.id} may choose another by probing the candidates)"))
+        plans.append(StagePlan(stage, shown))
+    return plans

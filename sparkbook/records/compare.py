@@ -1,45 +1,45 @@
 """Two runs side by side: what changed (params, image and versions, decisions) and what it did to the figures.
 
-The sweep points are compared by core.benchstats.compare: per concurrency and metric the % change and the noise
-band, the figure's spread over repeats (within the two runs where they have them, else over the earlier runs of the
-same params and image); a move inside the band is neither worse nor better, and without any estimate it says so.
+The sweep points are compared by core.benchcompare (06 shares it): per concurrency and metric the % change and
+the noise band, the figure's spread over repeats (within the two runs where they have them, else over the earlier
+runs of the same params and image); a move inside the band is neither worse nor better, and without any estimate
+it says so.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from ..core.benchstats import SINGLE_STREAM, Delta, compare, spread_band_pct
+from ..core.benchcompare import (
+    CLOCK_DIFF,
+    POINT_METRICS,
+    Change,
+    band,
+    change_lines,
+    changes,
+    clock_causes,
+    clock_lines,
+    delta_lines,
+    delta_rows,
+    flatten,
+    history_bands,
+    mean_sm_mhz,
+    params_of,
+    points_of,
+)
+from ..core.benchstats import SINGLE_STREAM, Delta, compare
 from ..core.rundir import PARAMS_COPY, is_run_dir
-from ..core.sweeppoint import SweepPoint, read_points
+from ..core.sweeppoint import SweepPoint
 from .archive import RunRecord, fmt, read_run
 
-CLOCK_DIFF = 0.10  # a mean SM clock this much apart between two runs' points is named as a likely cause
+__all__ = ["CLOCK_DIFF", "POINT_METRICS", "Change", "Comparison", "FigurePair", "band", "clock_causes",
+           "compare_runs", "delta_rows", "flatten", "history", "mean_sm_mhz", "page_path", "params_changes"]
+
 COMPARE_DIR = "compare"  # under outputs/<cluster>/: the comparison pages, never beside the run dirs
 COMMITTED = "examples"  # outputs/examples/: the records git tracks
 
-# The sweep metrics compared per concurrency (vllm bench serve's names).
-POINT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
-                 "p99_tpot_ms", "median_e2el_ms")
 FIGURES = (("time to ready s", "ready_s"), (SINGLE_STREAM, "single_tok_s"), ("peak tok/s", "peak_tok_s"),
            ("peak at concurrency", "peak_concurrency"), ("% of roofline", "roofline_pct"))
-
-
-@dataclass(frozen=True)
-class Change:
-    """One named value in run A and in run B (None: that run does not record it)."""
-
-    what: str
-    a: Any
-    b: Any
-
-    @property
-    def differs(self) -> bool:
-        """Both runs record it and the values differ (one that a run does not record is not a change)."""
-        return self.a is not None and self.b is not None and self.a != self.b
 
 
 @dataclass(frozen=True)
@@ -67,36 +67,17 @@ class Comparison:
 
     def text(self, sweep: bool = True) -> str:
         """The comparison as plain text (the terminal; 06 shows the sweep points as a table instead)."""
-        lines = [f"A: {self.a.run_dir} ({self.a.status})", f"B: {self.b.run_dir} ({self.b.status})", "", "params:"]
-        lines += [f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}" for c in self.params] or [
-            f"  {self.params_note or 'the same'}"]
+        lines = [f"A: {self.a.run_dir} ({self.a.status})", f"B: {self.b.run_dir} ({self.b.status})", ""]
+        lines += change_lines("params", self.params, self.params_note or "the same")
         lines += ["", "image and versions:"]
         lines += [f"  {c.what}: {fmt(c.a)}  (same)" if c.a == c.b else f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}  "
                   + ("(changed)" if c.differs else "(not recorded by one run)") for c in self.image]
-        lines += ["", "decisions that differ:"]
-        lines += [f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}" for c in self.decisions] or ["  none"]
-        lines += ["", "figures (A -> B, change):"]
+        lines += ["", *change_lines("decisions that differ", self.decisions, "none"), "", "figures (A -> B, change):"]
         lines += [f"  {f.name}: {fmt(f.a)} -> {fmt(f.b)}"
                   + (f"  ({f.change_pct:+.1f} %)" if f.change_pct is not None else "") for f in self.figures]
-        if not sweep:
-            return "\n".join(lines)
-        lines += ["", "sweep points (B against A; noise band = the figure's spread over repeats, within the runs, "
-                      "else over earlier runs of the same params and image):"]
-        reasons = sorted({d.noise_from for d in self.deltas if d.noise_pct is None})
-        lines += [f"  no noise estimate ({r}): such changes are not judged" for r in reasons]
-        lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} %: "
-                  + (f"{d.verdict} (noise +-{d.noise_pct:.1f} % from {d.noise_from})" if d.noise_pct is not None
-                     else "no noise estimate") for d in self.deltas] or [
-            "  no concurrency measured in both"]
-        lines += ["", "GPU clocks:"] + [f"  {c}" for c in self.clock_causes or [
-            "no point of both runs has clocks clearly apart (or one run did not sample them)"]]
+        if sweep:
+            lines += ["", *delta_lines(self.deltas), "", *clock_lines(self.clock_causes)]
         return "\n".join(lines)
-
-
-def band(d: Delta) -> str:
-    """The noise band as said beside a change: its width and where it comes from, or why there is none."""
-    return f"noise +-{d.noise_pct:.1f} % from {d.noise_from}" if d.noise_pct is not None else \
-        f"no noise estimate: {d.noise_from}"
 
 
 def page_path(outputs: Path, a: RunRecord, b: RunRecord) -> Path:
@@ -116,64 +97,21 @@ def history(a: RunRecord, b: RunRecord, metrics: tuple[str, ...] = POINT_METRICS
     first = min(a.run_id, b.run_id)
     same = [r for r in (read_run(d) for d in b.run_dir.parent.iterdir() if is_run_dir(d) and d.name < first)
             if r.params_hash == b.params_hash and r.image == b.image and r.bench]
-    values: dict[tuple[int, str], list[float]] = {}
-    for r in same:
-        for p in r.bench:
-            for m in metrics:
-                if p.figure(m) is not None:
-                    values.setdefault((p.max_concurrency, m), []).append(float(p.figure(m) or 0.0))
-    return {k: band for k, v in values.items() if (band := spread_band_pct(v)) is not None}
-
-
-def mean_sm_mhz(point: SweepPoint) -> float | None:
-    """The mean SM clock over a point's GPUs (None: not sampled)."""
-    means = [c.sm_mean_mhz for c in point.sparkbook.clocks if c.sm_mean_mhz is not None]
-    return sum(means) / len(means) if means else None
-
-
-def clock_causes(a: list[SweepPoint], b: list[SweepPoint]) -> list[str]:
-    """Each concurrency both runs measured whose GPUs' mean SM clock differs by more than CLOCK_DIFF: named as a
-    likely cause of a change in its figures (throughput follows the clocks)."""
-    before = {p.max_concurrency: p for p in a}
-    out = []
-    for point in b:
-        old = before.get(point.max_concurrency)
-        ma, mb = (mean_sm_mhz(old), mean_sm_mhz(point)) if old else (None, None)
-        if ma and mb and abs(mb - ma) > CLOCK_DIFF * ma:
-            out.append(f"c={point.max_concurrency}: mean SM clock {ma:,.0f} MHz in A, {mb:,.0f} MHz in B "
-                       f"({100 * (mb - ma) / ma:+.0f} %): a likely cause of the change in its figures")
-    return out
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings and lists as {"a.b[0].c": leaf}; an empty mapping or list has no leaves."""
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items()
-                for k, v in flatten(item, f"{prefix}.{key}" if prefix else str(key)).items()}
-    if isinstance(value, list):
-        return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{prefix}[{i}]").items()}
-    return {prefix: value}
-
-
-def _params(run: RunRecord) -> dict[str, Any] | None:
-    path = run.run_dir / PARAMS_COPY
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
+    return history_bands((r.bench for r in same), metrics)
 
 
 def params_changes(a: RunRecord, b: RunRecord) -> tuple[list[Change], str | None]:
     """The params keys and notebook parameters that differ, and a note when a run did not keep its params."""
-    pa, pb = _params(a), _params(b)
+    pa, pb = params_of(a.run_dir), params_of(b.run_dir)
     missing = [r.run_id for r, p in ((a, pa), (b, pb)) if p is None]
     flat_a = flatten({"params": pa or {}, "parameters": a.parameters})
     flat_b = flatten({"params": pb or {}, "parameters": b.parameters})
     if missing:  # compare only the -p parameters: the params file itself is unknown for one of them
         flat_a = {k: v for k, v in flat_a.items() if not k.startswith("params")}
         flat_b = {k: v for k, v in flat_b.items() if not k.startswith("params")}
-    changes = [Change(k, flat_a.get(k), flat_b.get(k)) for k in sorted(set(flat_a) | set(flat_b))
-               if flat_a.get(k) != flat_b.get(k)]
     note = (f"run(s) {', '.join(missing)} did not keep their params file ({PARAMS_COPY}): only the notebook "
             "parameters are compared") if missing else None
-    return changes, note
+    return changes(flat_a, flat_b), note
 
 
 def image_changes(a: RunRecord, b: RunRecord) -> list[Change]:
@@ -193,12 +131,7 @@ def decision_changes(a: RunRecord, b: RunRecord) -> list[Change]:
 
 def _points(run: RunRecord) -> list[SweepPoint]:
     """The sweep points, also of a run dir without a manifest (a notebook's own run dir)."""
-    if run.bench:
-        return run.bench
-    try:
-        return read_points(run.run_dir)
-    except (OSError, ValueError, KeyError):
-        return []
+    return run.bench or points_of(run.run_dir)
 
 
 def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
@@ -211,10 +144,3 @@ def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
                       compare(_points(b), _points(a), POINT_METRICS, history(a, b)),
                       clock_causes(_points(a), _points(b)))
 
-
-def delta_rows(deltas: list[Delta]) -> list[dict[str, Any]]:
-    """The sweep deltas as table rows (rounded)."""
-    return [{"concurrency": d.max_concurrency, "metric": d.metric, "earlier": round(d.earlier, 2),
-             "now": round(d.now, 2), "change %": round(d.change_pct, 1),
-             "noise %": None if d.noise_pct is None else round(d.noise_pct, 1), "noise from": d.noise_from,
-             "verdict": d.verdict} for d in deltas]

@@ -1,1 +1,235 @@
-"""06: the benchmark stage: the sweep (sweep), its HTTP load generator (client), its tables and its plots (plot)."""
+"""06: the benchmark stage: the sweep (sweep), its HTTP load generator (client), its tables and its plots (plot), the
+A/B of speculative decoding (ab); its front door, `preview` and `run`, here.
+
+`run` measures the served model and sets the evidence around it: the sweep and its stalls, the server's /metrics
+against the client's counts, the roofline and the ceiling at each concurrency, 04's all_reduce beside the decode,
+the load generators' own ceiling, the earlier run of the cluster, the summary 06 hands on and, in an A/B's second
+arm, which configuration stays serving.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from ...core import benchstats, fabric, rundir
+from ...core.benchcompare import SweepComparison, compare_dirs
+from ...core.benchstats import BatchCeiling, Roofline, StepModel
+from ...core.context import Context
+from ...core.evidence import Decision, Shown, StageOutcome
+from ...core.handoff import AbVerdict, BenchmarkSummary, Endpoint, FabricProof
+from ...core.modelinfo import ModelFacts
+from ...core.params import BenchmarkPlan
+from ...core.progress import Progress
+from ...core.state import Handoff
+from ...core.sweeppoint import SweepPoint, read_points
+from . import ab, plot, sweep, tables
+from .client import CompletionsServer, served_models
+from .sweep import BenchmarkError, Point
+
+NO_AB = "no A/B in this run (benchmark.ab is not set, or the run did not include both 05 and 06)"
+AB_BASELINE_ARM = "the A/B's baseline arm: the A/B is decided after the params' own plan is measured"
+FAILED = "requests failed: see the sweep table and bench/*.json errors"
+
+
+class FailedRequests(BenchmarkError):
+    """Some of the sweep's requests failed: the figures do not measure the server serving every request."""
+
+
+@dataclass(frozen=True)
+class BenchPreview:
+    """What 06 would send and to whom: the benchmark settings, the server (from 05's endpoint) and what it lists,
+    the model facts the roofline needs (02) and 04's fabric figures; the endpoint-dependent parts are None where
+    no notebook of the run has handed them on yet (`sparkbook plan` before any run)."""
+
+    settings: BenchmarkPlan
+    target: CompletionsServer | None
+    served: tuple[str, ...] | None  # what GET /v1/models lists (None: no endpoint known to ask)
+    model: ModelFacts | None
+    proof: FabricProof | None
+    assumed: tuple[Handoff, ...] = ()
+
+    def shown(self) -> list[Shown]:
+        s = self.settings
+        where = {"endpoint": "not known yet (05-serve hands it on)", "served model": "-", "server lists": "-"}
+        if self.target is not None:
+            where = {"endpoint": self.target.base_url, "served model": self.target.model,
+                     "server lists": ", ".join(self.served or ())}
+        return [Shown("Benchmark settings", {
+            **where, "input tokens": s.input_len, "output tokens": s.output_len, "prompts per point": s.num_prompts,
+            "concurrency": str(s.concurrency), "warm-up requests per point": s.warmup_requests,
+            "repeats per point": s.repeats, "load generators": s.clients})]
+
+
+def target_of(endpoint: Endpoint) -> CompletionsServer:
+    return CompletionsServer(endpoint.base_url, endpoint.model, api_key_env=endpoint.api_key_env)
+
+
+def preview(ctx: Context) -> BenchPreview:
+    """The settings and the target; asks the server which models it lists (a read-only GET) where 05 named it."""
+    endpoint = ctx.handoffs.get(Endpoint)
+    target = target_of(endpoint) if endpoint is not None else None
+    served = tuple(served_models(target)) if target is not None else None
+    return BenchPreview(ctx.params.benchmark, target, served, ctx.handoffs.get(ModelFacts),
+                        ctx.handoffs.get(FabricProof))
+
+
+@dataclass(frozen=True)
+class AbResult:
+    """The A/B's second arm: both arms' points, the verdict and the decision recorded from it."""
+
+    baseline: list[SweepPoint]
+    speculative: list[SweepPoint]
+    verdict: AbVerdict
+    decision: Decision
+
+    def shown(self) -> list[Shown]:
+        crosses = f"the ratio crosses 1 {self.verdict.crossing}" if self.verdict.crossing else \
+            "the ratio does not cross 1"
+        return [Shown("Both arms at each concurrency (same prompts, seeds, warm-ups)",
+                      ab.arm_rows(self.baseline, self.speculative)),
+                Shown(f"Speculative / baseline output tok/s, against the noise band ({crosses})",
+                      ab.ratio_rows(self.verdict))]
+
+
+@dataclass(kw_only=True)
+class BenchOutcome(StageOutcome):
+    """The sweep and the evidence around it, each part for its own cell of the notebook."""
+
+    settings: BenchmarkPlan
+    ab_arm: str | None = None
+    points: list[Point] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)  # bench/c<concurrency>.json, one per point
+    bench_dir: str = "bench"  # where they are, relative to the run dir (ab-baseline/bench in the baseline arm)
+    results: list[SweepPoint] = field(default_factory=list)  # as saved, read back
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    roof: Roofline | None = None
+    bandwidth_source: str | None = None
+    step: StepModel | None = None
+    ceilings: list[BatchCeiling] = field(default_factory=list)
+    fabric: list[dict[str, object]] = field(default_factory=list)
+    figures: dict[str, Figure] = field(default_factory=dict)
+    load_generators: Decision | None = None
+    earlier_dir: Path | None = None
+    looked_in: Path | None = None  # where the earlier run was looked for: the cluster's outputs
+    comparison: SweepComparison | None = None
+    summary: BenchmarkSummary | None = None
+    ab: AbResult | None = None
+
+    @property
+    def single(self) -> SweepPoint | None:
+        return sweep.at_concurrency(self.results, 1)
+
+    def sweep_shown(self) -> list[Shown]:
+        return [Shown(f"Sweep: medians of {self.settings.repeats} repeat(s) ({len(self.paths)} JSON files in "
+                      f"{self.bench_dir}/ of the run dir)", tables.table(self.results)),
+                Shown("Stalled repeats", self.stalls or "no repeat stalled (TTFT p99 within 10x the median)")]
+
+    def cross_check_shown(self) -> list[Shown]:
+        return [Shown("/metrics deltas against the client's counts", self.checks)]
+
+    def roofline_shown(self) -> list[Shown]:
+        spec = ", in decode steps: speculation is on" if self.single and self.single.sparkbook.speculation else ""
+        return [Shown(f"Single-stream decode roofline (bandwidth from {self.bandwidth_source}); its measured_tok_s "
+                      f"is the {benchstats.TPOT_DECODE}, not the {benchstats.SINGLE_STREAM}{spec}", self.roof)]
+
+    @property
+    def ceiling_formula(self) -> str:
+        """The per-concurrency ceiling's formula with this run's numbers (markdown)."""
+        return tables.ceiling_markdown(self.step, self.ceilings) if self.step else ""
+
+    def ceilings_shown(self) -> list[Shown]:
+        return [Shown("Decode ceiling at each measured concurrency, and the % of it reached",
+                      tables.ceiling_rows(self.ceilings))]
+
+    def fabric_shown(self) -> list[Shown]:
+        return [Shown("04's all_reduce test beside the single-stream decode", self.fabric)]
+
+    def load_generators_shown(self) -> list[Shown]:
+        return [Shown("Load generators", tables.client_rows(self.points))]
+
+    def comparison_shown(self) -> list[Shown]:
+        if self.comparison is None or self.earlier_dir is None:
+            return [Shown("Compared with nothing", f"no earlier run with bench results under {self.looked_in}")]
+        shown = [Shown(f"Compared with {self.earlier_dir.name}", self.comparison.text())]
+        if self.comparison.deltas:
+            shown.append(Shown("Sweep points against the earlier run", self.comparison.rows()))
+        return shown
+
+    def summary_shown(self) -> list[Shown]:
+        return [Shown("Benchmark summary", self.summary.model_dump(exclude={"points"}))] if self.summary else []
+
+    def ab_shown(self) -> list[Shown]:
+        if self.ab is not None:
+            return self.ab.shown()
+        return [Shown("A/B", AB_BASELINE_ARM if self.ab_arm == "baseline" else NO_AB)]
+
+
+def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: Path) -> BenchOutcome:
+    """The sweep into `bench_root`'s bench/ (the run dir, or the A/B baseline arm's own dir), then the evidence
+    around it in the notebook's order; failed requests end it as `error` once the summary is handed on, and the
+    A/B's second arm (`ab_arm` other than None and "baseline") decides which configuration stays serving."""
+    s = preview.settings
+    target = preview.target or target_of(ctx.handoffs.need(Endpoint))
+    model = preview.model or ctx.handoffs.need(ModelFacts)
+    out = BenchOutcome(settings=s, ab_arm=ab_arm)
+    with Progress("benchmark sweep", total=len(s.concurrency), unit=" points") as progress:
+        out.points = sweep.run_sweep(target, s, on_point=lambda p: progress.advance(
+            note=f"c={p.result.max_concurrency}: {p.result.output_throughput:.0f} tok/s"), nodes=list(ctx.cluster))
+    out.paths = sweep.save(bench_root, out.points, target, s, s.clients)
+    out.bench_dir = os.path.relpath(out.paths[0].parent, ctx.run_dir)
+    out.results = read_points(bench_root)
+    out.stalls = tables.stall_rows(out.results)
+    out.event("bench_stalls", out.stalls)
+    out.checks = tables.cross_check_rows(out.points, s)
+    out.event("bench_cross_check", out.checks)
+    roof = _roofline(ctx, model, out)
+    out.fabric = fabric.beside_decode(preview.proof, out.single.median_tpot_ms if out.single else None)
+    out.earlier_dir, out.looked_in = rundir.earlier_run(ctx.run_dir), ctx.run_dir.parent
+    earlier = read_points(out.earlier_dir) if out.earlier_dir else []
+    out.figures = {"throughput.png": plot.throughput_figure(out.results, out.ceilings, earlier),
+                   "latency.png": plot.latency_figure(out.results)}
+    out.load_generators = out.decide(sweep.load_generator_verdict(out.points, s.clients))
+    out.comparison = compare_dirs(out.earlier_dir, ctx.run_dir) if out.earlier_dir else None
+    deltas = out.comparison.deltas if out.comparison else []
+    out.summary = sweep.summary(out.results, roof, out.paths[0].parent, out.earlier_dir, deltas)
+    out.handoffs.append(out.summary)
+    if out.summary.failed_requests:
+        out.error = FailedRequests(FAILED)
+        return out
+    out.ab = ab_second_arm(ctx, out.results, ab_arm)
+    if out.ab is not None:
+        out.decide(out.ab.decision)
+        out.handoffs.append(out.ab.verdict)
+    return out
+
+
+def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:
+    """The single-stream roofline and the ceiling at each concurrency, recorded as one "roofline" event."""
+    serve, s = ctx.params.serve, out.settings
+    bandwidth, out.bandwidth_source = sweep.memory_bandwidth(s, ctx.head)
+    out.roof = benchstats.roofline(model.active_params,
+                                   benchstats.served_bytes_per_param(model.bytes_per_param, serve.dtype),
+                                   serve.tensor_parallel_size, bandwidth, benchstats.decode_steps_from_tpot(out.single))
+    out.step = benchstats.step_model(model, serve.dtype, serve.tensor_parallel_size, bandwidth, s.input_len,
+                                     s.output_len)
+    out.ceilings = benchstats.batch_ceilings(out.step, out.results)
+    out.event("roofline", {"roofline": out.roof, "bandwidth_source": out.bandwidth_source,
+                           "by_concurrency": out.ceilings})
+    return out.roof
+
+
+def ab_second_arm(ctx: Context, results: list[SweepPoint], ab_arm: str | None) -> AbResult | None:
+    """The A/B, in its second arm only: None without an A/B (ab_arm None) and in the baseline arm, which measures
+    before the params' own plan is known. The params refuse benchmark.ab without serve.speculative, so the second
+    arm always has one."""
+    spec = ctx.params.serve.speculative
+    if ab_arm is None or ab_arm == "baseline" or spec is None:
+        return None
+    baseline = read_points(ctx.run_dir / rundir.AB_BASELINE)
+    verdict = ab.verdict(ab.ratios(baseline, results), ctx.params.benchmark.ab_decide_at, spec)
+    return AbResult(baseline, results, verdict, ab.decision(verdict, spec))

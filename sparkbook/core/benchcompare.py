@@ -1,0 +1,218 @@
+"""Two runs' sweep points side by side: per concurrency and metric the change and its noise band, the params that
+differ, the GPU clocks that ran apart. Pure over the run dirs' sweep points, params copies and state.json, so 06
+(against the earlier run) and `sparkbook compare` (records.compare, over whole runs) judge a change the same way.
+
+The noise band is core.benchstats.compare's: the figure's spread over repeats within the two runs where they have
+them, else over the earlier runs of the same params and image; a move inside the band is neither worse nor better.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .benchstats import Delta, compare, spread_band_pct
+from .handoff import ImageChoice
+from .rundir import PARAMS_COPY, is_run_dir
+from .state import StateError, load
+from .sweeppoint import SweepPoint, read_points
+
+CLOCK_DIFF = 0.10  # a mean SM clock this much apart between two runs' points is named as a likely cause
+# The sweep metrics compared per concurrency (vllm bench serve's names).
+POINT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_per_token_ms", "p99_ttft_ms",
+                 "p99_tpot_ms", "median_e2el_ms")
+
+
+def _fmt(value: Any) -> str:
+    """A value as the comparison writes it (records.archive.fmt's way): '-' for nothing, floats to one decimal."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One named value in run A and in run B (None: that run does not record it)."""
+
+    what: str
+    a: Any
+    b: Any
+
+    @property
+    def differs(self) -> bool:
+        """Both runs record it and the values differ (one that a run does not record is not a change)."""
+        return self.a is not None and self.b is not None and self.a != self.b
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings and lists as {"a.b[0].c": leaf}; an empty mapping or list has no leaves."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items()
+                for k, v in flatten(item, f"{prefix}.{key}" if prefix else str(key)).items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{prefix}[{i}]").items()}
+    return {prefix: value}
+
+
+def changes(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
+    """Each key of two flattened mappings whose values differ, by name."""
+    return [Change(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def params_of(run_dir: Path) -> dict[str, Any] | None:
+    """The params file the run copied, parsed (None: it kept none)."""
+    path = run_dir / PARAMS_COPY
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+def params_hash(run_dir: Path) -> str | None:
+    """The first 12 hex digits of the sha256 of the params file the run copied (None: it kept none)."""
+    path = run_dir / PARAMS_COPY
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
+
+
+def image_of(run_dir: Path) -> ImageChoice | None:
+    """The image 03 chose in the run (None: 03 did not hand one on, or state.json cannot be read)."""
+    try:
+        return load(run_dir, ImageChoice)
+    except StateError:
+        return None
+
+
+def points_of(run_dir: Path) -> list[SweepPoint]:
+    """The run's sweep points ([] where it has none or they cannot be read)."""
+    try:
+        return read_points(run_dir)
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def mean_sm_mhz(point: SweepPoint) -> float | None:
+    """The mean SM clock over a point's GPUs (None: not sampled)."""
+    means = [c.sm_mean_mhz for c in point.sparkbook.clocks if c.sm_mean_mhz is not None]
+    return sum(means) / len(means) if means else None
+
+
+def clock_causes(a: list[SweepPoint], b: list[SweepPoint]) -> list[str]:
+    """Each concurrency both runs measured whose GPUs' mean SM clock differs by more than CLOCK_DIFF: named as a
+    likely cause of a change in its figures (throughput follows the clocks)."""
+    before = {p.max_concurrency: p for p in a}
+    out = []
+    for point in b:
+        old = before.get(point.max_concurrency)
+        ma, mb = (mean_sm_mhz(old), mean_sm_mhz(point)) if old else (None, None)
+        if ma and mb and abs(mb - ma) > CLOCK_DIFF * ma:
+            out.append(f"c={point.max_concurrency}: mean SM clock {ma:,.0f} MHz in A, {mb:,.0f} MHz in B "
+                       f"({100 * (mb - ma) / ma:+.0f} %): a likely cause of the change in its figures")
+    return out
+
+
+def history_bands(runs: Iterable[list[SweepPoint]], metrics: Iterable[str] = POINT_METRICS
+                  ) -> dict[tuple[int, str], float]:
+    """Per concurrency and metric, the spread of the figure over these runs' points (the run-to-run noise where
+    the two runs compared have no repeats; the caller picks the runs of the same params and image)."""
+    values: dict[tuple[int, str], list[float]] = {}
+    for points in runs:
+        for p in points:
+            for m in metrics:
+                figure = p.figure(m)
+                if figure is not None:
+                    values.setdefault((p.max_concurrency, m), []).append(float(figure))
+    return {k: band for k, v in values.items() if (band := spread_band_pct(v)) is not None}
+
+
+def same_setup_runs(a_dir: Path, b_dir: Path) -> list[list[SweepPoint]]:
+    """The sweep points of the sibling runs before both A and B with B's params (hash) and image (A and B left
+    out: their own difference is what is judged); none where B kept no params or names no image."""
+    digest, image = params_hash(b_dir), image_of(b_dir)
+    if not digest or image is None or not b_dir.parent.is_dir():
+        return []
+    first = min(a_dir.name, b_dir.name)
+    same = [d for d in sorted(b_dir.parent.iterdir()) if is_run_dir(d) and d.name < first
+            and params_hash(d) == digest and (i := image_of(d)) is not None and i.ref == image.ref]
+    return [p for p in map(points_of, same) if p]
+
+
+def band(d: Delta) -> str:
+    """The noise band as said beside a change: its width and where it comes from, or why there is none."""
+    return f"noise +-{d.noise_pct:.1f} % from {d.noise_from}" if d.noise_pct is not None else \
+        f"no noise estimate: {d.noise_from}"
+
+
+def delta_rows(deltas: list[Delta]) -> list[dict[str, Any]]:
+    """The sweep deltas as table rows (rounded)."""
+    return [{"concurrency": d.max_concurrency, "metric": d.metric, "earlier": round(d.earlier, 2),
+             "now": round(d.now, 2), "change %": round(d.change_pct, 1),
+             "noise %": None if d.noise_pct is None else round(d.noise_pct, 1), "noise from": d.noise_from,
+             "verdict": d.verdict} for d in deltas]
+
+
+def delta_lines(deltas: list[Delta]) -> list[str]:
+    """The sweep deltas as the comparison's text writes them (B against A), each with its noise band."""
+    lines = ["sweep points (B against A; noise band = the figure's spread over repeats, within the runs, "
+             "else over earlier runs of the same params and image):"]
+    reasons = sorted({d.noise_from for d in deltas if d.noise_pct is None})
+    lines += [f"  no noise estimate ({r}): such changes are not judged" for r in reasons]
+    lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} %: "
+              + (f"{d.verdict} (noise +-{d.noise_pct:.1f} % from {d.noise_from})" if d.noise_pct is not None
+                 else "no noise estimate") for d in deltas] or ["  no concurrency measured in both"]
+    return lines
+
+
+def clock_lines(causes: list[str]) -> list[str]:
+    return ["GPU clocks:"] + [f"  {c}" for c in causes or [
+        "no point of both runs has clocks clearly apart (or one run did not sample them)"]]
+
+
+def change_lines(title: str, found: list[Change], none: str) -> list[str]:
+    """A titled list of changes, `A -> B` each, or the line saying there are none."""
+    return [f"{title}:"] + ([f"  {c.what}: {_fmt(c.a)} -> {_fmt(c.b)}" for c in found] or [f"  {none}"])
+
+
+@dataclass(frozen=True)
+class SweepComparison:
+    """Run B's sweep against run A's (06: this run against the earlier one): what differs in the params file and
+    the image that could explain a change, and each point's metrics against the noise."""
+
+    a: Path
+    b: Path
+    params: list[Change]  # params keys that differ (none where a run kept no params: see params_note)
+    params_note: str | None
+    image: list[Change]  # the image 03 chose, its ID and versions, where they differ
+    deltas: list[Delta]
+    clock_causes: list[str]
+
+    def text(self) -> str:
+        """What changed between the runs, in plain text (the sweep points are `rows`, a table)."""
+        lines = [f"A: {self.a}", f"B: {self.b}", ""]
+        lines += change_lines("params", self.params, self.params_note or "the same")
+        lines += ["", *change_lines("image and versions", self.image, "the same (or not recorded)"), ""]
+        return "\n".join(lines + clock_lines(self.clock_causes))
+
+    def rows(self) -> list[dict[str, Any]]:
+        return delta_rows(self.deltas)
+
+
+def image_changes(a: ImageChoice | None, b: ImageChoice | None) -> list[Change]:
+    """The image and its versions where both runs name them and they differ."""
+    def facts(i: ImageChoice | None) -> dict[str, Any]:
+        return {} if i is None else {"image": i.ref, "image id": i.id, "vllm": i.vllm_version, "ray": i.ray_version}
+    return [c for c in changes(facts(a), facts(b)) if c.differs]
+
+
+def compare_dirs(a_dir: Path, b_dir: Path) -> SweepComparison:
+    """Run B's sweep points against run A's (A the earlier), with the params and image differences beside them."""
+    pa, pb = params_of(a_dir), params_of(b_dir)
+    missing = [d.name for d, p in ((a_dir, pa), (b_dir, pb)) if p is None]
+    note = f"run(s) {', '.join(missing)} did not keep their params file ({PARAMS_COPY})" if missing else None
+    found = [] if missing else changes(flatten({"params": pa}), flatten({"params": pb}))
+    a, b = points_of(a_dir), points_of(b_dir)
+    return SweepComparison(a_dir, b_dir, found, note, image_changes(image_of(a_dir), image_of(b_dir)),
+                           compare(b, a, POINT_METRICS, history_bands(same_setup_runs(a_dir, b_dir))),
+                           clock_causes(a, b))

@@ -1,0 +1,93 @@
+"""06's front door: a preview before any endpoint is known, which arm of an A/B decides, what the notebook shows of
+each branch, and the comparison with the earlier run (core.benchcompare) that the stage and `sparkbook compare`
+share."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rundirs import make_run, point
+
+from sparkbook.core import benchcompare
+from sparkbook.core.context import Context
+from sparkbook.core.params import Params, Speculative, load_params
+from sparkbook.core.rundir import AB_BASELINE
+from sparkbook.core.sweeppoint import SweepPoint, write_point
+from sparkbook.records import compare
+from sparkbook.stages import bench
+
+PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
+SPEC = Speculative.model_validate({"method": "ngram", "num_speculative_tokens": 3})
+
+
+def _params(speculative: bool = False) -> Params:
+    params = load_params(PARAMS)
+    return params.model_copy(update={"serve": params.serve.model_copy(
+        update={"speculative": SPEC if speculative else None})})
+
+
+def _context(tmp_path: Path, speculative: bool = False) -> Context:
+    return Context(_params(speculative), None, None, tmp_path)  # type: ignore[arg-type]  # no node is reached
+
+
+def _point(c: int, *tput: float) -> SweepPoint:
+    return SweepPoint.model_validate({"max_concurrency": c, "output_throughput": sorted(tput)[len(tput) // 2],
+                                      "total_output_tokens": 1000,
+                                      "sparkbook": {"repeats": [{"output_throughput": t} for t in tput]}})
+
+
+def test_the_preview_before_any_endpoint_shows_the_settings_and_says_the_endpoint_is_not_known(tmp_path):
+    preview = bench.preview(_context(tmp_path))
+    assert (preview.target, preview.served, preview.model, preview.assumed) == (None, None, None, ())
+    [shown] = preview.shown()
+    assert shown.title == "Benchmark settings"
+    assert shown.value["endpoint"] == "not known yet (05-serve hands it on)"
+    assert shown.value["concurrency"] == str(_params().benchmark.concurrency)
+
+
+def test_only_the_second_arm_of_an_ab_decides(tmp_path):
+    results = [_point(1, 138, 140, 141), _point(4, 310, 320, 345)]
+    for p in (_point(1, 98, 100, 102), _point(4, 300, 310, 320)):
+        write_point(tmp_path / AB_BASELINE, p)
+    ctx = _context(tmp_path, speculative=True)
+    assert bench.ab_second_arm(ctx, results, None) is None
+    assert bench.ab_second_arm(ctx, results, "baseline") is None
+    decided = bench.ab_second_arm(ctx, results, "speculative")
+    assert decided is not None and decided.verdict.kept == "speculative" and decided.decision.key == "ab"
+    titles = [s.title for s in decided.shown()]
+    assert titles[0].startswith("Both arms") and titles[1].startswith("Speculative / baseline output tok/s")
+
+
+def test_what_the_ab_cell_shows_in_each_arm():
+    settings = _params().benchmark
+    assert [s.value for s in bench.BenchOutcome(settings=settings, ab_arm=None).ab_shown()] == [bench.NO_AB]
+    assert [s.value for s in bench.BenchOutcome(settings=settings, ab_arm="baseline").ab_shown()] == \
+        [bench.AB_BASELINE_ARM]
+
+
+def test_the_comparison_with_the_earlier_run_names_params_image_and_each_point(tmp_path):
+    lab = tmp_path / "lab"
+    a = make_run(lab, "20261201T100000Z", image="img:1", points=[point(1, 100.0), point(8, 500.0)])
+    b = make_run(lab, "20261201T110000Z", image="img:2", points=[point(1, 101.0), point(8, 400.0)],
+                 params_yaml="cluster: lab\nserve:\n  max_num_seqs: 32\n")
+    c = benchcompare.compare_dirs(a, b)
+    assert [(x.what, x.a, x.b) for x in c.params] == [("params.serve.max_num_seqs", 16, 32)] and not c.params_note
+    assert [(x.what, x.a, x.b) for x in c.image] == [("image", "img:1", "img:2")]
+    assert "params:\n  params.serve.max_num_seqs: 16 -> 32" in c.text()
+    # the same deltas as `sparkbook compare`, which judges them by the same code
+    assert c.deltas == compare.compare_runs(a, b).deltas and c.rows() == compare.delta_rows(c.deltas)
+    shown = bench.BenchOutcome(settings=_params().benchmark, earlier_dir=a, comparison=c).comparison_shown()
+    assert [s.title for s in shown] == [f"Compared with {a.name}", "Sweep points against the earlier run"]
+
+
+def test_without_an_earlier_run_the_comparison_says_so():
+    [shown] = bench.BenchOutcome(settings=_params().benchmark).comparison_shown()
+    assert shown.title == "Compared with nothing"
+
+
+def test_a_run_without_its_params_file_compares_only_the_points(tmp_path):
+    lab = tmp_path / "lab"
+    a = make_run(lab, "20261201T100000Z", points=[point(1, 100.0)], params_yaml=None)
+    b = make_run(lab, "20261201T110000Z", points=[point(1, 90.0)])
+    c = benchcompare.compare_dirs(a, b)
+    assert c.params == [] and c.params_note and "20261201T100000Z" in c.params_note
+    assert [d.metric for d in c.deltas][:1] == ["output_throughput"]

@@ -88,7 +88,16 @@ def test_each_hand_off_is_written_by_the_stage_its_model_names_and_read_only_aft
         assert all(writers[name] in STAGES[:at] for name in stage.reads), stage.name
 
 
+def _stage_source(package: str) -> str:
+    """The stage's own code (a package's modules, or its one module): its front door reads the hand-offs."""
+    where = PACKAGE / "stages" / package
+    return "\n".join(f.read_text() for f in sorted(where.rglob("*.py"))) if where.is_dir() \
+        else (PACKAGE / "stages" / f"{package}.py").read_text()
+
+
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_what_a_notebook_recalls_is_among_its_stages_reads(stage) -> None:
-    recalled = set(re.findall(r"\.recall\((?:\w+\.)*(\w+)", _source(stage.notebook)))
+    """What the notebook recalls, or its stage reads through the context's hand-offs (the front door)."""
+    recalled = set(re.findall(r"\.recall\((?:\w+\.)*(\w+)", _source(stage.notebook))) | set(
+        re.findall(r"\.handoffs\.(?:need|get)\((?:\w+\.)*(\w+)", _stage_source(stage.package)))
     assert recalled <= set(stage.reads) and bool(recalled) == bool(stage.reads)

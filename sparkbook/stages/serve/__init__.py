@@ -1,3 +1,307 @@
 """05: the commands from params (commands.py), launch and readiness (launch.py), a server kept when it already
-serves this plan (reuse.py), the bring-up with its remediated retries (bringup.py, failures.py), the smoke test
-(smoke.py)."""
+serves this plan (reuse.py), a live server of another plan replaced only as a decision (replace.py) and relaunched
+when the new plan fails (rollback.py), memory before the launch (memory.py), the bring-up with its remediated
+retries (bringup.py, failures.py), the serving processes' env (environ.py), the smoke test (smoke.py).
+
+The front door: `preview(ctx)` (the image, the executor, each node's exact `vllm serve`, what a replacement would
+change; read-only probes) and `run(ctx, preview, ...)`, which does the stage in order and returns its evidence."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.context import Context
+from ...core.errors import SparkbookError
+from ...core.evidence import Decision, Shown, StageOutcome, tail
+from ...core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
+from ...core.modelinfo import ModelFacts, utilization_floor
+from ...core.progress import Progress
+from ...core.state import Handoff
+from . import bringup, commands, endpoints, environ, memory, replace, rollback, smoke
+from .bringup import Room
+from .commands import Platform, ServeError, ServePlan
+from .endpoints import ClientAddress
+from .environ import NodeEnviron
+from .launch import BringUp
+from .memory import BeforeLaunch
+from .replace import Replacement
+from .rollback import Rollback
+from .smoke import Smoke
+
+LOG_TAIL_LINES = 12
+
+
+def arm_note(ab_arm: str | None) -> str:
+    """What the A/B arm (the driver's ab_arm) means for this run of 05, as the open cell shows it."""
+    if ab_arm is None:
+        return "none (no A/B in this run)"
+    if ab_arm == "speculative":
+        return "speculative: the params' own plan"
+    return f"{ab_arm}: serve.speculative off"
+
+
+def replaces_own_arm(ab_arm: str | None) -> bool:
+    """Whether this arm of an A/B replaces what its arm before left serving (the A/B's own doing: no
+    confirm_replace needed; that guards the servers other runs left)."""
+    return ab_arm in ("speculative", "kept")
+
+
+# --- preview ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServePreview:
+    """What 05 would do: the image and Ray cluster it serves in, the platform and the executor it implies (the
+    decision `run` records first), the exact commands, the OOM ladder's floor, the live server it would replace
+    and what that changes, and the Endpoint it would hand 06 (`assumed`, for `sparkbook plan`'s next preview)."""
+
+    image: ImageChoice
+    ray: RayCluster | None  # None: 04 has not run in this run dir
+    model: ModelFacts | None  # None: 02 has not run; the model dir is params' own
+    diagnosis: Diagnosis | None  # None: 02 has not run; the OOM ladder's floor is unknown
+    platform: Platform
+    executor: str
+    executor_decision: Decision
+    plan: ServePlan
+    floor: float | None  # the lowest gpu_memory_utilization that holds the model; None: unknown
+    replacing: Replacement | None  # the live server of another plan this one would replace
+    assumed: tuple[Handoff, ...] = ()
+
+    def shown(self) -> list[Shown]:
+        return [Shown("Where 05 serves", self.where()), Shown("Executor", self.executor_row()),
+                Shown(self.commands_title(), self.plan.table()), *self.replacement()]
+
+    def where(self) -> dict[str, object]:
+        ray, unknown = self.ray, f"not known: no RayCluster of {RayCluster.notebook} in this run dir"
+        return {"image": self.image.ref, "Ray address": ray.address if ray else unknown,
+                "containers": ", ".join(ray.containers.values()) if ray else "-"}
+
+    def executor_row(self) -> dict[str, object]:
+        return {"platform": self.platform.device, "vllm": self.platform.vllm, "torch": self.platform.torch,
+                "visible GPUs": self.platform.gpus, "executor": self.executor_decision.choice,
+                "why": self.executor_decision.reason}
+
+    def commands_title(self) -> str:
+        model = "" if self.model else (f" (model dir: params' own, no ModelFacts of {ModelFacts.notebook} in this "
+                                       "run dir)")
+        if self.floor is not None:
+            return f"vllm serve, per node (OOM ladder: gpu_memory_utilization {self.floor}, then eager){model}"
+        known = ("max_model_len or a serving node's memory unknown" if self.model and self.diagnosis
+                 else f"no ModelFacts and Diagnosis of {Diagnosis.notebook} in this run dir")
+        return f"vllm serve, per node (OOM ladder: floor unknown, {known}: straight to eager){model}"
+
+    def replacement(self) -> list[Shown]:
+        if self.replacing is None:
+            return []
+        return [Shown(f"What differs from {self.replacing.whose}", self.replacing.table())]
+
+
+def preview(ctx: Context) -> ServePreview:
+    """Read 03's image, 04's Ray cluster and 02's model facts; ask the image for its platform, choose the
+    executor, build each node's command and read what serves now (read-only probes). Without 02's hand-offs the
+    model is served from params' own path and the OOM ladder's floor is unknown: the preview says so."""
+    choice = ctx.handoffs.need(ImageChoice)
+    ctx = ctx.with_image(choice.ref)
+    model, diagnosis = ctx.handoffs.get(ModelFacts), ctx.handoffs.get(Diagnosis)
+    platform = commands.detect_platform(ctx)
+    executor, decision = commands.choose_executor(ctx, platform)
+    serve_plan = commands.plan(ctx, executor, model_dir=model.dir_on_nodes if model else "")  # 02's snapshot
+    floor = utilization_floor(model, ctx.params, diagnosis.node_memory) if model and diagnosis else None
+    endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
+    return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
+                        serve_plan, floor, replace.pending(ctx, serve_plan), (endpoint,))
+
+
+# --- run -------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ServeOutcome(StageOutcome):
+    """What 05 did, step by step: the replacement it confirmed, the room it made (or the server it kept), memory
+    before the launch, the bring-up, the rollback where the new plan failed, the serving env, the smoke test and
+    the Endpoint. A field is None where 05 stopped before its step (outcome.error says why)."""
+
+    replaced: Replacement | None = None
+    ab_next: bool = False  # the replacement was the A/B's own (its arm before this one served)
+    room: Room | None = None
+    before: BeforeLaunch | None = None
+    up: BringUp | None = None
+    rolled_back: Rollback | None = None
+    found_env: list[NodeEnviron] | None = None
+    smoke: list[Smoke] | None = None
+    endpoint: Endpoint | None = None
+    addresses: list[ClientAddress] = field(default_factory=list)
+
+    def _stopped(self, title: str) -> list[Shown]:
+        """A step 05 did not reach or that stopped it: why (the record cell raises it)."""
+        why = self.error.message if self.error else "not reached"
+        return [Shown(title, f"05 stopped at or before this step: {why}")]
+
+    def replacement_shown(self) -> list[Shown]:
+        if self.room is None and self.error is not None:
+            return self._stopped("Replacement")
+        if self.replaced is None:
+            return [Shown("Replacement", "no live server of another plan to replace")]
+        why = "the A/B's arm before this one served it" if self.ab_next else "confirm_replace=true"
+        return [Shown("Replacement", {"replaced": self.replaced.whose, "because": why,
+                                      "fields": self.replaced.event()["fields"]})]
+
+    def memory_shown(self) -> list[Shown]:
+        if self.room is not None and self.room.kept is not None:
+            return [Shown("Memory before the launch",
+                          "the running server serves this plan: it is kept, nothing is launched or measured")]
+        if self.before is None:
+            return self._stopped("Memory before the launch")
+        b = self.before
+        shown = [Shown(f"MemAvailable before the launch (unified memory: {', '.join(b.unified) or 'no serving node'})",
+                       {n: f"{v / 2**30:.2f} GiB" for n, v in b.available.items()})]
+        if b.unified:
+            shown += [Shown("Page cache dropped", [d.row() for d in b.drops]),
+                      Shown("02's memory fit, measured again after the drop", b.fit)]
+        return shown
+
+    def attempts_shown(self) -> list[Shown]:
+        if self.up is None:
+            return self._stopped("Attempts")
+        shown = [Shown("Attempts", self.up.table())]
+        if self.up.settles:  # after each failed attempt: MemAvailable before the launch, after the failure, settled
+            shown.append(Shown("Memory settle after failed attempts", settle_rows(self.up)))
+        return shown
+
+    def logs_shown(self) -> list[Shown]:
+        """The last lines of each log 05 keeps (in full under the run dir's logs/), the rollback's after the
+        attempts'."""
+        if self.up is None:
+            return self._stopped("Serve logs")
+        return [Shown(f"logs/{name} (tail)", tail(text, LOG_TAIL_LINES)) for name, text in self.logs.items()]
+
+    def env_shown(self) -> list[Shown]:
+        title = "Env names in the serving processes (names only)"
+        if self.found_env is None:
+            return self._stopped(title)
+        rows = [e.row() for e in self.found_env]
+        return [Shown(title, rows or "not checked: the Python runtime's processes share the node with others")]
+
+    def smoke_shown(self) -> list[Shown]:
+        if self.smoke is None:
+            return self._stopped("Smoke test")
+        return [Shown("Smoke test", [{"kind": s.kind, "prompt": s.prompt, "answer": s.text,
+                                      "reasoning (tail)": s.reasoning[-200:], "finish": s.finish_reason,
+                                      "seconds": round(s.seconds, 1), "tokens": s.completion_tokens,
+                                      "verdict": s.problem or "ok"} for s in self.smoke])]
+
+    def endpoint_shown(self) -> list[Shown]:
+        if self.endpoint is None:
+            return self._stopped("endpoint (state.json)")
+        return [Shown("endpoint (state.json)", self.endpoint.model_dump(exclude={"commands", "env", "logs"})),
+                Shown("Where clients reach the API, per network", [a.row() for a in self.addresses])]
+
+    def summary_shown(self) -> list[Shown]:
+        e = self.endpoint
+        if e is None or self.smoke is None:
+            return self._stopped("05 summary")
+        return [Shown("05 summary", {"endpoint": e.base_url, "model": e.model, "executor": e.executor,
+                                     "nodes serving": len(e.commands), "time to ready (s)": e.ready_s,
+                                     "attempts": e.attempts,
+                                     "smoke test": "passed: " + ", ".join(s.kind for s in self.smoke)})]
+
+
+def settle_rows(up: BringUp) -> list[dict[str, object]]:
+    return [row for s in up.settles for row in s.rows()]
+
+
+def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: str | None) -> ServeOutcome:
+    """Serve the preview's plan: the executor decision, the replacement confirmed (or 05 stops with the live
+    server untouched), room made and memory measured, the bring-up with its remedies, a rollback where the new
+    plan that replaced a server fails, the serving env, the smoke test, the Endpoint for 06. An expected failure
+    is the outcome's error, after the evidence of every step it reached."""
+    ctx, outcome = ctx.with_image(preview.image.ref), ServeOutcome()
+    outcome.decide(preview.executor_decision)
+    try:
+        model = _needed(ctx, preview)
+        _replace(preview, outcome, confirm_replace, ab_arm)
+        _make_room(ctx, preview, outcome, model)
+        up = _bring_up(ctx, preview, outcome)
+        _started(ctx, outcome, up)
+        _serving_env(ctx, outcome, up)
+        _smoke(ctx, outcome, up)
+        outcome.addresses = endpoints.client_addresses(ctx.params)
+        outcome.endpoint = bringup.endpoint(up, outcome.addresses)
+        outcome.handoffs.append(outcome.endpoint)
+    except SparkbookError as exc:
+        outcome.error = exc
+    return outcome
+
+
+def _needed(ctx: Context, preview: ServePreview) -> ModelFacts:
+    """02's hand-offs: a preview may go without them (`sparkbook plan`), a run may not (the fit is measured again
+    before the launch); MissingState names the notebook that makes them."""
+    if preview.diagnosis is None:
+        ctx.handoffs.need(Diagnosis)
+    return preview.model if preview.model is not None else ctx.handoffs.need(ModelFacts)
+
+
+def _replace(preview: ServePreview, outcome: ServeOutcome, confirm_replace: bool, ab_arm: str | None) -> None:
+    """Replace a live server of another plan only when confirmed (or the A/B's own); else ServeError, the server
+    untouched."""
+    outcome.ab_next = replaces_own_arm(ab_arm)
+    replace.confirm(preview.replacing, confirm_replace or outcome.ab_next)
+    if preview.replacing is not None:
+        outcome.replaced = preview.replacing
+        outcome.event("serve_replaced", preview.replacing.event())
+        outcome.decide(preview.replacing.decision(outcome.ab_next))
+
+
+def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> None:
+    """Stop what earlier runs serve (unless it serves this plan: kept, nothing measured), then measure memory;
+    ServeError where 02's fit no longer holds."""
+    outcome.room = bringup.make_room(ctx, preview.plan)
+    if outcome.room.kept is not None:
+        return
+    outcome.before = memory.before_launch(ctx, preview.plan, model)
+    outcome.event("memory_before_launch", outcome.before)
+    memory.check_fit(outcome.before)
+
+
+def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> BringUp:
+    """Launch and wait (a progress bar over the ready timeout), with the remedies decided between attempts."""
+    before = outcome.before
+    with Progress("serve ready (s of the timeout)", total=ctx.params.serve.ready_timeout_s) as bar:
+        up = bringup.bring_up(ctx, preview.plan, on_round=bar.update, floor=preview.floor,
+                              available=before.available if before else None, room=outcome.room)
+    outcome.up = up
+    for change in up.decisions():
+        outcome.decide(change)
+    outcome.event("serve_attempts", up.table())
+    if up.settles:
+        outcome.event("serve_settle", settle_rows(up))
+    return up
+
+
+def _started(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
+    """Keep every attempt's log tails; a failed start is a ServeError naming the cause, after a rollback to the
+    replaced plan where one was replaced and serve.rollback_on_failure holds."""
+    outcome.logs.update(bringup.log_tails(up))
+    if up.ok:
+        return
+    failure = bringup.failure_message(up)
+    if outcome.replaced is not None and ctx.params.serve.rollback_on_failure:
+        back = rollback.roll_back(ctx, outcome.replaced, up, failure)
+        outcome.rolled_back = back
+        outcome.event("serve_rollback", back.event())
+        outcome.decide(back.decision())
+        outcome.logs.update(back.log_tails())
+        failure = back.summary()
+    raise ServeError(failure)
+
+
+def _serving_env(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
+    """Every serving process carries the env names params give its node; ServeError naming what lacks them."""
+    outcome.found_env = environ.read(ctx, up.launched.plan)
+    outcome.event("serving_env", outcome.found_env)
+    environ.check(outcome.found_env)
+
+
+def _smoke(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
+    """This run's smoke question (a reused server too) through the API; ServeError for an unusable reply."""
+    running = up.launched.plan
+    asked = running.settings.model_copy(update={"smoke": ctx.params.serve.smoke})
+    outcome.decide(smoke.smoke_decision(asked))
+    outcome.smoke = smoke.smoke_test(running.base_url, running.model, asked)
+    outcome.event("smoke_test", outcome.smoke)
+    smoke.check_smoke(outcome.smoke)

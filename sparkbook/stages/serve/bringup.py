@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ...core import probes
 from ...core.context import Context
@@ -16,7 +17,7 @@ from ...core.topology import lost
 from .commands import ServeError, ServePlan, plan
 from .endpoints import ClientAddress
 from .failures import FailureCause, classify, remedy
-from .launch import BringUp, host_port, launch, stop_earlier, stop_serving, wait_ready
+from .launch import BringUp, host_port, launch, log_path, stop_earlier, stop_serving, wait_ready
 from .memory import settle
 from .reuse import find_running, remember, start_decision
 
@@ -75,46 +76,55 @@ def refuse_missing_files(ctx: Context, serve_plan: ServePlan) -> None:
                                  "the node containers mount at the same path) or correct the field")
 
 
-def make_room(ctx: Context, serve_plan: ServePlan) -> float | None:
+@dataclass(frozen=True)
+class Room:
+    """What `make_room` found and did, handed on to `bring_up` so that neither asks the nodes twice: the server
+    kept because it serves this plan (then nothing was stopped), or why none is kept and when the earlier one was
+    stopped (the cluster has served nothing since)."""
+
+    kept: BringUp | None
+    why: str | None  # why no running server is kept; None when one is
+    stopped_at: float | None  # monotonic time the servers of earlier runs were stopped; None when one is kept
+
+
+def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
     """Before 05 measures memory for a launch: where no running server can be kept for this plan, stop what
     earlier runs left serving (a replacement is confirmed by now), so that what is measured is what the new server
-    will get, not what the old one holds. The moment serving stopped; None where the running server serves this
-    plan and is kept (nothing is launched, so nothing is measured)."""
-    found, _ = find_running(ctx, serve_plan)
+    will get, not what the old one holds. A kept server is not touched (nothing is launched, so nothing is
+    measured). Raises ServeError, stopping nothing, when a file params name is missing on a serving node."""
+    found, why = find_running(ctx, serve_plan)
     if found is not None:
-        return None
+        return Room(found, None, None)
     refuse_missing_files(ctx, serve_plan)  # before the stop: a refusal after it would leave the cluster dark
     stopped_at = time.monotonic()
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
-    return stopped_at
+    return Room(None, why, stopped_at)
 
 
 def bring_up(ctx: Context, serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None,
-             available: dict[str, int] | None = None, stopped_at: float | None = None) -> BringUp:
+             available: dict[str, int] | None = None, room: Room | None = None) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
     serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
     gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
     a graph-capture OOM goes straight to --enforce-eager). `available`: each serving node's MemAvailable before the
     first launch (memory.before_launch); after a failed attempt every node must come back within serve.settle_gib of
-    it (memory.settle) or nothing more is tried. `stopped_at`: when `make_room` stopped the earlier server (the
-    cluster has served nothing since). Raises ServeError, launching
-    nothing, when 04's Ray cluster is no longer whole (a node's container or Ray process is gone), the
-    serve port is taken on the head or serve.chat_template is not there."""
+    it (memory.settle) or nothing more is tried. `room`: what `make_room` found and stopped before (None: make room
+    here). Raises ServeError, launching nothing, when 04's Ray cluster is no longer whole (a node's container or Ray
+    process is gone), the serve port is taken on the head or serve.chat_template is not there."""
     params = ctx.params
     gone = lost(params, ctx.cluster, ctx.runtime)
     if gone:
         raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
                          remediation="run 04 again to re-form it")
-    found, why = find_running(ctx, serve_plan)
-    if found is not None:
-        return found
-    result, current = BringUp(reuse=start_decision(why), stopped_at=stopped_at or time.monotonic()), serve_plan
-    stop_earlier(ctx, params.serve.max_remedies + 1)
+    room = room or make_room(ctx, serve_plan)
+    if room.kept is not None:
+        return room.kept
+    result = BringUp(reuse=start_decision(room.why or ""), stopped_at=room.stopped_at)
     taken = port_taken(ctx, serve_plan)
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
-    refuse_missing_files(ctx, serve_plan)
+    current = serve_plan
     for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(ctx, current, attempt)
         ready = wait_ready(ctx, launched, params.serve.ready_timeout_s, on_round)
@@ -163,3 +173,14 @@ def endpoint(result: BringUp, addresses: list[ClientAddress]) -> Endpoint:
                     else round(result.readiness.seconds, 1),
                     attempts=result.reused_from.attempts if result.reused_from else len(result.attempts),
                     reused=result.reused_from is not None)
+
+
+def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> Endpoint:
+    """The Endpoint 06 would be handed should the plan's first launch serve, for previews before the run (it has
+    not started yet: no seconds to ready, no attempt made)."""
+    return Endpoint(base_url=serve_plan.base_url, model=serve_plan.model, executor=serve_plan.executor,
+                    api_key_env=serve_plan.settings.api_key_env,
+                    addresses={a.network: a.url for a in addresses if a.not_listening is None},
+                    commands={c.node: c.argv for c in serve_plan.commands},
+                    env={c.node: c.env for c in serve_plan.commands},
+                    logs={c.node: log_path(1) for c in serve_plan.commands}, ready_s=0.0, attempts=0, reused=False)

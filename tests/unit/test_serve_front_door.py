@@ -1,0 +1,197 @@
+"""05's front door: the branches that lived in the notebook's cells (replace, kept server, rollback) and the order
+of the evidence `serve.run` returns, with the stage's own steps replaced by values (no node is reached), and the
+room made once for both the memory measure and the bring-up (issue 39)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkbook.core.context import Context
+from sparkbook.core.errors import SparkbookError
+from sparkbook.core.evidence import Decision, Event
+from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice
+from sparkbook.core.modelinfo import ModelFacts
+from sparkbook.core.params import Params, load_params
+from sparkbook.stages import serve
+from sparkbook.stages.serve import bringup, commands, environ, launch, memory, replace, rollback, smoke
+from sparkbook.stages.serve.bringup import Room
+from sparkbook.stages.serve.failures import classify
+from sparkbook.stages.serve.plandiff import differences
+from sparkbook.stages.serve.reuse import Serving, plan_data
+
+PARAMS = Path(__file__).resolve().parents[2] / "params"
+CPU = commands.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
+FACTS = ModelFacts(architectures=["LlamaForCausalLM"], model_type="llama", dtype="bfloat16", quantization=None,
+                   bytes_per_param=2.0, total_params=10**6, active_params=10**6, weight_bytes=2 * 10**6,
+                   weight_source="safetensors files", num_layers=2, kv_bytes_per_token=1024, kv_latent=False,
+                   dir_on_nodes="/srv/models/tiny")
+DIAGNOSIS = Diagnosis(findings=[], question_for_03="", installed_image=None)
+REAL_BRING_UP = bringup.bring_up
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Params:
+    text = (PARAMS / "lab.yaml").read_text()
+    for key in ("key_file", "known_hosts"):  # the lab's files may not exist where unit tests run
+        text = text.replace(f"  {key}:", f"  # {key}:")
+    (tmp_path / "lab.yaml").write_text(text)
+    return load_params(tmp_path / "lab.yaml")
+
+
+def context(params: Params, tmp_path: Path) -> Context:
+    return Context(params, None, None, tmp_path)  # type: ignore[arg-type]  # every node operation is replaced
+
+
+def a_preview(ctx: Context, replacing: bool = False, model: bool = True) -> serve.ServePreview:
+    """The lab's preview as `serve.preview` builds it, without asking the image (its platform given)."""
+    imaged = ctx.with_image("img")
+    executor, decision = commands.choose_executor(imaged, CPU)
+    plan = commands.plan(imaged, executor, model_dir=FACTS.dir_on_nodes if model else "")
+    running = commands.plan(imaged, executor, imaged.params.serve.model_copy(update={"max_num_seqs": 4}))
+    serving = Serving(plan_data(running), running, 1, 1, 41.5, "20261201T195946Z", "2026-12-01T19:59:46Z")
+    live = replace.Replacement(serving, differences(serving.requested, plan_data(plan))) if replacing else None
+    return serve.ServePreview(ImageChoice(ref="img", id=None, vllm_version=None, ray_version=None, nodes={}),
+                              None, FACTS if model else None, DIAGNOSIS if model else None, CPU, executor, decision,
+                              plan, None, live)
+
+
+def up_with(plan: commands.ServePlan, ready: bool) -> launch.BringUp:
+    logs = {"lab-0": "INFO ready" if ready else "torch.OutOfMemoryError: CUDA out of memory"}
+    readiness = launch.Readiness(ready, 5.0, 1.0 if ready else None, [plan.model] if ready else [], logs,
+                                 None if ready else classify(logs))
+    return launch.BringUp([(launch.Launch(plan, 1, {}, 0.0), readiness)], reuse=None, stopped_at=0.0)
+
+
+def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str]:
+    """The stage's steps replaced by values; the list names each step as it is called."""
+    called: list[str] = []
+
+    def make_room(ctx, plan):
+        called.append("make_room")
+        return room or Room(None, "nothing serving", 0.0)
+
+    def bring_up(ctx, plan, on_round, floor, available, room):
+        called.append("bring_up")
+        return up_with(plan, ready)
+
+    monkeypatch.setattr(bringup, "make_room", make_room)
+    monkeypatch.setattr(memory, "before_launch", lambda ctx, plan, model: memory.BeforeLaunch({"lab-0": 2**30}, []))
+    monkeypatch.setattr(bringup, "bring_up", bring_up)
+    monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
+    monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
+    return called
+
+
+def kinds(outcome: serve.ServeOutcome) -> list[str]:
+    return [r.kind if isinstance(r, Event) else f"decision:{r.key or r.question}" for r in outcome.records]
+
+
+def test_a_live_server_of_another_plan_is_not_replaced_unconfirmed_and_nothing_stops(lab, tmp_path, monkeypatch):
+    called = steps(monkeypatch)
+    ctx = context(lab, tmp_path)
+    out = serve.run(ctx, a_preview(ctx, replacing=True), confirm_replace=False, ab_arm=None)
+    assert isinstance(out.error, commands.ServeError) and "left untouched" in out.error.message
+    assert called == [] and kinds(out) == ["decision:executor"], "the executor decision, then the refusal"
+    assert out.handoffs == [] and "stopped at or before" in str(out.memory_shown()[0].value)
+
+
+@pytest.mark.parametrize("ab_arm", ["speculative", "kept"])
+def test_the_ab_arms_own_replacement_needs_no_confirmation_and_every_step_is_recorded_in_order(
+        lab, tmp_path, monkeypatch, ab_arm):
+    called = steps(monkeypatch)
+    ctx = context(lab, tmp_path)
+    out = serve.run(ctx, a_preview(ctx, replacing=True), confirm_replace=False, ab_arm=ab_arm)
+    assert out.error is None and called == ["make_room", "bring_up"]
+    assert kinds(out) == ["decision:executor", "serve_replaced", "decision:replace", "memory_before_launch",
+                          "serve_attempts", "serving_env", "decision:What must the smoke test's chat reply hold?",
+                          "smoke_test"]
+    replaced = next(r for r in out.records if isinstance(r, Decision) and r.key == "replace")
+    assert replaced.reason.startswith("the A/B's arm before this one serves it") and out.ab_next
+    (endpoint,) = out.handoffs
+    assert isinstance(endpoint, Endpoint) and endpoint.attempts == 1 and endpoint.ready_s == 5.0
+    assert list(out.logs) == ["serve-lab-0-attempt1.log"]
+    assert out.summary_shown()[0].value["smoke test"] == "passed: chat"  # type: ignore[index]
+
+
+def test_a_kept_server_is_not_measured_and_the_bring_up_does_not_ask_the_nodes_again(lab, tmp_path, monkeypatch):
+    ctx = context(lab, tmp_path)
+    p = a_preview(ctx)
+    kept = up_with(p.plan, ready=True)
+    steps(monkeypatch, room=Room(kept, None, None))
+    monkeypatch.setattr(bringup, "bring_up", REAL_BRING_UP)  # with the room make_room made
+    monkeypatch.setattr(bringup, "lost", lambda *a: {})
+    for name in ("find_running", "stop_earlier", "refuse_missing_files", "port_taken", "launch"):
+        monkeypatch.setattr(bringup, name, lambda *a, n=name: pytest.fail(f"{n} after make_room kept the server"))
+    monkeypatch.setattr(memory, "before_launch", lambda *a: pytest.fail("a kept server's memory measured"))
+    out = serve.run(ctx, p, confirm_replace=False, ab_arm=None)
+    assert out.error is None and out.up is kept and out.before is None
+    assert "memory_before_launch" not in kinds(out)
+    assert "kept, nothing is launched or measured" in str(out.memory_shown()[0].value)
+
+
+def test_the_room_is_made_once_for_the_measure_and_the_launch(lab, tmp_path, monkeypatch):
+    """make_room's find_running, refuse_missing_files and stop_earlier are not fanned out again by bring_up."""
+    ctx = context(lab, tmp_path).with_image("img")
+    plan = commands.plan(ctx, "mp")
+    asked: list[str] = []
+    monkeypatch.setattr(bringup, "find_running", lambda *a: asked.append("find_running") or (None, "nothing"))
+    monkeypatch.setattr(bringup, "refuse_missing_files", lambda *a: asked.append("refuse_missing_files"))
+    monkeypatch.setattr(bringup, "stop_earlier", lambda *a: asked.append("stop_earlier"))
+    for name, value in (("lost", {}), ("port_taken", None), ("remember", None)):
+        monkeypatch.setattr(bringup, name, lambda *a, v=value: v)
+    monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
+    monkeypatch.setattr(bringup, "wait_ready", lambda *a: launch.Readiness(True, 3.0, 1.0, [plan.model], {}))
+    room = bringup.make_room(ctx, plan)
+    up = bringup.bring_up(ctx, plan, room=room)
+    assert up.ok and asked == ["find_running", "refuse_missing_files", "stop_earlier"]
+    assert up.stopped_at == room.stopped_at and up.reuse is not None and up.reuse.reason == "nothing"
+    asked.clear()
+    assert bringup.bring_up(ctx, plan).ok and asked == ["find_running", "refuse_missing_files", "stop_earlier"]
+
+
+def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summary(lab, tmp_path, monkeypatch):
+    steps(monkeypatch, ready=False)
+    ctx = context(lab, tmp_path)
+    p = a_preview(ctx, replacing=True)
+    assert p.replacing is not None
+
+    def roll_back(ctx, replaced, failed, failure):
+        relaunch = launch.Launch(replaced.serving.running, 1, {}, 0.0)
+        ready = launch.Readiness(True, 4.0, 1.0, [p.plan.model], {"lab-0": "old plan up"})
+        return rollback.Rollback(replaced.serving.run, failure, relaunch, ready, [], 9.0, None)
+
+    monkeypatch.setattr(rollback, "roll_back", roll_back)
+    out = serve.run(ctx, p, confirm_replace=True, ab_arm=None)
+    assert isinstance(out.error, commands.ServeError) and out.rolled_back is not None
+    assert out.error.message == out.rolled_back.summary() and "rolled back to run 20261201T195946Z" in str(out.error)
+    assert kinds(out)[-3:] == ["serve_attempts", "serve_rollback", "decision:rollback"]
+    assert list(out.logs) == ["serve-lab-0-attempt1.log", "serve-lab-0-rollback.log"]
+    assert out.handoffs == [] and "stopped at or before" in str(out.env_shown()[0].value)
+
+
+def test_a_failed_start_without_a_replacement_names_the_cause(lab, tmp_path, monkeypatch):
+    steps(monkeypatch, ready=False)
+    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("rolled back with nothing replaced"))
+    ctx = context(lab, tmp_path)
+    out = serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
+    assert isinstance(out.error, commands.ServeError)
+    assert out.error.message.startswith("serving did not start (1 attempt(s)): ")
+    assert kinds(out)[-1] == "serve_attempts" and out.rolled_back is None
+
+
+def test_a_run_without_02s_hand_offs_stops_naming_them(lab, tmp_path, monkeypatch):
+    """The preview goes without them (model dir params' own, floor unknown: it says so); the run needs them."""
+    called = steps(monkeypatch)
+    ctx = context(lab, tmp_path)
+    p = a_preview(ctx, model=False)
+    assert "floor unknown" in p.commands_title() and "params' own" in p.commands_title()
+    out = serve.run(ctx, p, confirm_replace=False, ab_arm=None)
+    assert isinstance(out.error, SparkbookError) and "diagnosis" in str(out.error) and called == []
+
+
+def test_the_ab_arm_names_what_it_serves() -> None:
+    assert serve.arm_note(None) == "none (no A/B in this run)"
+    assert serve.arm_note("speculative") == "speculative: the params' own plan"
+    assert serve.arm_note("baseline") == "baseline: serve.speculative off"
+    assert [serve.replaces_own_arm(a) for a in (None, "baseline", "speculative", "kept")] == [False, False, True, True]

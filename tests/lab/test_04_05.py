@@ -48,7 +48,7 @@ def env(lab, tmp_path_factory):
 
 
 def _ray_up(ctx, image_id):
-    containers = node_containers.start_containers(ctx, image_id)
+    containers = node_containers.start_containers(ctx, node_containers.start_specs(ctx), image_id)
     started = formation.start_ray(ctx)
     join = formation.wait_for_join(ctx, containers, started)
     return containers, join, formation.gate(ctx, containers, join)

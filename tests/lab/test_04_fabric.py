@@ -36,7 +36,7 @@ def ray04(lab, tmp_path_factory):
     run = sparkbook.open_run(sblab.params_file(2), tmp / "run", stage="test-fabric")
     image_id = distribute.distribute(run.context(), IMAGE).image_id
     ctx = run.context(IMAGE)
-    containers = node_containers.start_containers(ctx, image_id)
+    containers = node_containers.start_containers(ctx, node_containers.start_specs(ctx), image_id)
     started = formation.start_ray(ctx)
     join = formation.wait_for_join(ctx, containers, started)
     formation.check(formation.gate(ctx, containers, join))

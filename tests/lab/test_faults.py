@@ -205,7 +205,8 @@ def test_worker_dockerd_stopped(nodes, runs, copied, watch, report):
     try:
         with faults.stopped(faults.daemon_pid(nodes["lab-1"].init_pid, "dockerd")):
             t0 = time.monotonic()
-            call = faults.bounded(lambda: node_containers.start_containers(ctx), HANG_S)
+            call = faults.bounded(lambda: node_containers.start_containers(ctx, node_containers.start_specs(ctx)),
+                                  HANG_S)
     finally:
         ctx.runtime.close()
     assert isinstance(call.error, node_containers.RayStageError), call.error or call.value
@@ -216,7 +217,7 @@ def test_worker_dockerd_stopped(nodes, runs, copied, watch, report):
 # --- faults after 04 (one Ray cluster shared) --------------------------------------------------------
 def _form(ctx) -> None:
     """04 as the notebook runs it: containers, Ray, the join wait, the gate."""
-    containers = node_containers.start_containers(ctx)
+    containers = node_containers.start_containers(ctx, node_containers.start_specs(ctx))
     started = formation.start_ray(ctx)
     join = formation.wait_for_join(ctx, containers, started)
     formation.check(formation.gate(ctx, containers, join))
@@ -330,7 +331,7 @@ def test_ray_port_held_by_another_cluster_on_the_head(nodes, cluster, node_shell
     table with "0 bytes received"."""
     run, ctx, where, plan = cluster
     node_containers.stop(ctx)  # this run's own Ray leaves the port
-    node_containers.start_containers(ctx)
+    node_containers.start_containers(ctx, node_containers.start_specs(ctx))
     ip, port, other = nodes["lab-0"].ip, ctx.params.ray.port, "other-cluster-ray-head"
     node_shells["lab-0"].run(["docker", "run", "-d", "--name", other, "--network", "host", "sparkbook-lab/base:bookworm",
                               "python3", "-m", "http.server", str(port), "--bind", ip], timeout=60, check=True)

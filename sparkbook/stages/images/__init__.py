@@ -1,2 +1,213 @@
 """03, image selection: choose the image (choice), put it on every node (distribute, with the layer delta of
-layerdelta), and put the model on every node (modelcopy). Import the submodules."""
+layerdelta), and put the model on every node (modelcopy); a moving tag and the pull (tags).
+
+The front door: `preview(ctx)` (the model target, the nodes' facts, the candidates in the order 03 probes them, the
+policy and the installed image, the copy plan of the candidate tried first; read-only probes, no probe container)
+and `run(ctx, preview)`, which probes, decides, distributes and copies the model, and returns its evidence."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core import rundir
+from ...core.context import Context
+from ...core.errors import SparkbookError
+from ...core.evidence import Decision, Shown, StageOutcome
+from ...core.handoff import Diagnosis, ImageChoice
+from ...core.modelinfo import ModelFacts
+from ...core.nodes import NodeError
+from ...core.params import DockerRuntime
+from ...core.state import Handoff
+from . import choice, distribute, modelcopy, tags
+from .choice import Candidate, ModelTarget
+from .distribute import Distribution, ImageCopyPlan
+from .modelcopy import ModelCopy
+from .tags import Pulled, TagHistory
+
+
+# --- preview ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImagesPreview:
+    """What 03 would do: the model it probes for, what the nodes need (compute capabilities, CPU architectures),
+    the candidates in the order it probes them (pulled first where runtime.pull), the policy and the installed
+    image it decides by, and the copy plan of the candidate it tries first; `assumed` is that candidate as an
+    ImageChoice (03 chooses by probing: `sparkbook plan` shows the stages after it for this one)."""
+
+    target: ModelTarget
+    capabilities: dict[str, list[str]]
+    machines: dict[str, str]
+    candidates: list[str]
+    pull: bool  # runtime.pull: `docker pull` of each candidate on the head before the probes
+    policy: str
+    installed: str | None
+    no_installed: str | None  # why there is no installed image (None where there is one)
+    copy: ImageCopyPlan | None  # None: no copy plan, `copy_unknown` says why
+    copy_unknown: str | None
+    head: str
+    assumed: tuple[Handoff, ...] = ()
+
+    @property
+    def first(self) -> str:
+        return self.candidates[0]
+
+    def shown(self) -> list[Shown]:
+        return [Shown("What the probes test", self.target_row()),
+                Shown(f"Candidates, in the order 03 probes them on {self.head}", self.candidate_rows()),
+                Shown("Image policy", {"runtime.image_policy": self.policy,
+                                       "installed image": self.installed or f"none: {self.no_installed}"}),
+                *self.copy_shown(), Shown("What 03 hands on, as far as the preview tells", self.assumed_text())]
+
+    def target_row(self) -> dict[str, object]:
+        caps = str(self.capabilities or "no GPUs in params: no CUDA architecture check")
+        return {**vars(self.target), "GPU compute capabilities": caps, "CPU architectures": str(self.machines)}
+
+    def candidate_rows(self) -> list[dict[str, object]]:
+        return [{"order": i, "image": ref, "pulled first": f"docker pull {ref}" if self.pull else "no (runtime.pull)",
+                 "installed": "yes" if ref == self.installed else "-"} for i, ref in enumerate(self.candidates, 1)]
+
+    def copy_shown(self) -> list[Shown]:
+        p = self.copy
+        if p is None:
+            return [Shown(f"Image copy of {self.first}", f"not known before a run: {self.copy_unknown}")]
+        return [Shown(f"Image copy of {p.image} ({p.size_bytes / 1e9:.2f} GB) from {p.source}, if it is chosen",
+                      [{"node": n, "holds": held or "nothing", "action": "copy from the head over the fabric"
+                        if n in p.to_copy else "already held: nothing copied"} for n, held in p.held.items()])]
+
+    def assumed_text(self) -> str:
+        held = f"the head holds it as {self.copy.image_id[:19]}" if self.copy else "its ID is not known yet"
+        return (f"03 chooses by probing every candidate (runtime.image_policy {self.policy}); {self.first} is the "
+                f"candidate it tries first ({held}): the stages after 03 are previewed for it")
+
+
+def preview(ctx: Context) -> ImagesPreview:
+    """The model target (02's ModelFacts, else config.json on the head), the nodes' facts, the candidates, the
+    policy with the installed image (runtime.installed_image, else the one 02 probed) and the copy plan of the
+    first candidate. Read-only: nvidia-smi, uname, image IDs; no probe container is started."""
+    target = choice.model_target(ctx, ctx.handoffs.get(ModelFacts))
+    diagnosis = ctx.handoffs.get(Diagnosis)
+    probed = diagnosis.installed_image if diagnosis else None
+    policy, installed = choice.image_policy(ctx, probed.image if probed else None)
+    refs = choice.candidate_refs(ctx)
+    plan, unknown = copy_plan(ctx, refs[0])
+    first = ImageChoice(ref=refs[0], id=plan.image_id if plan else None, vllm_version=None, ray_version=None,
+                        nodes={})
+    return ImagesPreview(target, choice.compute_capabilities(ctx), choice.node_machines(ctx), refs, pulls(ctx),
+                         policy, installed, None if installed else ctx.images.no_installed_reason(), plan, unknown,
+                         ctx.head.name, (first,))
+
+
+def pulls(ctx: Context) -> bool:
+    """Whether 03 pulls every candidate on the head first (runtime.pull; Docker only)."""
+    return isinstance(ctx.params.runtime, DockerRuntime) and ctx.params.runtime.pull
+
+
+def copy_plan(ctx: Context, ref: str) -> tuple[ImageCopyPlan | None, str | None]:
+    """(distribute.plan of `ref`, None), or (None, why there is none): the Python runtime copies nothing, and a
+    head that does not hold `ref` yet (runtime.pull fetches it in the run) has no copy to plan."""
+    if not ctx.images.copies_images:
+        return None, "runtime python: no image to copy, each node runs its own environment"
+    try:
+        return distribute.plan(ctx, ref), None
+    except NodeError as exc:
+        return None, str(exc)
+
+
+# --- run -------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ImagesOutcome(StageOutcome):
+    """What 03 did: the pull, every candidate's probes and the tag history, the choice, the distribution, the
+    model copy and the ImageChoice. A field is None where 03 stopped before its step (outcome.error says why)."""
+
+    head: str
+    pulled: list[Pulled] | None = None  # None: runtime.pull is off
+    candidates: list[Candidate] = field(default_factory=list)
+    history: dict[str, TagHistory] = field(default_factory=dict)
+    moved: list[str] = field(default_factory=list)  # the warnings of tags that name another image than before
+    decision: Decision | None = None
+    copied: Distribution | None = None
+    model_copy: ModelCopy | None = None
+    image: ImageChoice | None = None
+
+    def _stopped(self, title: str) -> list[Shown]:
+        why = self.error.message if self.error else "not reached"
+        return [Shown(title, f"03 stopped at or before this step: {why}")]
+
+    def candidates_shown(self) -> list[Shown]:
+        shown = [] if self.pulled is None else [Shown(f"docker pull on {self.head} (runtime.pull)", self.pulled)]
+        shown.append(Shown(f"Candidate images on {self.head}", choice.rows(self.candidates, self.history)))
+        if self.moved:
+            shown.append(Shown("WARNING: a candidate's tag names another image than at the last run", self.moved))
+        return shown
+
+    def failures_shown(self) -> list[Shown]:
+        return [Shown("Registered, yet it fails inspection", choice.failure_reports(self.candidates))]
+
+    def decision_shown(self) -> list[Shown]:
+        d = self.decision
+        if d is None:
+            return self._stopped("Decision")
+        return [Shown(f"Decision — {d.question}", {"chosen": d.choice, "reason": d.reason}),
+                Shown("Not chosen", [{"image": a.option, "because": a.rejected_because} for a in d.alternatives]
+                      or "no other candidate")]
+
+    def distribution_shown(self) -> list[Shown]:
+        if self.copied is None:
+            return self._stopped("Image distribution")
+        return [Shown(self.copied.message, self.copied.rows())]
+
+    def model_copy_shown(self) -> list[Shown]:
+        if self.model_copy is None:
+            return self._stopped("Model copy")
+        return [Shown(self.model_copy.message, self.model_copy.rows())]
+
+    def image_shown(self) -> list[Shown]:
+        if self.image is None:
+            return self._stopped("image (state.json)")
+        return [Shown("image (state.json)", self.image)]
+
+    def summary_shown(self) -> list[Shown]:
+        if self.decision is None or self.copied is None or self.model_copy is None:
+            return self._stopped("03 summary")
+        return [Shown("03 summary", choice.summary(self.candidates, self.decision,
+                                                   f"{self.copied.message}; model: {self.model_copy.message}"))]
+
+
+def run(ctx: Context, preview: ImagesPreview) -> ImagesOutcome:
+    """Pull (runtime.pull), probe every candidate, decide by the preview's policy, put the chosen image on every
+    node and the model beside it, and hand on the ImageChoice. A failure ends it as outcome.error, after the
+    evidence gathered so far."""
+    out = ImagesOutcome(head=preview.head)
+    if preview.pull:
+        out.pulled = tags.pull(ctx, preview.candidates)
+        out.event("image_pull", out.pulled)
+    out.candidates = [choice.evaluate(ctx, ref, preview.target, preview.capabilities, preview.machines)
+                      for ref in preview.candidates]
+    for candidate in out.candidates:
+        out.event("image_probe", candidate)
+    out.logs = choice.inspection_logs(out.candidates)
+    evidence = [str(ctx.run_dir / rundir.LOGS / name) for name in out.logs]
+    out.history = tags.tag_history(ctx.run_dir, {c.image: c.facts.image_id for c in out.candidates})
+    out.moved = [w for h in out.history.values() if (w := h.warning())]
+    try:
+        out.error = decide(ctx, preview, out, [*evidence, *out.moved])
+    except SparkbookError as exc:  # no usable image; a node that cannot be read or copied to
+        out.error = exc
+    return out
+
+
+def decide(ctx: Context, preview: ImagesPreview, out: ImagesOutcome, evidence: list[str]) -> SparkbookError | None:
+    """The choice, the distribution and the model copy, each recorded in `out`; the error that stops 03 there."""
+    installed_ids = distribute.image_ids(ctx, preview.installed) if preview.installed else {}
+    decision = out.decide(choice.choose(out.candidates, evidence, preview.policy, preview.installed, installed_ids))
+    out.decision = decision
+    copied = out.copied = distribute.distribute(ctx, decision.choice)
+    out.event("distribution", copied)
+    if not copied.verified:
+        return distribute.NotDistributed(copied.message)
+    model_copy = out.model_copy = modelcopy.copy_model(ctx)
+    out.event("model_copy", model_copy)
+    if not model_copy.verified:
+        return modelcopy.ModelCopyError(model_copy.message)
+    out.image = choice.image_state(out.candidates, decision, copied.ids)
+    out.handoffs.append(out.image)
+    return None
+

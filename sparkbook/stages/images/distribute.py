@@ -29,9 +29,11 @@ from typing import IO
 import paramiko
 
 from ...core.context import Context
+from ...core.errors import SparkbookError
 from ...core.nodes import Node, NodeError, Result
 from ...core.progress import Progress
 from ...core.runtime import ID_TIMEOUT_S
+from ...core.stagelist import IMAGES
 from . import layerdelta
 
 PIPE_BYTES = 1 << 20
@@ -44,6 +46,13 @@ PUSH = ("set -o pipefail; {{ docker save {ref} | {filter} | dd bs=1M status=prog
 LAYER_FILTER = Path(layerdelta.__file__).read_text()  # run on the head with python3 -c (stdlib only)
 REACH_TIMEOUT_S = 30
 DD_BYTES = re.compile(rb"(\d+) bytes")
+
+
+class NotDistributed(SparkbookError):
+    """After the copies, a node does not hold the chosen image under the head's ID (its message is the
+    Distribution's)."""
+
+    stage = IMAGES.name
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,226 @@
 """04: the node containers (containers.py), Ray started in them, the join wait and the gate (formation.py), a
-running cluster kept when it is still right (reuse.py), and the all_reduce test of the fabric under it
-(allreduce.py)."""
+running cluster kept when it is still right (keep.py), and the all_reduce test of the fabric under it
+(allreduce.py).
+
+The front door: `preview(ctx)` (per node the container start it would make, its `ray start`, the env names, and
+whether the running cluster is kept; read-only probes) and `run(ctx, preview)`, which starts those very specs, forms
+Ray, gates it, tests the fabric and returns its evidence."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from matplotlib.figure import Figure
+
+from ...core.context import Context
+from ...core.errors import SparkbookError
+from ...core.evidence import Shown, StageOutcome
+from ...core.handoff import ImageChoice, RayCluster
+from ...core.nodes import Result
+from ...core.progress import Progress
+from ...core.runtime import StartSpec
+from ...core.state import Handoff
+from ...core.topology import address
+from . import allreduce, containers, formation, keep
+from .allreduce import AllReduceTest, FabricVerdict
+from .containers import NodeContainer
+from .formation import Gate, Join, RayStart
+from .keep import Reuse
+
+
+# --- preview ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeStart:
+    """One node's part of 04: the container start (`run` hands this very value to the runtime) and its `ray start`."""
+
+    spec: StartSpec
+    ray: list[str]
+
+    def row(self) -> dict[str, str]:
+        return {"node": self.spec.node, "node container": self.spec.command_line(), "ray start": shlex.join(self.ray),
+                "env (names)": ", ".join(self.spec.env_names)}
+
+
+@dataclass(frozen=True)
+class RayPreview:
+    """What 04 would do: from 03's image, per node the container start and `ray start`; whether the running cluster
+    is kept instead (then nothing is started); whether the fabric test runs; and the RayCluster it would hand 05
+    (`assumed`: as it would form, before any node has joined)."""
+
+    image: ImageChoice
+    starts: list[NodeStart]
+    kept: Reuse
+    skip: str | None  # why the all_reduce test is skipped (one rank); None: it runs
+    address: str
+    assumed: tuple[Handoff, ...] = ()
+
+    @property
+    def specs(self) -> dict[str, StartSpec]:
+        return {s.spec.node: s.spec for s in self.starts}
+
+    def shown(self) -> list[Shown]:
+        kept = ("kept: the running cluster is still right, nothing is started" if self.kept.ok
+                else f"started anew: {self.kept.reason}")
+        return [Shown("Image (03)", {"image": self.image.ref, "id": self.image.id, "vLLM": self.image.vllm_version,
+                                     "Ray": self.image.ray_version}),
+                Shown(f"Node containers and Ray (Ray address {self.address})", [s.row() for s in self.starts]),
+                Shown("The running cluster", kept),
+                Shown("Fabric test", f"skipped: {self.skip}" if self.skip else "all_reduce across the nodes")]
+
+
+def preview(ctx: Context) -> RayPreview:
+    """03's image; each node's container start (its devices probed) and `ray start`; whether the cluster a
+    previous run left is kept (read-only: the daemons, the containers and Ray are asked, nothing is started)."""
+    choice = ctx.handoffs.need(ImageChoice)
+    ctx = ctx.with_image(choice.ref)
+    specs = containers.start_specs(ctx)
+    starts = [NodeStart(specs[n.name], formation.ray_argv(ctx.params, n)) for n in ctx.params.nodes]
+    forms = RayCluster(address=address(ctx.params), containers={n: p.name for n, p in ctx.places.items()},
+                       reused=False, container_ids={}, nodes=[])
+    return RayPreview(choice, starts, kept(ctx, choice.id), allreduce.single_rank(ctx.params), forms.address,
+                      (forms,))
+
+
+def kept(ctx: Context, image_id: str | None) -> Reuse:
+    """The running cluster and whether it is kept; never where 03's image ID is not known yet (a plan before 03)."""
+    if image_id is None:
+        return Reuse([], {}, None, "the image's ID is not known before 03 has put it on every node")
+    return keep.reusable(ctx, image_id)
+
+
+# --- run -------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class RayOutcome(StageOutcome):
+    """What 04 did: the containers (kept or started), `ray start` per container, the join, `ray status`, the gate,
+    the fabric test (or why it was skipped) with its figure, and the RayCluster. A field is None where 04 stopped
+    before its step (outcome.error says why)."""
+
+    kept: Reuse
+    skip: str | None
+    containers: list[NodeContainer] | None = None
+    started: list[RayStart] | None = None
+    join: Join | None = None
+    status_results: list[Result] = field(default_factory=list)  # `ray status`: the notebook records it (run.results)
+    gate: Gate | None = None
+    test: AllReduceTest | None = None
+    verdict: FabricVerdict | None = None
+    figures: dict[str, Figure] = field(default_factory=dict)  # file name -> figure (run.show_figures)
+    ray: RayCluster | None = None
+
+    def _stopped(self, title: str) -> list[Shown]:
+        why = self.error.message if self.error else "not reached"
+        return [Shown(title, f"04 stopped at or before this step: {why}")]
+
+    def containers_shown(self) -> list[Shown]:
+        if self.containers is None:
+            return self._stopped("Node containers")
+        return [Shown("Node containers", [c.row() for c in self.containers])]
+
+    def ray_start_shown(self) -> list[Shown]:
+        title = "ray start, per container"
+        if self.started is None:
+            return self._stopped(title)
+        return [Shown(title, [s.row() for s in self.started]
+                      or "Ray already runs in every container: kept (see the decision)")]
+
+    def join_shown(self) -> list[Shown]:
+        j = self.join
+        if j is None:
+            return self._stopped("Ray join")
+        return [Shown("Ray join", {"joined": ", ".join(j.joined), "missing": ", ".join(j.missing) or "none",
+                                   "seconds": round(j.seconds, 1), "stopped because": j.stopped_because or "-"})]
+
+    def status_shown(self) -> list[Shown]:
+        if not self.status_results:
+            return self._stopped("ray status")
+        status = self.status_results[0]
+        return [Shown("ray status", status.stdout or status.stderr)]
+
+    def gate_shown(self) -> list[Shown]:
+        if self.gate is None:
+            return self._stopped("Ray gate")
+        return [Shown("Ray gate", self.gate.rows)]
+
+    def fabric_shown(self) -> list[Shown]:
+        if self.skip:
+            return [Shown("Fabric test", f"skipped: {self.skip}")]
+        test, verdict = self.test, self.verdict
+        if test is None or verdict is None:
+            return self._stopped("Fabric test")
+        return [Shown(f"all_reduce across {test.world} ranks ({test.backend}; {test.versions}), {test.seconds:.1f} s; "
+                      f"limits: {verdict.limits.why}", allreduce.rows(test, verdict)),
+                Shown("Transport per node and measured links", allreduce.transport_rows(test))]
+
+    def ray_shown(self) -> list[Shown]:
+        if self.ray is None:
+            return self._stopped("ray (state.json)")
+        return [Shown("ray (state.json)", self.ray)]
+
+    def summary_shown(self) -> list[Shown]:
+        ray, join = self.ray, self.join
+        if ray is None or join is None:
+            return self._stopped("04 summary")
+        return [Shown("04 summary", {"Ray address": ray.address, "nodes joined": len(join.joined),
+                                     "join seconds": round(join.seconds, 1), "gate": "passed",
+                                     "fabric": self.fabric_line(), "containers": ", ".join(ray.containers.values())})]
+
+    def fabric_line(self) -> str:
+        if self.skip or self.test is None:
+            return f"test skipped: {self.skip}"
+        small, large = self.test.sizes[0], self.test.sizes[-1]
+        return (f"{small.us:,.0f} us at {small.bytes >> 10} KiB, {large.busbw_gbps:.2f} Gb/s busbw "
+                f"({self.test.backend})")
+
+
+def run(ctx: Context, preview: RayPreview) -> RayOutcome:
+    """Keep the running cluster or start the preview's containers and Ray, wait for the join, gate, test the fabric
+    and hand on the RayCluster (and the fabric's figures). A failure ends it as outcome.error, after the evidence
+    gathered so far."""
+    ctx = ctx.with_image(preview.image.ref)
+    out = RayOutcome(kept=preview.kept, skip=preview.skip)
+    out.decide(preview.kept.decision(preview.image.id or ""))
+    try:
+        out.error = form(ctx, preview, out)
+    except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable
+        out.error = exc
+    return out
+
+
+def form(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError | None:
+    """The containers, Ray, the join, the gate and the fabric test, each recorded in `out`; the error that stops
+    04 there."""
+    reused = preview.kept.ok
+    started_containers = preview.kept.containers if reused else \
+        containers.start_containers(ctx, preview.specs, preview.image.id)
+    out.containers = started_containers
+    out.started = [] if reused else formation.start_ray(ctx)
+    with Progress("Ray nodes joined", total=len(ctx.params.nodes)) as bar:
+        join = out.join = formation.wait_for_join(ctx, started_containers, out.started, on_round=bar.update)
+    out.event("ray_join", join)
+    out.status_results = [formation.status(ctx)]
+    gate = out.gate = formation.gate(ctx, started_containers, join)
+    out.event("ray_gate", gate)
+    if not gate.ok:
+        return formation.GateFailed(gate)
+    error = fabric(ctx, preview, out)
+    if error is not None:
+        return error
+    out.ray = formation.summary(ctx, started_containers, join, reused=reused)
+    out.handoffs.append(out.ray)
+    return None
+
+
+def fabric(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError | None:
+    """The all_reduce test (or the decision to skip it), its figure and FabricProof; the failed verdict's error."""
+    if preview.skip:
+        out.decide(allreduce.skip_decision(ctx.params, preview.skip))
+        return None
+    test = out.test = allreduce.run_allreduce(ctx)
+    verdict = out.verdict = allreduce.verdict(ctx.params, test)
+    out.event(allreduce.EVENT, test)
+    out.event("fabric_verdict", verdict)
+    out.figures = {"fabric-allreduce.png": allreduce.figure(test, verdict)}
+    if not verdict.ok:
+        return allreduce.FabricTestFailed(verdict)
+    out.handoffs.append(allreduce.proof(test))  # 06 sets these figures beside its decode time
+    return None

@@ -8,7 +8,7 @@ from ...core import probes
 from ...core.context import Context
 from ...core.errors import SparkbookError
 from ...core.nodes import Node
-from ...core.runtime import Place, Runtime
+from ...core.runtime import Place, Runtime, StartSpec
 from ...core.stagelist import RAYCLUSTER
 from ...core.topology import places
 
@@ -56,23 +56,31 @@ def netdev_ips(runtime: Runtime, node: Node, place: Place, netdev: str) -> list[
     return addresses
 
 
-def start_containers(ctx: Context, image_id: str | None = None) -> list[NodeContainer]:
-    """Remove and recreate every node's container (in parallel) from the context's image, which every node must
-    already hold (with `image_id` where given: 03 put it there); raise naming each node that failed. Every node's
-    Docker daemon must answer first (nothing is started otherwise); a failed start removes the containers
-    the others got."""
+def start_specs(ctx: Context) -> dict[str, StartSpec]:
+    """Each node's container start as one value (its devices probed: read-only), what 04's preview shows and
+    `start_containers` is handed."""
+    runtime, where = ctx.runtime, ctx.places
+    outcomes = ctx.cluster.fan_out(lambda n: runtime.start_spec(n, where[n.name], gpus=bool(n.spec.gpus),
+                                                                devices=runtime.devices(n)))
+    return dict(zip(outcomes, outcomes.values_or_raise(RayStageError), strict=True))
+
+
+def start_containers(ctx: Context, specs: dict[str, StartSpec], image_id: str | None = None) -> list[NodeContainer]:
+    """Remove and recreate every node's container (in parallel) as `specs` say (start_specs: what the preview
+    showed is what starts), from the context's image, which every node must already hold (with `image_id` where
+    given: 03 put it there); raise naming each node that failed. Every node's Docker daemon must answer first
+    (nothing is started otherwise); a failed start removes the containers the others got."""
     cluster, runtime, where, image = ctx.cluster, ctx.runtime, ctx.places, ctx.image or ""
     runtime.preflight(cluster).values_or_raise(RayStageError)
 
     def one(node: Node) -> NodeContainer:
-        spec, place = node.spec, where[node.name]
+        spec, place, start = node.spec, where[node.name], specs[node.name]
         lacking = runtime.lacks(node, image, image_id)
         if lacking:
             raise RayStageError(lacking, node=node.name, remediation="run 03 to distribute it")
-        devices = runtime.devices(node)
-        cid = runtime.start(node, runtime.start_spec(node, place, gpus=bool(spec.gpus), devices=devices))
+        cid = runtime.start(node, start)
         found = runtime.existing(node, place)  # read back: the table shows what the daemon applied
-        return NodeContainer(node.name, place.name, cid[:12], image, bool(spec.gpus), devices, place.env,
+        return NodeContainer(node.name, place.name, cid[:12], image, start.gpus, list(start.devices), place.env,
                              str(spec.fabric_ip), spec.fabric_netdev,
                              netdev_ips(ctx.runtime, node, place, spec.fabric_netdev),
                              found.mounts if found else (), found.limits if found else ())
@@ -81,7 +89,6 @@ def start_containers(ctx: Context, image_id: str | None = None) -> list[NodeCont
     if outcomes.failed:
         cluster.fan_out(lambda n: runtime.stop(n, where[n.name]), [cluster.nodes[name] for name in outcomes.succeeded])
     return outcomes.values_or_raise(RayStageError)
-
 
 
 def stop(ctx: Context) -> list[str]:

@@ -1,5 +1,6 @@
-"""04's reuse: a Ray cluster a previous run formed is kept when it is still exactly what this stage would form
-(every node's container runs the chosen image with this stage's environment, every node in Ray, the gate passes)."""
+"""04's running cluster kept when still right: a Ray cluster a previous run formed is kept when it is still exactly
+what this stage would form (every node's container runs the chosen image with this stage's environment, every node in
+Ray, the gate passes). Read-only: it asks the daemons and Ray, and starts or removes nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,168 @@
+"""04's front door: what each node's preview shows is what `start_containers` is handed and starts (issue 39, item 3),
+and the branches the notebook's cells held (kept or started anew, gate, fabric test), with the stage's remote steps
+replaced by values. The runtime here is a second implementation of sparkbook's own Runtime interface, in-process:
+it starts nothing and remembers each start it is given."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sparkbook.core import probes
+from sparkbook.core.context import Context
+from sparkbook.core.evidence import Decision, Event
+from sparkbook.core.handoff import FabricProof, ImageChoice, RayCluster
+from sparkbook.core.nodes import Cluster, FanOut, Node, Outcome, Result
+from sparkbook.core.params import Params, load_params
+from sparkbook.core.runtime import Place, StartSpec
+from sparkbook.core.state import Handoffs
+from sparkbook.stages import raycluster
+from sparkbook.stages.raycluster import allreduce, containers, formation
+
+PARAMS = Path(__file__).resolve().parents[2] / "params"
+IMAGE = ImageChoice(ref="sparkbook-lab/vllm:new", id="sha256:" + "ab" * 32, vllm_version="0.17.1",
+                    ray_version="2.49.0", nodes={})
+
+
+class InProcess:
+    """Runtime's verbs that 04's preview and start_containers use, answered in-process; each start kept."""
+
+    not_reusable: str | None = "in-process: no container a previous run left"
+
+    def __init__(self) -> None:
+        self.started: dict[str, StartSpec] = {}
+
+    def preflight(self, cluster: Cluster) -> FanOut[None]:
+        return FanOut({n.name: Outcome(n.name) for n in cluster})
+
+    def devices(self, node: Node) -> list[str]:
+        return ["/dev/infiniband"] if node.name == "lab-1" else []
+
+    def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
+        return StartSpec(node.name, place.name, place.image, ("sleep", "infinity"), dict(place.env),
+                         ("HF_TOKEN",), devices=tuple(devices), gpus=gpus)
+
+    def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str | None:
+        return None
+
+    def start(self, node: Node, spec: StartSpec) -> str:
+        self.started[node.name] = spec
+        return f"c0ffee{node.name}"
+
+    def existing(self, node: Node, place: Place) -> None:
+        return None
+
+    def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        """The netdev_ips probe's reply: the node's fabric IP on its netdev."""
+        doc = json.dumps({"addresses": [str(node.spec.fabric_ip)]})
+        return Result(node.name, tuple(argv), 0, f"{probes.PREFIX}{doc}\n{probes.END}\n", "", datetime.now(UTC), 0.0)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Params:
+    text = (PARAMS / "lab.yaml").read_text()
+    for key in ("key_file", "known_hosts"):  # the lab's files may not exist where unit tests run
+        text = text.replace(f"  {key}:", f"  # {key}:")
+    (tmp_path / "lab.yaml").write_text(text)
+    return load_params(tmp_path / "lab.yaml")
+
+
+def context(params: Params, tmp_path: Path, runtime: InProcess, image: ImageChoice = IMAGE) -> Context:
+    return Context(params, Cluster(params), runtime, tmp_path, handoffs=Handoffs(given=(image,)))  # type: ignore[arg-type]
+
+
+def test_each_node_starts_the_spec_its_preview_shows(lab: Params, tmp_path: Path) -> None:
+    runtime = InProcess()
+    ctx = context(lab, tmp_path, runtime)
+    seen = raycluster.preview(ctx)
+    started = containers.start_containers(ctx.with_image(IMAGE.ref), seen.specs, IMAGE.id)
+    assert runtime.started == seen.specs and list(seen.specs) == ["lab-0", "lab-1"]
+    assert [r["node container"] for r in map(raycluster.NodeStart.row, seen.starts)] == \
+        [runtime.started[n].command_line() for n in ("lab-0", "lab-1")]
+    assert [c.devices for c in started] == [[], ["/dev/infiniband"]], "the table shows the devices that started"
+    assert "--device /dev/infiniband:/dev/infiniband" in seen.starts[1].row()["node container"]
+    assert "HF_TOKEN" in seen.starts[0].row()["env (names)"], "secrets by name"
+
+
+def test_the_preview_assumes_the_cluster_it_would_form(lab: Params, tmp_path: Path) -> None:
+    seen = raycluster.preview(context(lab, tmp_path, InProcess()))
+    ray = seen.assumed[0]
+    assert isinstance(ray, RayCluster) and ray.address == "10.77.0.10:" + str(lab.ray.port)
+    assert set(ray.containers) == {"lab-0", "lab-1"} and not ray.reused and ray.nodes == []
+    assert seen.starts[0].ray[:3] == ["ray", "start", "--block"] and "--head" in seen.starts[0].ray
+    assert not seen.kept.ok and "in-process" in str(seen.kept.reason)
+
+
+def test_an_image_without_its_id_is_never_kept(lab: Params, tmp_path: Path) -> None:
+    unknown = IMAGE.model_copy(update={"id": None})
+    seen = raycluster.preview(context(lab, tmp_path, InProcess(), unknown))
+    assert not seen.kept.ok and "not known before 03" in str(seen.kept.reason)
+
+
+def formed(monkeypatch: pytest.MonkeyPatch, gate_ok: bool = True, fabric_ok: bool = True) -> list[str]:
+    """formation's and allreduce's remote steps replaced by values; the list names each step as it is called."""
+    called: list[str] = []
+    join = formation.Join(["lab-0", "lab-1"], [], 1.0, None)
+    rows = [formation.GateRow("lab-1", "10.77.0.11", "10.77.0.11", "10.77.0.11", "1 CPU", "1 CPU",
+                              "ok" if gate_ok else "not in the Ray cluster")]
+    limits = allreduce.Limits("cpu", 8000.0, 0.1, "the default for cpu")
+    verdict = allreduce.FabricVerdict(limits, [] if fabric_ok else ["busbw at 8 MiB is 0.01 Gb/s"], ["the link"])
+
+    def step(name, value):
+        def called_with(*args, **kwargs):
+            called.append(name)
+            return value
+        return called_with
+
+    monkeypatch.setattr(formation, "start_ray", step("start_ray", []))
+    monkeypatch.setattr(formation, "wait_for_join", step("wait_for_join", join))
+    monkeypatch.setattr(formation, "status", step("status", Result("lab-0", ("ray", "status"), 0, "Active:", "",
+                                                                    datetime.now(UTC), 0.1)))
+    monkeypatch.setattr(formation, "gate", step("gate", formation.Gate(rows)))
+    monkeypatch.setattr(allreduce, "single_rank", lambda params: None)
+    monkeypatch.setattr(allreduce, "run_allreduce", step("run_allreduce", "test"))
+    monkeypatch.setattr(allreduce, "verdict", step("verdict", verdict))
+    monkeypatch.setattr(allreduce, "figure", step("figure", "figure"))
+    monkeypatch.setattr(allreduce, "proof", step("proof", FabricProof(backend="gloo", world=2, small_bytes=1,
+                                                                      small_us=1.0, large_bytes=2,
+                                                                      large_busbw_gbps=1.0)))
+    return called
+
+
+def kinds(outcome: raycluster.RayOutcome) -> list[str]:
+    return [r.kind if isinstance(r, Event) else f"decision: {r.choice}" for r in outcome.records
+            if isinstance(r, (Event, Decision))]
+
+
+def test_run_records_in_order_and_hands_on_the_proof_then_the_cluster(monkeypatch, lab, tmp_path) -> None:
+    called = formed(monkeypatch)
+    ctx = context(lab, tmp_path, InProcess())
+    out = raycluster.run(ctx, raycluster.preview(ctx))
+    assert out.error is None and called == ["start_ray", "wait_for_join", "status", "gate", "run_allreduce",
+                                            "verdict", "figure", "proof"]
+    assert kinds(out) == ["decision: start new containers and Ray", "ray_join", "ray_gate", allreduce.EVENT,
+                          "fabric_verdict"]
+    assert [type(h) for h in out.handoffs] == [FabricProof, RayCluster] and list(out.figures) == ["fabric-allreduce.png"]
+    assert out.status_results[0].stdout == "Active:"
+
+
+def test_a_failed_gate_is_the_outcomes_error_after_its_evidence(monkeypatch, lab, tmp_path) -> None:
+    called = formed(monkeypatch, gate_ok=False)
+    ctx = context(lab, tmp_path, InProcess())
+    out = raycluster.run(ctx, raycluster.preview(ctx))
+    assert isinstance(out.error, formation.GateFailed) and "lab-1: not in the Ray cluster" in str(out.error)
+    assert "run_allreduce" not in called and kinds(out)[-1] == "ray_gate" and out.handoffs == []
+    assert "04 stopped" in str(out.summary_shown()[0].value)
+
+
+def test_a_fabric_below_its_limits_keeps_its_figure_and_hands_on_nothing(monkeypatch, lab, tmp_path) -> None:
+    formed(monkeypatch, fabric_ok=False)
+    ctx = context(lab, tmp_path, InProcess())
+    out = raycluster.run(ctx, raycluster.preview(ctx))
+    assert isinstance(out.error, allreduce.FabricTestFailed) and "busbw at 8 MiB" in str(out.error)
+    assert out.handoffs == [] and list(out.figures) == ["fabric-allreduce.png"]
+    assert kinds(out)[-1] == "fabric_verdict"

@@ -88,7 +88,7 @@ def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no
 
     place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}", None, {"SB_UNIT": "x y"})
     log = f"/tmp/sparkbook/{place.name}/out.log"
-    rt.start(node, place, gpus=False, devices=rt.devices(node))
+    rt.start(node, rt.start_spec(node, place, gpus=False, devices=rt.devices(node)))
     try:
         assert rt.exec(node, place, ["sh", "-c", 'printf %s "$SB_UNIT"'], timeout=30).stdout == "x y"
         spawned = rt.spawn(node, place, ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"], log)

@@ -145,7 +145,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     run = open_run(params_file, run_dir, stage="restore")
     out = restore.RestoreOutcome("nothing to restore")
     try:
-        for event in restore.rollback(run.context(), steps, run.params.cleanup, args.stop_new):
+        for event in restore.restore_deployment(run.context(), steps, run.params.cleanup, args.stop_new):
             run.record(event.kind, event.data)  # each step as it is taken: one that fails later keeps the earlier
             if isinstance(event.data, restore.RestoreOutcome):
                 out = event.data

@@ -1,6 +1,6 @@
 """What each notebook leaves in state.json for the ones after it, one typed model per hand-off.
 
-    01-cleanup          CleanupOutcome  "cleanup"    what was stopped and where the restore plan is
+    01-cleanup          Stopped         "cleanup"    what was stopped and where the restore plan is
     01-cleanup          OldDeployment   "old_deployment"  the images the old deployment's containers ran
     02-diagnosis        ModelFacts      "model"      (core.modelinfo) the model as its config and files describe it
     02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe,
@@ -38,7 +38,7 @@ class Action:
     seconds: float
 
 
-class CleanupOutcome(Handoff):
+class Stopped(Handoff):
     key = "cleanup"
     notebook = CLEANUP.name
 

@@ -65,7 +65,7 @@ def _sweep(params: Params) -> Wait:
     return Wait(sweep, f"the sweep's point timeouts, {sweep:.0f} s in all")
 
 
-CLEANUP = Stage("01-cleanup", "cleanup", reads=(), writes=("CleanupOutcome", "OldDeployment"))
+CLEANUP = Stage("01-cleanup", "cleanup", reads=(), writes=("Stopped", "OldDeployment"))
 DIAGNOSE = Stage("02-diagnosis", "diagnose", reads=("OldDeployment",), writes=("ModelFacts", "Diagnosis"))
 IMAGES = Stage("03-image-selection", "images", reads=("ModelFacts", "Diagnosis"), writes=("ImageChoice",))
 RAYCLUSTER = Stage("04-ray-cluster", "raycluster", reads=("ImageChoice",), writes=("RayCluster", "FabricProof"),

@@ -21,8 +21,8 @@ import pytest
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.stages import diagnose
 from sparkbook.stages.cleanup import inventory
+from sparkbook.stages.diagnose import checks
 
 pytestmark = [pytest.mark.lab, pytest.mark.benchmark]
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +44,8 @@ def _own_cpu_s() -> float:
 def _steps(params_file: Path, run_dir: Path) -> dict[str, float]:
     run = sparkbook.open_run(params_file, run_dir, stage="fan-out bench")
     t0, own0, all0 = time.monotonic(), _own_cpu_s(), _machine_cpu_s()
-    outcomes = [inventory.inventory_all(run.context()), diagnose.facts_all(run.context()),
-                diagnose.links_all(run.context()), diagnose.model_files_all(run.context())]
+    outcomes = [inventory.inventory_all(run.context()), checks.facts_all(run.context()),
+                checks.links_all(run.context()), checks.model_files_all(run.context())]
     wall, own, machine = time.monotonic() - t0, _own_cpu_s() - own0, _machine_cpu_s() - all0
     run.close()
     failed = [f"{n}: {o.error}" for step in outcomes for n, o in step.items() if not o.ok]

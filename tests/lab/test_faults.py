@@ -24,10 +24,10 @@ from faults import Row
 import sparkbook.lab as sblab
 from sparkbook.core import evidence, topology
 from sparkbook.runbook.session import open_run
-from sparkbook.stages import diagnose
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.cleanup import inventory
+from sparkbook.stages.diagnose import checks
 from sparkbook.stages.images import distribute
 from sparkbook.stages.raycluster import containers as node_containers
 from sparkbook.stages.raycluster import formation
@@ -147,13 +147,13 @@ def test_worker_sshd_stopped(nodes, runs, copy_started, watch, report):
     with faults.stopped(faults.daemon_pid(nodes["lab-1"].init_pid, "sshd")):
         t0 = time.monotonic()
         inv = faults.bounded(lambda: inventory.inventory_all(run.context()), HANG_S)  # 01
-        facts = faults.bounded(lambda: diagnose.facts_all(run.context()), HANG_S)  # 02
+        facts = faults.bounded(lambda: checks.facts_all(run.context()), HANG_S)  # 02
     found = [f.text for f in evidence.unreachable(inv.value) + evidence.unreachable(facts.value)]
     assert inv.value["lab-0"].ok and facts.value["lab-0"].ok
     assert len(found) == 2 and all(t.startswith("lab-1: ") for t in found), found
     assert inv.value["lab-1"].duration_s < 30 and facts.value["lab-1"].duration_s < 30, "issue 4: named within 30 s"
     _check(report, Row("a worker's sshd stopped", "lab-1", inv.returned_at - t0, " | ".join(found),
-                       watch.left(before), "cleanup.inventory_all (01), then diagnose.facts_all (02)"), ("lab-1",))
+                       watch.left(before), "cleanup.inventory_all (01), then checks.facts_all (02)"), ("lab-1",))
 
 
 def test_fabric_cut_between_head_and_worker(nodes, runs, copy_started, watch, report):
@@ -163,12 +163,12 @@ def test_fabric_cut_between_head_and_worker(nodes, runs, copy_started, watch, re
     with faults.firewall(nodes["lab-1"].netns, ["OUTPUT", "-d", head_ip, "-j", "DROP"],
                          ["INPUT", "-s", head_ip, "-j", "DROP"]):
         t0 = time.monotonic()
-        call = faults.bounded(lambda: diagnose.links_all(run.context()), HANG_S)
-    found = [f.text for f in diagnose.link_findings(call.value, run.params)]
+        call = faults.bounded(lambda: checks.links_all(run.context()), HANG_S)
+    found = [f.text for f in checks.link_findings(call.value, run.params)]
     cut = [t for t in found if t.startswith("lab-1 -> lab-0 (head)") and "cannot reach lab-0" in t]
     assert cut, found
     _check(report, Row("fabric link between head and worker cut", "lab-1", call.returned_at - t0, " | ".join(found),
-                       watch.left(before), "diagnose.links_all + link_findings"), ("lab-1", "lab-0"))
+                       watch.left(before), "checks.links_all + link_findings"), ("lab-1", "lab-0"))
 
 
 def test_remote_command_that_never_returns_meets_its_timeout(runs, copy_started, watch, report):
@@ -179,13 +179,13 @@ def test_remote_command_that_never_returns_meets_its_timeout(runs, copy_started,
     before = watch.seen()
     with faults.fifo_instead(config):
         t0 = time.monotonic()
-        call = faults.bounded(lambda: diagnose.model_files_all(run.context()), HANG_S)
+        call = faults.bounded(lambda: checks.model_files_all(run.context()), HANG_S)
     files = call.value
-    found = [f.text for f in diagnose.model_findings(files)]
+    found = [f.text for f in checks.model_findings(files)]
     assert files["lab-0"].ok and files["lab-0"].value.config, "the head's model files were read"
     assert any(t.startswith("lab-1: ") and "did not return within" in t for t in found), found
     _check(report, Row("a remote command that never returns meets its timeout", "lab-1", call.returned_at - t0,
-                       " | ".join(found), watch.left(before), "diagnose.model_files_all + model_findings"),
+                       " | ".join(found), watch.left(before), "checks.model_files_all + model_findings"),
            ("lab-1", "did not return within"))
 
 

@@ -25,7 +25,7 @@ import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.runtimes import image_source_for
 from sparkbook.lab.models import hf_cache
-from sparkbook.stages import diagnose
+from sparkbook.stages.diagnose import checks
 from sparkbook.stages.images import choice, distribute, modelcopy
 
 pytestmark = pytest.mark.lab
@@ -104,7 +104,7 @@ def drop_bulk() -> None:
 def test_worker_missing_the_model_gets_it_over_the_fabric(open_run) -> None:  # type: ignore[no-untyped-def]
     run = open_run()
     shutil.rmtree(hub("lab-1") / HF_REPO, ignore_errors=True)  # the lab starts without it there
-    found = [f for f in diagnose.model_findings(diagnose.model_files_all(run.context()))
+    found = [f for f in checks.model_findings(checks.model_files_all(run.context()))
              if f.text.startswith("lab-1")]
     assert [(f.severity, "03 copies it from lab-0" in f.text) for f in found] == [("warning", True)], found
     copied = modelcopy.copy_model(run.context())

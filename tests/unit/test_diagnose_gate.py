@@ -11,7 +11,7 @@ from sparkbook.core.evidence import Finding
 from sparkbook.core.hostfacts import meminfo, memory_from, sections
 from sparkbook.core.modelinfo import GIB, SEED_SHARE, memory_fit, model_facts
 from sparkbook.core.params import load_params
-from sparkbook.stages import diagnose
+from sparkbook.stages.diagnose import checks
 
 DATA = Path(__file__).parent / "data"
 
@@ -64,7 +64,7 @@ def test_gb10_seed_plan(write_params, base, util, fits, tight):
     facts = model_facts(QWEN35_122B, {"metadata": {"total_size": 119 * 10 ** 9}}, [], "/m")
     rows = memory_fit(facts, params, {n: memory.for_fit(n) for n in "ab"})
     assert [(r.fits, r.tight) for r in rows] == [(fits, tight)] * 2
-    found = diagnose.fit_findings(rows)
+    found = checks.fit_findings(rows)
     if not fits:
         assert [f.severity for f in found] == ["blocker"] * 2 and "CUDA can allocate 101.29 GiB" in found[0].text
     elif tight:
@@ -86,37 +86,37 @@ def params(write_params, base):
 
 
 def test_what_03_resolves_and_warnings_do_not_stop(params):
-    assert diagnose.gate([IMAGE, MTU, Finding("fact", "gpu", "a: no GPU")], params) is None
+    assert checks.gate([IMAGE, MTU, Finding("fact", "gpu", "a: no GPU")], params) is None
 
 
 def test_blockers_stop_with_each_node_and_remediation(params):
-    with pytest.raises(diagnose.Blocked) as caught:
-        diagnose.gate([IMAGE, NOT_ON_NETDEV, NO_PING, MTU], params)
+    with pytest.raises(checks.Blocked) as caught:
+        checks.gate([IMAGE, NOT_ON_NETDEV, NO_PING, MTU], params)
     err = caught.value
     assert err.stage == "02-diagnosis" and err.node == "b"
     assert NOT_ON_NETDEV.text in err.message and NO_PING.text in err.message
     assert IMAGE.text not in err.message and MTU.text not in err.message
-    assert diagnose.REMEDIATION["fabric"] in err.message and "proceed_despite_blockers=true" in err.remediation
+    assert checks.REMEDIATION["fabric"] in err.message and "proceed_despite_blockers=true" in err.remediation
 
 
 def test_blockers_on_several_nodes_name_each(params):
     model = Finding("blocker", "model", "a: Org/Model-1B is not in /srv/models")
-    blockers = diagnose.stopping([model, NOT_ON_NETDEV, Finding("blocker", "model", "the nodes hold different "
+    blockers = checks.stopping([model, NOT_ON_NETDEV, Finding("blocker", "model", "the nodes hold different "
                                                                                     "config.json files: ['x', 'y']")],
                                  params)
     assert [(b.node, b.topic) for b in blockers] == [("a", "model"), ("b", "fabric"), (None, "model")]
-    with pytest.raises(diagnose.Blocked) as caught:
-        diagnose.gate([model, NOT_ON_NETDEV], params)
+    with pytest.raises(checks.Blocked) as caught:
+        checks.gate([model, NOT_ON_NETDEV], params)
     assert caught.value.node is None
 
 
 def test_override_is_a_decision_listing_what_it_overrode(params):
-    decision = diagnose.gate([IMAGE, NOT_ON_NETDEV], params, proceed_despite_blockers=True)
+    decision = checks.gate([IMAGE, NOT_ON_NETDEV], params, proceed_despite_blockers=True)
     assert decision.choice == "go on" and decision.alternatives[0].option == "stop at 02"
-    assert decision.evidence == [f"[fabric] {NOT_ON_NETDEV.text} -> {diagnose.REMEDIATION['fabric']}"]
+    assert decision.evidence == [f"[fabric] {NOT_ON_NETDEV.text} -> {checks.REMEDIATION['fabric']}"]
     assert "proceed_despite_blockers" in decision.reason
 
 
 def test_what_a_later_stage_resolves_is_listed_with_that_stage():
-    assert diagnose.left_to_later([IMAGE, NOT_ON_NETDEV, MTU]) == [
-        f"[image] {IMAGE.text} -> {diagnose.RESOLVED_LATER['image']}"]
+    assert checks.left_to_later([IMAGE, NOT_ON_NETDEV, MTU]) == [
+        f"[image] {IMAGE.text} -> {checks.RESOLVED_LATER['image']}"]

@@ -14,12 +14,12 @@ from sparkbook.core.handoff import (
     Action,
     BenchmarkSummary,
     BenchPoint,
-    CleanupOutcome,
     Diagnosis,
     Endpoint,
     ImageChoice,
     JoinedNode,
     RayCluster,
+    Stopped,
 )
 from sparkbook.core.imageprobes import RegistryProbe
 from sparkbook.core.modelinfo import ModelFacts
@@ -31,7 +31,7 @@ IMAGE_ID = "sha256:fcd98530b53b"
 IMAGE = ImageChoice(ref="sparkbook-lab/vllm-cpu:0.32.0", id=IMAGE_ID, vllm_version="0.32.0+cpu", ray_version="2.60.0",
                     nodes={"lab-0": IMAGE_ID, "lab-1": IMAGE_ID})
 SAMPLES: list[Handoff] = [
-    CleanupOutcome(stopped=[Action("lab-0", "old-vllm", "docker stop old-vllm", True, "stopped", 2.27)],
+    Stopped(stopped=[Action("lab-0", "old-vllm", "docker stop old-vllm", True, "stopped", 2.27)],
                    restore_plan="/runs/lab/1/restore-plan.json"),
     ModelFacts(architectures=["HYV4ForCausalLM"], model_type="hy_v4", dtype="bfloat16", quantization=None,
                bytes_per_param=2.0, total_params=1192960, active_params=1168384, weight_bytes=2535878,
@@ -143,16 +143,16 @@ def test_a_state_json_that_is_not_json_is_refused_clearly(run: Run) -> None:
 
 
 def test_01_and_02_build_their_hand_offs(tmp_path: Path) -> None:
-    from sparkbook.stages import diagnose
     from sparkbook.stages.cleanup import act
+    from sparkbook.stages.diagnose import checks
 
     actions = [Action("lab-0", "a", "docker stop a", True, "stopped", 1.0),
                Action("lab-1", "b", "docker stop b", False, "NotFound", 0.1)]
     out = act.outcome(actions, tmp_path / "restore-plan.json")
     assert out.stopped == actions[:1] and out.restore_plan == str(tmp_path / "restore-plan.json")
     probe = SAMPLES[2].installed_image
-    d = diagnose.diagnosis([Finding("fact", "gpu", "x")], probe, "HYV4ForCausalLM", {})
-    assert d.installed_image == probe and d.question_for_03 == diagnose.question_for_03(probe, "HYV4ForCausalLM")
+    d = checks.diagnosis([Finding("fact", "gpu", "x")], probe, "HYV4ForCausalLM", {})
+    assert d.installed_image == probe and d.question_for_03 == checks.question_for_03(probe, "HYV4ForCausalLM")
 
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

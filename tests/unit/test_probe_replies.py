@@ -13,8 +13,8 @@ import pytest
 from sparkbook.core.errors import ProbeOutputError
 from sparkbook.core.nodes import LocalNode, shell
 from sparkbook.core.params import Params, load_params
-from sparkbook.stages import diagnose
 from sparkbook.stages.cleanup import inventory
+from sparkbook.stages.diagnose import checks
 
 
 class CutNode(LocalNode):
@@ -56,20 +56,20 @@ def node(params: Params) -> CutNode:
 
 
 PROBES = {
-    "node facts": lambda n, p: diagnose.node_facts(n, p.nodes[0], p),
+    "node facts": lambda n, p: checks.node_facts(n, p.nodes[0], p),
     "inventory": lambda n, p: inventory.inventory(n, p.cleanup),
-    "links": lambda n, p: diagnose.links(n, p),
-    "model files": lambda n, p: diagnose.model_files(n, p.model),
+    "links": lambda n, p: checks.links(n, p),
+    "model files": lambda n, p: checks.model_files(n, p.model),
 }
 
 
 def _whole(node: CutNode, params: Params, probe: str) -> str:
     """The probe's whole stdout on this machine (the script as the stage sends it)."""
-    scripts = {"node facts": shell(diagnose.FACTS, path=params.model.cache_dir, netdev="lo"),
+    scripts = {"node facts": shell(checks.FACTS, path=params.model.cache_dir, netdev="lo"),
                "inventory": shell(inventory.INVENTORY),
-               "model files": shell(diagnose.MODEL_FILES, dir=params.model.path)}
+               "model files": shell(checks.MODEL_FILES, dir=params.model.path)}
     if probe == "links":
-        return node.run(diagnose.bash(diagnose.LINKS, size=1472, port=1, ips="127.0.0.2"), timeout=20).stdout
+        return node.run(checks.bash(checks.LINKS, size=1472, port=1, ips="127.0.0.2"), timeout=20).stdout
     return node.run(scripts[probe], timeout=20).stdout
 
 
@@ -99,19 +99,19 @@ def test_cut_before_meminfo_names_it(node: CutNode, params: Params) -> None:
     node.keep = whole.index("==meminfo==")
     with pytest.raises(ProbeOutputError, match=r"^a: node facts: the probe's output has no meminfo section or end "
                                                rf"marker \({node.keep} bytes received\): run the step again") as caught:
-        diagnose.node_facts(node, params.nodes[0], params)
+        checks.node_facts(node, params.nodes[0], params)
     assert caught.value.node == "a" and caught.value.remediation
 
 
 def test_links_without_a_peer_line_names_the_peer(node: CutNode, params: Params) -> None:
     whole = "==peers==\nPEER 127.0.0.9 0.05 1 1\n==end==\n"
     with pytest.raises(ProbeOutputError, match=r"^a: links: the probe's output has no line for b \("):
-        diagnose._links("a", {"127.0.0.2": "b"}, whole)
+        checks._links("a", {"127.0.0.2": "b"}, whole)
 
 
 def test_model_files_broken_json_is_a_fact_of_the_node(params: Params) -> None:
     Path(params.model.path, "config.json").write_text('{"architectures": ["Tiny"')
-    files = diagnose.model_files(LocalNode(params.nodes[0], params.ssh), params.model)
+    files = checks.model_files(LocalNode(params.nodes[0], params.ssh), params.model)
     assert files.config is None and "is not valid JSON" in files.error
 
 

@@ -240,12 +240,12 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
     params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
                              nodes=[SimpleNamespace(name=n) for n in NEW])
     ctx = Context(params, None, None, tmp_path)  # type: ignore[arg-type]
-    refused = list(restore.rollback(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False))
+    refused = list(restore.restore_deployment(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False))
     assert [e.kind for e in refused] == ["restore_conflicts", "restore_outcome"] and acted == []
     out = refused[-1].data
     assert isinstance(out, restore.RestoreOutcome) and out.result == "refused"
     assert [c.target for c in out.conflicts] == ["the old services", "the old services", "old-vllm"]
-    restored = list(restore.rollback(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True))
+    restored = list(restore.restore_deployment(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=True))
     assert [e.kind for e in restored] == ["restore_conflicts", "restore_stop_new", "restore_conflicts", "restore",
                                           "restore_outcome"]
     out = restored[-1].data

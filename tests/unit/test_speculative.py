@@ -12,9 +12,8 @@ import pytest
 from sparkbook.core.context import Context
 from sparkbook.core.modelinfo import ModelFacts, mtp_layers
 from sparkbook.core.params import ParamsError, Speculative, load_params
-from sparkbook.runbook import plan as runbook_plan
-from sparkbook.stages import diagnose
-from sparkbook.stages.diagnose import speculation_problem
+from sparkbook.stages.diagnose import checks
+from sparkbook.stages.diagnose.checks import speculation_problem
 from sparkbook.stages.serve import commands
 
 # Excerpts of config.json as published. Qwen/Qwen3.6-27B (the Qwen3.5 architecture, qwen3_5): its MTP layer count
@@ -63,10 +62,8 @@ def test_no_speculation_no_flag(write_params, base):
 def test_05s_plan_table_and_sparkbook_plan_show_it(write_params, base):
     params = _load(write_params, base, {"method": "ngram", "num_speculative_tokens": 4})
     ctx = Context(params, None, None, Path("/tmp"), image="img")
-    (row,) = commands.plan(ctx, "ray").table()
-    assert '--speculative-config {"method":"ngram","num_speculative_tokens":4}' in row["command"]
-    (shown,) = runbook_plan._serve(ctx, "ray", "").rows
-    argv = shlex.split(shown["vllm serve"])  # what an operator would paste
+    (row,) = commands.plan(ctx, "ray").table()  # what 05's preview shows, and so `sparkbook plan`
+    argv = shlex.split(row["command"])  # what an operator would paste
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "ngram", "num_speculative_tokens": 4}
 
 
@@ -135,9 +132,9 @@ def test_mtp_only_for_a_model_with_mtp_layers():
 def test_02_stops_on_mtp_for_a_model_without_mtp_layers(write_params, base):
     """The blocker is 02's, before 03 copies anything and long before vLLM would refuse after the weights load."""
     params = _load(write_params, base, {"method": "mtp", "num_speculative_tokens": 1})
-    assert diagnose.speculation_findings(facts(QWEN36_27B), params) == []
-    findings = diagnose.speculation_findings(facts(LLAMA3_8B), params)
-    with pytest.raises(diagnose.Blocked) as exc:
-        diagnose.gate(findings, params)
+    assert checks.speculation_findings(facts(QWEN36_27B), params) == []
+    findings = checks.speculation_findings(facts(LLAMA3_8B), params)
+    with pytest.raises(checks.Blocked) as exc:
+        checks.gate(findings, params)
     assert "[speculation] serve.speculative.method: mtp, but LlamaForCausalLM's" in str(exc.value)
     assert "set serve.speculative to a method this model has" in str(exc.value)

@@ -13,7 +13,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 from ...core.context import Context
 from ...core.docker_ssh import docker_client
 from ...core.errors import SparkbookError
-from ...core.handoff import Action, CleanupOutcome
+from ...core.handoff import Action, Stopped
 from ...core.nodes import Node, shell
 from ...core.stagelist import CLEANUP
 from . import boot
@@ -139,6 +139,6 @@ def _running(inv: Inventory, t: CleanupTarget) -> bool:
             return any(f"{p.comm}[{p.pid}]" == t.name for p in inv.processes)
 
 
-def outcome(actions: list[Action], restore_plan: Path) -> CleanupOutcome:
+def outcome(actions: list[Action], restore_plan: Path) -> Stopped:
     """What 01 leaves in the run state: the stops that succeeded and where their restore plan is."""
-    return CleanupOutcome(stopped=[a for a in actions if a.ok], restore_plan=str(restore_plan))
+    return Stopped(stopped=[a for a in actions if a.ok], restore_plan=str(restore_plan))

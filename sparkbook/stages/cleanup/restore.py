@@ -415,7 +415,8 @@ class RestoreEvent:
     data: object
 
 
-def rollback(ctx: Context, steps: list[Step], targets: CleanupTargets, stop_first: bool) -> Iterator[RestoreEvent]:
+def restore_deployment(ctx: Context, steps: list[Step], targets: CleanupTargets,
+                       stop_first: bool) -> Iterator[RestoreEvent]:
     """`sparkbook restore`: refuse while something stands in the way (unless `stop_first`: stop this run's node
     containers first), restore in plan order, verify each target; yields each step, the `RestoreOutcome` last."""
     if not steps:

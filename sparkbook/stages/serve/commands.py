@@ -2,6 +2,7 @@
 `vllm serve` argv and env, every value from params."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from ...core import probes
@@ -104,7 +105,7 @@ class ServePlan:
 
     def table(self) -> list[dict[str, str]]:
         return [{"node": c.node, "env": " ".join(f"{k}={v}" for k, v in c.env.items()),
-                 "command": " ".join(c.argv)} for c in self.commands]
+                 "command": shlex.join(c.argv)} for c in self.commands]  # what an operator can paste
 
 
 def serving_nodes(params: Params) -> list[NodeSpec]:

@@ -24,7 +24,8 @@ from .checks import Link, ModelFiles, NodeFacts
 @dataclass(frozen=True)
 class DiagnosePreview:
     """The read-only facts 02 stands on: every node's facts, the model's files on each node and the facts read from
-    one copy, each node's memory and the plan's fit in it; `assumed` hands the ModelFacts to the previews after."""
+    one copy, each node's memory and the plan's fit in it; `assumed` hands the previews after it the ModelFacts and a
+    Diagnosis of the memory alone (05's OOM floor stands on it; the findings are the run's)."""
 
     facts: dict[str, Outcome[NodeFacts]]
     files: dict[str, Outcome[ModelFiles]]
@@ -63,7 +64,7 @@ def preview(ctx: Context) -> DiagnosePreview:
     model = modelinfo.model_facts(source.config or {}, source.index, source.file_sizes, source.dir)
     memory = {n: o.value.memory.for_fit(n) for n, o in facts.items() if o.value is not None}
     return DiagnosePreview(facts, files, source, model, memory, modelinfo.memory_fit(model, ctx.params, memory),
-                           (model,))
+                           (model, checks.diagnosis([], None, model.architectures[0], memory)))
 
 
 @dataclass(kw_only=True)

@@ -19,7 +19,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from .modelinfo import ModelFacts, served_kv_bytes_per_token
-from .params import BenchmarkPlan
+from .params import BenchmarkSettings
 from .sweeppoint import FIGURES, LATENCIES, STATS, Stall, SweepPoint
 
 KNOWN_BANDWIDTH_GBS = {"GB10": 273.0, "H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
@@ -107,26 +107,26 @@ SLOWEST_DECODE_TOK_S = 5.0  # per sequence: a point's timeout allows decode this
 POINT_SLACK_S = 120.0
 
 
-def point_timeout_s(plan: BenchmarkPlan, concurrency: int) -> float:
+def point_timeout_s(settings: BenchmarkSettings, concurrency: int) -> float:
     """How long one point (warm-up, then `repeats` x `num_prompts` requests `concurrency` at a time) may take: its
-    rounds of requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the plan, so a
+    rounds of requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the settings, so a
     slow node serving long outputs (32 x 1024 tokens at 27 tok/s) is measured, not cut off at a fixed limit."""
-    rounds = (plan.repeats * math.ceil(plan.num_prompts / concurrency)
-              + math.ceil(warmup_count(plan, concurrency) / concurrency))
-    return POINT_SLACK_S + rounds * plan.output_len / SLOWEST_DECODE_TOK_S
+    rounds = (settings.repeats * math.ceil(settings.num_prompts / concurrency)
+              + math.ceil(warmup_count(settings, concurrency) / concurrency))
+    return POINT_SLACK_S + rounds * settings.output_len / SLOWEST_DECODE_TOK_S
 
 
 # --- warm-up, repeats and stalls ------------------------------------------------------------------
 STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times the median (find_stall)
 
 
-def warmup_count(plan: BenchmarkPlan, concurrency: int) -> int:
+def warmup_count(settings: BenchmarkSettings, concurrency: int) -> int:
     """Full-length warm-up requests of a point: none when `warmup_requests` is 0, else max(warmup_requests,
     concurrency), sent `concurrency` at a time (the batch the measurement decodes)."""
-    return max(plan.warmup_requests, concurrency) if plan.warmup_requests else 0
+    return max(settings.warmup_requests, concurrency) if settings.warmup_requests else 0
 
 
-def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
+def prefill_groups(settings: BenchmarkSettings, concurrency: int) -> list[int]:
     """Sizes of the prefill-only groups a point's warm-up sends first (none without warm-up): 1 .. concurrency
     prompts arriving together, i.e. every number of prefills a step of the measurement can hold (sent alone, and
     those below `concurrency` again beside one decoding sequence). vLLM runs a step
@@ -134,7 +134,7 @@ def prefill_groups(plan: BenchmarkPlan, concurrency: int) -> list[int]:
     (nearest tuned M) and per divisibility of the token count: a step of k prefills (+ decodes) the warm-up did not
     make compiles mid-measurement (measured on one H200: 12 requests of a wave stalled 1.1 s,
     tests/gpu/bench_repeats)."""
-    return list(range(1, concurrency + 1)) if plan.warmup_requests else []
+    return list(range(1, concurrency + 1)) if settings.warmup_requests else []
 
 
 def prompt_seed(concurrency: int, repeat: int) -> int:

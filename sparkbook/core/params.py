@@ -334,7 +334,7 @@ class ServeSettings(Strict):
         return value
 
 
-class BenchmarkPlan(Strict):
+class BenchmarkSettings(Strict):
     input_len: int = Field(64, ge=1)
     output_len: int = Field(128, ge=2)
     num_prompts: int = Field(32, ge=1)
@@ -423,7 +423,7 @@ class Params(Strict):
     cleanup: CleanupTargets = CleanupTargets()
     ray: RaySettings = RaySettings()
     serve: ServeSettings = ServeSettings()
-    benchmark: BenchmarkPlan = BenchmarkPlan()
+    benchmark: BenchmarkSettings = BenchmarkSettings()
     secrets: list[Annotated[EnvName, AfterValidator(_no_secret)]] = Field(
         [], description="environment variables holding secrets, by name (never the secret itself)")
     run_lock: RunLockSettings = RunLockSettings()

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import yaml
 
-from sparkbook.core.params import BenchmarkPlan
+from sparkbook.core.params import BenchmarkSettings
 from sparkbook.stages.bench.client import TEMPERATURE, CompletionsServer
 from sparkbook.stages.bench.sweep import local_runner, sweep
 
 KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "failed")
 
 
-def vllm_bench_argv(target: CompletionsServer, plan: BenchmarkPlan, concurrency: int, tokenizer: str, result_dir: str,
+def vllm_bench_argv(target: CompletionsServer, plan: BenchmarkSettings, concurrency: int, tokenizer: str, result_dir: str,
                     result_filename: str) -> list[str]:
     """`vllm bench serve` with the sweep's lengths, sampling, warm-ups and percentiles: the reference to agree with."""
     return ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", target.base_url, "--model", target.model,
@@ -45,7 +45,7 @@ def env(params_file: str) -> None:
 
 
 def bench(label: str, base_url: str, model: str, out: str, prompts: int, input_len: int, output_len: int) -> None:
-    plan = BenchmarkPlan(input_len=input_len, output_len=output_len, num_prompts=prompts, concurrency=[1, 16],
+    plan = BenchmarkSettings(input_len=input_len, output_len=output_len, num_prompts=prompts, concurrency=[1, 16],
                          warmup_requests=2)
     target = CompletionsServer(base_url, model)
     points = sweep(target, plan, local_runner(target),
@@ -74,7 +74,7 @@ AGREE = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 
 def agree(base_url: str, model: str, tokenizer: str, out: str, rounds: int) -> None:
     """Alternate the two clients on one server; each round: sparkbook C=1 and C=8, then vllm bench C=1 and C=8."""
-    plan = BenchmarkPlan(input_len=64, output_len=128, num_prompts=32, concurrency=[1, 8], warmup_requests=2)
+    plan = BenchmarkSettings(input_len=64, output_len=128, num_prompts=32, concurrency=[1, 8], warmup_requests=2)
     target, folder = CompletionsServer(base_url, model), Path(out)
     runs: dict[str, dict[int, list[dict]]] = {"sparkbook": {1: [], 8: []}, "vllm": {1: [], 8: []}}
     for r in range(rounds):

@@ -29,20 +29,20 @@ def _requests(records: list) -> list[dict]:
 
 
 def one(kind: str, base_url: str, model: str, out: str) -> None:
-    from sparkbook.core.params import BenchmarkPlan
+    from sparkbook.core.params import BenchmarkSettings
     from sparkbook.stages.bench.client import CompletionsServer
     from sparkbook.stages.bench.sweep import local_runner, sweep
 
     target, runs = CompletionsServer(base_url, model), []
     started = time.time()
     if kind == "before":  # the old plan field: warm up with max(warmup_requests, C) requests at C
-        plan = BenchmarkPlan(**LOAD, warmup_at_concurrency=True)
+        plan = BenchmarkSettings(**LOAD, warmup_at_concurrency=True)
         for _ in range(REPEATS):
             (point,) = sweep(target, plan, local_runner(target))
             runs.append({**{k: point.result.figure(k) for k in FIELDS}, "requests": _requests(point.records)})
         stalls: list = []
     else:
-        plan = BenchmarkPlan(**LOAD, repeats=REPEATS)
+        plan = BenchmarkSettings(**LOAD, repeats=REPEATS)
         (point,) = sweep(target, plan, local_runner(target))
         n = plan.num_prompts
         runs = [{**{k: rep[k] for k in FIELDS}, "requests": _requests(point.records[i * n:(i + 1) * n])}

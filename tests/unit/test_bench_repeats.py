@@ -29,7 +29,7 @@ from sparkbook.core.benchstats import (
     spread,
     warmup_count,
 )
-from sparkbook.core.params import BenchmarkPlan, Params
+from sparkbook.core.params import BenchmarkSettings, Params
 from sparkbook.core.sweeppoint import SweepPoint, read_points
 from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
@@ -133,11 +133,11 @@ def rec(ttft: float, sent: float = 0.0) -> RequestRecord:
 
 
 def test_warmup_holds_every_prefill_group_and_a_full_batch():
-    plan = BenchmarkPlan(output_len=256, warmup_requests=2)
+    plan = BenchmarkSettings(output_len=256, warmup_requests=2)
     assert prefill_groups(plan, 16) == list(range(1, 17)) and prefill_groups(plan, 1) == [1]
     assert (warmup_count(plan, 16), warmup_count(plan, 1)) == (16, 2)
-    assert warmup_count(BenchmarkPlan(warmup_requests=50), 4) == 50
-    none = BenchmarkPlan(warmup_requests=0)
+    assert warmup_count(BenchmarkSettings(warmup_requests=50), 4) == 50
+    none = BenchmarkSettings(warmup_requests=0)
     assert prefill_groups(none, 16) == [] and warmup_count(none, 16) == 0
 
 
@@ -215,7 +215,7 @@ def test_compare_uses_the_repeats_spread_as_noise():
 
 
 def test_point_timeout_counts_repeats():
-    plan = BenchmarkPlan(input_len=64, output_len=256, num_prompts=64, warmup_requests=2)
+    plan = BenchmarkSettings(input_len=64, output_len=256, num_prompts=64, warmup_requests=2)
     assert point_timeout_s(plan.model_copy(update={"repeats": 3}), 16) == pytest.approx(120 + (3 * 4 + 1) * 256 / 5)
 
 
@@ -257,7 +257,7 @@ def test_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses()
 
 
 def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: Path):
-    plan = BenchmarkPlan(input_len=24, output_len=6, num_prompts=8, concurrency=[1, 4], warmup_requests=2,
+    plan = BenchmarkSettings(input_len=24, output_len=6, num_prompts=8, concurrency=[1, 4], warmup_requests=2,
                          repeats=3)
     slow = {1 + 2 + 8 + 8 + 3: 0.8}  # C=1: a prefill group of 1, 2 warm-ups, repeats 0 and 1; request 3 of repeat 2
     with FakeServer(slow_first_chunk=slow) as server:
@@ -293,7 +293,7 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
 def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp_path: Path):
     """06 reads the speculative-decoding counters before and after each point's repeats (issue 32 item 2): the
     window holds the repeats' steps only, not the warm-up's, and the figures survive the point's file."""
-    plan = BenchmarkPlan(input_len=16, output_len=6, num_prompts=4, concurrency=[1, 2], warmup_requests=1, repeats=2)
+    plan = BenchmarkSettings(input_len=16, output_len=6, num_prompts=4, concurrency=[1, 2], warmup_requests=1, repeats=2)
     with FakeServer(speculate=True, usage_extra=3) as server:
         points = sweep(server.target, plan, local_runner(server.target))
     for point in points:

@@ -18,7 +18,7 @@ from sparkbook.core.benchstats import (
     token_gaps,
     tpot_s,
 )
-from sparkbook.core.params import BenchmarkPlan
+from sparkbook.core.params import BenchmarkSettings
 from sparkbook.core.rundir import earlier_run
 from sparkbook.core.sweeppoint import SweepPoint
 from sparkbook.stages.bench.sweep import split
@@ -196,8 +196,8 @@ def test_earlier_run_is_newest_sibling_with_results(tmp_path):
 def test_a_point_timeout_scales_with_the_plan() -> None:
     """06 at the seed's single-stream rate (27 tok/s): 32 prompts x 1024 tokens one at a time take ~1,200 s, more
     than a fixed 600 s; the timeout allows rounds of requests at SLOWEST_DECODE_TOK_S (issue 22, item 6)."""
-    seed = BenchmarkPlan(input_len=1024, output_len=1024, num_prompts=32, warmup_requests=2, concurrency=[1, 16])
+    seed = BenchmarkSettings(input_len=1024, output_len=1024, num_prompts=32, warmup_requests=2, concurrency=[1, 16])
     single = point_timeout_s(seed, 1)
     assert single > 32 * 1024 / 27 and single == pytest.approx(120 + 34 * 1024 / 5)
     assert point_timeout_s(seed, 16) == pytest.approx(120 + 3 * 1024 / 5), "two rounds of 16 and one warm-up round"
-    assert point_timeout_s(BenchmarkPlan(), 8) < point_timeout_s(BenchmarkPlan(output_len=1024), 8)
+    assert point_timeout_s(BenchmarkSettings(), 8) < point_timeout_s(BenchmarkSettings(output_len=1024), 8)

@@ -22,7 +22,7 @@ from ...core.context import Context
 from ...core.evidence import Decision, Shown, StageOutcome
 from ...core.handoff import AbVerdict, BenchmarkSummary, Endpoint, FabricProof
 from ...core.modelinfo import ModelFacts
-from ...core.params import BenchmarkPlan
+from ...core.params import BenchmarkSettings
 from ...core.progress import Progress
 from ...core.state import Handoff
 from ...core.sweeppoint import SweepPoint, read_points
@@ -45,7 +45,7 @@ class BenchPreview:
     the model facts the roofline needs (02) and 04's fabric figures; the endpoint-dependent parts are None where
     no notebook of the run has handed them on yet (`sparkbook plan` before any run)."""
 
-    settings: BenchmarkPlan
+    settings: BenchmarkSettings
     target: CompletionsServer | None
     served: tuple[str, ...] | None  # what GET /v1/models lists (None: no endpoint known to ask)
     model: ModelFacts | None
@@ -99,7 +99,7 @@ class AbResult:
 class BenchOutcome(StageOutcome):
     """The sweep and the evidence around it, each part for its own cell of the notebook."""
 
-    settings: BenchmarkPlan
+    settings: BenchmarkSettings
     ab_arm: str | None = None
     points: list[Point] = field(default_factory=list)
     paths: list[Path] = field(default_factory=list)  # bench/c<concurrency>.json, one per point

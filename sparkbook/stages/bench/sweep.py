@@ -42,7 +42,7 @@ from ...core.errors import SparkbookError
 from ...core.evidence import Decision
 from ...core.handoff import BenchmarkSummary, BenchPoint
 from ...core.nodes import Node
-from ...core.params import BenchmarkPlan
+from ...core.params import BenchmarkSettings
 from ...core.stagelist import BENCH
 from ...core.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
 from .client import (
@@ -142,25 +142,25 @@ def prompt_pool(target: CompletionsServer) -> list[int]:
     return sorted(set(tokenize(target)))
 
 
-def warm_up(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
+def warm_up(target: CompletionsServer, settings: BenchmarkSettings, pool: list[int], concurrency: int,
             timeout_s: float) -> None:
     """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
     than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
     of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
     warmup_count full-length requests `concurrency` at a time."""
-    alone = group_sizes(plan, concurrency)
+    alone = group_sizes(settings, concurrency)
     if not alone:
         return
     beside = [k for k in alone if k < concurrency]
-    ids = iter(make_prompts(pool, sum(alone) + sum(beside) + 1, plan.input_len, prompt_seed(concurrency, -2)))
+    ids = iter(make_prompts(pool, sum(alone) + sum(beside) + 1, settings.input_len, prompt_seed(concurrency, -2)))
     companion = next(ids)
     prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
     if beside:
         prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
-                       companion_len=plan.output_len)
-    prompts = text_prompts(target, pool, warmup_count(plan, concurrency), plan.input_len,
+                       companion_len=settings.output_len)
+    prompts = text_prompts(target, pool, warmup_count(settings, concurrency), settings.input_len,
                            seed=prompt_seed(concurrency, -1))
-    run_load(target, prompts, plan.output_len, concurrency, timeout_s)
+    run_load(target, prompts, settings.output_len, concurrency, timeout_s)
 
 
 class BenchmarkError(SparkbookError):
@@ -173,26 +173,27 @@ class ServerGone(BenchmarkError):
     """The server stopped answering during the benchmark: the message names it, the point and what was seen."""
 
 
-def measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int, runner: LoadRunner,
-                  timeout_s: float, sampler: Sampler | None = None) -> Point:
+def measure_point(target: CompletionsServer, settings: BenchmarkSettings, pool: list[int], concurrency: int,
+                  runner: LoadRunner, timeout_s: float, sampler: Sampler | None = None) -> Point:
     """Warm up, then `repeats` times `num_prompts` fresh prompts at `concurrency`, between two /metrics scrapes.
     Raises ServerGone at once when the server stops answering (its requests fail, /metrics is refused)."""
     try:
-        return _measure_point(target, plan, pool, concurrency, runner, timeout_s, sampler or Sampler([]))
+        return _measure_point(target, settings, pool, concurrency, runner, timeout_s, sampler or Sampler([]))
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise ServerGone(f"the server at {target.base_url} ({target.model}) stopped answering during the "
                          f"c={concurrency} point: {type(exc).__name__}: {str(exc)[:200]}",
                          remediation="read 05's serve log tails on the head and serve again (05)") from None
 
 
-def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[int], concurrency: int,
+def _measure_point(target: CompletionsServer, settings: BenchmarkSettings, pool: list[int], concurrency: int,
                    runner: LoadRunner, timeout_s: float, sampler: Sampler) -> Point:
-    warm_up(target, plan, pool, concurrency, timeout_s)
-    prompt_sets = [text_prompts(target, pool, plan.num_prompts, plan.input_len, seed=prompt_seed(concurrency, r))
-                   for r in range(plan.repeats)]
+    warm_up(target, settings, pool, concurrency, timeout_s)
+    prompt_sets = [text_prompts(target, pool, settings.num_prompts, settings.input_len,
+                                seed=prompt_seed(concurrency, r))
+                   for r in range(settings.repeats)]
     before = metrics_page(target)
     with sampler:
-        runs = [runner(prompts, plan.output_len, concurrency, timeout_s) for prompts in prompt_sets]
+        runs = [runner(prompts, settings.output_len, concurrency, timeout_s) for prompts in prompt_sets]
     after = metrics_page(target)
     by_repeat = [[r for load in loads for r in load.records] for loads in runs]
     summaries = [summarize(records, max(load.finished_at for load in loads) - min(load.started_at for load in loads),
@@ -208,7 +209,7 @@ def _measure_point(target: CompletionsServer, plan: BenchmarkPlan, pool: list[in
     note = "; ".join(f"{n}: {why}" for n, why in sampler.errors.items()) or None if sampler.nodes else \
         "not sampled: no node lists GPUs (params nodes[].gpus)"
     return Point(result, checks, clients, [r for records in by_repeat for r in records], repeat_figures(summaries),
-                 stalls, summarize_clocks(sampler.samples, plan.clock_drop), note,
+                 stalls, summarize_clocks(sampler.samples, settings.clock_drop), note,
                  speculation(spec_counters(before), spec_counters(after)))
 
 
@@ -218,35 +219,35 @@ def server_counts(result: SweepPoint) -> dict[str, int]:
             "vllm:prompt_tokens_total": result.total_input_tokens or 0}
 
 
-def sweep(target: CompletionsServer, plan: BenchmarkPlan, runner: LoadRunner,
+def sweep(target: CompletionsServer, settings: BenchmarkSettings, runner: LoadRunner,
           on_point: Callable[[Point], None] | None = None, sampler: Sampler | None = None) -> list[Point]:
-    """Every concurrency of the plan, in order, each within its point_timeout_s; `on_point` is told after each;
+    """Every concurrency of the settings, in order, each within its point_timeout_s; `on_point` is told after each;
     `sampler` samples the GPUs' clocks through each point's repeats."""
     pool = prompt_pool(target)
     points = []
-    for concurrency in plan.concurrency:
-        points.append(measure_point(target, plan, pool, concurrency, runner, point_timeout_s(plan, concurrency),
+    for concurrency in settings.concurrency:
+        points.append(measure_point(target, settings, pool, concurrency, runner, point_timeout_s(settings, concurrency),
                                     sampler))
         if on_point:
             on_point(points[-1])
     return points
 
 
-def run_sweep(target: CompletionsServer, plan: BenchmarkPlan,
+def run_sweep(target: CompletionsServer, settings: BenchmarkSettings,
               on_point: Callable[[Point], None] | None = None, nodes: list[Node] | None = None) -> list[Point]:
-    """The sweep from this process (clients == 1) or from `plan.clients` ipyparallel engines; the clocks of the
+    """The sweep from this process (clients == 1) or from `settings.clients` ipyparallel engines; the clocks of the
     GPUs of `nodes` (those that list GPUs) sampled through every point."""
     sampler = Sampler(gpu_nodes(nodes or []))
-    if plan.clients == 1:
-        return sweep(target, plan, local_runner(target), on_point=on_point, sampler=sampler)
-    with Engines(plan.clients) as engines:
-        return sweep(target, plan, engines.runner(target), on_point=on_point, sampler=sampler)
+    if settings.clients == 1:
+        return sweep(target, settings, local_runner(target), on_point=on_point, sampler=sampler)
+    with Engines(settings.clients) as engines:
+        return sweep(target, settings, engines.runner(target), on_point=on_point, sampler=sampler)
 
 
-def memory_bandwidth(plan: BenchmarkPlan, head: Node) -> tuple[float, str]:
+def memory_bandwidth(settings: BenchmarkSettings, head: Node) -> tuple[float, str]:
     """Per-node memory bandwidth in GB/s and where it came from: params, else the head's GPU model."""
-    if plan.memory_bandwidth_gbs:
-        return plan.memory_bandwidth_gbs, "params (benchmark.memory_bandwidth_gbs)"
+    if settings.memory_bandwidth_gbs:
+        return settings.memory_bandwidth_gbs, "params (benchmark.memory_bandwidth_gbs)"
     name = head.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30).stdout.strip()
     known = known_bandwidth_gbs(name)
     if known is None:
@@ -270,14 +271,14 @@ def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7)
 
 
 # --- results on disk -----------------------------------------------------------------------------
-def saved_point(point: Point, target: CompletionsServer, plan: BenchmarkPlan, clients: int) -> SweepPoint:
+def saved_point(point: Point, target: CompletionsServer, settings: BenchmarkSettings, clients: int) -> SweepPoint:
     """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
     ok = [r for r in point.records if r.ok]
     return SweepPoint.model_validate({
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "sparkbook", "endpoint_type": "vllm",
         "model_id": target.model, "base_url": target.base_url, "request_rate": "inf", "burstiness": 1.0,
-        "random_input_len": plan.input_len, "random_output_len": plan.output_len,
-        "num_warmups": warmup_count(plan, point.result.max_concurrency),
+        "random_input_len": settings.input_len, "random_output_len": settings.output_len,
+        "num_warmups": warmup_count(settings, point.result.max_concurrency),
         **point.result.model_dump(exclude={"sparkbook"}),
         "input_lens": [r.prompt_tokens for r in ok], "output_lens": [r.output_tokens for r in ok],
         "ttfts": [r.ttft_s for r in ok], "itls": [r.chunk_gaps_s for r in ok],
@@ -293,10 +294,10 @@ def saved_point(point: Point, target: CompletionsServer, plan: BenchmarkPlan, cl
     })
 
 
-def save(run_dir: Path, points: list[Point], target: CompletionsServer, plan: BenchmarkPlan,
+def save(run_dir: Path, points: list[Point], target: CompletionsServer, settings: BenchmarkSettings,
          clients: int) -> list[Path]:
     """bench/c<concurrency>.json per point in the run dir."""
-    return [write_point(run_dir, saved_point(point, target, plan, clients)) for point in points]
+    return [write_point(run_dir, saved_point(point, target, settings, clients)) for point in points]
 
 
 # --- the summary other notebooks read -----------------------------------------------------------------

@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...core.benchstats import BatchCeiling, StepModel, decode_steps_per_s, repeat_spread
-from ...core.params import BenchmarkPlan
+from ...core.params import BenchmarkSettings
 from ...core.sweeppoint import GpuClocks, SweepPoint
 from .sweep import Point
 
@@ -111,7 +111,7 @@ def ceiling_markdown(m: StepModel, ceilings: list[BatchCeiling]) -> str:
     return "\n".join(lines)
 
 
-def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str, Any]]:
+def cross_check_rows(points: list[Point], settings: BenchmarkSettings) -> list[dict[str, Any]]:
     """Per point: the server's counters against the client's counts, and the prompt lengths it saw."""
     rows = []
     for p in points:
@@ -120,7 +120,8 @@ def cross_check_rows(points: list[Point], plan: BenchmarkPlan) -> list[dict[str,
         for c in p.cross_checks:
             short = c.metric.removeprefix("vllm:").removesuffix("_total")
             row |= {f"server {short}": c.server, f"client {short}": c.client, f"{short} agree": c.agrees}
-        row["prompt tokens (server usage)"] = f"{min(lens, default=0)}..{max(lens, default=0)} (asked {plan.input_len})"
+        asked = settings.input_len
+        row["prompt tokens (server usage)"] = f"{min(lens, default=0)}..{max(lens, default=0)} (asked {asked})"
         rows.append(row)
     return rows
 

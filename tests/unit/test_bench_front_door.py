@@ -9,6 +9,7 @@ from rundirs import make_run, point
 
 from sparkbook.core import benchcompare
 from sparkbook.core.context import Context
+from sparkbook.core.handoff import Endpoint
 from sparkbook.core.params import Params, Speculative, load_params
 from sparkbook.core.rundir import AB_BASELINE
 from sparkbook.core.sweeppoint import SweepPoint, write_point
@@ -91,3 +92,18 @@ def test_a_run_without_its_params_file_compares_only_the_points(tmp_path):
     c = benchcompare.compare_dirs(a, b)
     assert c.params == [] and c.params_note and "20261201T100000Z" in c.params_note
     assert [d.metric for d in c.deltas][:1] == ["output_throughput"]
+
+
+def test_a_preview_of_a_server_not_up_yet_says_it_did_not_answer(tmp_path):
+    """`sparkbook plan` before 05: the endpoint 05 would start is handed on, and nothing listens there yet."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = Endpoint(base_url=f"http://127.0.0.1:{port}", model="m", executor="mp", commands={}, env={}, logs={},
+                        ready_s=0.0, attempts=0, reused=False)
+    preview = bench.preview(_context(tmp_path).with_handoffs(endpoint))
+    assert preview.served is None and preview.unanswered
+    [shown] = preview.shown()
+    assert shown.value["server lists"].startswith("no answer: ") and shown.value["endpoint"] == endpoint.base_url

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from matplotlib.figure import Figure
 
 from ...core import benchstats, fabric, rundir
@@ -47,17 +48,18 @@ class BenchPreview:
 
     settings: BenchmarkSettings
     target: CompletionsServer | None
-    served: tuple[str, ...] | None  # what GET /v1/models lists (None: no endpoint known to ask)
+    served: tuple[str, ...] | None  # what GET /v1/models lists (None: no endpoint known to ask, or no answer)
     model: ModelFacts | None
     proof: FabricProof | None
     assumed: tuple[Handoff, ...] = ()
+    unanswered: str | None = None  # why the server listed nothing (not up yet: `sparkbook plan` before 05)
 
     def shown(self) -> list[Shown]:
         s = self.settings
         where = {"endpoint": "not known yet (05-serve hands it on)", "served model": "-", "server lists": "-"}
         if self.target is not None:
             where = {"endpoint": self.target.base_url, "served model": self.target.model,
-                     "server lists": ", ".join(self.served or ())}
+                     "server lists": ", ".join(self.served or ()) or f"no answer: {self.unanswered}"}
         return [Shown("Benchmark settings", {
             **where, "input tokens": s.input_len, "output tokens": s.output_len, "prompts per point": s.num_prompts,
             "concurrency": str(s.concurrency), "warm-up requests per point": s.warmup_requests,
@@ -72,9 +74,13 @@ def preview(ctx: Context) -> BenchPreview:
     """The settings and the target; asks the server which models it lists (a read-only GET) where 05 named it."""
     endpoint = ctx.handoffs.get(Endpoint)
     target = target_of(endpoint) if endpoint is not None else None
-    served = tuple(served_models(target)) if target is not None else None
+    served, unanswered = None, None
+    try:
+        served = tuple(served_models(target)) if target is not None else None
+    except (OSError, TimeoutError, aiohttp.ClientError) as exc:  # the server 05 would start is not up yet
+        unanswered = f"{type(exc).__name__}: {exc}"[:200]
     return BenchPreview(ctx.params.benchmark, target, served, ctx.handoffs.get(ModelFacts),
-                        ctx.handoffs.get(FabricProof))
+                        ctx.handoffs.get(FabricProof), unanswered=unanswered)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ them, else over the earlier runs of the same params and image; a move inside the
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ import yaml
 
 from .benchstats import Delta, compare, spread_band_pct
 from .handoff import ImageChoice
-from .rundir import PARAMS_COPY, is_run_dir
+from .rundir import PARAMS_COPY, is_run_dir, params_hash
 from .state import StateError, load
 from .sweeppoint import SweepPoint, read_points
 
@@ -27,12 +26,12 @@ POINT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "media
                  "p99_tpot_ms", "median_e2el_ms")
 
 
-def _fmt(value: Any) -> str:
-    """A value as the comparison writes it (records.archive.fmt's way): '-' for nothing, floats to one decimal."""
+def fmt(value: Any, digits: int = 1) -> str:
+    """A figure for a table (the comparisons and the records' pages): '-' when unknown."""
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:,.1f}"
+        return f"{value:,.{digits}f}"
     return str(value)
 
 
@@ -70,11 +69,6 @@ def params_of(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / PARAMS_COPY
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
-
-def params_hash(run_dir: Path) -> str | None:
-    """The first 12 hex digits of the sha256 of the params file the run copied (None: it kept none)."""
-    path = run_dir / PARAMS_COPY
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
 
 
 def image_of(run_dir: Path) -> ImageChoice | None:
@@ -172,7 +166,7 @@ def clock_lines(causes: list[str]) -> list[str]:
 
 def change_lines(title: str, found: list[Change], none: str) -> list[str]:
     """A titled list of changes, `A -> B` each, or the line saying there are none."""
-    return [f"{title}:"] + ([f"  {c.what}: {_fmt(c.a)} -> {_fmt(c.b)}" for c in found] or [f"  {none}"])
+    return [f"{title}:"] + ([f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}" for c in found] or [f"  {none}"])
 
 
 @dataclass(frozen=True)

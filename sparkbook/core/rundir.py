@@ -5,6 +5,7 @@ and write the same dir; naming its files here keeps them agreeing. Core, so that
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,3 +74,9 @@ def relative_paths(data: Any, run_dir: Path) -> Any:
     if isinstance(data, list):
         return [relative_paths(v, run_dir) for v in data]
     return relative_text(data, run_dir) if isinstance(data, str) else data
+
+
+def params_hash(run_dir: Path) -> str | None:
+    """The first 12 hex digits of the sha256 of the params file the run copied (None: it kept none)."""
+    path = run_dir / PARAMS_COPY
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None

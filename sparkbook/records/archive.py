@@ -7,16 +7,16 @@ value is None (shown as '-'); a run dir that cannot be read at all becomes a rec
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.benchcompare import fmt
 from ..core.errors import SparkbookError
 from ..core.evidence import read_events
-from ..core.rundir import MANIFEST, PARAMS_COPY, STATE, is_run_dir
+from ..core.rundir import MANIFEST, STATE, is_run_dir, params_hash
 from ..core.stagelist import BENCH, IMAGES, SERVE, stage_of
 from ..core.sweeppoint import SweepPoint, read_points
 from .failure import LogExcerpt, excerpts
@@ -135,11 +135,6 @@ def _cause(record: RunRecord, events: list[dict[str, Any]]) -> str | None:
     evalue = str(record.failing_cell.get("evalue") or "").strip().splitlines()
     return f"{record.failing_cell.get('ename')}: {evalue[0][:160] if evalue else ''}"
 
-
-def params_hash(run_dir: Path) -> str | None:
-    """The first 12 hex digits of the sha256 of the params file the run copied (None: it kept none)."""
-    path = run_dir / PARAMS_COPY
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
 
 
 def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, Any]]) -> None:
@@ -319,13 +314,7 @@ def find_run(target: str, outputs: Path) -> Path:
     raise ArchiveError(f"{target!r} names {where}", remediation="pass the run dir itself (outputs/<cluster>/<run-id>)")
 
 
-def fmt(value: Any, digits: int = 1) -> str:
-    """A figure for a table: '-' when unknown."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
+
 
 
 def row(r: RunRecord) -> dict[str, str]:

@@ -19,10 +19,10 @@ from ..core.nodes import Cluster, HostKeyMismatch, NodeError
 from ..core.params import Params, ParamsError, load_params
 from ..core.progress import Progress
 from ..core.redact import Redactor
-from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, relative_text
+from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
 from ..core.stagelist import STAGES
 from ..records import pages
-from ..records.archive import params_hash, read_run
+from ..records.archive import read_run
 from ..records.restore_section import restore_section
 from . import arms, lock
 from .limits import cell_limit

@@ -277,7 +277,7 @@ class Speculative(Strict):
 
 class ServeSettings(Strict):
     port: int = Field(8000, ge=1, le=65535)
-    executor: Literal["ray", "mp"] = "ray"
+    executor: Literal["ray", "mp"] | None = None  # None: 05 chooses by the ranks and the image's platform
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     master_port: int = Field(29501, ge=1, le=65535)

@@ -252,7 +252,7 @@ def driver_error(*texts: str) -> str | None:
                  if any(sig in line for sig in DRIVER_ERRORS)), None)
 
 
-def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str,
+def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str | None,
              capabilities: dict[str, list[str]], machines: dict[str, str] | None = None) -> ImageVerdict:
     """not registered / registered but fails inspection / loads, a node's driver problem (not the image's), plus
     Ray, CPU-architecture and CUDA-architecture findings."""
@@ -281,9 +281,9 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
     if registry.transformers_backend or (status != LOADS and inspection.transformers_knows):
         flags.append(f"Transformers fallback: with `--model-impl auto` vLLM would serve {arch} through its "
                      "Transformers backend (it may report ready and fail on the first request); not counted as support")
-    if executor == "ray" and not facts.ray_version:
-        blocking.append("no Ray in the image (or environment), and serve.executor is ray: install Ray in it or use "
-                        "the mp executor")
+    if executor != "mp" and not facts.ray_version:  # unset: 05 may choose Ray, and 04 forms it either way
+        blocking.append(f"no Ray in the image (or environment), and serve.executor is {executor or 'unset'}: "
+                        "install Ray in it or use the mp executor")
     for node, caps in capabilities.items():
         missing = [c for c in caps if not arch_covers(facts.cuda_archs, c)]
         if missing and facts.cuda_archs:

@@ -57,31 +57,48 @@ def single_rank(settings: ServeSettings) -> bool:
 
 
 def choose_executor(ctx: Context, platform: Platform) -> tuple[str, Decision]:
-    """vLLM's default with one rank in all; else Ray where the platform supports it and params ask for it, `mp`
-    multi-node otherwise."""
-    params = ctx.params
-    wanted = params.serve.executor
+    """An explicit serve.executor is what serves (Ray on vLLM's CPU build is refused before anything starts); an
+    unset one is chosen: vLLM's default with one rank in all, else Ray where the platform supports it, `mp`
+    multi-node on the CPU build."""
+    wanted = ctx.params.serve.executor
+    if wanted is None:
+        return _chosen(ctx.params, platform)
+    if platform.device == "cpu" and wanted == "ray":
+        raise ServeError(f"serve.executor is ray, and vLLM's CPU build refuses Ray as executor (`current platform "
+                         f"cpu does not support ray`; the image is vLLM {platform.vllm})",
+                         remediation="set serve.executor: mp in the params, or leave it out for 05 to choose")
+    single = single_rank(ctx.params.serve)
+    return wanted, Decision(QUESTION, wanted, f"params set serve.executor: {wanted}, and an explicit setting is what "
+                            f"serves" + (" (with one rank in all, leaving it out gives vLLM's in-process default, "
+                                         "which starts 31-48 s sooner on an H200)" if single else ""),
+                            [Alternative("chosen by 05", "params set it")],
+                            platform.evidence + [f"params serve.executor = {wanted}"], key="executor")
+
+
+QUESTION = "Which distributed executor serves the model?"
+
+
+def _chosen(params: Params, platform: Platform) -> tuple[str, Decision]:
+    """serve.executor left out: the executor by the ranks and the platform."""
+    evidence = [*platform.evidence, "params leave serve.executor out"]
     if single_rank(params.serve):
         return DEFAULT, Decision(
-            "Which distributed executor serves the model?", "vLLM's default",
+            QUESTION, "vLLM's default",
             "one rank in all (tensor_parallel_size x pipeline_parallel_size = 1): no --distributed-executor-backend, "
             "so vLLM runs the model in its engine process instead of spawning a worker that imports everything again "
             "(measured on one H200, issue 33: `mp` started 31-48 s slower)",
-            [Alternative(wanted, "a separate worker process for a single rank only costs start-up time")],
-            platform.evidence + [f"params serve.executor = {wanted}", "TP x PP = 1"], key="executor")
-    multi = len(serving_nodes(params)) > 1
-    if platform.device == "cpu" and wanted == "ray":
+            [Alternative("mp", "a separate worker process for a single rank only costs start-up time")],
+            [*evidence, "TP x PP = 1"], key="executor")
+    multi = " multi-node" if len(serving_nodes(params)) > 1 else ""
+    if platform.device == "cpu":
         return "mp", Decision(
-            "Which distributed executor serves the model?", "mp" + (" multi-node" if multi else ""),
-            f"vLLM's CPU build refuses Ray as executor (`current platform cpu does not support ray`); "
-            f"the image is vLLM {platform.vllm}. Ray still runs in the node containers (04).",
-            [Alternative("ray", "the image's platform is cpu: vLLM would refuse it at start-up")],
-            platform.evidence + [f"params serve.executor = {wanted}"], key="executor")
-    other = "mp" if wanted == "ray" else "ray"
-    return wanted, Decision(
-        "Which distributed executor serves the model?", wanted, f"params ask for {wanted} and the "
-        f"{platform.device} platform supports it", [Alternative(other, "not what params ask for")],
-        platform.evidence + [f"params serve.executor = {wanted}"], key="executor")
+            QUESTION, "mp" + multi, f"vLLM's CPU build refuses Ray as executor (`current platform cpu does not support "
+            f"ray`); the image is vLLM {platform.vllm}. Ray still runs in the node containers (04).",
+            [Alternative("ray", "the image's platform is cpu: vLLM would refuse it at start-up")], evidence,
+            key="executor")
+    return "ray", Decision(QUESTION, "ray", f"more than one rank on the {platform.device} platform: Ray places them "
+                           "across the nodes 04 joined",
+                           [Alternative("mp" + multi, "Ray is the default where it runs")], evidence, key="executor")
 
 
 # --- the commands ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class Stage:
     reads: tuple[str, ...]  # the hand-offs (core.handoff, core.modelinfo) it recalls, by class name
     writes: tuple[str, ...]  # the hand-offs it remembers
     longest_wait: Callable[[Params], Wait] | None = None  # None: no wait beyond papermill's default cell limit
+    needs: tuple[str, ...] = ()  # of `reads`, those it cannot run without (the others it falls back without)
 
     @property
     def id(self) -> str:
@@ -69,11 +70,11 @@ CLEANUP = Stage("01-cleanup", "cleanup", reads=(), writes=("Stopped", "OldDeploy
 DIAGNOSE = Stage("02-diagnosis", "diagnose", reads=("OldDeployment",), writes=("ModelFacts", "Diagnosis"))
 IMAGES = Stage("03-image-selection", "images", reads=("ModelFacts", "Diagnosis"), writes=("ImageChoice",))
 RAYCLUSTER = Stage("04-ray-cluster", "raycluster", reads=("ImageChoice",), writes=("RayCluster", "FabricProof"),
-                   longest_wait=_ray_join)
+                   longest_wait=_ray_join, needs=("ImageChoice",))
 SERVE = Stage("05-serve", "serve", reads=("ImageChoice", "RayCluster", "ModelFacts", "Diagnosis"),
-              writes=("Endpoint",), longest_wait=_serve_attempts)
+              writes=("Endpoint",), longest_wait=_serve_attempts, needs=("ImageChoice", "ModelFacts", "Diagnosis"))
 BENCH = Stage("06-benchmark", "bench", reads=("Endpoint", "ModelFacts", "FabricProof"),
-              writes=("BenchmarkSummary", "AbVerdict"), longest_wait=_sweep)
+              writes=("BenchmarkSummary", "AbVerdict"), longest_wait=_sweep, needs=("Endpoint", "ModelFacts"))
 STAGES = (CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE, BENCH)  # in run order
 
 

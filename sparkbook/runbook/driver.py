@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ..core import state
 from ..core.errors import SparkbookError
 from ..core.evidence import now, read_events
 from ..core.nodes import Cluster, HostKeyMismatch, NodeError
@@ -25,6 +26,7 @@ from ..records import pages
 from ..records.archive import read_run
 from ..records.restore_section import restore_section
 from . import arms, lock
+from .carry import carry
 from .limits import cell_limit
 from .manifest import Manifest, NotebookRun, sparkbook_version
 
@@ -92,6 +94,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     parameters = dict(parameters or {})
     check_parameters(parameters, folder)
     names = notebook_names(folder)
+    carried = None  # a new run past 01: the hand-offs it starts from
     if resume:
         run_dir = resume.resolve()
         manifest = Manifest.read(run_dir)
@@ -109,6 +112,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         run_id = new_run_id()
         run_dir = (out_root / params.cluster / run_id).resolve()
         todo = arms.with_arms(select(names, start, only, upto), params)
+        carried = carry(out_root / params.cluster, todo) if (start or only) and not seed else None
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
                             params_source=params_source(params_file, out_root),
                             notebooks=[NotebookRun(n, "pending" if n in todo or not seed else "skipped")
@@ -118,6 +122,10 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         if seed:
             shutil.copyfile(seed / STATE, run_dir / STATE)
             say(f"{run_dir.name}: starts from the hand-offs of run {seed.name}; {', '.join(todo)} run")
+        elif carried is not None:
+            for value, _ in carried.values:
+                state.store(run_dir, value, lambda d: d)  # as the earlier run stored it: redacted already
+            say(f"{run_dir.name}: starts from " + ("; ".join(carried.lines()) or "no earlier hand-off"))
         _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say, only)
     return run_dir, Manifest.read(run_dir)
 

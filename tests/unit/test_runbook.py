@@ -187,3 +187,20 @@ def test_the_params_copy_loads_from_the_run_dir_when_the_source_names_its_ssh_fi
     copy = driver.copy_params(source, load_params(source), tmp_path / "run")
     assert load_params(copy) == load_params(source)
     assert load_params(copy).ssh.known_hosts == (source.parent / "keys" / "known_hosts").resolve()
+
+
+def test_a_new_run_from_a_later_notebook_starts_from_the_newest_run_that_recorded_its_hand_offs(
+        notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    """Issue 40, item 3: `--from 03` in a new run takes the Diagnosis an earlier run recorded, and says from where."""
+    from sparkbook.core import state
+    from sparkbook.core.handoff import Diagnosis
+
+    earlier, _ = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="01", say=lambda _: None)
+    state.store(earlier, Diagnosis(findings=[], question_for_03="which image?", installed_image=None), lambda d: d)
+    seen: list[str] = []
+    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, start="03",
+                                   say=seen.append)
+    assert run_dir != earlier and [nb.status for nb in manifest.notebooks][-1] == "ok"
+    assert state.load(run_dir, Diagnosis).question_for_03 == "which image?"
+    assert any(f"Diagnosis (diagnosis) from run {earlier.name}" in line and "ModelFacts: no run recorded it" in line
+               for line in seen), seen

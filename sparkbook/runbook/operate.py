@@ -5,6 +5,7 @@ from that run's recorded image and plan, no cleanup, no copies). Each reads the 
 deployed; nothing here decides how to deploy."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -17,7 +18,7 @@ import httpx
 
 from ..core import state
 from ..core.errors import SparkbookError
-from ..core.evidence import now
+from ..core.evidence import now, read_events
 from ..core.handoff import Endpoint, ImageChoice
 from ..core.nodes import Node, NodeError
 from ..core.params import Params, load_params
@@ -46,6 +47,7 @@ class Deployment:
     run_dir: Path
     image: ImageChoice
     endpoint: Endpoint
+    rolled_back_by: str | None = None  # the later run whose failed 05 relaunched this plan (None: its own 05 did)
 
     @property
     def run_id(self) -> str:
@@ -67,14 +69,31 @@ class Deployment:
 
 
 def _served(run_dir: Path) -> Deployment | None:
-    """The run's deployment when its 05 ended ok and its state holds the image and the endpoint."""
+    """What serves since the run: its own deployment when its 05 ended ok and its state holds the image and the
+    endpoint; where its 05 failed and rolled back, the deployment of the run whose plan it relaunched (issue 40: the
+    deployment follows what serves, so status, logs, stop and up find it after a failure)."""
     try:
         manifest = Manifest.read(run_dir)
-        if not any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks):
+        if any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks):
+            return _deployment(run_dir)
+        back = rolled_back_to(run_dir)
+        if back is None:
             return None
-        return Deployment(run_dir, state.load(run_dir, ImageChoice, "status"), state.load(run_dir, Endpoint, "status"))
+        return dataclasses.replace(_deployment(run_dir.parent / back), rolled_back_by=run_dir.name)
     except (OSError, ValueError, TypeError, KeyError, SparkbookError):
         return None  # an unreadable or partial run dir deployed nothing usable
+
+
+def _deployment(run_dir: Path) -> Deployment:
+    return Deployment(run_dir, state.load(run_dir, ImageChoice, "status"), state.load(run_dir, Endpoint, "status"))
+
+
+def rolled_back_to(run_dir: Path) -> str | None:
+    """The run whose plan the run's last rollback brought back serving; None where it rolled back nothing (or the
+    rollback failed too)."""
+    rollbacks = read_events(run_dir, "serve_rollback")
+    last = rollbacks[-1]["data"] if rollbacks else {}
+    return str(last["rolled_back_to_run"]) if last.get("ok") and last.get("rolled_back_to_run") else None
 
 
 def deployments(cluster_dir: Path) -> list[Deployment]:
@@ -123,7 +142,8 @@ class Status:
 
     def lines(self) -> list[str]:
         d = self.deployment
-        return [f"cluster deployment of run {d.run_id} (server started by run {d.started_by()}): model "
+        back = f"; rolled back to by run {d.rolled_back_by}, whose new plan failed" if d.rolled_back_by else ""
+        return [f"cluster deployment of run {d.run_id} (server started by run {d.started_by()}{back}): model "
                 f"{d.endpoint.model}, image {d.image.ref}, plan {d.plan_hash}, executor {d.endpoint.executor}",
                 f"endpoint {d.endpoint.base_url}: " + ("/health answers 200" if self.health is None
                                                       else f"/health NOT answering ({self.health})"),

@@ -2,6 +2,7 @@
 `status`, `logs` and `stop` act on, its plan fingerprint, and the notebooks `up` runs."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -46,3 +47,47 @@ def test_no_deployment_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Cap
         assert cli.main([*command, str(LAB), "--outputs", str(tmp_path)]) == 1
         err = capsys.readouterr().err
         assert "no run under" in err and "deployed a server" in err and "Traceback" not in err, err
+
+
+def _deployed_run(cluster: Path, run_id: str, serve_status: str, ref: str, rollback: dict | None = None) -> Path:
+    """A run dir whose 05 ended `serve_status`, its state holding what 03 and 05 hand on (05's only where ok)."""
+    from sparkbook.core import state
+    from sparkbook.core.handoff import Endpoint, ImageChoice
+
+    d = cluster / run_id
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({
+        "cluster": cluster.name, "run_id": run_id, "params_file": "/p.yaml", "parameters": {}, "started": "t",
+        "status": "ok" if serve_status == "ok" else "failed",
+        "notebooks": [{"name": "03-image-selection.ipynb", "status": "ok"}, {"name": "05-serve.ipynb",
+                                                                             "status": serve_status}]}))
+    state.store(d, ImageChoice(ref=ref, id="sha256:1", vllm_version="0.25.0", ray_version=None, nodes={}),
+                lambda x: x)
+    if serve_status == "ok":
+        state.store(d, Endpoint(base_url="http://h:8000", model="m", executor="default",
+                                commands={"h": ["vllm", "serve", "/m", "--max-num-seqs", run_id[-3:]]}, env={},
+                                logs={}, ready_s=1.0, attempts=1, reused=False), lambda x: x)
+    events = [{"at": "t", "stage": "05-serve", "kind": "serve_rollback", "data": rollback}] if rollback else []
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return d
+
+
+def test_after_a_rollback_the_deployment_is_the_plan_that_serves_again(tmp_path: Path) -> None:
+    """Issue 40, item 4: a run whose 05 failed and rolled back leaves the relaunched plan the cluster's deployment,
+    named with the run that rolled back to it; a failed rollback leaves nothing deployed by that run."""
+    cluster = tmp_path / "h200-one"
+    first = _deployed_run(cluster, "20261203T100000Z", "ok", "vllm:0.25")
+    _deployed_run(cluster, "20261203T110000Z", "failed", "vllm:0.26", {
+        "rolled_back_to_run": first.name, "ok": True, "seconds_without_service": 129.0})
+    (d,) = operate.deployments(cluster)[:1]
+    assert (d.run_id, d.rolled_back_by, d.image.ref) == (first.name, "20261203T110000Z", "vllm:0.25")
+    _deployed_run(cluster, "20261203T120000Z", "failed", "vllm:0.27", {
+        "rolled_back_to_run": first.name, "ok": False, "rollback_problem": "no answer"})
+    assert operate.deployments(cluster)[0].rolled_back_by == "20261203T110000Z", "a failed rollback deployed nothing"
+    resumed = _deployed_run(cluster, "20261203T130000Z", "ok", "vllm:0.25")  # its 05 later resumed, failed, rolled back
+    (resumed / "manifest.json").write_text((resumed / "manifest.json").read_text().replace('"status": "ok"}]',
+                                                                                          '"status": "failed"}]'))
+    (resumed / "events.jsonl").write_text(json.dumps({"at": "t", "stage": "05-serve", "kind": "serve_rollback",
+                                                      "data": {"rolled_back_to_run": resumed.name, "ok": True}}))
+    d = operate.deployments(cluster)[0]
+    assert (d.run_id, d.rolled_back_by) == (resumed.name, resumed.name)

@@ -140,6 +140,14 @@ class Status:
     def serving(self) -> bool:
         return self.health is None and all(n.server == "running" for n in self.nodes)
 
+    def problems(self) -> list[str]:
+        """Where the processes and the API disagree: each is a problem to look at, never a verdict to trust."""
+        quiet = [n.node for n in self.nodes if n.server != "running"]
+        if self.health is None and quiet:
+            return [f"PROBLEM: /health answers, yet no recorded vllm serve is seen running on {', '.join(quiet)}: "
+                    "another process holds the port, or the server runs outside what 05 recorded"]
+        return []
+
     def lines(self) -> list[str]:
         d = self.deployment
         back = f"; rolled back to by run {d.rolled_back_by}, whose new plan failed" if d.rolled_back_by else ""
@@ -147,6 +155,7 @@ class Status:
                 f"{d.endpoint.model}, image {d.image.ref}, plan {d.plan_hash}, executor {d.endpoint.executor}",
                 f"endpoint {d.endpoint.base_url}: " + ("/health answers 200" if self.health is None
                                                       else f"/health NOT answering ({self.health})"),
+                *self.problems(),
                 *(f"clients on the {a.network} network: {a.url}" + (f" (not listening: {a.not_listening})"
                                                                       if a.not_listening else "")
                   for a in self.addresses)]
@@ -165,10 +174,12 @@ def _node_status(runtime: Runtime, node: Node, place: Place, log: str, ray: str)
         found = runtime.existing(node, place)
     except (NodeError, OSError) as exc:
         return NodeStatus(node.name, f"unreachable: {exc}"[:160], "unknown", "unknown", None)
+    server = "running" if runtime.running(node, place, Spawned(node.name, place.name, log)) else "not running"
+    if found is None and runtime.alive(node, place):  # a place without a container: the Python runtime's sessions
+        return NodeStatus(node.name, f"no container: the sessions of {place.name} run", ray, server, None)
     if found is None or found.status != "running":
         return NodeStatus(node.name, found.status if found else f"none ({place.name})", "not running", "not running",
                           None)
-    server = "running" if runtime.running(node, place, Spawned(node.name, place.name, log)) else "not running"
     return NodeStatus(node.name, f"running {found.id[:12]}", ray, server, _since(found.started_at))
 
 

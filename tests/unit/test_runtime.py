@@ -160,3 +160,29 @@ def test_docker_one_off_passes_the_nodes_gpus_when_asked(local, fake_docker) -> 
     without = rt.one_off(node, "held:1", ["true"], timeout=7).stdout.splitlines()
     assert with_gpus[with_gpus.index("--gpus") + 1] == "all" and with_gpus.index("--gpus") < with_gpus.index("held:1")
     assert "--gpus" not in without
+
+
+def test_status_reads_the_python_runtimes_sessions_and_names_a_disagreement_with_health(local) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40, item 5: on the Python runtime (no container) status reads the spawned sessions: a live server is
+    running, not "container none"; and /health answering beside a server not seen is said as a problem."""
+    from sparkbook.runbook import operate
+
+    cluster = local({"kind": "python", "python": sys.executable})
+    rt, node = runtime_for(cluster.params), cluster.head
+    place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}")
+    log = f"/tmp/sparkbook/{place.name}/serve-1.log"
+    rt.start(node, rt.start_spec(node, place, gpus=False))
+    try:
+        spawned = rt.spawn(node, place, ["python", "-c", "import time; time.sleep(60)"], log)
+        end = time.monotonic() + 20
+        while not rt.running(node, place, spawned) and time.monotonic() < end:
+            time.sleep(0.2)
+        seen = operate._node_status(rt, node, place, log, "running")
+        assert (seen.server, seen.container) == ("running", f"no container: the sessions of {place.name} run")
+        rt.kill(node, place, spawned, grace_s=2)
+        gone = operate._node_status(rt, node, place, log, "not running")
+        assert gone.server == "not running" and gone.container.startswith("none")
+        status = operate.Status(None, [gone], None)  # type: ignore[arg-type]
+        assert not status.serving and status.problems()[0].startswith("PROBLEM: /health answers, yet no recorded")
+    finally:
+        rt.stop(node, place)

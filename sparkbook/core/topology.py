@@ -2,7 +2,11 @@
 the Ray address, and whether 04's Ray cluster still stands (04 forms it, 05 and 06 rely on it)."""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import PurePosixPath
+
+import httpx
 
 from .nodes import Cluster, Node
 from .params import NodeSpec, Params
@@ -11,6 +15,8 @@ from .runtime import Place, Runtime, Spawned
 LOG_DIR = "/tmp/sparkbook/logs"  # in the node containers: every process the stages spawn there logs here
 RAY_TEMP_DIR = "/tmp/sparkbook/ray"
 RAY_LOG = f"{LOG_DIR}/ray.log"
+SERVING = f"{LOG_DIR}/serving.json"  # in the head's place: what 05 serves there now (05 keeps it, 04 would end it)
+HEALTH_TIMEOUT_S = 5.0
 NODE_RESOURCE = "sparkbook_node_{}"
 
 
@@ -90,3 +96,30 @@ def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 
     outcomes = cluster.fan_out(check, timeout=timeout_s)
     return {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
             if not o.ok or o.value}
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    """The server 05 recorded in the head's place and that still answers /health: what replacing the places ends."""
+
+    run: str | None  # the run whose plan it serves (None in records older than that field)
+    base_url: str
+    model: str
+
+
+def live_server(params: Params, cluster: Cluster, runtime: Runtime) -> LiveServer | None:
+    """Read-only: the head's place's record of what serves, where /health answers; None where nothing does."""
+    head, place = cluster.head, places(params, "")[params.head.name]
+    if not runtime.alive(head, place):
+        return None
+    try:
+        record = json.loads(runtime.read(head, place, SERVING))
+        base_url, model, record_run = str(record["running"]["base_url"]), str(record["running"]["model"]), \
+            record.get("run")
+    except (ValueError, KeyError, TypeError):
+        return None
+    try:
+        answers = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        answers = False
+    return LiveServer(record_run, base_url, model) if answers else None

@@ -32,8 +32,15 @@ class InProcess:
 
     not_reusable: str | None = "in-process: no container a previous run left"
 
-    def __init__(self) -> None:
+    def __init__(self, serving: str | None = None) -> None:
         self.started: dict[str, StartSpec] = {}
+        self.serving = serving  # the head place's serving record (None: no place stands)
+
+    def alive(self, node: Node, place: Place) -> bool:
+        return self.serving is not None
+
+    def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
+        return self.serving or ""
 
     def preflight(self, cluster: Cluster) -> FanOut[None]:
         return FanOut({n.name: Outcome(n.name) for n in cluster})
@@ -141,7 +148,7 @@ def kinds(outcome: raycluster.RayOutcome) -> list[str]:
 def test_run_records_in_order_and_hands_on_the_proof_then_the_cluster(monkeypatch, lab, tmp_path) -> None:
     called = formed(monkeypatch)
     ctx = context(lab, tmp_path, InProcess())
-    out = raycluster.run(ctx, raycluster.preview(ctx))
+    out = raycluster.run(ctx, raycluster.preview(ctx), confirm_replace=False)
     assert out.error is None and called == ["start_ray", "wait_for_join", "status", "gate", "run_allreduce",
                                             "verdict", "figure", "proof"]
     assert kinds(out) == ["decision: start new containers and Ray", "ray_join", "ray_gate", allreduce.EVENT,
@@ -153,7 +160,7 @@ def test_run_records_in_order_and_hands_on_the_proof_then_the_cluster(monkeypatc
 def test_a_failed_gate_is_the_outcomes_error_after_its_evidence(monkeypatch, lab, tmp_path) -> None:
     called = formed(monkeypatch, gate_ok=False)
     ctx = context(lab, tmp_path, InProcess())
-    out = raycluster.run(ctx, raycluster.preview(ctx))
+    out = raycluster.run(ctx, raycluster.preview(ctx), confirm_replace=False)
     assert isinstance(out.error, formation.GateFailed) and "lab-1: not in the Ray cluster" in str(out.error)
     assert "run_allreduce" not in called and kinds(out)[-1] == "ray_gate" and out.handoffs == []
     assert "04 stopped" in str(out.summary_shown()[0].value)
@@ -162,7 +169,49 @@ def test_a_failed_gate_is_the_outcomes_error_after_its_evidence(monkeypatch, lab
 def test_a_fabric_below_its_limits_keeps_its_figure_and_hands_on_nothing(monkeypatch, lab, tmp_path) -> None:
     formed(monkeypatch, fabric_ok=False)
     ctx = context(lab, tmp_path, InProcess())
-    out = raycluster.run(ctx, raycluster.preview(ctx))
+    out = raycluster.run(ctx, raycluster.preview(ctx), confirm_replace=False)
     assert isinstance(out.error, allreduce.FabricTestFailed) and "busbw at 8 MiB" in str(out.error)
     assert out.handoffs == [] and list(out.figures) == ["fabric-allreduce.png"]
     assert kinds(out)[-1] == "fabric_verdict"
+
+
+@pytest.fixture
+def health_server():
+    """An HTTP server on localhost whose /health answers 200: a live server's, as 04 asks it."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_containers_that_hold_a_live_server_are_replaced_only_when_confirmed(lab: Params, tmp_path: Path,
+                                                                             health_server: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40, item 1: a new image would replace the node containers, whose server answers: without
+    confirm_replace 04 stops before touching them, saying whose server it is; with it, it replaces them."""
+    record = json.dumps({"running": {"base_url": health_server, "model": "hyv4-tiny"}, "run": "20261203T100000Z"})
+    runtime = InProcess(record)
+    seen = raycluster.preview(context(lab, tmp_path, runtime))
+    assert seen.live is not None and seen.live.run == "20261203T100000Z" and not seen.kept.ok
+    assert any("only with -p confirm_replace=true" in str(s.value) for s in seen.shown())
+    out = raycluster.run(context(lab, tmp_path, runtime), seen, confirm_replace=False)
+    assert isinstance(out.error, containers.RayStageError) and "04 would stop a live server" in out.error.message
+    assert runtime.started == {} and kinds(out)[-1] == "decision: keep them, stop here"
+    formed(monkeypatch)
+    out = raycluster.run(context(lab, tmp_path, runtime), seen, confirm_replace=True)
+    assert out.error is None and set(runtime.started) == {"lab-0", "lab-1"}
+    assert "decision: replace them" in kinds(out)
+    assert raycluster.preview(context(lab, tmp_path, InProcess(json.dumps(
+        {"running": {"base_url": "http://127.0.0.1:9", "model": "m"}})))).live is None, "a server that does not answer"
+

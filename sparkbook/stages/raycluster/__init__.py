@@ -14,16 +14,16 @@ from matplotlib.figure import Figure
 
 from ...core.context import Context
 from ...core.errors import SparkbookError
-from ...core.evidence import Shown, StageOutcome
+from ...core.evidence import Alternative, Decision, Shown, StageOutcome
 from ...core.handoff import ImageChoice, RayCluster
 from ...core.nodes import Result
 from ...core.progress import Progress
 from ...core.runtime import StartSpec
 from ...core.state import Handoff
-from ...core.topology import address
+from ...core.topology import LiveServer, address, live_server
 from . import allreduce, containers, formation, keep
 from .allreduce import AllReduceTest, FabricVerdict
-from .containers import NodeContainer
+from .containers import NodeContainer, RayStageError
 from .formation import Gate, Join, RayStart
 from .keep import Reuse
 
@@ -53,6 +53,7 @@ class RayPreview:
     skip: str | None  # why the all_reduce test is skipped (one rank); None: it runs
     address: str
     assumed: tuple[Handoff, ...] = ()
+    live: LiveServer | None = None  # the server the containers 04 would replace still serve (None: none answers)
 
     @property
     def specs(self) -> dict[str, StartSpec]:
@@ -65,6 +66,8 @@ class RayPreview:
                                      "Ray": self.image.ray_version}),
                 Shown(f"Node containers and Ray (Ray address {self.address})", [s.row() for s in self.starts]),
                 Shown("The running cluster", kept),
+                *([Shown("A live server in the containers 04 would replace", replacing(self.live, self.kept))]
+                  if self.live and not self.kept.ok else []),
                 Shown("Fabric test", f"skipped: {self.skip}" if self.skip else "all_reduce across the nodes")]
 
 
@@ -77,8 +80,14 @@ def preview(ctx: Context) -> RayPreview:
     starts = [NodeStart(specs[n.name], formation.ray_argv(ctx.params, n)) for n in ctx.params.nodes]
     forms = RayCluster(address=address(ctx.params), containers={n: p.name for n, p in ctx.places.items()},
                        reused=False, container_ids={}, nodes=[])
-    return RayPreview(choice, starts, kept(ctx, choice.id), allreduce.single_rank(ctx.params), forms.address,
-                      (forms,))
+    keeping = kept(ctx, choice.id)
+    live = None if keeping.ok else live_server(ctx.params, ctx.cluster, ctx.runtime)
+    return RayPreview(choice, starts, keeping, allreduce.single_rank(ctx.params), forms.address, (forms,), live)
+
+
+def replacing(live: LiveServer, keeping: Reuse) -> str:
+    return (f"the node containers serve {live.model} at {live.base_url} (run {live.run or 'unknown'}); starting "
+            f"04's containers anew ({keeping.reason}) stops that server: only with -p confirm_replace=true")
 
 
 def kept(ctx: Context, image_id: str | None) -> Reuse:
@@ -172,18 +181,39 @@ class RayOutcome(StageOutcome):
                 f"({self.test.backend})")
 
 
-def run(ctx: Context, preview: RayPreview) -> RayOutcome:
+def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutcome:
     """Keep the running cluster or start the preview's containers and Ray, wait for the join, gate, test the fabric
-    and hand on the RayCluster (and the fabric's figures). A failure ends it as outcome.error, after the evidence
-    gathered so far."""
+    and hand on the RayCluster (and the fabric's figures). Containers that hold a live server are replaced only with
+    confirm_replace, as 05 replaces a server (issue 40): without it nothing is touched. A failure ends it as
+    outcome.error, after the evidence gathered so far."""
     ctx = ctx.with_image(preview.image.ref)
     out = RayOutcome(kept=preview.kept, skip=preview.skip)
     out.decide(preview.kept.decision(preview.image.id or ""))
+    if preview.live is not None and not preview.kept.ok:
+        out.decide(replace_decision(preview.live, preview.kept, confirm_replace))
+        if not confirm_replace:
+            out.error = RayStageError(f"04 would stop a live server: {replacing(preview.live, preview.kept)}",
+                                      remediation="run again with -p confirm_replace=true to replace it, or with the "
+                                                  "image and settings it runs to keep it")
+            return out
     try:
         out.error = form(ctx, preview, out)
     except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable
         out.error = exc
     return out
+
+
+def replace_decision(live: LiveServer, keeping: Reuse, confirmed: bool) -> Decision:
+    question = "Replace the node containers that hold a live server?"
+    evidence = [f"{live.base_url} answers /health, serving {live.model} for run {live.run or 'unknown'}",
+                f"not kept: {keeping.reason}"]
+    if confirmed:
+        return Decision(question, "replace them", "confirm_replace is true: the server stops with its containers",
+                        [Alternative("keep them, stop here", "confirm_replace asks for the replacement")], evidence,
+                        key="replace_containers")
+    return Decision(question, "keep them, stop here", "confirm_replace is false: a live server is replaced only when "
+                    "asked", [Alternative("replace them", "confirm_replace is false")], evidence,
+                    key="replace_containers")
 
 
 def form(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError | None:

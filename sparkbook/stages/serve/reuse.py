@@ -14,12 +14,10 @@ from ...core.context import Context
 from ...core.evidence import Alternative, Decision, now
 from ...core.params import ServeSettings
 from ...core.runtime import Spawned
-from ...core.topology import LOG_DIR
+from ...core.topology import SERVING
 from .commands import ServeCommand, ServePlan
 from .launch import BringUp, Kept, Launch, Readiness, get, log_path, tails
 from .plandiff import differences
-
-SERVING = f"{LOG_DIR}/serving.json"  # in the head's container: what serves there now (for reuse by a later run)
 
 
 def plan_data(p: ServePlan) -> dict[str, Any]:

@@ -142,7 +142,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         params_file, steps = str(own) if own.is_file() else Manifest.read(run_dir).params_file, []
     else:
         raise driver.RunbookError(f"{plan_file} not found: {CLEANUP.name} writes it after it stops something")
-    run = open_run(params_file, run_dir, stage="restore")
+    # the run dir's own params.yaml, which the driver writes relative to the run dir once the run ends
+    run = open_run(run_dir / params_file, run_dir, stage="restore")
     out = restore.RestoreOutcome("nothing to restore")
     try:
         for event in restore.restore_deployment(run.context(), steps, run.params.cleanup, args.stop_new):

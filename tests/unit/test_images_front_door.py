@@ -12,7 +12,7 @@ from sparkbook.core.context import Context
 from sparkbook.core.evidence import Decision, Event
 from sparkbook.core.handoff import ImageChoice
 from sparkbook.core.imageprobes import RegistryProbe
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.params import Params
 from sparkbook.stages import images
 from sparkbook.stages.images import choice, distribute, modelcopy
 from sparkbook.stages.images.choice import Candidate, ImageFacts, InspectionProbe, ModelTarget
@@ -20,15 +20,6 @@ from sparkbook.stages.images.choice import Candidate, ImageFacts, InspectionProb
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 TARGET = ModelTarget("HYV4ForCausalLM", "hy_v4", "/m", "config.json on lab-0")
 ID = "sha256:" + "0" * 64
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Params:
-    text = (PARAMS / "lab.yaml").read_text()
-    for key in ("key_file", "known_hosts"):  # the lab's files may not exist where unit tests run
-        text = text.replace(f"  {key}:", f"  # {key}:")
-    (tmp_path / "lab.yaml").write_text(text)
-    return load_params(tmp_path / "lab.yaml")
 
 
 def candidate(image: str, vllm: str, loads: bool) -> Candidate:

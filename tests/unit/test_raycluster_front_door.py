@@ -16,7 +16,7 @@ from sparkbook.core.context import Context
 from sparkbook.core.evidence import Decision, Event
 from sparkbook.core.handoff import FabricProof, ImageChoice, RayCluster
 from sparkbook.core.nodes import Cluster, FanOut, Node, Outcome, Result
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.params import Params
 from sparkbook.core.runtime import Place, StartSpec
 from sparkbook.core.state import Handoffs
 from sparkbook.stages import raycluster
@@ -67,15 +67,6 @@ class InProcess:
         """The netdev_ips probe's reply: the node's fabric IP on its netdev."""
         doc = json.dumps({"addresses": [str(node.spec.fabric_ip)]})
         return Result(node.name, tuple(argv), 0, f"{probes.PREFIX}{doc}\n{probes.END}\n", "", datetime.now(UTC), 0.0)
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Params:
-    text = (PARAMS / "lab.yaml").read_text()
-    for key in ("key_file", "known_hosts"):  # the lab's files may not exist where unit tests run
-        text = text.replace(f"  {key}:", f"  # {key}:")
-    (tmp_path / "lab.yaml").write_text(text)
-    return load_params(tmp_path / "lab.yaml")
 
 
 def context(params: Params, tmp_path: Path, runtime: InProcess, image: ImageChoice = IMAGE) -> Context:

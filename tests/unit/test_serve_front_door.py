@@ -12,7 +12,7 @@ from sparkbook.core.errors import SparkbookError
 from sparkbook.core.evidence import Decision, Event
 from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice
 from sparkbook.core.modelinfo import ModelFacts
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.params import Params
 from sparkbook.stages import serve
 from sparkbook.stages.serve import bringup, commands, environ, launch, memory, replace, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
@@ -28,15 +28,6 @@ FACTS = ModelFacts(architectures=["LlamaForCausalLM"], model_type="llama", dtype
                    dir_on_nodes="/srv/models/tiny")
 DIAGNOSIS = Diagnosis(findings=[], question_for_03="", installed_image=None)
 REAL_BRING_UP = bringup.bring_up
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Params:
-    text = (PARAMS / "lab.yaml").read_text()
-    for key in ("key_file", "known_hosts"):  # the lab's files may not exist where unit tests run
-        text = text.replace(f"  {key}:", f"  # {key}:")
-    (tmp_path / "lab.yaml").write_text(text)
-    return load_params(tmp_path / "lab.yaml")
 
 
 def context(params: Params, tmp_path: Path) -> Context:

@@ -294,7 +294,8 @@ def test_a_draft_model_missing_on_a_serving_node_is_named_with_its_field(lab):
 
 @pytest.mark.parametrize("platform", [CPU, CUDA], ids=["cpu", "cuda"])
 def test_a_single_rank_leaves_the_executor_to_vllm_and_says_so(write_params, base, platform):
-    base["serve"].update(tensor_parallel_size=1, executor="mp")
+    base["serve"].update(tensor_parallel_size=1)
+    base["serve"].pop("executor", None)
     params = load_params(write_params(base))
     executor, decision = commands.choose_executor(ctx(params), platform)
     assert (executor, decision.choice, decision.key) == (commands.DEFAULT, "vLLM's default", "executor")

@@ -187,6 +187,8 @@ class CleanupTargets(Strict):
     systemd_units: list[Pattern] = []
     processes: list[Pattern] = []
     order: list[Pattern] = Field([], description="stop targets matching these first, in this order")
+    max_targets: int = Field(8, ge=1, le=1000, description="the most targets one pattern may match on one node: one "
+                             "that matches more (a typo such as `*`) is refused in 01's plan, naming what it matched")
     unit_stop_timeout_s: float = Field(90, gt=0, le=3600, description="how long a systemd unit or managed process "
                                        "may take to stop, the containers it owns with it (a unit's own "
                                        "TimeoutStopUSec is waited for when longer)")

@@ -19,6 +19,7 @@ from sparkbook.core.params import CleanupTargets, load_params
 from sparkbook.core.runtimes import runtime_for
 from sparkbook.stages.cleanup import inventory, planning
 from sparkbook.stages.cleanup.act import verify
+from sparkbook.stages.cleanup.guard import table
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
 from sparkbook.stages.cleanup.ownership import (
     docker_client_process,
@@ -249,8 +250,8 @@ def test_a_matched_process_is_recorded_with_its_exact_argv_and_working_directory
     """LAUNCH_PROBE's reply (cmdline NULs turned into \\x1f): an argument with a space survives, unlike `ps` args."""
     procs = tree(["40 1 python3 /srv/mgr.py --title old cluster", "41 40 docker run --rm --name vllm_node img"])
     node = FakeNode("lab-0", "==40==\n/srv\npython3\x1f/srv/mgr.py\x1f--title\x1fold cluster\x1f\n")
-    (pr,) = inventory._processes(node, ["40 python3 python3 /srv/mgr.py --title old cluster", "41 docker docker run"],
-                               procs, ["*mgr.py*"])
+    rows = table(["40 python3 python3 /srv/mgr.py --title old cluster", "41 docker docker run"], procs)
+    (pr,) = inventory._processes(node, inventory.matched_processes(rows, ["*mgr.py*"], {})[0], procs)
     assert (pr.pid, pr.cwd, pr.argv, pr.family) == (40, "/srv", ["python3", "/srv/mgr.py", "--title", "old cluster"],
                                                      [40, 41])
     assert planning.relaunch(pr) == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "

@@ -13,6 +13,8 @@ from ...core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminf
 from ...core.nodes import Node, Outcome, shell
 from ...core.params import CleanupTargets
 from ...core.runtime_docker import LABEL
+from . import guard
+from .guard import Proc, Spared
 from .ownership import SHOW_PROPERTIES, DockerClientProcess, docker_clients, family, parse_show, tree
 
 DEPENDS_LABELS = ("org.sparkbook.lab.depends-on", "com.docker.compose.depends_on")
@@ -84,11 +86,15 @@ class Inventory:
     health: dict[int, str] = field(default_factory=dict)  # port -> health URL that answered on the node
     clients: list[DockerClientProcess] = field(default_factory=list)  # docker run/start clients running on the node
     addresses: list[str] = field(default_factory=list)  # its hostname and IPs: how other nodes' clients name it
+    spared: list[Spared] = field(default_factory=list)  # matched by a pattern, never planned (guard.py)
 
     def holder(self, pid: int) -> str:
         """The container a process belongs to, else the process itself."""
         return next((f"container {c.name}" for c in self.containers if pid in c.pids),
                     next((f"process {p.comm}[{pid}]" for p in self.processes if p.pid == pid), f"pid {pid}"))
+
+    def spared_units(self) -> set[str]:
+        return {s.name for s in self.spared if s.kind == "unit"}
 
     def held_by(self, pids: list[int]) -> tuple[list[int], str, float, int]:
         """What these processes hold: ports, the first health URL that answered, RSS MiB (containers), GPU MiB."""
@@ -155,6 +161,8 @@ units=$(systemctl list-units --type=service --all --no-legend --plain --no-pager
 echo ==units_rc==; echo $rc; echo ==units==; echo "$units"
 echo ==ps==; ps -eo pid=,comm=,args=
 echo ==tree==; ps -eo pid=,ppid=,args=
+echo ==self==; echo $$
+echo ==host==; cat /proc/sys/kernel/random/boot_id 2>/dev/null; readlink /proc/self/ns/pid 2>/dev/null
 echo ==addr==; hostname; hostname -I 2>/dev/null | tr ' ' '\n'
 echo ==listen==; ss -Hltnp 2>/dev/null
 echo ==portrange==; cat /proc/sys/net/ipv4/ip_local_port_range
@@ -229,14 +237,30 @@ LAUNCH_PROBE = ("for p in \"$@\"; do echo \"==$p==\"; readlink /proc/$p/cwd; "
                 "tr '\\0' '\\037' < /proc/$p/cmdline; echo; done")
 
 
-def _processes(node: Node, lines: list[str], procs: dict[int, tuple[int, str]], patterns: list[str]) -> list[Process]:
-    """Processes whose name or command line matches; each with its descendants and how it was launched (working
-    directory and exact argv from /proc, so restore can launch it again)."""
-    found: list[tuple[int, str, str]] = []
-    for line in lines if patterns else []:
-        number, name, command = (line.split(None, 2) + ["", ""])[:3]
-        if matching(name, patterns) or matching(command, patterns):
-            found.append((int(number), name, command))
+def matched_processes(table: dict[int, Proc], patterns: list[str], never: dict[int, str]) -> tuple[list[Proc],
+                                                                                                list[Spared]]:
+    """The processes whose name or command line a pattern matches, and those of them that are never stopped
+    (`never`: pid -> why, from guard.spared)."""
+    found, kept = [], []
+    for p in table.values():
+        if pattern := matching(p.comm, patterns) or matching(p.args, patterns):
+            if p.pid in never:
+                kept.append(Spared("process", f"{p.comm}[{p.pid}]", pattern, never[p.pid]))
+            else:
+                found.append(p)
+    return found, kept
+
+
+def spared_units(units: list[Unit], patterns: list[str], never: dict[int, str]) -> list[Spared]:
+    """The matched units whose cgroup holds a process that is never stopped (sshd, the controller's session...)."""
+    return [Spared("unit", u.name, pattern, next(never[pid] for pid in u.pids if pid in never)) for u in units
+            if (pattern := matching(u.name, patterns)) and any(pid in never for pid in u.pids)]
+
+
+def _processes(node: Node, matched: list[Proc], procs: dict[int, tuple[int, str]]) -> list[Process]:
+    """Each matched process with its descendants and how it was launched (working directory and exact argv from
+    /proc, so restore can launch it again)."""
+    found = [(p.pid, p.comm, p.args) for p in matched]
     if not found:
         return []
     text = node.run(["sh", "-c", LAUNCH_PROBE, "sh", *[str(p) for p, _, _ in found]], timeout=PROBE_TIMEOUT_S).stdout
@@ -266,13 +290,22 @@ def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     units, systemd = _units(node, int(s["units_rc"][0]), s.get("units", []), targets.systemd_units)
     containers, docker = _containers(node)
     procs = tree(s.get("tree", []))
-    processes = _processes(node, s.get("ps", []), procs, targets.processes)
+    rows = guard.table(s.get("ps", []), procs)
+    never = guard.spared(rows, guard.roots(_probe_pid(s.get("self", [])), " ".join(s.get("host", []))))
+    matched, kept = matched_processes(rows, targets.processes, never)
+    processes = _processes(node, matched, procs)
+    kept += spared_units(units, targets.systemd_units, never)
     socks = listeners(s.get("listen", []), _ephemeral_from(s.get("portrange", [])))
     ours = {pid for c in containers if matching(c.name, targets.containers) for pid in c.pids}
     ours |= {p.pid for p in processes} | {pid for u in units for pid in u.pids}
     return Inventory(node.name, containers, docker, units, systemd, processes, gpu, apps, memory, socks,
                      health_urls(node, [lis for lis in socks if set(lis.pids) & ours]), docker_clients(procs),
-                     [a for a in s.get("addr", []) if a])
+                     [a for a in s.get("addr", []) if a], kept)
+
+
+def _probe_pid(lines: list[str]) -> int | None:
+    """The inventory probe's shell (`$$`), whose ancestry 01 never stops; None where the node did not say."""
+    return int(lines[0]) if lines and lines[0].isdigit() else None
 
 
 def inventory_all(ctx: Context) -> dict[str, Outcome[Inventory]]:

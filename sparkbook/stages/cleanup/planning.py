@@ -7,13 +7,23 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ...core.errors import SparkbookError
 from ...core.evidence import Alternative, Decision
 from ...core.params import CleanupTargets
+from ...core.stagelist import CLEANUP
 from . import boot
 from .inventory import Inventory, Process, matching
 
 STOP_GRACE_S = 10
 TargetKind = Literal["container", "unit", "process"]
+FIELDS: dict[TargetKind, str] = {"container": "cleanup.containers", "unit": "cleanup.systemd_units",
+                                 "process": "cleanup.processes"}
+
+
+class PatternTooBroad(SparkbookError):
+    """A cleanup pattern matches more targets than `cleanup.max_targets` allows: nothing is planned."""
+
+    stage = CLEANUP.name
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,7 @@ def _candidates(inv: Inventory, t: CleanupTargets) -> list[CleanupTarget]:
             out.append(CleanupTarget(inv.node, "container", c.name, p, c.depends_on, f"docker stop {c.name}",
                               f"docker start {c.name}", "", *inv.held_by(c.pids)))
     for u in inv.units:
-        if u.active == "active" and (p := matching(u.name, t.systemd_units)):
+        if u.active == "active" and u.name not in inv.spared_units() and (p := matching(u.name, t.systemd_units)):
             out.append(CleanupTarget(inv.node, "unit", u.name, p, [], boot.stop_command(u.name, u.file_state),
                               boot.start_command(u.name, u.file_state), "", *inv.held_by(u.pids),
                               stop_timeout_s=max(t.unit_stop_timeout_s, u.stop_timeout_s or 0)))
@@ -91,7 +101,7 @@ def _candidates(inv: Inventory, t: CleanupTargets) -> list[CleanupTarget]:
 def _owner_pids(inv: Inventory, t: CleanupTargets) -> list[tuple[str, set[int], str]]:
     """(target name, the processes it owns, the unit name a container label may carry) per allow-listed owner."""
     out = [(u.name, set(u.pids), u.name) for u in inv.units
-           if u.active == "active" and matching(u.name, t.systemd_units)]
+           if u.active == "active" and u.name not in inv.spared_units() and matching(u.name, t.systemd_units)]
     return out + [(f"{pr.comm}[{pr.pid}]", set(pr.family or [pr.pid]), "") for pr in inv.processes]
 
 
@@ -132,6 +142,7 @@ def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
     by_owner = [o for inv in inventories for o in owned(inv, inventories, targets)]
     taken = {(o.node, o.name) for o in by_owner}
     found = [c for inv in inventories for c in _candidates(inv, targets) if (c.node, c.name) not in taken]
+    refuse_broad(found, targets.max_targets)
     deps = {(c.node, c.name): set(c.depends_on) for c in found}
     for (node, unit), by in _unit_dependents(inventories).items():
         for dependent in by:
@@ -143,7 +154,22 @@ def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
     ordered: list[CleanupTarget] = []
     for r in sorted({rank(c) for c in found}):
         ordered += _dependents_first([c for c in found if rank(c) == r], deps)
-    return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps))
+    spared = [s.line(inv.node) for inv in inventories for s in inv.spared]
+    return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps) + spared)
+
+
+def refuse_broad(found: list[CleanupTarget], limit: int) -> None:
+    """Refuse the plan where one pattern matches more than `limit` targets on one node: a typo (`*`, `*python*`)
+    would otherwise plan half the node, and only confirm_cleanup would stand between it and the kill."""
+    by: dict[tuple[str, TargetKind, str], list[str]] = {}
+    for c in found:
+        by.setdefault((c.node, c.kind, c.pattern), []).append(c.name)
+    broad = [f"{FIELDS[kind]} pattern {pattern!r} matches {len(names)} targets on {node}: {', '.join(names)}"
+             for (node, kind, pattern), names in by.items() if len(names) > limit]
+    if broad:
+        raise PatternTooBroad(f"{'; '.join(broad)}; more than cleanup.max_targets ({limit}): nothing is planned",
+                              remediation="narrow the pattern, or raise cleanup.max_targets where every one of them "
+                                          "belongs to the old deployment")
 
 
 def _under_owners(ordered: list[CleanupTarget], by_owner: list[CleanupTarget]) -> list[CleanupTarget]:

@@ -127,6 +127,7 @@ class Endpoint(Handoff):
     reused: bool
     api_key_env: str | None = None  # the variable whose value every request sends as its bearer token
     addresses: dict[str, str] = {}  # network (management, fabric) -> the URL clients use there
+    seconds_without_service: float | None = None  # a replacement's: old server stopped -> new one answered
 
 
 class BenchPoint(_Part):

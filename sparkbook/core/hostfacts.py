@@ -4,6 +4,7 @@ Parsers shared by 01 (cleanup's inventory) and 02 (diagnosis's node facts).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,21 @@ class Memory:
     def source(self) -> str:
         return "GPU" if self.gpu_total is not None else "MemTotal/MemAvailable"
 
+    @property
+    def free(self) -> int:
+        """What 02's fit counts as free: the GPU's unused memory where it reports its own, else MemAvailable."""
+        return self.gpu_total - (self.gpu_used or 0) if self.gpu_total is not None else self.mem_available
+
+    def without(self, held: int) -> Memory:
+        """This memory once a process holding `held` (in the terms of `free`) has stopped."""
+        if self.gpu_total is not None:
+            return dataclasses.replace(self, gpu_used=max(0, (self.gpu_used or 0) - held))
+        return dataclasses.replace(self, mem_available=min(self.mem_total, self.mem_available + held))
+
+    def taken_by(self, after: Memory) -> int:
+        """What a process started between this sample and `after` holds, in the terms of `free` (0 where it rose)."""
+        return max(0, self.free - after.free)
+
     def describe(self) -> str:
         text = f"MemTotal {self.mem_total / GIB:.2f} GiB, MemAvailable {self.mem_available / GIB:.2f} GiB"
         if self.gpu_total is not None:
@@ -71,7 +87,7 @@ class Memory:
         come from): measured on a discrete GPU, MemTotal less a documented share on unified memory, MemAvailable
         without a GPU."""
         if self.gpu_total is not None:
-            free = self.gpu_total - (self.gpu_used or 0)
+            free = self.free
             return NodeMemory(node, self.gpu_total, free, "GPU", max(0, free - self.gpus * CUDA_UNSEEN_PER_GPU_BYTES),
                               f"measured: nvidia-smi memory.total - memory.used, less "
                               f"{CUDA_UNSEEN_PER_GPU_BYTES >> 20} MiB per GPU out of CUDA's reach")

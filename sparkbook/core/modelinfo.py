@@ -1,6 +1,7 @@
 """What a model is, from its config.json alone: architecture, dtype, parameters, KV size, and memory fit."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,17 @@ class NodeMemory:
     source: str  # "GPU" | "MemTotal/MemAvailable"
     cuda_bytes: int
     cuda_source: str
+    held_bytes: int = 0  # of cuda_bytes: what this runbook's running server holds now, freed when 05 stops it
+    held_by: str | None = None  # the run whose server holds it
+
+    def holding(self, freed: int, run: str | None) -> NodeMemory:
+        """This node's memory measured once 05 has stopped the runbook's running server of `run`, marked with what
+        that server holds of what CUDA could allocate (`freed`): a redeploy measured with the old server still up
+        would find its own server's memory missing."""
+        return dataclasses.replace(self, held_bytes=freed, held_by=run or "an earlier run",
+                                   cuda_source=f"{self.cuda_source}; with {freed / GIB:.2f} GiB counted that the "
+                                               f"running server of {run or 'an earlier run'} holds, which 05 stops "
+                                               "before it starts")
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,13 @@ class FitRow:
     fits: bool
     why: str
     allocatable_source: str
+    held_gib: float = 0.0  # of allocatable_gib: held by the runbook's running server now (NodeMemory.held_bytes)
+    held_by: str | None = None
+
+    @property
+    def allocatable_now_gib(self) -> float:
+        """What CUDA can allocate with the running server still up."""
+        return round(self.allocatable_gib - self.held_gib, 2)
 
     @property
     def tight(self) -> bool:
@@ -318,7 +337,8 @@ def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory])
             else f"KV holds {tokens} tokens, max_model_len needs {needed}")
         rows.append(FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(mem.cuda_bytes / GIB, 2),
                            round(planned / GIB, 2), round(planned / mem.cuda_bytes, 3) if mem.cuda_bytes else math.inf,
-                           round(w / GIB, 3), round(kv / GIB, 3), tokens, needed, fits, why, mem.cuda_source))
+                           round(w / GIB, 3), round(kv / GIB, 3), tokens, needed, fits, why, mem.cuda_source,
+                           round(mem.held_bytes / GIB, 2), mem.held_by))
     return rows
 
 

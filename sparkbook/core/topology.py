@@ -42,20 +42,17 @@ def ray_env(params: Params) -> dict[str, str]:
             "RAY_num_prestart_python_workers": "0"}
 
 
-def cache_dir(params: Params) -> str | None:
-    """The compile caches' directory on every node: runtime.cache_dir, else for containers sparkbook-cache beside the
-    model cache (a new container would start with empty caches); None for the Python runtime by default, whose
-    processes keep theirs under the user's home across starts anyway."""
-    if params.runtime.kind != "docker":
-        return params.runtime.cache_dir
-    return params.runtime.cache_dir or str(PurePosixPath(params.model.cache_dir).parent / "sparkbook-cache")
+def cache_dir(params: Params) -> str:
+    """The compile caches' directory on every node: runtime.cache_dir, else sparkbook-cache/CLUSTER beside the model
+    cache, on both runtimes, so that a replacement, `up` and a new container start warm (on by default: a cold
+    vLLM start on an H200 compiles for minutes) and clusters sharing a node do not share caches."""
+    return params.runtime.cache_dir or str(PurePosixPath(params.model.cache_dir).parent / "sparkbook-cache"
+                                           / params.cluster)
 
 
 def cache_env(params: Params) -> dict[str, str]:
     """Where vLLM, Triton, TorchInductor and FlashInfer keep what they compile: inside the mounted cache dir."""
     root = cache_dir(params)
-    if root is None:
-        return {}
     return {"VLLM_CACHE_ROOT": f"{root}/vllm", "TRITON_CACHE_DIR": f"{root}/triton",
             "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor", "FLASHINFER_WORKSPACE_BASE": f"{root}/flashinfer"}
 
@@ -105,6 +102,7 @@ class LiveServer:
     run: str | None  # the run whose plan it serves (None in records older than that field)
     base_url: str
     model: str
+    held: dict[str, int]  # bytes per serving node it took from what 02 counts free (05 measured it once ready)
 
 
 def live_server(params: Params, cluster: Cluster, runtime: Runtime) -> LiveServer | None:
@@ -116,10 +114,11 @@ def live_server(params: Params, cluster: Cluster, runtime: Runtime) -> LiveServe
         record = json.loads(runtime.read(head, place, SERVING))
         base_url, model, record_run = str(record["running"]["base_url"]), str(record["running"]["model"]), \
             record.get("run")
-    except (ValueError, KeyError, TypeError):
+        held = {str(n): int(b) for n, b in (record.get("held") or {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     try:
         answers = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
     except httpx.HTTPError:
         answers = False
-    return LiveServer(record_run, base_url, model) if answers else None
+    return LiveServer(record_run, base_url, model, held) if answers else None

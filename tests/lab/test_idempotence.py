@@ -70,6 +70,18 @@ def test_second_run_succeeds(second) -> None:
     assert [nb.name for nb in manifest.notebooks if nb.status == "ok"] == driver.notebook_names()[:5]
 
 
+def test_02_counts_what_the_first_run_s_server_holds_as_free(full_run, second) -> None:
+    """Issue 40, item 2: the server the second run would replace or keep is the runbook's own: 05 measured what it
+    holds once ready (the lab's vLLM holds host RAM: MemAvailable), and the second 02 counts it free, naming it."""
+    first_dir, _ = full_run
+    _, _, run_dir, _, _, _ = second
+    (held,) = [e["data"] for e in read_events(first_dir, "memory_held_by_server")]
+    (fit,) = [e["data"] for e in read_events(run_dir, "memory_fit")]
+    assert {r["node"]: r["held_by"] for r in fit} == {n: first_dir.name for n in held}, (fit, held)
+    assert all(r["held_gib"] > 0 for r in fit) and all(b > 0 for b in held.values()), (fit, held)
+    assert "held by our running server GiB" in (run_dir / "02-diagnosis.ipynb").read_text()
+
+
 def test_same_image_id_on_every_node_and_nothing_copied(full_run, second) -> None:
     first_dir, _ = full_run
     _, _, run_dir, _, _, _ = second
@@ -156,8 +168,10 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
                                                                     tmp_path: Path) -> None:
     """05 alone, resumed on a copy of the first run's dir with a changed serve setting: without confirm_replace
     it stops with the diff and the first server untouched and answering; confirmed, with an argument vLLM
-    refuses, the new plan fails and the first run's plan serves again, the record naming the rollback and the
-    seconds without service. Last in this module: it restarts the server the tests above reuse."""
+    refuses, it stops before the stop (the image's vLLM parsed the argv: 0 s without service, same PIDs); confirmed,
+    with a max_model_len beyond the model's that only the engine's start refuses, the new plan fails after the stop
+    and the first run's plan serves again, the record naming the rollback and the seconds without service. Last in
+    this module: it restarts the server the tests above reuse."""
     first_dir, first = full_run
     params = load_params(first.params_file)
     copy = tmp_path / params.cluster / first_dir.name
@@ -167,18 +181,20 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     data = yaml.safe_load(Path(first.params_file).read_text())
     assert data["serve"]["max_num_seqs"] == 16
     data["serve"]["max_num_seqs"] = 8
-    changed = tmp_path / "changed.yaml"
-    changed.write_text(yaml.safe_dump(data, sort_keys=False))
-    data["serve"]["extra_args"].append("--planted-unknown-flag")
-    planted_flag = tmp_path / "planted-flag.yaml"
-    planted_flag.write_text(yaml.safe_dump(data, sort_keys=False))
+    changed = _write(tmp_path / "changed.yaml", data)
+    planted_flag = _write(tmp_path / "planted-flag.yaml", {**data, "serve": {
+        **data["serve"], "extra_args": [*data["serve"]["extra_args"], "--planted-unknown-flag"]}})
+    too_long = _write(tmp_path / "too-long.yaml", {**data, "serve": {**data["serve"], "max_model_len": 8192}})
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     try:
         _, refused = driver.run(changed, resume=copy, only="05", say=print)
         after_refusal = _node_state(node_shells, params, first_dir)
         _serves(endpoint, planted)
+        _, parsed = driver.run(planted_flag, resume=copy, only="05", parameters={"confirm_replace": True}, say=print)
+        after_parse = _node_state(node_shells, params, first_dir)
+        _serves(endpoint, planted)
         t0 = time.monotonic()
-        _, rolled = driver.run(planted_flag, resume=copy, only="05", parameters={"confirm_replace": True}, say=print)
+        _, rolled = driver.run(too_long, resume=copy, only="05", parameters={"confirm_replace": True}, say=print)
         print(f"replace + rollback: {time.monotonic() - t0:.0f} s")
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
@@ -186,13 +202,18 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     assert nb.status == "failed" and "left untouched" in nb.exception["evalue"], nb.exception
     assert "serve.max_num_seqs: '16' -> '8'" in nb.exception["evalue"] and first_dir.name in nb.exception["evalue"]
     assert after_refusal == before, "the first server's vllm serve PIDs are unchanged"
+    nb = next(n for n in parsed.notebooks if n.name.startswith("05"))
+    assert nb.status == "failed" and "refuses the new `vllm serve` arguments" in nb.exception["evalue"], nb.exception
+    assert "planted-unknown-flag" in nb.exception["evalue"] and after_parse == before, "nothing stopped"
     nb = next(n for n in rolled.notebooks if n.name.startswith("05"))
     assert nb.status == "failed" and f"rolled back to run {first_dir.name}" in nb.exception["evalue"], nb.exception
+    checked = [e["data"] for e in read_events(copy, "serve_args_checked")]
+    assert checked and checked[-1]["refused"] == {} and checked[-1]["why_unchecked"] is None, checked
     replaced = [e["data"] for e in read_events(copy, "serve_replaced")]
     assert replaced and replaced[-1]["run"] == first_dir.name, replaced
     (rollback,) = [e["data"] for e in read_events(copy, "serve_rollback")]
     assert rollback["ok"] is True and rollback["rolled_back_to_run"] == first_dir.name, rollback
-    assert 0 < rollback["seconds_without_service"] < 900 and "planted-unknown-flag" in rollback["new_plan_failure"]
+    assert 0 < rollback["seconds_without_service"] < 900 and "max_model_len" in rollback["new_plan_failure"], rollback
     assert {d["key"] for d in nb.decisions} >= {"replace", "rollback"}
     _serves(endpoint, planted)
     head = params.head.name
@@ -203,3 +224,8 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     for path in copy.rglob("*"):
         if path.is_file():
             assert planted.encode() not in path.read_bytes(), path
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

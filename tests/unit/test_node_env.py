@@ -32,11 +32,15 @@ def test_a_workers_node_env_is_on_its_own_container_and_no_other(duo):
     assert places[head.name].env["VLLM_LOGGING_LEVEL"] == places[worker.name].env["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
-def test_compile_caches_live_beside_the_model_cache_unless_params_say_where(duo, write_params, base):
+def test_compile_caches_live_beside_the_model_cache_per_cluster_unless_params_say_where(duo, write_params, base):
+    """On by default on both runtimes (issue 40, item 7): a replacement and `up` start warm."""
     env = topology.node_env(duo, duo.head)
-    assert topology.cache_dir(duo) == "/home/op/.cache/sparkbook-cache"
-    assert env["VLLM_CACHE_ROOT"] == "/home/op/.cache/sparkbook-cache/vllm"
+    assert topology.cache_dir(duo) == "/home/op/.cache/sparkbook-cache/unit"
+    assert env["VLLM_CACHE_ROOT"] == "/home/op/.cache/sparkbook-cache/unit/vllm"
     assert {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"} <= set(env)
+    base["runtime"] = {"kind": "python", "python": "/usr/bin/python3"}
+    python = load_params(write_params(base))
+    assert topology.node_env(python, python.head)["TRITON_CACHE_DIR"] == "/srv/sparkbook-cache/unit/triton"
     base["runtime"]["cache_dir"] = "/srv/compile"
     assert topology.cache_dir(load_params(write_params(base))) == "/srv/compile"
 

@@ -91,7 +91,7 @@ def no_node_operations(monkeypatch):
     patched by each test, decides how it ends)."""
     monkeypatch.setattr(bringup, "lost", lambda *a: {})
     monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
-    for name in ("stop_earlier", "stop_serving", "remember"):
+    for name in ("stop_earlier", "stop_serving", "remember", "read_serving"):
         monkeypatch.setattr(bringup, name, lambda *a: None)
     monkeypatch.setattr(bringup, "port_taken", lambda *a: None)
     monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))

@@ -14,7 +14,7 @@ from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice
 from sparkbook.core.modelinfo import ModelFacts
 from sparkbook.core.params import Params
 from sparkbook.stages import serve
-from sparkbook.stages.serve import bringup, commands, environ, launch, memory, replace, rollback, smoke
+from sparkbook.stages.serve import bringup, commands, environ, launch, memory, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
 from sparkbook.stages.serve.failures import classify
 from sparkbook.stages.serve.plandiff import differences
@@ -44,7 +44,7 @@ def a_preview(ctx: Context, replacing: bool = False, model: bool = True) -> serv
     live = replace.Replacement(serving, differences(serving.requested, plan_data(plan))) if replacing else None
     return serve.ServePreview(ImageChoice(ref="img", id=None, vllm_version=None, ray_version=None, nodes={}),
                               None, FACTS if model else None, DIAGNOSIS if model else None, CPU, executor, decision,
-                              plan, None, live)
+                              plan, None, live, "/srv/sparkbook-cache/lab")
 
 
 def up_with(plan: commands.ServePlan, ready: bool) -> launch.BringUp:
@@ -69,6 +69,8 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
     monkeypatch.setattr(bringup, "make_room", make_room)
     monkeypatch.setattr(memory, "before_launch", lambda ctx, plan, model: memory.BeforeLaunch({"lab-0": 2**30}, []))
     monkeypatch.setattr(bringup, "bring_up", bring_up)
+    monkeypatch.setattr(memory, "held", lambda ctx, before: called.append("held") or {"lab-0": 2**29})
+    monkeypatch.setattr(reuse, "record_held", lambda ctx, head, held: called.append(f"record_held {head}"))
     monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
     monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
     return called
@@ -93,9 +95,9 @@ def test_the_ab_arms_own_replacement_needs_no_confirmation_and_every_step_is_rec
     called = steps(monkeypatch)
     ctx = context(lab, tmp_path)
     out = serve.run(ctx, a_preview(ctx, replacing=True), confirm_replace=False, ab_arm=ab_arm)
-    assert out.error is None and called == ["make_room", "bring_up"]
+    assert out.error is None and called == ["make_room", "bring_up", "held", "record_held lab-0"]
     assert kinds(out) == ["decision:executor", "serve_replaced", "decision:replace", "memory_before_launch",
-                          "serve_attempts", "serving_env", "decision:What must the smoke test's chat reply hold?",
+                          "serve_attempts", "memory_held_by_server", "serving_env", "decision:What must the smoke test's chat reply hold?",
                           "smoke_test"]
     replaced = next(r for r in out.records if isinstance(r, Decision) and r.key == "replace")
     assert replaced.reason.startswith("the A/B's arm before this one serves it") and out.ab_next
@@ -129,7 +131,7 @@ def test_the_room_is_made_once_for_the_measure_and_the_launch(lab, tmp_path, mon
     monkeypatch.setattr(bringup, "find_running", lambda *a: asked.append("find_running") or (None, "nothing"))
     monkeypatch.setattr(bringup, "refuse_missing_files", lambda *a: asked.append("refuse_missing_files"))
     monkeypatch.setattr(bringup, "stop_earlier", lambda *a: asked.append("stop_earlier"))
-    for name, value in (("lost", {}), ("port_taken", None), ("remember", None)):
+    for name, value in (("lost", {}), ("port_taken", None), ("remember", None), ("read_serving", None)):
         monkeypatch.setattr(bringup, name, lambda *a, v=value: v)
     monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
     monkeypatch.setattr(bringup, "wait_ready", lambda *a: launch.Readiness(True, 3.0, 1.0, [plan.model], {}))
@@ -139,6 +141,29 @@ def test_the_room_is_made_once_for_the_measure_and_the_launch(lab, tmp_path, mon
     assert up.stopped_at == room.stopped_at and up.reuse is not None and up.reuse.reason == "nothing"
     asked.clear()
     assert bringup.bring_up(ctx, plan).ok and asked == ["find_running", "refuse_missing_files", "stop_earlier"]
+
+
+def test_where_a_server_runs_its_stop_waits_for_the_image_s_vllm_to_accept_the_argv(lab, tmp_path, monkeypatch):
+    """Issue 40, item 6: the argv vLLM refuses ends 05 before the running server stops (0 s without service)."""
+    ctx = context(lab, tmp_path).with_image("img")
+    plan = commands.plan(ctx, "mp")
+    asked: list[str] = []
+    serving = Serving(plan_data(plan), plan, 1, 1, 41.5, "20261201T195946Z", "2026-12-01T19:59:46Z")
+    monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "another plan"))
+    monkeypatch.setattr(bringup, "refuse_missing_files", lambda *a: None)
+    monkeypatch.setattr(bringup, "read_serving", lambda *a: serving)
+    monkeypatch.setattr(bringup, "stop_earlier", lambda *a: asked.append("stop_earlier"))
+    monkeypatch.setattr(bringup, "check_args", lambda ctx, p: asked.append("check_args") or bringup.ArgsCheck(
+        {"lab-0": "vllm: error: unrecognized arguments: --planted"}, None, 2.0))
+    with pytest.raises(commands.ServeError, match="refuses the new `vllm serve` arguments on lab-0: vllm: error: "
+                       "unrecognized arguments: --planted .*it still serves"):
+        bringup.make_room(ctx, plan)
+    assert asked == ["check_args"], "nothing stopped"
+    monkeypatch.setattr(bringup, "check_args", lambda ctx, p: asked.append("check_args") or bringup.ArgsCheck(
+        {}, None, 2.0))
+    asked.clear()
+    room = bringup.make_room(ctx, plan)
+    assert asked == ["check_args", "stop_earlier"] and room.args is not None and room.stopped_at is not None
 
 
 def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summary(lab, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core import imageprobes, modelinfo
+from ...core import imageprobes, modelinfo, topology
 from ...core.context import Context
 from ...core.errors import SparkbookError
 from ...core.evidence import Finding, Shown, StageOutcome
@@ -24,7 +24,8 @@ from .checks import Link, ModelFiles, NodeFacts
 @dataclass(frozen=True)
 class DiagnosePreview:
     """The read-only facts 02 stands on: every node's facts, the model's files on each node and the facts read from
-    one copy, each node's memory and the plan's fit in it; `assumed` hands the previews after it the ModelFacts and a
+    one copy, each node's memory (what this runbook's answering server holds counted free: 05 stops it first) and
+    the plan's fit in it; `assumed` hands the previews after it the ModelFacts and a
     Diagnosis of the memory alone (05's OOM floor stands on it; the findings are the run's)."""
 
     facts: dict[str, Outcome[NodeFacts]]
@@ -53,7 +54,9 @@ class DiagnosePreview:
         return [Shown(f"Memory fit of {self.model.architectures[0] if self.model.architectures else 'the model'} "
                       f"({modelinfo.human_params(self.model.total_params)} parameters)",
                       [{"node": f.node, "ranks": str(f.ranks), "planned GiB": f"{f.planned_gib:.1f}",
-                        "allocatable GiB": f"{f.allocatable_gib:.1f}", "fits": "yes" if f.fits else "NO",
+                        "allocatable now GiB": f"{f.allocatable_now_gib:.1f}",
+                        "held by our running server GiB": f"{f.held_gib:.1f} ({f.held_by})" if f.held_by else "-",
+                        "allocatable after its stop GiB": f"{f.allocatable_gib:.1f}", "fits": "yes" if f.fits else "NO",
                         "why": f.why} for f in self.fit])]
 
 
@@ -62,7 +65,8 @@ def preview(ctx: Context) -> DiagnosePreview:
     facts, files = checks.facts_all(ctx), checks.model_files_all(ctx)
     source = checks.config_source(files, ctx.params.head.name)
     model = modelinfo.model_facts(source.config or {}, source.index, source.file_sizes, source.dir)
-    memory = {n: o.value.memory.for_fit(n) for n, o in facts.items() if o.value is not None}
+    server = topology.live_server(ctx.params, ctx.cluster, ctx.runtime)
+    memory = checks.fit_memory({n: o.value.memory for n, o in facts.items() if o.value is not None}, server)
     return DiagnosePreview(facts, files, source, model, memory, modelinfo.memory_fit(model, ctx.params, memory),
                            (model, checks.diagnosis([], None, model.architectures[0], memory)))
 
@@ -113,6 +117,7 @@ def run(ctx: Context, preview: DiagnosePreview, *, proceed_despite_blockers: boo
     out = DiagnoseOutcome(links=links, probe=probe, no_probe=no_probe,
                           probe_source=imageprobes.installed_source(ctx, probe), findings=findings,
                           diagnosis=diagnosis, handoffs=[preview.model, diagnosis])
+    out.event("memory_fit", preview.fit)  # what counted free, the running server's share with the run it serves
     try:
         override = checks.gate(findings, ctx.params, proceed_despite_blockers)
     except SparkbookError as exc:  # Blocked: every stopping blocker, each with what to do

@@ -18,6 +18,7 @@ from ...core.modelinfo import GIB, MTP_FIELDS, SEED_SHARE, FitRow, ModelFacts, N
 from ...core.nodes import Node, Outcome, bash, shell
 from ...core.params import ModelSpec, NodeSpec, Params, Speculative
 from ...core.stagelist import DIAGNOSE, IMAGES
+from ...core.topology import LiveServer
 
 PROBE_TIMEOUT_S = 20
 
@@ -338,6 +339,19 @@ def speculation_findings(model: ModelFacts, params: Params) -> list[Finding]:
     blocker, since vLLM would say so only after loading every weight."""
     problem = speculation_problem(model, params.serve.speculative)
     return [Finding("blocker", "speculation", problem)] if problem else []
+
+
+def fit_memory(memory: dict[str, Memory], server: LiveServer | None) -> dict[str, NodeMemory]:
+    """Each node's memory for the fit once 05 has stopped this runbook's answering server (replaced or kept, its
+    memory is the plan's): what 05 measured it holding counts free. A server whose record has no measure counts
+    nothing."""
+    out = {}
+    for n, m in memory.items():
+        now, held = m.for_fit(n), server.held.get(n, 0) if server is not None else 0
+        after = m.without(held).for_fit(n)
+        out[n] = after.holding(after.cuda_bytes - now.cuda_bytes, server.run) if server is not None and held \
+            else now
+    return out
 
 
 def fit_findings(rows: list[FitRow]) -> list[Finding]:

@@ -15,8 +15,9 @@ from ...core.evidence import Decision, Shown, StageOutcome, tail
 from ...core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.progress import Progress
+from ...core.topology import cache_dir
 from ...core.state import Handoff
-from . import bringup, commands, endpoints, environ, memory, replace, rollback, smoke
+from . import bringup, commands, endpoints, environ, memory, replace, reuse, rollback, smoke
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
 from .endpoints import ClientAddress
@@ -62,6 +63,7 @@ class ServePreview:
     plan: ServePlan
     floor: float | None  # the lowest gpu_memory_utilization that holds the model; None: unknown
     replacing: Replacement | None  # the live server of another plan this one would replace
+    caches: str  # the compile caches' dir on every node (a replacement and `up` start warm from it)
     assumed: tuple[Handoff, ...] = ()
 
     def shown(self) -> list[Shown]:
@@ -71,7 +73,8 @@ class ServePreview:
     def where(self) -> dict[str, object]:
         ray, unknown = self.ray, f"not known: no RayCluster of {RayCluster.notebook} in this run dir"
         return {"image": self.image.ref, "Ray address": ray.address if ray else unknown,
-                "containers": ", ".join(ray.containers.values()) if ray else "-"}
+                "containers": ", ".join(ray.containers.values()) if ray else "-",
+                "compile caches (vLLM, Triton, Inductor, FlashInfer)": self.caches}
 
     def executor_row(self) -> dict[str, object]:
         return {"platform": self.platform.device, "vllm": self.platform.vllm, "torch": self.platform.torch,
@@ -106,7 +109,7 @@ def preview(ctx: Context) -> ServePreview:
     floor = utilization_floor(model, ctx.params, diagnosis.node_memory) if model and diagnosis else None
     endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
     return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
-                        serve_plan, floor, replace.pending(ctx, serve_plan), (endpoint,))
+                        serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,))
 
 
 # --- run -------------------------------------------------------------------------------------------
@@ -121,6 +124,7 @@ class ServeOutcome(StageOutcome):
     room: Room | None = None
     before: BeforeLaunch | None = None
     up: BringUp | None = None
+    held: dict[str, int] | None = None  # bytes per serving node the new server holds (None: kept or not reached)
     rolled_back: Rollback | None = None
     found_env: list[NodeEnviron] | None = None
     smoke: list[Smoke] | None = None
@@ -161,6 +165,9 @@ class ServeOutcome(StageOutcome):
         shown = [Shown("Attempts", self.up.table())]
         if self.up.settles:  # after each failed attempt: MemAvailable before the launch, after the failure, settled
             shown.append(Shown("Memory settle after failed attempts", settle_rows(self.up)))
+        if self.held is not None:
+            shown.append(Shown("What the server holds once ready (a later run's 02 counts it free)",
+                               {n: f"{b / 2**30:.2f} GiB" for n, b in self.held.items()}))
         return shown
 
     def logs_shown(self) -> list[Shown]:
@@ -197,6 +204,8 @@ class ServeOutcome(StageOutcome):
             return self._stopped("05 summary")
         return [Shown("05 summary", {"endpoint": e.base_url, "model": e.model, "executor": e.executor,
                                      "nodes serving": len(e.commands), "time to ready (s)": e.ready_s,
+                                     "seconds without service": e.seconds_without_service
+                                     if e.seconds_without_service is not None else "none: nothing was serving",
                                      "attempts": e.attempts,
                                      "smoke test": "passed: " + ", ".join(s.kind for s in self.smoke)})]
 
@@ -218,6 +227,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         _make_room(ctx, preview, outcome, model)
         up = _bring_up(ctx, preview, outcome)
         _started(ctx, outcome, up)
+        _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
         _smoke(ctx, outcome, up)
         outcome.addresses = endpoints.client_addresses(ctx.params)
@@ -251,6 +261,8 @@ def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model
     """Stop what earlier runs serve (unless it serves this plan: kept, nothing measured), then measure memory;
     ServeError where 02's fit no longer holds."""
     outcome.room = bringup.make_room(ctx, preview.plan)
+    if outcome.room.args is not None:
+        outcome.event("serve_args_checked", outcome.room.args)
     if outcome.room.kept is not None:
         return
     outcome.before = memory.before_launch(ctx, preview.plan, model)
@@ -288,6 +300,16 @@ def _started(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
         outcome.logs.update(back.log_tails())
         failure = back.summary()
     raise ServeError(failure)
+
+
+def _held(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
+    """A server this run started (memory was measured before its launch; a kept one was not): what it holds per
+    node, measured and recorded beside it in the head's place."""
+    if outcome.before is None:
+        return
+    outcome.held = memory.held(ctx, outcome.before)
+    outcome.event("memory_held_by_server", outcome.held)
+    reuse.record_held(ctx, up.launched.plan.commands[0].node, outcome.held)
 
 
 def _serving_env(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:

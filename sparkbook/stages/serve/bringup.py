@@ -3,6 +3,7 @@ the chat template missing), keep a server that already serves this plan, else la
 per known remediation; what 06 is handed."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from .endpoints import ClientAddress
 from .failures import FailureCause, classify, remedy
 from .launch import BringUp, host_port, launch, log_path, stop_earlier, stop_serving, wait_ready
 from .memory import settle
-from .reuse import find_running, remember, start_decision
+from .reuse import find_running, read_serving, remember, start_decision
 
 
 def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
@@ -77,6 +78,52 @@ def refuse_missing_files(ctx: Context, serve_plan: ServePlan) -> None:
 
 
 @dataclass(frozen=True)
+class ArgsCheck:
+    """The image's own vLLM asked whether it accepts each node's argv (probes/serve_args.py): what it refused, or
+    why it could not be asked (then the launch tells, as before)."""
+
+    refused: dict[str, str]  # node -> vLLM's own words
+    why_unchecked: str | None
+    seconds: float
+
+
+ARGS_TIMEOUT_S = 180  # importing vLLM's CLI takes 5-20 s on a GPU node, longer on a loaded lab
+
+
+def check_args(ctx: Context, serve_plan: ServePlan) -> ArgsCheck:
+    """Parse every serving node's `vllm serve` argv with the vLLM of the head's place (the image that will serve),
+    as its CLI would before it loads anything."""
+    head, t0 = serve_plan.commands[0].node, time.monotonic()
+    argvs = [c.argv[1:] for c in serve_plan.commands]  # without "vllm": the parser's own argv
+    r = ctx.runtime.exec(ctx.cluster.nodes[head], ctx.place(head),
+                         ["python3", "-c", probes.source("serve_args"), json.dumps(argvs)], timeout=ARGS_TIMEOUT_S)
+    try:
+        answer = probes.parse(r, node=head, probe="vllm serve argument check")
+    except ProbeOutputError as exc:
+        return ArgsCheck({}, str(exc), time.monotonic() - t0)
+    refused = {c.node: why for c, why in zip(serve_plan.commands, answer["refused"], strict=False) if why}
+    return ArgsCheck(refused, answer["why_unchecked"] or None, time.monotonic() - t0)
+
+
+def refuse_before_stop(ctx: Context, serve_plan: ServePlan) -> ArgsCheck:
+    """What is knowable before a running server stops: the argv vLLM refuses and a new serve port already held
+    (the old server's own port is freed by its stop). ServeError with the old server untouched."""
+    checked = check_args(ctx, serve_plan)
+    if checked.refused:
+        node, why = next(iter(checked.refused.items()))
+        raise ServeError(f"the image's vLLM refuses the new `vllm serve` arguments on {node}: {why} (checked before "
+                         "the running server was stopped: it still serves)", node=node,
+                         remediation="correct serve.extra_args or the serve setting it names in the params")
+    record = read_serving(ctx, serve_plan.commands[0].node)
+    if record is not None and host_port(record.running)[1] != host_port(serve_plan)[1]:
+        taken = port_taken(ctx, serve_plan)
+        if taken is not None:
+            raise ServeError(f"the new serve port is taken: {taken.summary()} (the running server still serves)",
+                             node=taken.node, remediation="free the port or choose another serve.port")
+    return checked
+
+
+@dataclass(frozen=True)
 class Room:
     """What `make_room` found and did, handed on to `bring_up` so that neither asks the nodes twice: the server
     kept because it serves this plan (then nothing was stopped), or why none is kept and when the earlier one was
@@ -84,21 +131,25 @@ class Room:
 
     kept: BringUp | None
     why: str | None  # why no running server is kept; None when one is
-    stopped_at: float | None  # monotonic time the servers of earlier runs were stopped; None when one is kept
+    stopped_at: float | None  # monotonic time the server that ran was stopped; None: one is kept, or none ran
+    args: ArgsCheck | None = None  # the argv check before a running server was stopped (None: none was recorded)
 
 
 def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
     """Before 05 measures memory for a launch: where no running server can be kept for this plan, stop what
     earlier runs left serving (a replacement is confirmed by now), so that what is measured is what the new server
     will get, not what the old one holds. A kept server is not touched (nothing is launched, so nothing is
-    measured). Raises ServeError, stopping nothing, when a file params name is missing on a serving node."""
+    measured). Raises ServeError, stopping nothing, when a file params name is missing on a serving node or, where a
+    server runs, when the image's vLLM refuses the new argv or the new port is taken (refuse_before_stop)."""
     found, why = find_running(ctx, serve_plan)
     if found is not None:
         return Room(found, None, None)
     refuse_missing_files(ctx, serve_plan)  # before the stop: a refusal after it would leave the cluster dark
-    stopped_at = time.monotonic()
+    serving = read_serving(ctx, serve_plan.commands[0].node) is not None
+    args = refuse_before_stop(ctx, serve_plan) if serving else None
+    stopped_at = time.monotonic() if serving else None  # from here the cluster serves nothing
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
-    return Room(None, why, stopped_at)
+    return Room(None, why, stopped_at, args)
 
 
 def bring_up(ctx: Context, serve_plan: ServePlan,
@@ -172,7 +223,7 @@ def endpoint(result: BringUp, addresses: list[ClientAddress]) -> Endpoint:
                     ready_s=result.reused_from.ready_s if result.reused_from
                     else round(result.readiness.seconds, 1),
                     attempts=result.reused_from.attempts if result.reused_from else len(result.attempts),
-                    reused=result.reused_from is not None)
+                    reused=result.reused_from is not None, seconds_without_service=result.dark_s)
 
 
 def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> Endpoint:

@@ -196,6 +196,14 @@ class BringUp:
     def readiness(self) -> Readiness:
         return self.attempts[-1][1]
 
+    @property
+    def dark_s(self) -> float | None:
+        """Seconds without service of a replacement: from the stop of the server that answered until the new one
+        answered /health (None: nothing was serving, or nothing new answered)."""
+        if self.stopped_at is None or not self.ok:
+            return None
+        return round(self.launched.started_at + self.readiness.seconds - self.stopped_at, 1)
+
     def decisions(self) -> list[Decision]:
         retries = [Decision(f"How to retry after {r.cause}?", ", ".join(f"{k}={v}" for k, v in r.change.items()),
                             r.reason, [Alternative(o, why) for o, why in r.alternatives],

@@ -93,6 +93,7 @@ class BeforeLaunch:
     unified: list[str]
     drops: list[CacheDrop] = field(default_factory=list)
     fit: list[FitRow] = field(default_factory=list)
+    memory: dict[str, Memory] = field(default_factory=dict)  # each serving node's sample, after any drop
 
     def unfit(self) -> list[FitRow]:
         return [r for r in self.fit if not r.fits]
@@ -105,12 +106,20 @@ def before_launch(ctx: Context, serve_plan: ServePlan, model: ModelFacts) -> Bef
     memory = samples(ctx, [c.node for c in serve_plan.commands])
     uma = [n for n, m in memory.items() if unified(ctx, n, m)]
     if not uma:
-        return BeforeLaunch({n: m.mem_available for n, m in memory.items()}, [])
+        return BeforeLaunch({n: m.mem_available for n, m in memory.items()}, [], memory=memory)
     drops = drop_caches(ctx, uma)
     memory.update(samples(ctx, uma))
     params = ctx.params.model_copy(update={"serve": serve_plan.settings})
     fit = memory_fit(model, params, {n: memory[n].for_fit(n) for n in uma})
-    return BeforeLaunch({n: m.mem_available for n, m in memory.items()}, uma, drops, fit)
+    return BeforeLaunch({n: m.mem_available for n, m in memory.items()}, uma, drops, fit, memory)
+
+
+def held(ctx: Context, before: BeforeLaunch) -> dict[str, int]:
+    """What the server that just became ready holds on each serving node, in the terms of 02's fit (GPU memory
+    where the GPU reports its own, else MemAvailable): its sample before the launch against one now. Recorded with
+    the server, so that a later run's 02 counts it free where 05 would stop it."""
+    after = samples(ctx, list(before.memory))
+    return {n: before.memory[n].taken_by(after[n]) for n in after}
 
 
 def check_fit(before: BeforeLaunch) -> None:

@@ -76,6 +76,16 @@ def remember(ctx: Context, requested: ServePlan, result: BringUp, run: str | Non
                      ["sh", "-c", 'printf %s "$1" >"$0"', SERVING, json.dumps(record)], timeout=30).check()
 
 
+def record_held(ctx: Context, head: str, held: dict[str, int]) -> None:
+    """Add to the head's record of what serves what 05 measured the server holding per node (topology.live_server
+    reads it for 02's fit)."""
+    where, node = ctx.places[head], ctx.cluster.nodes[head]
+    record = json.loads(ctx.runtime.read(node, where, SERVING))
+    record["held"] = held
+    ctx.runtime.exec(node, where, ["sh", "-c", 'printf %s "$1" >"$0"', SERVING, json.dumps(record)],
+                     timeout=30).check()
+
+
 def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, str]:
     """The server a previous run started, when it is still right: started from this very plan, every node's
     `vllm serve` running, /health and /v1/models answering. Otherwise None and why not."""

@@ -3,7 +3,10 @@ nothing here displays, connects or writes (the session that does is `runbook.ses
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +16,16 @@ from .errors import SparkbookError
 from .nodes import Outcome
 from .rundir import EVENTS
 from .state import Handoff
+
+# What markdown (CommonMark, as nbconvert's mistune and JupyterLab read it) would make a link, an image, emphasis, code
+# or a table of; backslash-escaped, each stands for itself.
+MARKDOWN_SYNTAX = re.compile(r"([\\`*_\[\]()!#|~])")
+
+
+def markdown_text(value: object) -> str:
+    """`value` as literal text inside markdown: a value from the cluster or the model (an architecture name, a log
+    line, an image's inspection error) shows as what it says, never as HTML or a link the page would act on."""
+    return MARKDOWN_SYNTAX.sub(r"\\\1", html.escape(str(value), quote=False))
 
 
 def now() -> str:
@@ -36,11 +49,16 @@ class Decision:
     evidence: list[str] = field(default_factory=list)
     key: str | None = None  # stable name the records read it by ("image", "executor"), whatever the question's words
 
-    def markdown(self) -> str:
-        lines = [f"**Decision — {self.question}**", "", f"Chosen: **{self.choice}** — {self.reason}"]
-        lines += [f"- rejected **{a.option}**: {a.rejected_because}" for a in self.alternatives]
+    def markdown(self, redact: Callable[[str], str]) -> str:
+        """The decision as a cell's markdown, each value redacted and then escaped (`markdown_text`): redacting the
+        escaped text would miss a secret the escapes split (`hf\\_...`)."""
+        def v(text: str) -> str:
+            return markdown_text(redact(text))
+
+        lines = [f"**Decision — {v(self.question)}**", "", f"Chosen: **{v(self.choice)}** — {v(self.reason)}"]
+        lines += [f"- rejected **{v(a.option)}**: {v(a.rejected_because)}" for a in self.alternatives]
         if self.evidence:
-            lines += ["", "Evidence: " + "; ".join(self.evidence)]
+            lines += ["", "Evidence: " + "; ".join(v(x) for x in self.evidence)]
         return "\n".join(lines)
 
 

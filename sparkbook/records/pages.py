@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import html
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
 from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE
@@ -40,10 +41,22 @@ def _table(rows: list[dict[str, str]], raw: tuple[str, ...] = (), classes: list[
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _inside(name: str) -> bool:
+    """Whether a name from a record may be a link target: a relative path that stays in the run dir (a crafted
+    manifest's `/etc/passwd` or `../..` is not)."""
+    path = PurePosixPath(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts
+
+
+def _href(target: str) -> str:
+    """A relative path as an href: percent-encoded, so `javascript:alert(1)` is a file of that name, never a scheme."""
+    return quote(target)
+
+
 def _link(run_dir: Path, name: str, text: str | None = None, prefix: str = "") -> str:
-    """A link to a file of the run dir when it exists, else the plain name (no broken links)."""
+    """A link to a file inside the run dir when it exists, else the plain name (no broken links, none out of it)."""
     label = e(text or name)
-    return f'<a href="{e(prefix + name)}">{label}</a>' if (run_dir / name).exists() else label
+    return f'<a href="{_href(prefix + name)}">{label}</a>' if _inside(name) and (run_dir / name).exists() else label
 
 
 def notebook_link(r: RunRecord, name: str, text: str | None = None, prefix: str = "") -> str:
@@ -139,7 +152,7 @@ def _timeline(r: RunRecord) -> str:
 def _written_by(r: RunRecord) -> str:
     if r.sparkbook_version is None and r.sparkbook_commit is None:
         return "written by a sparkbook not recorded (a manifest older than the version field)"
-    return f"written by sparkbook {e(fmt(r.sparkbook_version))}, commit {e(fmt(r.sparkbook_commit))[:12]}"
+    return f"written by sparkbook {e(fmt(r.sparkbook_version))}, commit {e(fmt(r.sparkbook_commit)[:12])}"
 
 
 def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
@@ -148,7 +161,7 @@ def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
         exc = nb.get("exception") or {}
         duration = f"{nb['duration_s']:.0f} s" if nb.get("duration_s") is not None else ""
         if nb.get("cell_limit_s"):
-            duration += f"<br><small>cell limit {nb['cell_limit_s']} s: {e(nb.get('cell_limit_reason', ''))}</small>"
+            duration += f"<br><small>cell limit {e(nb['cell_limit_s'])} s: {e(nb.get('cell_limit_reason', ''))}</small>"
         status = f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>'
         rows.append({"notebook": notebook_link(r, nb["name"]), "status": status,
                      "duration": duration,
@@ -211,7 +224,7 @@ def compare_page(c: Comparison, here: Path) -> str:
     """The comparison as a page written in `here` (its links are relative to it)."""
     def link(r: RunRecord) -> str:
         target = _relative(r.run_dir / INDEX, here)
-        return f'<a href="{e(target)}">{e(r.run_id)}</a>' if (r.run_dir / INDEX).exists() else e(r.run_id)
+        return f'<a href="{_href(target)}">{e(r.run_id)}</a>' if (r.run_dir / INDEX).exists() else e(r.run_id)
 
     params = [{"key": x.what, "A": fmt(x.a), "B": fmt(x.b)} for x in c.params]
     image = [{"what": x.what, "A": fmt(x.a), "B": fmt(x.b), "changed": "yes" if x.differs else ""} for x in c.image]
@@ -220,7 +233,7 @@ def compare_page(c: Comparison, here: Path) -> str:
                 "change %": f"{f.change_pct:+.1f}" if f.change_pct is not None else "-"} for f in c.figures]
     deltas = [{"concurrency": str(d.max_concurrency), "metric": d.metric, "A": f"{d.earlier:,.2f}",
                "B": f"{d.now:,.2f}", "change %": f"{d.change_pct:+.1f}", "noise band": band(d),
-               "verdict": f'<span class="{d.verdict}">{e(d.verdict)}</span>'} for d in c.deltas]
+               "verdict": f'<span class="{e(d.verdict)}">{e(d.verdict)}</span>'} for d in c.deltas]
     body = (f"<h1>sparkbook compare</h1><p>A: {link(c.a)} ({e(c.a.status)}) — B: {link(c.b)} ({e(c.b.status)})</p>"
             f"<h2>Params that differ</h2>{'<p>' + e(c.params_note) + '</p>' if c.params_note else ''}"
             f"{_table(params)}<h2>Image and versions</h2>{_table(image)}<h2>Decisions that differ</h2>"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from ..core import state
 from ..core.context import Context
-from ..core.evidence import Decision, Event, Shown, StageOutcome, now, table_rows, tail, to_data
+from ..core.evidence import Decision, Event, Shown, StageOutcome, markdown_text, now, table_rows, tail, to_data
 from ..core.nodes import Cluster, Result
 from ..core.params import Params, load_params
 from ..core.progress import Progress
@@ -112,7 +112,7 @@ class Run:
     def decide(self, decision: Decision) -> Decision:
         self.record("decision", decision)
         data = self.redactor.data(to_data(decision))
-        _display({"text/markdown": self.redactor.text(decision.markdown()), DECISION_MIME: data})
+        _display({"text/markdown": decision.markdown(self.redactor.text), DECISION_MIME: data})
         return decision
 
     def results(self, results: Iterable[Result], title: str = "") -> None:
@@ -133,7 +133,8 @@ class Run:
     def show(self, value: Any, title: str = "") -> None:
         """Display a value (rows, dataclasses, text) redacted: tables for rows, text for the rest."""
         if title:
-            _display({"text/markdown": f"**{self.redactor.text(title)}**", "text/plain": self.redactor.text(title)})
+            clean = self.redactor.text(title)
+            _display({"text/markdown": f"**{markdown_text(clean)}**", "text/plain": clean})
         data = self.redactor.data(to_data(value))
         rows = table_rows(data)
         if rows is not None:

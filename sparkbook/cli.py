@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from .core.rundir import INDEX, MANIFEST, PARAMS_COPY, RESTORE_PLAN
 from .core.stagelist import CLEANUP
 from .runbook import driver, lock, operate
 from .runbook.manifest import Manifest
+from .stages.cleanup.restore import RestorePlanError
 from .stages.serve import endpoints
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ EXIT_INTERRUPTED = 130
 EXITS: tuple[tuple[type[SparkbookError], int, str], ...] = (
     (ParamsError, EXIT_INVALID, "invalid params"),
     (driver.RunbookError, EXIT_INVALID, "error"),
+    (RestorePlanError, EXIT_INVALID, "invalid restore plan"),
     (lock.LockError, EXIT_LOCKED, "refused"),
     (CommandFailed, EXIT_FAILED, "error"),
     (NodeError, EXIT_NODE, "node unusable"),
@@ -133,7 +136,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     plan_file = run_dir / RESTORE_PLAN
     manifest = run_dir / MANIFEST
     if plan_file.is_file():
-        params_file, steps = json.loads(plan_file.read_text())["params_file"], restore.restore_steps(plan_file)
+        plan = restore.read_plan(plan_file)
+        params_file, steps = plan.params_file, plan.steps
     elif read_events(run_dir, "cleanup_plan"):  # 01 ran here and stopped nothing
         if not manifest.is_file():  # a notebook's own run dir: nothing to record the restore against
             _print_restore(run_dir, restore.RestoreOutcome("nothing to restore"))
@@ -146,10 +150,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
     run = open_run(run_dir / params_file, run_dir, stage="restore")
     out = restore.RestoreOutcome("nothing to restore")
     try:
-        for event in restore.restore_deployment(run.context(), steps, run.params.cleanup, args.stop_new):
-            run.record(event.kind, event.data)  # each step as it is taken: one that fails later keeps the earlier
-            if isinstance(event.data, restore.RestoreOutcome):
-                out = event.data
+        with _locked(run, f"restore-{run_dir.name}") if steps else nullcontext():  # nothing to restore: no node
+            for event in restore.restore_deployment(run.context(), steps, run.params.cleanup, args.stop_new):
+                run.record(event.kind, event.data)  # each step as it is taken: one that fails later keeps the earlier
+                if isinstance(event.data, restore.RestoreOutcome):
+                    out = event.data
     finally:
         run.close()
         if manifest.is_file():
@@ -184,6 +189,13 @@ def _print_restore(run_dir: Path, out: RestoreOutcome) -> None:
               + ("\n    log tail:\n      " + c.log_tail.replace("\n", "\n      ") if c.log_tail else ""))
     if out.checks:
         print(f"{out.result}: {sum(c.ok for c in out.checks)}/{len(out.checks)} target(s) back and verified")
+
+
+def _locked(run: Run, what: str) -> AbstractContextManager[lock.RunLock]:
+    """The cluster's run lock for an operator command on `run`: a restore or a stop racing a run (or each other)
+    would act on a cluster another command is changing."""
+    return lock.held(run.params, run.cluster.head, lock.me(what, run.params_file), params_file=str(run.params_file),
+                     say=print)
 
 
 def _operated(args: argparse.Namespace) -> tuple[Run, operate.Deployment]:
@@ -222,7 +234,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     run, d = _operated(args)
     try:
-        done = operate.stop(run, d, keep_ray=args.keep_ray)
+        with _locked(run, f"stop-{d.run_id}"):
+            done = operate.stop(run, d, keep_ray=args.keep_ray)
     finally:
         run.cluster.close()
     for s in done:
@@ -274,12 +287,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if all(p.unknown is None for p in parts) else EXIT_FAILED
 
 
+def _refused(exc: SparkbookError) -> int:
+    """`runs` and `compare` refuse a dir that is no cluster's outputs as invalid input: one line, exit 2."""
+    print(f"refused: {exc}", file=sys.stderr)
+    return EXIT_INVALID
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .records import archive, pages
 
-    for folder in archive.cluster_dirs(args.target, Path(args.outputs)):
+    try:
+        folders = archive.cluster_dirs(args.target, Path(args.outputs))
+    except archive.NotOutputs as exc:
+        return _refused(exc)
+    for folder in folders:
         records = archive.runs(folder)
         shown = [r for r in records if args.status in (None, r.kind)]
         print(f"{folder.name}: {len(shown)} of {len(records)} run(s), newest first; page: "
@@ -296,8 +319,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     outputs = Path(args.outputs)
     a, b = archive.find_run(args.run_a, outputs), archive.find_run(args.run_b, outputs)
     comparison = compare.compare_runs(a, b)
+    try:
+        page = Path(args.html) if args.html else compare.page_path(comparison.a, comparison.b)
+    except archive.NotOutputs as exc:
+        return _refused(exc)
     print(comparison.text())
-    page = Path(args.html) if args.html else compare.page_path(outputs, comparison.a, comparison.b)
     print(f"\npage: {pages.write_compare(comparison, page)}")
     return 0
 
@@ -351,8 +377,8 @@ def parser() -> argparse.ArgumentParser:
     comp.add_argument("run_a", metavar="RUN_A", help="the baseline: a run dir, or a run id under --outputs")
     comp.add_argument("run_b", metavar="RUN_B", help="the run to compare with it")
     comp.add_argument("--outputs", default="outputs", help="where run dirs are (default: outputs/)")
-    comp.add_argument("--html", metavar="FILE", help="the page to write (default: beside RUN_B, "
-                                                     "compare-RUN_A-RUN_B.html)")
+    comp.add_argument("--html", metavar="FILE", help="the page to write (default: compare/RUN_A-vs-RUN_B.html in "
+                                                     "RUN_B's cluster outputs)")
     comp.set_defaults(func=cmd_compare)
 
     def operator(name: str, text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:

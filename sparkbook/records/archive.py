@@ -276,11 +276,42 @@ def runs(cluster_dir: Path) -> list[RunRecord]:
     return records[::-1]
 
 
+class NotOutputs(ArchiveError):
+    """A dir `runs` or `compare` would write into holds no run dir sparkbook wrote: refused, nothing written."""
+
+
+def written_by_sparkbook(run_dir: Path) -> bool:
+    """Whether run_dir holds a manifest as `sparkbook run` writes it (an object with a run id and its notebooks), not
+    just any file of that name (a web app's manifest.json)."""
+    try:
+        data = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("run_id"), str) and isinstance(data.get("notebooks"), list)
+
+
+def holds_runs(cluster_dir: Path) -> bool:
+    """Whether a dir is a cluster's outputs: it holds a run dir sparkbook wrote."""
+    return cluster_dir.is_dir() and any(written_by_sparkbook(d) for d in cluster_dir.iterdir() if d.is_dir())
+
+
+def outputs_tree(cluster_dir: Path, remediation: str) -> Path:
+    """cluster_dir where it is a cluster's outputs, which sparkbook may write into; refused (NotOutputs) otherwise,
+    so no page of a command overwrites a file of some other dir (a user's own index.html)."""
+    if not holds_runs(cluster_dir):
+        raise NotOutputs(f"{cluster_dir} is no cluster's outputs: it holds no run dir with sparkbook's {MANIFEST}",
+                         remediation=remediation)
+    return cluster_dir
+
+
+RUNS_REMEDIATION = "name a cluster's outputs dir (outputs/<cluster>), a cluster, or a params file that has runs"
+
+
 def cluster_dirs(target: str | None, outputs: Path) -> list[Path]:
-    """The cluster output dirs a `runs` argument names: a params file, a cluster name or a dir; all when None."""
+    """The cluster output dirs a `runs` argument names: a params file, a cluster name or a dir; all when None. A dir
+    that holds no run sparkbook wrote is refused (NotOutputs)."""
     if target is None:
-        found = sorted(d for d in outputs.iterdir() if d.is_dir() and any(is_run_dir(r) for r in d.iterdir())) \
-            if outputs.is_dir() else []
+        found = sorted(d for d in outputs.iterdir() if holds_runs(d)) if outputs.is_dir() else []
         if not found:
             raise ArchiveError(f"no run dirs under {outputs}", remediation="run the runbook: sparkbook run PARAMS")
         return found
@@ -288,10 +319,10 @@ def cluster_dirs(target: str | None, outputs: Path) -> list[Path]:
     if path.is_file():
         from ..core.params import load_params
 
-        return [outputs / load_params(path).cluster]
-    for candidate in (path, outputs / target):
-        if candidate.is_dir():
-            return [candidate]
+        return [outputs_tree(outputs / load_params(path).cluster, RUNS_REMEDIATION)]
+    dirs = [d for d in (path, outputs / target) if d.is_dir()]
+    if dirs:
+        return [next((d for d in dirs if holds_runs(d)), None) or outputs_tree(dirs[0], RUNS_REMEDIATION)]
     raise ArchiveError(f"{target!r} is neither a params file, a cluster under {outputs}, nor a dir",
                        remediation=f"name a params file, a cluster ({', '.join(_clusters(outputs)) or 'none yet'}) "
                                    "or pass --outputs")

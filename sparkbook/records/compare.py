@@ -30,7 +30,7 @@ from ..core.benchcompare import (
 from ..core.benchstats import SINGLE_STREAM, Delta, compare
 from ..core.rundir import PARAMS_COPY, is_run_dir
 from ..core.sweeppoint import SweepPoint
-from .archive import RunRecord, fmt, read_run
+from .archive import RunRecord, fmt, outputs_tree, read_run
 
 __all__ = ["CLOCK_DIFF", "POINT_METRICS", "Change", "Comparison", "FigurePair", "band", "clock_causes",
            "compare_runs", "delta_rows", "flatten", "history", "mean_sm_mhz", "page_path", "params_changes"]
@@ -80,12 +80,13 @@ class Comparison:
         return "\n".join(lines)
 
 
-def page_path(outputs: Path, a: RunRecord, b: RunRecord) -> Path:
-    """Where `sparkbook compare` writes its page: <outputs>/<cluster>/compare/, apart from the run dirs; for the
-    committed records (--outputs outputs/examples) under outputs/<cluster>/compare/, never into what git tracks."""
-    cluster = b.cluster or b.run_dir.parent.name
-    root = outputs.parent if outputs.name == COMMITTED else outputs
-    return root / cluster / COMPARE_DIR / f"{a.run_id}-vs-{b.run_id}.html"
+def page_path(a: RunRecord, b: RunRecord) -> Path:
+    """Where `sparkbook compare` writes its page: compare/ in the cluster's outputs that hold run B, named by the two
+    run dirs' own names, never by a manifest's run id or cluster (`run_id: ../../x` would lead out of the tree); for
+    the committed records (outputs/examples/<cluster>) under outputs/<cluster>/compare/, never into what git tracks."""
+    cluster = outputs_tree(b.run_dir.resolve().parent, "name the page to write with --html FILE")
+    root = cluster.parent.parent / cluster.name if cluster.parent.name == COMMITTED else cluster
+    return root / COMPARE_DIR / f"{a.run_dir.resolve().name}-vs-{b.run_dir.resolve().name}.html"
 
 
 def history(a: RunRecord, b: RunRecord, metrics: tuple[str, ...] = POINT_METRICS) -> dict[tuple[int, str], float]:

@@ -10,7 +10,7 @@ from urllib.parse import quote
 from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
 from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE
 from ..core.stagelist import DIAGNOSE
-from .archive import STATUSES, RunRecord, fmt, row, runs
+from .archive import RUNS_REMEDIATION, STATUSES, RunRecord, fmt, outputs_tree, row, runs
 from .compare import Comparison, band
 
 SEVERITIES = ("blocker", "warning", "fact")
@@ -214,8 +214,9 @@ def cluster_page(cluster: str, records: list[RunRecord]) -> str:
 
 
 def write_cluster_index(cluster_dir: Path) -> Path:
-    """outputs/<cluster>/index.html over every run dir in it."""
-    path = cluster_dir / INDEX
+    """outputs/<cluster>/index.html over every run dir in it; a dir that is no cluster's outputs is refused before
+    anything is written (NotOutputs)."""
+    path = outputs_tree(cluster_dir, RUNS_REMEDIATION) / INDEX
     path.write_text(cluster_page(cluster_dir.name, runs(cluster_dir)))
     return path
 

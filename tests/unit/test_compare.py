@@ -132,4 +132,4 @@ def test_the_committed_ok_lab_runs_claim_no_band_wider_than_their_repeats(tmp_pa
     c = compare.compare_runs(a, b)
     assert c.deltas and all(d.noise_pct is None and d.verdict == "no noise estimate" for d in c.deltas)
     assert "WORSE" not in c.text() and "worse" not in {d.verdict for d in c.deltas}
-    assert compare.page_path(examples(), c.a, c.b) == examples().parent / "lab/compare" / f"{a.name}-vs-{b.name}.html"
+    assert compare.page_path(c.a, c.b) == examples().parent / "lab/compare" / f"{a.name}-vs-{b.name}.html"

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MASK = "[REDACTED]"
@@ -19,6 +21,12 @@ TOKEN_SHAPES = re.compile(
 )
 ASSIGNED = re.compile(r"\b((?:[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|APIKEY))|(?i:password|passwd|secret|"
                       r"api[_-]?key|access[_-]?token|auth[_-]?token))\b(\s*[=:]\s*)(\"?)([^\s\"']{4,})")
+
+# A secret flag's value on a command line, `--flag=V` or `--flag V`, bare or quoted (vllm serve --api-key, --hf-token;
+# huggingface-cli --token; --password, --client-secret), whatever the value's shape. Not a value: `--max-tokens 64`,
+# `--tokenizer X`, a flag that follows (`--api-key --port`), a shell variable the secret is read from (`"$HF_TOKEN"`).
+SECRET_FLAG = re.compile(r"(?i)(--(?:[a-z0-9]+-)*(?:api-?key|token|password|passwd|secret))(=|\s+)(?!['\"]?\$\{?\w)"
+                         r"(?:(['\"])[^'\"]+\3|(?!-)[^\s'\"]{4,})")
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class Redactor:
         for value in self.secrets:
             text = text.replace(value, MASK)
         text = TOKEN_SHAPES.sub(MASK, text)
+        text = SECRET_FLAG.sub(lambda m: f"{m[1]}{m[2]}{m[3] or ''}{MASK}{m[3] or ''}", text)
         return ASSIGNED.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{MASK}", text)
 
     def data(self, value: Any) -> Any:
@@ -47,3 +56,12 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return type(value)(self.data(v) for v in value)
         return value
+
+
+def text_files(root: Path) -> Iterator[tuple[Path, str]]:
+    """Every file under root that is text (no NUL byte, as git tells text from binary), with its text (a stray
+    invalid byte replaced): what a scrub redacts whatever the suffix (restore.sh, a log without one); binary files
+    (a PNG plot) are left whole, and links are not followed (they may lead out of root)."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and b"\0" not in (data := path.read_bytes()):
+            yield path, data.decode(errors="replace")

@@ -16,11 +16,11 @@ import yaml
 from ..core import state
 from ..core.errors import SparkbookError
 from ..core.evidence import now, read_events
-from ..core.nodes import Cluster, HostKeyMismatch, NodeError
+from ..core.nodes import Cluster, HostKeyMismatch
 from ..core.params import Params, ParamsError, load_params
 from ..core.progress import Progress
-from ..core.redact import Redactor
-from ..core.rundir import INDEX, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
+from ..core.redact import Redactor, text_files
+from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
 from ..core.stagelist import STAGES
 from ..records import pages
 from ..records.archive import read_run
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from traitlets.config import Config
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+# what the driver passes every notebook itself (_execute; ab_arm: arms.parameters): never the caller's to set
+DRIVER_PARAMETERS = ("params_file", "run_dir", "ab_arm")
 
 
 class RunbookError(SparkbookError):
@@ -64,6 +66,13 @@ def parameters_for(notebook: Path, parameters: dict[str, Any]) -> dict[str, Any]
 
 
 def check_parameters(parameters: dict[str, Any], folder: Path = NOTEBOOKS) -> None:
+    """Refuse the driver's own parameters and any no notebook declares, before anything touches a node."""
+    own = [name for name in DRIVER_PARAMETERS if name in parameters]
+    if own:
+        raise RunbookError(f"-p {', '.join(own)}: set by the driver itself (each notebook is given the run dir's own "
+                           "params copy, whose cluster is the one locked, its run dir under outputs, and its A/B arm)",
+                           remediation="drop them: name the params file as `sparkbook run PARAMS`, where runs go as "
+                                       "--outputs")
     known = set().union(*(declared_parameters(folder / n) for n in notebook_names(folder)))
     unknown = sorted(set(parameters) - known)
     if unknown:
@@ -97,7 +106,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     carried = None  # a new run past 01: the hand-offs it starts from
     if resume:
         run_dir = resume.resolve()
-        manifest = Manifest.read(run_dir)
+        manifest = _resumed(run_dir)
         recorded = [nb.name for nb in manifest.notebooks]
         first_bad = next((nb.name for nb in manifest.notebooks if nb.status != "ok"), None)
         if not first_bad and not start and not only:
@@ -130,6 +139,18 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     return run_dir, Manifest.read(run_dir)
 
 
+def _resumed(run_dir: Path) -> Manifest:
+    """The manifest of the run dir `--resume` names; RunbookError where it is no run dir or its manifest is torn."""
+    try:
+        return Manifest.read(run_dir)
+    except FileNotFoundError:
+        raise RunbookError(f"--resume {run_dir}: no run dir (it holds no {MANIFEST})",
+                           remediation="name a run dir: `sparkbook runs PARAMS` lists the cluster's") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunbookError(f"--resume {run_dir}: its {MANIFEST} cannot be read ({type(exc).__name__})",
+                           remediation="start a new run instead: `sparkbook run PARAMS`") from None
+
+
 @contextmanager
 def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, break_lock: bool,
               say: Callable[[str], None]) -> Iterator[None]:
@@ -137,22 +158,10 @@ def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, 
     cluster = Cluster(params, progress=Progress)
     try:
         verify_host_keys(cluster, params_file)
-        try:
-            held = lock.acquire(params, cluster.head, lock.me(run_id, params_file), params_file=str(params_file),
-                                break_stale=break_lock, same_run=run_id if resumed else None)
-        except NodeError as exc:
-            raise lock.LockError(f"cannot take the run lock on the head: {exc}") from None
-        if line := held.took_over_line():
-            say(line)
-        say(f"run lock: {held.path} on {held.node.name}, run {run_id}")
-        try:
+        with lock.held(params, cluster.head, lock.me(run_id, params_file), params_file=str(params_file), say=say,
+                       break_stale=break_lock, same_run=run_id if resumed else None) as held:
+            say(f"run lock: {held.path} on {held.node.name}, run {run_id}")
             yield
-        finally:
-            try:
-                if not held.release():
-                    say(f"run lock: {held.path} on {held.node.name} is no longer ours; left as it is")
-            except NodeError as exc:
-                say(f"run lock NOT released ({exc}): clear it with `sparkbook unlock {params_file}`")
     finally:
         cluster.close()
 
@@ -293,14 +302,13 @@ def _to_html(run_dir: Path, name: str, say: Callable[[str], None]) -> str | None
 
 
 def _scrub(run_dir: Path, redactor: Redactor) -> None:
-    """Last line of defence: redact every text file the run wrote (notebooks, logs, state); and write the paths
-    into the run dir relative to it (papermill's injected run_dir, a cell's "written to ..."), so the dir can move."""
-    for path in run_dir.rglob("*"):
-        if path.is_file() and path.suffix in {".ipynb", ".json", ".jsonl", ".log", ".txt", ".html", ".md", ".yaml"}:
-            text = path.read_text(errors="replace")
-            clean = relative_text(redactor.text(text), run_dir)
-            if clean != text:
-                path.write_text(clean)
+    """Last line of defence: redact every text file the run wrote (notebooks, logs, state, restore.sh: any suffix);
+    and write the paths into the run dir relative to it (papermill's injected run_dir, a cell's "written to ..."), so
+    the dir can move."""
+    for path, text in text_files(run_dir):
+        clean = relative_text(redactor.text(text), run_dir)
+        if clean != text:
+            path.write_text(clean)
 
 
 def write_index(run_dir: Path, manifest: Manifest) -> Path:

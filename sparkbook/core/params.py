@@ -40,7 +40,8 @@ SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]
 def _matches(regex: re.Pattern[str], what: str) -> AfterValidator:
     def check(value: str) -> str:
         if not regex.fullmatch(value):
-            raise ValueError(f"{value!r} is not a valid {what} (allowed: {regex.pattern})")
+            shown = "the value (not shown: it looks like a token)" if SECRET_SHAPES.search(value) else repr(value)
+            raise ValueError(f"{shown} is not a valid {what} (allowed: {regex.pattern})")
         return value
 
     return AfterValidator(check)
@@ -50,6 +51,19 @@ def _no_secret(value: str) -> str:
     if SECRET_SHAPES.search(value):
         raise ValueError("looks like a token: put secrets in the environment and name the variable under `secrets`")
     return value
+
+
+def _secret_name(value: str) -> str:
+    """A `secrets` entry names a variable; one that does not is never echoed (it may be the secret itself, pasted
+    where its name belongs, and an error lands in CI logs): only its index, and a NAME=VALUE's name, are said."""
+    if _ENV_NAME.fullmatch(value):
+        return _no_secret(value)
+    name, sep, _ = value.partition("=")
+    if sep and _ENV_NAME.fullmatch(name):
+        raise ValueError(f"give the variable's name ({name}), not NAME=VALUE: the value (not shown) belongs in the "
+                         "controller's environment")
+    raise ValueError("not an environment variable name (the entry is not shown: it may be a secret); name the "
+                     "variable that holds the secret")
 
 
 Name = Annotated[str, _matches(_NAME, "name")]
@@ -426,7 +440,7 @@ class Params(Strict):
     ray: RaySettings = RaySettings()
     serve: ServeSettings = ServeSettings()
     benchmark: BenchmarkSettings = BenchmarkSettings()
-    secrets: list[Annotated[EnvName, AfterValidator(_no_secret)]] = Field(
+    secrets: list[Annotated[str, AfterValidator(_secret_name)]] = Field(
         [], description="environment variables holding secrets, by name (never the secret itself)")
     run_lock: RunLockSettings = RunLockSettings()
 
@@ -543,7 +557,13 @@ def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Pa
     path = Path(path)
     if not path.is_file():
         raise ParamsError([Problem(str(path), "", None, "file not found")])
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ParamsError([Problem(str(path), "", None, "not UTF-8 text (a binary file?): name the cluster's YAML "
+                                                        "params file")]) from None
+    except OSError as exc:
+        raise ParamsError([Problem(str(path), "", None, f"cannot be read ({exc.strerror})")]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -15,6 +15,8 @@ import getpass
 import json
 import os
 import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +25,7 @@ from pydantic import TypeAdapter
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
 from ..core.errors import SparkbookError
-from ..core.nodes import Node, shell
+from ..core.nodes import Node, NodeError, shell
 from ..core.params import Params
 
 HOLDER = "holder.json"
@@ -244,6 +246,27 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
                     retry_error_callback=changed_hands)(take)
     assert held is not None  # a None is retried, and the last one raises in changed_hands
     return held
+
+
+@contextmanager
+def held(params: Params, node: Node, holder: Holder, *, params_file: str, say: Callable[[str], None],
+         break_stale: bool = False, same_run: str | None = None) -> Iterator[RunLock]:
+    """Hold the lock while the body runs (a run, a restore, a stop: each would race the others) and release it
+    however the body ends, Ctrl-C too; LockHeld, naming the holder, while another holds it."""
+    try:
+        taken = acquire(params, node, holder, params_file=params_file, break_stale=break_stale, same_run=same_run)
+    except NodeError as exc:
+        raise LockError(f"cannot take the run lock on the head: {exc}") from None
+    if line := taken.took_over_line():
+        say(line)
+    try:
+        yield taken
+    finally:
+        try:
+            if not taken.release():
+                say(f"run lock: {taken.path} on {node.name} is no longer ours; left as it is")
+        except NodeError as exc:
+            say(f"run lock NOT released ({exc}): clear it with `sparkbook unlock {params_file}`")
 
 
 @dataclass(frozen=True)

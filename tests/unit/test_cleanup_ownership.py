@@ -231,7 +231,7 @@ def test_restore_brings_back_owners_only_and_judges_owned_containers(
     steps = restore_steps(write_restore_plan(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p))
     ran: list[str] = []
     monkeypatch.setattr("sparkbook.stages.cleanup.restore._restore_one", lambda n, s: ran.append(s.name) or "ok")
-    actions = bring_back(lab_cluster(write_params, base), steps)
+    actions = bring_back(lab_cluster(write_params, base), steps, [])
     assert ran == ["python3[40]", "old-vllm"] and all(a.ok for a in actions)
     owned = next(s for s in steps if s.owner)
     assert judge(owned, Seen("running", True, None, "", 30.0)).ok

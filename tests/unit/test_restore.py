@@ -222,7 +222,7 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
     seen = [after_new_deployment()]
     acted: list[str] = []
     monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: seen[-1])
-    monkeypatch.setattr(restore, "bring_back", lambda cluster, steps: acted.append("restore") or [])
+    monkeypatch.setattr(restore, "bring_back", lambda cluster, steps, running: acted.append("restore") or [])
     monkeypatch.setattr(restore, "verify_restore", lambda cluster, steps: [
         judge(s, Seen("running", True, True, s.health_url, s.memory_mib)) for s in steps])
 

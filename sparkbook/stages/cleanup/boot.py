@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 ENABLED = "enabled"  # UnitFileState of a unit whose [Install] links exist (it starts at boot)
@@ -36,10 +37,14 @@ def links(output: str) -> Links:
 
 
 def stop_command(unit: str, file_state: str) -> str:
-    """Stopping an enabled unit also disables it: it would start again at the next boot."""
-    return f"systemctl disable --now {unit}" if file_state == ENABLED else f"systemctl stop {unit}"
+    """Stopping an enabled unit also disables it: it would start again at the next boot. The unit is quoted: its
+    name may carry systemd's escapes (`vllm@model\\x2dname.service`), whose backslash a shell or shlex.split drops."""
+    verb = ["disable", "--now"] if file_state == ENABLED else ["stop"]
+    return shlex.join(["systemctl", *verb, unit])
 
 
 def start_command(unit: str, file_state: str) -> str:
-    """Bring it back as it was: an enabled unit enabled again (and started), any other only started."""
-    return f"systemctl enable --now {unit}" if file_state == ENABLED else f"systemctl start {unit}"
+    """Bring it back as it was: an enabled unit enabled again (and started), any other only started (quoted as
+    stop_command's)."""
+    verb = ["enable", "--now"] if file_state == ENABLED else ["start"]
+    return shlex.join(["systemctl", *verb, unit])

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from ...core.context import Context
@@ -58,6 +59,17 @@ class Step:
     owner: str = ""  # an owned container comes back with its owner: no command of its own, checked after it
     ssh: str = ""  # how restore.sh reaches the node: ssh with its SSH address, user and port
     match: str = ""  # a process's command line, to find it again
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """restore-plan.json as 01 writes it: the params file of the run and the steps in restore order."""
+
+    params_file: str
+    steps: list[Step]
+
+
+_PLAN = TypeAdapter(RestorePlan)
 
 
 def ssh_command(node: Node) -> str:
@@ -169,8 +181,31 @@ class RestoreRefused(CleanupError):
     stage = "restore"
 
 
+class RestorePlanError(CleanupError):
+    """restore-plan.json is not whole as 01 writes it (not JSON, a field missing or of the wrong type): nothing is
+    restored, for a step read wrong could start the wrong thing."""
+
+    stage = "restore"
+
+
+def read_plan(plan_file: Path) -> RestorePlan:
+    """The run dir's restore plan, validated; RestorePlanError naming the first bad field (never its value: a
+    command line may carry a secret)."""
+    try:
+        return _PLAN.validate_json(plan_file.read_bytes())
+    except OSError as exc:
+        raise RestorePlanError(f"{plan_file}: cannot be read ({exc.strerror})",
+                               remediation="run `sparkbook restore` on the run dir as its own user") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "(file)"
+        raise RestorePlanError(f"{plan_file}: {where}: {first['msg']} ({exc.error_count()} problem(s)); it is not the "
+                               "plan 01 wrote", remediation="bring the targets back by hand: restore.sh beside it "
+                               "lists each one's command") from None
+
+
 def restore_steps(plan_file: Path) -> list[Step]:
-    return [Step(**s) for s in json.loads(plan_file.read_text())["steps"]]
+    return read_plan(plan_file).steps
 
 
 def new_deployment(ctx: Context) -> dict[str, tuple[str, str]]:
@@ -302,13 +337,21 @@ def _restore_one(node: Node, step: Step) -> str:
     raise CleanupError(step.note or "no restore command is known", node=node.name)
 
 
-def bring_back(cluster: Cluster, steps: list[Step]) -> list[Action]:
-    """Run the restore plan written by `write_restore_plan`, step by step; an owned container has no step of its
-    own (its owner brings it back; verify_restore checks it)."""
+def already_running(steps: list[Step], now: dict[str, Inventory]) -> list[Step]:
+    """The steps whose target runs now (a second restore, or one brought back by hand): verified, never launched
+    again, for a relaunched process would run twice."""
+    return [s for s in steps if (inv := now.get(s.node)) is not None and _target_running(inv, s)]
+
+
+def bring_back(cluster: Cluster, steps: list[Step], running: list[Step]) -> list[Action]:
+    """Run the restore plan written by `write_restore_plan`, step by step, but for the targets `running` already
+    (each an Action saying so); an owned container has no step of its own (its owner brings it back; verify_restore
+    checks it)."""
     def restoring(step: Step) -> Callable[[Node], str]:
         return lambda node: _restore_one(node, step)
 
-    return [act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s)) for s in steps if not s.owner]
+    return [Action(s.node, s.name, "-", True, "already running: verified, not launched again", 0.0) if s in running
+            else act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s)) for s in steps if not s.owner]
 
 
 def _stop_container(node: Node, name: str, recorded_id: str) -> str:
@@ -440,7 +483,7 @@ def restore_deployment(ctx: Context, steps: list[Step], targets: CleanupTargets,
         if found or not all(a.ok for a in stopped):
             yield RestoreEvent("restore_outcome", RestoreOutcome("refused", found, stopped, unread_ports=unread))
             return
-    actions = bring_back(ctx.cluster, steps)
+    actions = bring_back(ctx.cluster, steps, already_running(steps, now))
     yield RestoreEvent("restore", actions)
     checks = verify_restore(ctx.cluster, steps)
     after = _inventories(ctx.cluster, targets)

@@ -96,6 +96,7 @@ class RayCluster(Handoff):
     reused: bool
     container_ids: dict[str, str]
     nodes: list[JoinedNode]
+    stopped_server_at: str | None = None  # ISO time 04 replaced places that held a live server (05 counts the dark)
 
 
 class FabricProof(Handoff):

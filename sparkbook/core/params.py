@@ -150,8 +150,8 @@ class DockerRuntime(Strict):
     env: Env = {}
     cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
                                          "on each node, mounted in its container at the same path so a new container "
-                                         "compiles nothing the last one did (default: sparkbook-cache beside "
-                                         "model.cache_dir)")
+                                         "compiles nothing the last one did (default: sparkbook-cache/CLUSTER "
+                                         "beside model.cache_dir)")
     pull: bool = Field(False, description="docker pull every candidate on the head before 03 probes them (where it "
                        "reaches a registry; a failed pull is reported and the local copy probed)")
     image_policy: Literal["keep_installed", "newest"] = Field(
@@ -164,7 +164,7 @@ class PythonRuntime(Strict):
     python: RemotePath = Field(description="interpreter on every node whose environment has vLLM")
     env: Env = {}
     cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
-                                         "on each node (default: where each tool keeps them, under the home)")
+                                         "on each node (default: sparkbook-cache/CLUSTER beside model.cache_dir)")
 
 
 class ModelTransfer(Strict):

@@ -2,8 +2,11 @@
 03 has, the environment itself (`PythonImages`)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from .nodes import Cluster, FanOut, Node, Result
 from .params import PythonRuntime
@@ -12,12 +15,18 @@ from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec
 # commands the stages start by name, as modules of the Python runtime's interpreter
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
 _VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
+PLACE_FILE = "place.json"  # in the place's dir: what `start` made it with, for `existing` (04's keep)
+
+
+def _digest(value: str) -> str:
+    """A secret as the place's record keeps it: enough to tell a changed one, never the value."""
+    return hashlib.sha256(value.encode()).hexdigest()
 
 
 class PythonNodes:
     """A Python environment on each node (no Docker): the interpreter named in params runs everything."""
 
-    not_reusable: str | None = "the Python runtime keeps no container to compare: Ray is started afresh"
+    not_reusable: str | None = None  # a place is compared by the record `start` wrote in its dir
 
     def __init__(self, spec: PythonRuntime, secrets: dict[str, str] | None = None):
         self.spec, self.secrets = spec, secrets or {}
@@ -34,7 +43,19 @@ class PythonNodes:
         return []
 
     def existing(self, node: Node, place: Place) -> Existing | None:
-        return None
+        """The place as `start` recorded it (its environment's vLLM identity and env; the secrets as digests, given
+        back as this controller's values where they match), running while a session it spawned lives."""
+        r = node.run(["cat", f"{self._dir(place)}/{PLACE_FILE}"], timeout=30)
+        if not r.ok:
+            return None
+        try:
+            record = json.loads(r.stdout)
+            identity, env, secrets, since = record["identity"], record["env"], record["secrets"], record["started_at"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        same = {k: v for k, v in self.secrets.items() if secrets.get(k) == _digest(v)}
+        return Existing(place.name, "running" if self.alive(node, place) else "exited", identity or "",
+                        {**env, **same}, [], since)
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         bindir = self.spec.python.rsplit("/", 1)[0]
@@ -63,10 +84,20 @@ class PythonNodes:
                          tuple(sorted(self.secrets)))
 
     def start(self, node: Node, spec: StartSpec) -> str:
+        """A fresh place dir (the sessions of the last one stopped), with the record `existing` reads back."""
         place = Place(spec.node, spec.name)
         self.stop(node, place)
         node.run(list(spec.command), check=True, timeout=30)
+        record = {"identity": self.identity(node), "env": {**self.spec.env, **spec.env},
+                  "secrets": {k: _digest(v) for k, v in self.secrets.items()},
+                  "started_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        node.run(["sh", "-c", 'printf %s "$1" >"$0"', f"{self._dir(place)}/{PLACE_FILE}", json.dumps(record)],
+                 check=True, timeout=30)
         return self._dir(place)
+
+    def identity(self, node: Node) -> str | None:
+        """The vLLM version of the node's interpreter ("vLLM X.Y.Z"); None where it has no vLLM."""
+        return self.one_off(node, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None
 
     def exec(self, node: Node, place: Place, argv: Sequence[str], *, timeout: float = 120,
              env: dict[str, str] | None = None) -> Result:
@@ -136,7 +167,7 @@ class PythonImages:
 
     def identity(self, node: Node, ref: str) -> str | None:
         """The vLLM version of the node's interpreter ("vLLM X.Y.Z"); None where it has no vLLM."""
-        return self.nodes.one_off(node, None, ["python", "-c", _VLLM_VERSION], timeout=60).stdout.strip() or None
+        return self.nodes.identity(node)
 
     def architecture(self, node: Node, ref: str) -> str | None:
         """An environment runs on its node's CPU: nothing to compare."""

@@ -180,7 +180,9 @@ def _node_status(runtime: Runtime, node: Node, place: Place, log: str, ray: str)
     if found is None or found.status != "running":
         return NodeStatus(node.name, found.status if found else f"none ({place.name})", "not running", "not running",
                           None)
-    return NodeStatus(node.name, f"running {found.id[:12]}", ray, server, _since(found.started_at))
+    what = f"no container: the sessions of {place.name} run" if found.id == place.name \
+        else f"running {found.id[:12]}"  # the Python runtime's place is its own name, a container has an ID
+    return NodeStatus(node.name, what, ray, server, _since(found.started_at))
 
 
 def health(base_url: str) -> str | None:

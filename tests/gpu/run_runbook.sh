@@ -51,7 +51,7 @@ echo "=== sparkbook run rc=$rc after $((SECONDS - T0)) s"
 
 run_dir=$(ls -td "$RUNS/$cluster"/*/ 2>/dev/null | head -1)
 if [ -n "$run_dir" ]; then
-  run_dir=${run_dir%/}; tgz="$OUT/run-$cluster.tar.gz"
+  run_dir=${run_dir%/}; tgz="$OUT/run-$cluster${TAG:+-$TAG}.tar.gz"
   tar czf "$tgz" -C "$(dirname "$run_dir")" "$(basename "$run_dir")"
   if [ "$(stat -c %s "$tgz")" -gt $((15 * 1024 * 1024)) ]; then   # 16 MiB per file comes back
     echo "run tarball too big; logs cut to their last 2 MB"

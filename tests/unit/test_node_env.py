@@ -40,7 +40,7 @@ def test_compile_caches_live_beside_the_model_cache_per_cluster_unless_params_sa
     assert {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"} <= set(env)
     base["runtime"] = {"kind": "python", "python": "/usr/bin/python3"}
     python = load_params(write_params(base))
-    assert topology.node_env(python, python.head)["TRITON_CACHE_DIR"] == "/srv/sparkbook-cache/unit/triton"
+    assert topology.node_env(python, python.head)["TRITON_CACHE_DIR"] == "/home/op/.cache/sparkbook-cache/unit/triton"
     base["runtime"]["cache_dir"] = "/srv/compile"
     assert topology.cache_dir(load_params(write_params(base))) == "/srv/compile"
 

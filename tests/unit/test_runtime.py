@@ -76,7 +76,7 @@ def test_both_runtimes_implement_the_protocol_and_nodes_one_interface(local) -> 
 def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no-untyped-def]
     cluster = local({"kind": "python", "python": sys.executable})
     rt, src, node = runtime_for(cluster.params), image_source_for(cluster.params), cluster.head
-    assert src.candidates() == [sys.executable] and not src.copies_images and "Python runtime" in rt.not_reusable
+    assert src.candidates() == [sys.executable] and not src.copies_images and rt.not_reusable is None
     assert src.image(node, sys.executable) is None and rt.lacks(node, sys.executable, None) is None
     assert src.installed() is None and "runtime python" in src.no_installed_reason()
     assert rt.devices(node) == [] and rt.existing(node, Place(node.name, "x")) is None
@@ -91,17 +91,38 @@ def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no
     rt.start(node, rt.start_spec(node, place, gpus=False, devices=rt.devices(node)))
     try:
         assert rt.exec(node, place, ["sh", "-c", 'printf %s "$SB_UNIT"'], timeout=30).stdout == "x y"
+        found = rt.existing(node, place)  # what 04's keep compares: the record start wrote, nothing spawned yet
+        assert found is not None and found.status == "exited" and found.image_id == "" and found.env["SB_UNIT"] == "x y"
         spawned = rt.spawn(node, place, ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"], log)
         end = time.monotonic() + 20
         while "up" not in rt.read(node, place, log) and time.monotonic() < end:
             time.sleep(0.2)
         assert rt.read(node, place, log).strip() == "up" and rt.running(node, place, spawned)
-        assert rt.alive(node, place)
+        assert rt.alive(node, place) and rt.existing(node, place).status == "running"  # type: ignore[union-attr]
         rt.kill(node, place, spawned, grace_s=2)
         assert not rt.running(node, place, spawned)
     finally:
         assert rt.stop(node, place)
     assert not rt.alive(node, place)
+
+
+def test_a_python_place_records_its_secrets_as_digests_and_gives_back_only_matching_ones(local) -> None:  # type: ignore[no-untyped-def]
+    """04 keeps a Python runtime's Ray (issue 40: on one H200 a second deploy's 04 restarted it and stopped the
+    server) by the record its start wrote: the env, and each secret only as a digest, never its value."""
+    cluster = local({"kind": "python", "python": sys.executable})
+    node = cluster.head
+    first = PythonNodes(cluster.params.runtime, {"HF_TOKEN": "hf_unit_secret_value"})  # type: ignore[arg-type]
+    place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}", None, {"SB_UNIT": "1"})
+    first.start(node, first.start_spec(node, place, gpus=False))
+    try:
+        text = first.read(node, place, f"/tmp/sparkbook/{place.name}/place.json")
+        assert "hf_unit_secret_value" not in text and "HF_TOKEN" in text
+        assert first.existing(node, place).env["HF_TOKEN"] == "hf_unit_secret_value"  # type: ignore[union-attr]
+        changed = PythonNodes(cluster.params.runtime, {"HF_TOKEN": "hf_another"})  # type: ignore[arg-type]
+        assert "HF_TOKEN" not in changed.existing(node, place).env  # type: ignore[union-attr]
+    finally:
+        first.stop(node, place)
+    assert first.existing(node, place) is None
 
 
 def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> None:  # type: ignore[no-untyped-def]
@@ -181,7 +202,7 @@ def test_status_reads_the_python_runtimes_sessions_and_names_a_disagreement_with
         assert (seen.server, seen.container) == ("running", f"no container: the sessions of {place.name} run")
         rt.kill(node, place, spawned, grace_s=2)
         gone = operate._node_status(rt, node, place, log, "not running")
-        assert gone.server == "not running" and gone.container.startswith("none")
+        assert gone.server == "not running" and gone.container == "exited"  # the place, none of its sessions
         status = operate.Status(None, [gone], None)  # type: ignore[arg-type]
         assert not status.serving and status.problems()[0].startswith("PROBLEM: /health answers, yet no recorded")
     finally:

@@ -3,6 +3,7 @@ of the evidence `serve.run` returns, with the stage's own steps replaced by valu
 room made once for both the memory measure and the bring-up (issue 39)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,28 @@ def test_the_ab_arm_names_what_it_serves() -> None:
     assert serve.arm_note("speculative") == "speculative: the params' own plan"
     assert serve.arm_note("baseline") == "baseline: serve.speculative off"
     assert [serve.replaces_own_arm(a) for a in (None, "baseline", "speculative", "kept")] == [False, False, True, True]
+
+
+def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_from_then(lab, tmp_path, monkeypatch):
+    """Issue 40, item 7: a new image or env makes 04 replace the places that held the server; 05 then finds nothing
+    to stop, yet the cluster has served nothing since 04's stop: seconds without service count from there."""
+    import dataclasses
+    from datetime import UTC, datetime, timedelta
+
+    from sparkbook.core.handoff import RayCluster
+
+    called = steps(monkeypatch, room=Room(None, "nothing serving", None))
+    seen: list[Room] = []
+    monkeypatch.setattr(bringup, "bring_up", lambda ctx, plan, on_round, floor, available, room: seen.append(room)
+                        or up_with(plan, True))
+    ctx = context(lab, tmp_path)
+    stopped = (datetime.now(UTC) - timedelta(seconds=30)).isoformat(timespec="seconds")
+    ray = RayCluster(address="10.0.0.1:6379", containers={}, reused=False, container_ids={}, nodes=[],
+                     stopped_server_at=stopped)
+    out = serve.run(ctx, dataclasses.replace(a_preview(ctx), ray=ray), confirm_replace=False, ab_arm=None)
+    (room,) = seen
+    assert out.error is None and called[0] == "make_room" and room.stopped_at is not None
+    assert 29 <= time.monotonic() - room.stopped_at <= 40
+    seen.clear()
+    serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
+    assert seen[0].stopped_at is None, "nothing was serving: no dark seconds"

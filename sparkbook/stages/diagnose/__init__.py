@@ -48,16 +48,20 @@ class DiagnosePreview:
         s = ctx.params.serve
         return [Shown(f"Memory fit: TP={s.tensor_parallel_size} PP={s.pipeline_parallel_size}, utilization "
                       f"{s.gpu_memory_utilization or modelinfo.VLLM_DEFAULT_UTILIZATION}, KV "
-                      f"{s.kv_cache_memory_bytes or 'what is left'}, max_model_len {s.max_model_len}", self.fit)]
+                      f"{s.kv_cache_memory_bytes or 'what is left'}, max_model_len {s.max_model_len}", self.fit_rows())]
+
+    def fit_rows(self) -> list[dict[str, object]]:
+        """Each node's fit, with what CUDA can allocate now and after 05 stops this runbook's running server."""
+        return [{"node": f.node, "ranks": str(f.ranks), "planned GiB": f"{f.planned_gib:.1f}",
+                 "weights GiB": f"{f.weights_gib:.1f}", "KV GiB": f"{f.kv_gib:.1f}", "KV tokens": f.kv_tokens,
+                 "allocatable now GiB": f"{f.allocatable_now_gib:.1f}",
+                 "held by our running server GiB": f"{f.held_gib:.1f} (run {f.held_by})" if f.held_by else "-",
+                 "allocatable after its stop GiB": f"{f.allocatable_gib:.1f}", "fits": "yes" if f.fits else "NO",
+                 "why": f.why, "allocatable from": f.allocatable_source} for f in self.fit]
 
     def shown(self) -> list[Shown]:
         return [Shown(f"Memory fit of {self.model.architectures[0] if self.model.architectures else 'the model'} "
-                      f"({modelinfo.human_params(self.model.total_params)} parameters)",
-                      [{"node": f.node, "ranks": str(f.ranks), "planned GiB": f"{f.planned_gib:.1f}",
-                        "allocatable now GiB": f"{f.allocatable_now_gib:.1f}",
-                        "held by our running server GiB": f"{f.held_gib:.1f} ({f.held_by})" if f.held_by else "-",
-                        "allocatable after its stop GiB": f"{f.allocatable_gib:.1f}", "fits": "yes" if f.fits else "NO",
-                        "why": f.why} for f in self.fit])]
+                      f"({modelinfo.human_params(self.model.total_params)} parameters)", self.fit_rows())]
 
 
 def preview(ctx: Context) -> DiagnosePreview:

@@ -462,9 +462,13 @@ def _version(text: str | None) -> Version:
 
 
 def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, str | None]) -> ImageChoice:
-    """What 04/05 read from the run state: the chosen ref, its ID, versions, and every node's ID."""
+    """What 04/05 read from the run state: the chosen ref, its ID, versions, and every node's ID. An environment
+    has no image ID (the Python runtime): its ID is the identity every node reports for it, where they agree, so that
+    04 can tell the places it started from it."""
     c = next(c for c in candidates if c.image == decision.choice)
-    return ImageChoice(ref=c.image, id=c.facts.image_id, vllm_version=c.facts.vllm_version,
+    shared = set(ids.values())
+    agreed = shared.pop() if len(shared) == 1 else None
+    return ImageChoice(ref=c.image, id=c.facts.image_id or agreed, vllm_version=c.facts.vllm_version,
                        ray_version=c.facts.ray_version, nodes=ids)
 
 

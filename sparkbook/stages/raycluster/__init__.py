@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from ...core.context import Context
 from ...core.errors import SparkbookError
-from ...core.evidence import Alternative, Decision, Shown, StageOutcome
+from ...core.evidence import Alternative, Decision, Shown, StageOutcome, now
 from ...core.handoff import ImageChoice, RayCluster
 from ...core.nodes import Result
 from ...core.progress import Progress
@@ -189,7 +189,8 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
     ctx = ctx.with_image(preview.image.ref)
     out = RayOutcome(kept=preview.kept, skip=preview.skip)
     out.decide(preview.kept.decision(preview.image.id or ""))
-    if preview.live is not None and not preview.kept.ok:
+    stops_server = preview.live is not None and not preview.kept.ok
+    if preview.live is not None and stops_server:
         out.decide(replace_decision(preview.live, preview.kept, confirm_replace))
         if not confirm_replace:
             out.error = RayStageError(f"04 would stop a live server: {replacing(preview.live, preview.kept)}",
@@ -197,7 +198,7 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
                                                   "image and settings it runs to keep it")
             return out
     try:
-        out.error = form(ctx, preview, out)
+        out.error = form(ctx, preview, out, now() if stops_server else None)
     except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable
         out.error = exc
     return out
@@ -216,9 +217,10 @@ def replace_decision(live: LiveServer, keeping: Reuse, confirmed: bool) -> Decis
                     key="replace_containers")
 
 
-def form(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError | None:
+def form(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_server_at: str | None) -> SparkbookError | None:
     """The containers, Ray, the join, the gate and the fabric test, each recorded in `out`; the error that stops
-    04 there."""
+    04 there. `stopped_server_at`: when the live server these containers held stopped with them (05 counts the
+    seconds without service from then)."""
     reused = preview.kept.ok
     started_containers = preview.kept.containers if reused else \
         containers.start_containers(ctx, preview.specs, preview.image.id)
@@ -235,7 +237,8 @@ def form(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError |
     error = fabric(ctx, preview, out)
     if error is not None:
         return error
-    out.ray = formation.summary(ctx, started_containers, join, reused=reused)
+    out.ray = formation.summary(ctx, started_containers, join, reused=reused).model_copy(
+        update={"stopped_server_at": stopped_server_at})
     out.handoffs.append(out.ray)
     return None
 

@@ -7,7 +7,10 @@ The front door: `preview(ctx)` (the image, the executor, each node's exact `vllm
 change; read-only probes) and `run(ctx, preview, ...)`, which does the stage in order and returns its evidence."""
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from ...core.context import Context
 from ...core.errors import SparkbookError
@@ -15,8 +18,8 @@ from ...core.evidence import Decision, Shown, StageOutcome, tail
 from ...core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.progress import Progress
-from ...core.topology import cache_dir
 from ...core.state import Handoff
+from ...core.topology import cache_dir
 from . import bringup, commands, endpoints, environ, memory, replace, reuse, rollback, smoke
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
@@ -210,6 +213,11 @@ class ServeOutcome(StageOutcome):
                                      "smoke test": "passed: " + ", ".join(s.kind for s in self.smoke)})]
 
 
+def seconds_since(iso: str) -> float:
+    """Seconds from an ISO time a stage recorded (core.evidence.now) until now."""
+    return (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
+
+
 def settle_rows(up: BringUp) -> list[dict[str, object]]:
     return [row for s in up.settles for row in s.rows()]
 
@@ -271,11 +279,15 @@ def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model
 
 
 def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> BringUp:
-    """Launch and wait (a progress bar over the ready timeout), with the remedies decided between attempts."""
-    before = outcome.before
+    """Launch and wait (a progress bar over the ready timeout), with the remedies decided between attempts. Where
+    this run's 04 stopped a live server with its containers, the cluster has served nothing since then."""
+    before, room = outcome.before, outcome.room
+    stopped_by_04 = preview.ray.stopped_server_at if preview.ray else None
+    if room is not None and room.stopped_at is None and room.kept is None and stopped_by_04:
+        room = dataclasses.replace(room, stopped_at=time.monotonic() - seconds_since(stopped_by_04))
     with Progress("serve ready (s of the timeout)", total=ctx.params.serve.ready_timeout_s) as bar:
         up = bringup.bring_up(ctx, preview.plan, on_round=bar.update, floor=preview.floor,
-                              available=before.available if before else None, room=outcome.room)
+                              available=before.available if before else None, room=room)
     outcome.up = up
     for change in up.decisions():
         outcome.decide(change)

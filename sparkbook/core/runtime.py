@@ -11,7 +11,9 @@ Runtime's verbs:
   start_spec(node, place, ...)    a place's start as one value (StartSpec), what `plan` shows and `start` runs
   start(node, spec)               a long-lived place to exec in (a container; a PID directory for a Python env)
   exec(node, name, argv)          a command in that place, with a node-side timeout
-  spawn(node, name, argv, log)    a background process (its own session) writing to a log file -> Spawned
+  spawn(node, name, argv, log)    a background process (its own session) writing to a log file -> Spawned; the
+                                  params' secrets (and any `secrets` given) reach it alone, never an argv or a
+                                  place's inspectable environment
   running / kill (node, name, spawned)   is that process alive / end its whole session, by its ID
   read / alive / stop             a file as the place sees it / whether the place stands / remove it
 ImageSource's verbs:
@@ -37,6 +39,8 @@ ID_TIMEOUT_S = 30  # reading an image's ID on a node
 # Start argv as the leader of a new session, its ID in "$1.pid", output to "$1" ($0 is the log path).
 SPAWN_SH = ('mkdir -p "$(dirname "$0")"; '
             'exec setsid sh -c \'echo $$ >"$0.pid"; exec "$@" >"$0" 2>&1 </dev/null\' "$0" "$@"')
+# Export the `K='v'` lines of the file "$0" (mode 0600, written for this one spawn), remove it, exec "$@".
+SECRETS_SH = 'set -a; . "$0"; set +a; rm -f "$0"; exec "$@"'
 # 0 if the session leader in "$0" is alive and not a zombie.
 RUNNING_SH = ('p=$(cat "$0" 2>/dev/null) && s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && '
               'case $s in " Z"*|" X"*) exit 1;; esac')
@@ -70,15 +74,14 @@ class Ulimit:
 @dataclass(frozen=True)
 class StartSpec:
     """A place's start as one value: what `Runtime.start` creates and what a preview renders, so the two cannot
-    drift. Env by value for what params and the place set, by name only for the secrets (the runtime adds their
-    values at the start, never into this value)."""
+    drift. Env by value for what params and the place set; no secret: those reach only the processes spawned in
+    the place (`Runtime.spawn`), never its inspectable environment."""
 
     node: str
     name: str
     image: str | None  # None: the Python runtime's PID directory, nothing to create from
     command: tuple[str, ...]  # the entrypoint argv (a container), or what creates the place
     env: dict[str, str] = field(default_factory=dict)
-    secret_names: tuple[str, ...] = ()
     mounts: tuple[str, ...] = ()  # host paths bound read-write at the same path
     ulimits: tuple[Ulimit, ...] = ()
     cap_add: tuple[str, ...] = ()
@@ -92,7 +95,7 @@ class StartSpec:
 
     @property
     def env_names(self) -> list[str]:
-        return sorted({*self.env, *self.secret_names})
+        return sorted(self.env)
 
     def command_line(self) -> str:
         """The shell equivalent of the start, env by name only (`docker run -e NAME` reads it from the shell)."""
@@ -174,8 +177,9 @@ class Runtime(Protocol):
         """argv in the place, with a node-side timeout."""
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
-              env: dict[str, str] | None = None) -> Spawned:
-        """argv in the background in its own session, stdout and stderr to `log`."""
+              env: dict[str, str] | None = None, secrets: dict[str, str] | None = None) -> Spawned:
+        """argv in the background in its own session, stdout and stderr to `log`; the params' secrets and
+        `secrets` in its environment alone (through stdin or a file only it reads, removed once read)."""
 
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
         """Whether the spawned process still runs."""

@@ -2,7 +2,11 @@
 candidate images 03 chooses among (`DockerImages`)."""
 from __future__ import annotations
 
+import io
+import shlex
+import tarfile
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -12,11 +16,33 @@ import docker.errors
 from .docker_ssh import docker_client
 from .nodes import Cluster, FanOut, Node, NodeError, Result, ended_by_timeout, with_timeout
 from .params import DockerRuntime
-from .runtime import ID_TIMEOUT_S, KILL_SH, RUNNING_SH, SPAWN_SH, Existing, Place, Spawned, StartSpec, Ulimit
+from .runtime import (
+    ID_TIMEOUT_S,
+    KILL_SH,
+    RUNNING_SH,
+    SECRETS_SH,
+    SPAWN_SH,
+    Existing,
+    Place,
+    Spawned,
+    StartSpec,
+    Ulimit,
+)
 
 LABEL = "org.sparkbook.run"  # on every container sparkbook starts
 DAEMON_TIMEOUT_S = 20
 
+
+
+def _secrets_archive(name: str, secrets: dict[str, str]) -> bytes:
+    """A tar of one file `name`, mode 0600 and root's: the secrets as shell assignments SECRETS_SH exports."""
+    text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in secrets.items()).encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(text), 0o600
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.addfile(info, io.BytesIO(text))
+    return buffer.getvalue()
 
 
 class DockerNodes:
@@ -94,13 +120,13 @@ class DockerNodes:
                          str(image), *command], timeout=timeout + 30)
 
     def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
-        """The place's container: host network, shm, model cache and compile caches, env and the params' secrets (by
-        name here; `start` gives their values to the Docker API, never a command line), an init that reaps orphans
+        """The place's container: host network, shm, model cache and compile caches, env (never a secret: `docker
+        inspect` would show it to anyone on the node; `spawn` gives them to its processes), an init that reaps orphans
         (killed serve processes leave children), `sleep infinity` as its entrypoint whatever the image declares;
         where the node has RoCE HCAs, what RDMA needs (`rdma_limits`)."""
         ulimits, caps = self.rdma_limits(node)
         return StartSpec(node.name, place.name, place.image, ("sleep", "infinity"), {**self.spec.env, **place.env},
-                         tuple(sorted(self.secrets)), tuple(p for p in (self.model_cache, self.cache_dir) if p),
+                         tuple(p for p in (self.model_cache, self.cache_dir) if p),
                          ulimits, caps, tuple(devices), gpus, self.spec.privileged, self.spec.ipc_host,
                          self.spec.shm_size, self.spec.memory_limit.lower() if self.spec.memory_limit else None,
                          {LABEL: place.name})
@@ -111,7 +137,7 @@ class DockerNodes:
         self.stop(node, Place(spec.node, spec.name, spec.image))
         kwargs: dict[str, object] = dict(
             name=spec.name, entrypoint=list(spec.command), detach=True, network_mode="host", init=True,
-            shm_size=spec.shm_size, environment={**spec.env, **{k: self.secrets[k] for k in spec.secret_names}},
+            shm_size=spec.shm_size, environment=spec.env,
             labels=spec.labels, volumes={p: {"bind": p, "mode": "rw"} for p in spec.mounts},
             privileged=spec.privileged, devices=[f"{d}:{d}" for d in spec.devices],
             ulimits=[docker.types.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in spec.ulimits],
@@ -133,10 +159,18 @@ class DockerNodes:
                       (err or b"").decode(errors="replace"), started, time.monotonic() - t0, ended_by_timeout(code))
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
-              env: dict[str, str] | None = None) -> Spawned:
-        """Start argv in the background inside the container, stdout and stderr to `log` (a container path)."""
+              env: dict[str, str] | None = None, secrets: dict[str, str] | None = None) -> Spawned:
+        """Start argv in the background inside the container, stdout and stderr to `log` (a container path). The
+        secrets go in a file of mode 0600 copied into the container (docker-py's archive upload, no command line),
+        which the process's shell exports and removes before it execs argv."""
         container = self.client(node).containers.get(place.name)
-        container.exec_run(["sh", "-c", SPAWN_SH, log, *argv], environment=env or {}, detach=True)
+        spawn = ["sh", "-c", SPAWN_SH, log, *argv]
+        given = {**self.secrets, **(secrets or {})}
+        if given:
+            path = f"/tmp/sparkbook-secrets-{uuid.uuid4().hex}.env"
+            container.put_archive("/tmp", _secrets_archive(path.rsplit("/", 1)[1], given))
+            spawn = ["sh", "-c", SECRETS_SH, path, *spawn]
+        container.exec_run(spawn, environment=env or {}, detach=True)
         return Spawned(node.name, place.name, log)
 
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:

@@ -2,7 +2,6 @@
 03 has, the environment itself (`PythonImages`)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -16,11 +15,6 @@ from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
 _VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
 PLACE_FILE = "place.json"  # in the place's dir: what `start` made it with, for `existing` (04's keep)
-
-
-def _digest(value: str) -> str:
-    """A secret as the place's record keeps it: enough to tell a changed one, never the value."""
-    return hashlib.sha256(value.encode()).hexdigest()
 
 
 class PythonNodes:
@@ -43,19 +37,18 @@ class PythonNodes:
         return []
 
     def existing(self, node: Node, place: Place) -> Existing | None:
-        """The place as `start` recorded it (its environment's vLLM identity and env; the secrets as digests, given
-        back as this controller's values where they match), running while a session it spawned lives."""
+        """The place as `start` recorded it (its environment's vLLM identity and env, no secret: those go to each
+        spawned process), running while a session it spawned lives."""
         r = node.run(["cat", f"{self._dir(place)}/{PLACE_FILE}"], timeout=30)
         if not r.ok:
             return None
         try:
             record = json.loads(r.stdout)
-            identity, env, secrets, since = record["identity"], record["env"], record["secrets"], record["started_at"]
+            identity, env, since = record["identity"], record["env"], record["started_at"]
         except (ValueError, KeyError, TypeError):
             return None
-        same = {k: v for k, v in self.secrets.items() if secrets.get(k) == _digest(v)}
-        return Existing(place.name, "running" if self.alive(node, place) else "exited", identity or "",
-                        {**env, **same}, [], since)
+        return Existing(place.name, "running" if self.alive(node, place) else "exited", identity or "", env, [],
+                        since)
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         bindir = self.spec.python.rsplit("/", 1)[0]
@@ -80,8 +73,7 @@ class PythonNodes:
 
     def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
         """The place's PID directory: what lists the session IDs of the processes spawned there."""
-        return StartSpec(node.name, place.name, None, ("mkdir", "-p", self._dir(place)), dict(place.env),
-                         tuple(sorted(self.secrets)))
+        return StartSpec(node.name, place.name, None, ("mkdir", "-p", self._dir(place)), dict(place.env))
 
     def start(self, node: Node, spec: StartSpec) -> str:
         """A fresh place dir (the sessions of the last one stopped), with the record `existing` reads back."""
@@ -89,7 +81,6 @@ class PythonNodes:
         self.stop(node, place)
         node.run(list(spec.command), check=True, timeout=30)
         record = {"identity": self.identity(node), "env": {**self.spec.env, **spec.env},
-                  "secrets": {k: _digest(v) for k, v in self.secrets.items()},
                   "started_at": datetime.now(UTC).isoformat(timespec="seconds")}
         node.run(["sh", "-c", 'printf %s "$1" >"$0"', f"{self._dir(place)}/{PLACE_FILE}", json.dumps(record)],
                  check=True, timeout=30)
@@ -104,15 +95,16 @@ class PythonNodes:
         return node.run(self._argv(argv), env=self._env({**place.env, **(env or {})}), timeout=timeout)
 
     def spawn(self, node: Node, place: Place, argv: Sequence[str], log: str, *,
-              env: dict[str, str] | None = None) -> Spawned:
+              env: dict[str, str] | None = None, secrets: dict[str, str] | None = None) -> Spawned:
         """setsid the process into its own session; its session ID goes to `log`.pid and to the place's list.
-        The params' secrets reach it exported from stdin (`KEY=value` lines), never on its command line."""
+        The params' secrets and `secrets` reach it exported from stdin (`KEY=value` lines), never on a command
+        line (the env given here is one: `env K=V` on the SSH command)."""
         script = ('while IFS= read -r kv; do export "$kv"; done; mkdir -p "$(dirname "$1")"; '
                   'setsid sh -c \'echo $$ >>"$0"/sids; echo $$ >"$1.pid"; '
                   'l=$1; shift; exec "$@" >"$l" 2>&1 </dev/null\' "$0" "$1" "${@:2}" </dev/null >/dev/null 2>&1 &')
-        secrets = "".join(f"{k}={v}\n" for k, v in self.secrets.items()).encode()
+        lines = "".join(f"{k}={v}\n" for k, v in {**self.secrets, **(secrets or {})}.items()).encode()
         node.run(["bash", "-c", script, self._dir(place), log, *self._argv(argv)],
-                 env=self._env({**place.env, **(env or {})}), stdin=secrets, timeout=30, check=True)
+                 env=self._env({**place.env, **(env or {})}), stdin=lines, timeout=30, check=True)
         return Spawned(node.name, place.name, log)
 
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:

@@ -140,7 +140,9 @@ def test_first_run_records_that_it_started_afresh(full_run) -> None:
 
 
 def test_planted_secret_is_in_nothing_the_second_run_wrote(second, node_shells, planted: str) -> None:
-    """Its run dir and archive (decompressed), and the logs the runs left in the node containers."""
+    """Its run dir and archive (decompressed), the logs the runs left in the node containers, and (issue 43, item 3:
+    the key and HF_TOKEN of the serving processes) no `ps` line on any node and no `docker inspect` of a node
+    container."""
     params, _, run_dir, _, _, _ = second
     for path in run_dir.rglob("*"):
         if path.is_file():
@@ -153,6 +155,10 @@ def test_planted_secret_is_in_nothing_the_second_run_wrote(second, node_shells, 
         _, logs, _ = node_shells[spec.name].run(["docker", "exec", container_name(params, spec.name), "sh", "-c",
                                                   "cat /tmp/sparkbook/logs/*"])
         assert logs and planted not in logs, spec.name
+        _, ps, _ = node_shells[spec.name].run(["ps", "-eo", "args"])
+        _, inspected, _ = node_shells[spec.name].run(["docker", "inspect", container_name(params, spec.name)])
+        assert "vllm" in ps and planted not in ps, spec.name
+        assert container_name(params, spec.name) in inspected and planted not in inspected, spec.name
 
 
 def _serves(endpoint: dict, planted: str) -> dict:

@@ -69,7 +69,8 @@ def test_rdma_needs_memlock_unlimited_and_ipc_lock_where_the_node_has_hcas(duo):
 
 
 def test_the_start_spec_is_what_the_command_line_shows(duo):
-    """The value start() hands docker-py, rendered: limits, capabilities, mounts and env by name, no secret value."""
+    """The value start() hands docker-py, rendered: limits, capabilities, mounts and env by name, and no secret at
+    all (issue 43, item 3: a container's env is what `docker inspect` shows anyone on the node)."""
     runtime = DockerNodes(duo.runtime, duo.model.cache_dir, {"HF_TOKEN": "hf_secret"}, "/var/cache/compile")
     place = Place(duo.head.name, "sparkbook-node-x", "vllm:1", {"NCCL_SOCKET_IFNAME": "enp1"})
     spec = runtime.start_spec(node(duo.head), place, gpus=True, devices=["/dev/infiniband"])
@@ -77,7 +78,8 @@ def test_the_start_spec_is_what_the_command_line_shows(duo):
     assert spec.mounts == (duo.model.cache_dir, "/var/cache/compile")
     assert "--ulimit memlock=-1:-1" in line and "--cap-add IPC_LOCK" in line and "--gpus all" in line
     assert f"-v {duo.model.cache_dir}:{duo.model.cache_dir}:rw" in line and "-v /var/cache/compile" in line
-    assert "-e HF_TOKEN" in line and "hf_secret" not in line and "-e NCCL_SOCKET_IFNAME" in line
+    assert "HF_TOKEN" not in line and "hf_secret" not in line and "-e NCCL_SOCKET_IFNAME" in line
+    assert "HF_TOKEN" not in spec.env_names
     assert "enp1" not in line  # env values stay out of the printed line
     assert line.endswith("--entrypoint sleep vllm:1 infinity")
 
@@ -118,3 +120,26 @@ def test_the_probe_reads_the_names_of_serving_processes_and_not_their_values():
     mine = [p for p in doc["processes"] if p["pid"] == sleeper.pid]
     assert mine and "SPARKBOOK_PROBE_SEES" in mine[0]["names"] and "secret-value" not in out.stdout
     assert all("SPARKBOOK-JSON" not in p["cmd"] for p in doc["processes"])
+
+
+def test_a_spawn_s_secrets_travel_as_a_0600_file_the_shell_exports_and_removes():
+    """The archive DockerNodes.spawn copies into the container, and SECRETS_SH run on it as the container runs it:
+    the values reach the process's environment and the file is gone."""
+    import io
+    import os
+    import subprocess
+    import tarfile
+
+    from sparkbook.core.runtime import SECRETS_SH
+    from sparkbook.core.runtime_docker import _secrets_archive
+
+    value = "sk-it's a \"quoted\" $value; with `backticks`"
+    data = _secrets_archive("s.env", {"VLLM_API_KEY": value, "HF_TOKEN": "hf_x"})
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        (member,) = tar.getmembers()
+        assert (member.name, member.mode) == ("s.env", 0o600)
+        tar.extractall("/tmp/sb-unit-secrets", filter="data")
+    path = "/tmp/sb-unit-secrets/s.env"
+    out = subprocess.run(["sh", "-c", SECRETS_SH, path, "sh", "-c", 'printf %s "$VLLM_API_KEY|$HF_TOKEN"'],
+                         capture_output=True, text=True, timeout=10, env={"PATH": os.environ["PATH"]})
+    assert out.stdout == f"{value}|hf_x" and not os.path.exists(path)

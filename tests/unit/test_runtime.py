@@ -106,23 +106,30 @@ def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no
     assert not rt.alive(node, place)
 
 
-def test_a_python_place_records_its_secrets_as_digests_and_gives_back_only_matching_ones(local) -> None:  # type: ignore[no-untyped-def]
-    """04 keeps a Python runtime's Ray (issue 40: on one H200 a second deploy's 04 restarted it and stopped the
-    server) by the record its start wrote: the env, and each secret only as a digest, never its value."""
+def test_a_python_place_keeps_no_secret_and_a_spawn_gets_them_from_stdin_only(local) -> None:  # type: ignore[no-untyped-def]
+    """04 keeps a Python runtime's Ray by the record its start wrote (issue 40: on one H200 a second deploy's 04
+    restarted it and stopped the server); the record holds no secret, and a spawned process gets the params' and
+    its own secrets in its environment, on no command line (issue 43, item 3)."""
     cluster = local({"kind": "python", "python": sys.executable})
     node = cluster.head
-    first = PythonNodes(cluster.params.runtime, {"HF_TOKEN": "hf_unit_secret_value"})  # type: ignore[arg-type]
+    rt = PythonNodes(cluster.params.runtime, {"HF_TOKEN": "hf_unit_secret_value"})  # type: ignore[arg-type]
     place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}", None, {"SB_UNIT": "1"})
-    first.start(node, first.start_spec(node, place, gpus=False))
+    rt.start(node, rt.start_spec(node, place, gpus=False))
     try:
-        text = first.read(node, place, f"/tmp/sparkbook/{place.name}/place.json")
-        assert "hf_unit_secret_value" not in text and "HF_TOKEN" in text
-        assert first.existing(node, place).env["HF_TOKEN"] == "hf_unit_secret_value"  # type: ignore[union-attr]
-        changed = PythonNodes(cluster.params.runtime, {"HF_TOKEN": "hf_another"})  # type: ignore[arg-type]
-        assert "HF_TOKEN" not in changed.existing(node, place).env  # type: ignore[union-attr]
+        record = rt.read(node, place, f"/tmp/sparkbook/{place.name}/place.json")
+        assert "SB_UNIT" in record and "HF_TOKEN" not in record and "hf_unit" not in record
+        log = f"/tmp/sparkbook/{place.name}/env.log"
+        script = 'printf "%s|%s" "$HF_TOKEN" "$VLLM_API_KEY"; cat /proc/$$/cmdline /proc/$PPID/cmdline; sleep 30'
+        spawned = rt.spawn(node, place, ["sh", "-c", script], log, secrets={"VLLM_API_KEY": "sk-unit-key"})
+        end = time.monotonic() + 20
+        while "|" not in rt.read(node, place, log) and time.monotonic() < end:
+            time.sleep(0.2)
+        text = rt.read(node, place, log)
+        assert text.startswith("hf_unit_secret_value|sk-unit-key") and text.count("sk-unit-key") == 1, text
+        rt.kill(node, place, spawned, grace_s=2)
     finally:
-        first.stop(node, place)
-    assert first.existing(node, place) is None
+        rt.stop(node, place)
+    assert rt.existing(node, place) is None
 
 
 def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> None:  # type: ignore[no-untyped-def]

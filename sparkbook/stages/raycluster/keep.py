@@ -50,7 +50,7 @@ def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_
         raise RayStageError(f"container {place.name} is {found.status}")
     if found.image_id != image_id:
         raise RayStageError(f"container {place.name} runs image {found.image_id[:19]}, not {image_id[:19]}")
-    wanted = {**params.runtime.env, **place.env, **params.secret_values()}
+    wanted = {**params.runtime.env, **place.env}  # no secret: those go to each spawned process, not the place
     differ = sorted(k for k, v in wanted.items() if found.env.get(k) != v)
     if differ:
         raise RayStageError(f"container {place.name} has another environment ({', '.join(differ)})")

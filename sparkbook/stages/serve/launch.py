@@ -46,7 +46,8 @@ def host_port(serve_plan: ServePlan) -> tuple[str, str]:
 def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
     follow the head's API (they end when it is gone: probes/follow.py). The head gets serve.api_key_env's value
-    as VLLM_API_KEY in its process environment only (never on an argv or in the plan, which are recorded)."""
+    as VLLM_API_KEY in its process environment only, as the runtime gives secrets (never on an argv, in the plan,
+    which is recorded, or in a place's inspectable env)."""
     t0 = time.monotonic()
     host, port = host_port(serve_plan)
     follow = probes.source("follow")
@@ -54,7 +55,7 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     secret = {"VLLM_API_KEY": key} if key else {}
     spawned = {c.node: ctx.runtime.spawn(ctx.cluster.nodes[c.node], ctx.places[c.node],
                                          c.argv if rank == 0 else ["python3", "-c", follow, host, port, *c.argv],
-                                         log_path(attempt), env={**c.env, **secret} if rank == 0 else c.env)
+                                         log_path(attempt), env=c.env, secrets=secret if rank == 0 else None)
                for rank, c in enumerate(serve_plan.commands)}
     return Launch(serve_plan, attempt, spawned, t0)
 

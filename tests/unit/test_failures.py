@@ -30,6 +30,10 @@ SAMPLES = {
         "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined.",
     "address already in use":
         "OSError: [Errno 98] error while attempting to bind on address ('10.77.0.10', 8000): address already in use",
+    "configuration refused":  # the lab's vLLM 0.32, max_model_len 8192 over the model's 4096 (after the argv check)
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, User-specified max_model_len (8192) is greater than the derived max_model_len "
+        "(max_position_embeddings=4096.0 or model_max_length=None in model's config.json).",
     "worker died":
         "ERROR WorkerProc hit an exception.\nRuntimeError: Engine core initialization failed. See root cause above.",
 }
@@ -62,6 +66,11 @@ def test_a_dead_container_explains_a_rank_that_never_joined():
 def test_a_logged_root_cause_beats_the_observed_exit_it_caused():
     d = classify({"lab-0": SAMPLES["address already in use"]}, observed={"lab-0": "its `vllm serve` process exited"})
     assert d.cause == "address already in use"
+
+
+def test_a_refused_configuration_beats_the_exit_it_caused_and_names_the_setting():
+    d = classify({"lab-0": SAMPLES["configuration refused"]}, observed={"lab-0": "its `vllm serve` process exited"})
+    assert d.cause == "configuration refused" and d.evidence.startswith("Value error, User-specified max_model_len")
 
 
 def test_unknown_keeps_the_last_line():

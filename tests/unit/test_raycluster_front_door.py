@@ -83,7 +83,8 @@ def test_each_node_starts_the_spec_its_preview_shows(lab: Params, tmp_path: Path
         [runtime.started[n].command_line() for n in ("lab-0", "lab-1")]
     assert [c.devices for c in started] == [[], ["/dev/infiniband"]], "the table shows the devices that started"
     assert "--device /dev/infiniband:/dev/infiniband" in seen.starts[1].row()["node container"]
-    assert "HF_TOKEN" in seen.starts[0].row()["env (names)"], "secrets by name"
+    assert "HF_TOKEN" not in seen.starts[0].row()["env (names)"], "no secret in a container's env (issue 43)"
+    assert "VLLM_HOST_IP" in seen.starts[0].row()["env (names)"]
 
 
 def test_the_preview_assumes_the_cluster_it_would_form(lab: Params, tmp_path: Path) -> None:

@@ -61,6 +61,11 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"error: unrecognized arguments:", r"error: argument --\S+: invalid"),
               "this image's vLLM does not know an argument of the serve command (its argparse refused it): remove "
               "it from serve.extra_args, or choose an image whose vLLM has it (03)"),
+    Signature("configuration refused",
+              (r"^\s*Value error, ",),
+              "vLLM refused the configuration when the engine built it (after its argument parser accepted the "
+              "argv): correct the serve setting it names, e.g. a serve.max_model_len above the model's "
+              "max_position_embeddings", requires=(r"validation error for \w*Config",)),
     Signature(GRAPH_OOM,
               (r"CUDA out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
               "lower serve.gpu_memory_utilization to the lowest that still holds weights and KV cache (02's memory "

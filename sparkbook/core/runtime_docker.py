@@ -194,12 +194,17 @@ class DockerNodes:
             return False
 
     def stop(self, node: Node, place: Place) -> bool:
-        """Remove the place's container; True if there was one."""
+        """Remove the place's container; True if there was one. A container of that name that sparkbook did not
+        start (no org.sparkbook.run label) is someone else's: NodeError, left in place."""
         try:
-            self.client(node).containers.get(place.name).remove(force=True)
-            return True
+            container = self.client(node).containers.get(place.name)
         except docker.errors.NotFound:
             return False
+        if LABEL not in (container.labels or {}):
+            raise NodeError(node.name, f"container {place.name} was not started by sparkbook (no {LABEL} label): "
+                                       "it is left in place; rename or remove it yourself, or name another cluster")
+        container.remove(force=True)
+        return True
 
     def close(self) -> None:
         """Nothing of its own to close: the Docker clients ride on the nodes' SSH connections, closed with the run."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook.core.nodes import Cluster
+from sparkbook.core.nodes import Cluster, NodeError
 from sparkbook.core.params import load_params
 from sparkbook.core.runtime import Place
 from sparkbook.core.runtimes import runtime_for
@@ -123,3 +123,20 @@ def test_host_key_mismatch_is_refused_naming_the_node_before_any_command(params_
 
 def test_no_pwned_file_anywhere(node_shells) -> None:
     assert _pwned(node_shells) == {}
+
+
+def test_a_container_of_a_node_place_s_name_that_sparkbook_did_not_start_is_never_removed(cluster, params_file) \
+        -> None:
+    """Issue 43 (read, not run): 04 and `stop` removed containers by name alone. One planted under the name of this
+    cluster's node place, without sparkbook's label, is refused and still there."""
+    params = load_params(params_file)
+    runtime, node = runtime_for(params), cluster.head
+    name = f"sparkbook-{params.cluster}-planted-{int(time.time())}"
+    node.run(["docker", "run", "-d", "--name", name, "--network", "none", "--entrypoint", "sleep", BASE_IMAGE,
+              "60"], check=True, timeout=60)
+    try:
+        with pytest.raises(NodeError, match="was not started by sparkbook"):
+            runtime.stop(node, Place(node.name, name, BASE_IMAGE))
+        assert node.run(["docker", "inspect", "-f", "{{.State.Running}}", name], timeout=30).stdout.strip() == "true"
+    finally:
+        node.run(["docker", "rm", "-f", name], timeout=60)

@@ -15,6 +15,10 @@ from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
 _VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm'))"
 PLACE_FILE = "place.json"  # in the place's dir: what `start` made it with, for `existing` (04's keep)
+# The place's session IDs, read only from a dir of this user's own that no one else may write (no symlink): the IDs
+# drive `pkill -s`, and /tmp is anyone's.
+SIDS_SH = ('[ -d "$0" ] && [ ! -L "$0" ] && [ -O "$0" ] && [ -z "$(find "$0" -maxdepth 0 -perm /022)" ] && '
+           '[ -O "$0/sids" ] && cat "$0/sids"')
 
 
 class PythonNodes:
@@ -73,7 +77,7 @@ class PythonNodes:
 
     def start_spec(self, node: Node, place: Place, *, gpus: bool, devices: Sequence[str] = ()) -> StartSpec:
         """The place's PID directory: what lists the session IDs of the processes spawned there."""
-        return StartSpec(node.name, place.name, None, ("mkdir", "-p", self._dir(place)), dict(place.env))
+        return StartSpec(node.name, place.name, None, ("mkdir", "-p", "-m", "700", self._dir(place)), dict(place.env))
 
     def start(self, node: Node, spec: StartSpec) -> str:
         """A fresh place dir (the sessions of the last one stopped), with the record `existing` reads back."""
@@ -118,12 +122,11 @@ class PythonNodes:
         return node.run(argv, timeout=30).stdout
 
     def alive(self, node: Node, place: Place) -> bool:
-        sids = node.run(["cat", f"{self._dir(place)}/sids"], timeout=30).stdout.split()
-        return any(node.run(["pgrep", "-s", sid], timeout=30).ok for sid in sids)
+        return any(node.run(["pgrep", "-s", sid], timeout=30).ok for sid in self._sids(node, place))
 
     def stop(self, node: Node, place: Place) -> bool:
         """Kill every process of the sessions this place spawned (by session ID, never by name)."""
-        sids = node.run(["cat", f"{self._dir(place)}/sids"], timeout=30).stdout.split()
+        sids = self._sids(node, place)
         for sid in sids:
             node.run(["pkill", "-TERM", "-s", sid], timeout=30)
         if sids:
@@ -132,6 +135,10 @@ class PythonNodes:
                 node.run(["pkill", "-KILL", "-s", sid], timeout=30)
         node.run(["rm", "-rf", self._dir(place)], timeout=30)
         return bool(sids)
+
+    def _sids(self, node: Node, place: Place) -> list[str]:
+        """The session IDs the place's spawns recorded (none where its dir is not this user's alone: SIDS_SH)."""
+        return [s for s in node.run(["sh", "-c", SIDS_SH, self._dir(place)], timeout=30).stdout.split() if s.isdigit()]
 
     @staticmethod
     def _dir(place: Place) -> str:

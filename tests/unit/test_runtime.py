@@ -132,6 +132,32 @@ def test_a_python_place_keeps_no_secret_and_a_spawn_gets_them_from_stdin_only(lo
     assert rt.existing(node, place) is None
 
 
+def test_session_ids_in_a_place_dir_others_may_write_are_never_trusted(local) -> None:  # type: ignore[no-untyped-def]
+    """Issue 43 (read, not run): the IDs behind `pkill -s` came from world-writable /tmp. A place dir someone else could
+    write (planted, mode 777) naming a live session is neither alive nor stopped; its session lives on."""
+    import subprocess
+
+    cluster = local({"kind": "python", "python": sys.executable})
+    rt, node = runtime_for(cluster.params), cluster.head
+    place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}")
+    victim = subprocess.Popen(["setsid", "sleep", "30"])
+    d = Path(f"/tmp/sparkbook/{place.name}")
+    try:
+        d.mkdir(parents=True)
+        d.chmod(0o777)
+        time.sleep(0.3)
+        (d / "sids").write_text(f"{victim.pid}\n")
+        assert not rt.alive(node, place)
+        rt.stop(node, place)
+        assert victim.poll() is None, "a planted session ID killed another session"
+        d.mkdir(mode=0o700)  # stop removed the dir; ours, mode 0700: trusted
+        (d / "sids").write_text(f"{victim.pid}\n")
+        assert rt.alive(node, place)
+    finally:
+        victim.kill()
+        subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
 def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> None:  # type: ignore[no-untyped-def]
     cluster = local({"kind": "docker", "images": ["held:1", "other:2"], "env": {"E": "v w"}})
     rt, src, node = runtime_for(cluster.params), image_source_for(cluster.params), cluster.head

@@ -6,9 +6,10 @@ failure); 2 invalid params or run request (unknown parameter, notebook selection
 Docker daemon); 130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
 to do; invalid params: one line per problem), never a traceback.
 `restore` exits 1 when it is refused (each conflict is named; nothing was restored) or a restored target does not
-come back. `status` exits 0 when every node's server runs and /health answers, 1 otherwise (a stopped or dark
-cluster: the table still says what each node shows); `up`, `logs`, `stop` exit 1 when no run of the cluster
-deployed a server.
+come back (one the plan cannot relaunch is skipped, saying why), 2 when a target to relaunch reads a secret this
+environment does not set (named; nothing was restored). `status` exits 0 when every node's server runs and
+/health answers, 1 otherwise (a stopped or dark cluster: the table still says what each node shows); `up`, `logs`,
+`stop` exit 1 when no run of the cluster deployed a server.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from .core.rundir import INDEX, MANIFEST, PARAMS_COPY, RESTORE_PLAN
 from .core.stagelist import CLEANUP
 from .runbook import driver, lock, operate
 from .runbook.manifest import Manifest
-from .stages.cleanup.restore import RestorePlanError
+from .stages.cleanup.restore import RestorePlanError, SecretUnset
 from .stages.serve import endpoints
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ EXITS: tuple[tuple[type[SparkbookError], int, str], ...] = (
     (ParamsError, EXIT_INVALID, "invalid params"),
     (driver.RunbookError, EXIT_INVALID, "error"),
     (RestorePlanError, EXIT_INVALID, "invalid restore plan"),
+    (SecretUnset, EXIT_INVALID, "refused"),
     (lock.LockError, EXIT_LOCKED, "refused"),
     (CommandFailed, EXIT_FAILED, "error"),
     (NodeError, EXIT_NODE, "node unusable"),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import shlex
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,16 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return type(value)(self.data(v) for v in value)
         return value
+
+
+def secret_args(argv: Sequence[str]) -> list[int]:
+    """The indexes of the argv elements the redactor masks, alone (`hf_...`, `--api-key=V`, `HF_TOKEN=V`) or as the
+    value after a secret flag (`--hf-token V`): a command line kept to be run again must not hold them."""
+    def masked(text: str) -> bool:
+        return Redactor().text(text) != text
+
+    return [i for i, arg in enumerate(argv) if masked(arg)
+            or (i > 0 and not masked(argv[i - 1]) and masked(shlex.join(argv[i - 1:i + 1])))]
 
 
 def text_files(root: Path) -> Iterator[tuple[Path, str]]:

@@ -230,8 +230,8 @@ def test_restore_brings_back_owners_only_and_judges_owned_containers(
     p = plan(lab_inventories(), LAB)
     steps = restore_steps(write_restore_plan(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p))
     ran: list[str] = []
-    monkeypatch.setattr("sparkbook.stages.cleanup.restore._restore_one", lambda n, s: ran.append(s.name) or "ok")
-    actions = bring_back(lab_cluster(write_params, base), steps, [])
+    monkeypatch.setattr("sparkbook.stages.cleanup.restore._restore_one", lambda n, s, secrets: ran.append(s.name) or "ok")
+    actions = bring_back(lab_cluster(write_params, base), steps, [], {})
     assert ran == ["python3[40]", "old-vllm"] and all(a.ok for a in actions)
     owned = next(s for s in steps if s.owner)
     assert judge(owned, Seen("running", True, None, "", 30.0)).ok
@@ -254,5 +254,5 @@ def test_a_matched_process_is_recorded_with_its_exact_argv_and_working_directory
     (pr,) = inventory._processes(node, inventory.matched_processes(rows, ["*mgr.py*"], {})[0], procs)
     assert (pr.pid, pr.cwd, pr.argv, pr.family) == (40, "/srv", ["python3", "/srv/mgr.py", "--title", "old cluster"],
                                                      [40, 41])
-    assert planning.relaunch(pr) == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "
+    assert planning.relaunch(pr, {}).command() == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "
                                     ">/dev/null 2>&1 & }")

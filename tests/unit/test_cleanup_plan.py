@@ -71,7 +71,7 @@ def test_unit_required_by_orders_without_order_patterns():
 def test_processes_have_no_known_restore():
     p = plan([inv("h", processes=[Process(42, "python", "python serve.py")])], CleanupTargets(processes=["python"]))
     (t,) = p.targets
-    assert t.stop == "kill -TERM 42" and t.restore is None and "by hand" in t.restore_note
+    assert t.stop == "kill -TERM 42" and t.restore is None and "by hand" in (t.cannot_restore or "")
 
 
 def test_verify_stopped_memory_and_untouched(tmp_path):

@@ -5,7 +5,6 @@ and systemd's escapes kept whole (item 10)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import subprocess
 import time
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from restoring import Launcher, local_params, restorable_run
 
 from sparkbook import cli
 from sparkbook.core import state
@@ -26,6 +26,7 @@ from sparkbook.runbook import driver, lock, operate
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.stages.cleanup import act, restore
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
+from sparkbook.stages.cleanup.launch import Launch
 from sparkbook.stages.cleanup.planning import Plan, plan
 from sparkbook.stages.cleanup.restore import Step
 
@@ -133,11 +134,7 @@ def test_a_token_shaped_value_is_not_echoed_by_any_field_check(base: dict[str, A
 # the run lock: restore, restore --stop-new, stop and up refuse while another holds it
 @pytest.fixture
 def local(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
-    """Params of a cluster on this machine (local transport), its run lock under tmp_path."""
-    for node in base["nodes"]:
-        node["transport"] = "local"
-    base["run_lock"] = {"root": str(tmp_path / "locks"), "path": str(tmp_path / "locks" / "run.lock")}
-    return write_params(base)
+    return local_params(base, write_params, tmp_path)
 
 
 @pytest.fixture
@@ -161,24 +158,13 @@ def _refused_naming(holder: lock.Holder, err: str) -> None:
     assert err.startswith("refused: the cluster is locked by run 20261204T010000Z") and f"pid {holder.pid}" in err
 
 
-def _restorable_run(tmp_path: Path, local: Path) -> Path:
-    run_dir = tmp_path / "20261203T000000Z"
-    run_dir.mkdir()
-    driver.copy_params(local, load_params(local), run_dir)
-    (run_dir / "restore-plan.json").write_text(json.dumps({"params_file": "params.yaml", "steps": [
-        {"node": "a", "kind": "process", "name": "python3[40]", "restore": "true", "match": "python3 /srv/old.py"}]}))
-    Manifest("unit", run_dir.name, str(local), {}, "2026-12-03T00:00:00+00:00",
-             notebooks=[NotebookRun("01-cleanup.ipynb", "ok")]).write(run_dir)
-    return run_dir
-
-
 @pytest.mark.parametrize("stop_new", [[], ["--stop-new"]])
 def test_restore_refuses_while_a_run_holds_the_lock(stop_new: list[str], held_by_another: lock.Holder, local: Path,
                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     acted: list[str] = []
     monkeypatch.setattr(restore, "restore_deployment", lambda *a: acted.append("restore") or iter([]))
-    assert cli.main(["restore", str(_restorable_run(tmp_path, local)), *stop_new]) == cli.EXIT_LOCKED
+    assert cli.main(["restore", str(restorable_run(tmp_path, local)), *stop_new]) == cli.EXIT_LOCKED
     _refused_naming(held_by_another, _one_line(capsys.readouterr().err))
     assert acted == [], "nothing was restored"
 
@@ -192,7 +178,7 @@ def test_restore_takes_the_lock_and_releases_it(local: Path, tmp_path: Path, mon
         yield restore.RestoreEvent("restore_outcome", restore.RestoreOutcome("restored"))
 
     monkeypatch.setattr(restore, "restore_deployment", restoring)
-    run_dir = _restorable_run(tmp_path, local)
+    run_dir = restorable_run(tmp_path, local)
     assert cli.main(["restore", str(run_dir)]) == 0
     assert seen[0] is not None and seen[0].run_id == f"restore-{run_dir.name}", "held while it restores"
     assert not Path(load_params(local).run_lock.path).exists(), "released after"
@@ -224,28 +210,16 @@ def test_stop_and_up_refuse_while_a_run_holds_the_lock(command: list[str], held_
 
 
 # restore is idempotent: what runs already is verified, never launched again
-class Launcher:
-    """A node that records each command it is given (a launch) and answers ok."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.ran: list[list[str]] = []
-
-    def run(self, argv: list[str], timeout: float = 0, check: bool = False) -> SimpleNamespace:
-        self.ran.append(argv)
-        return SimpleNamespace(stdout="", stderr="", ok=True, exit_code=0)
-
-
 def test_a_second_restore_verifies_the_running_process_and_launches_only_what_is_gone() -> None:
-    steps = [Step("a", "process", "python3[40]", "cd / && { setsid python3 /srv/old.py & }", match="python3 /srv/old.py"),
-             Step("a", "process", "python3[41]", "cd / && { setsid python3 /srv/other.py & }",
-                  match="python3 /srv/other.py")]
+    old, other = Launch("/", ["python3", "/srv/old.py"]), Launch("/", ["python3", "/srv/other.py"])
+    steps = [Step("a", "process", "python3[40]", old.command(), launch=old),
+             Step("a", "process", "python3[41]", other.command(), launch=other)]
     now = {"a": Inventory("a", [], "Docker 28", [], "systemd", [Process(90, "python3", "python3 /srv/old.py")],
                           "no GPU", [], MEM)}
     running = restore.already_running(steps, now)
     assert running == steps[:1], "the one relaunched by the first restore runs again: planted"
     node = Launcher("a")
-    actions = restore.bring_back(SimpleNamespace(nodes={"a": node}), steps, running)  # type: ignore[arg-type]
+    actions = restore.bring_back(SimpleNamespace(nodes={"a": node}), steps, running, {})  # type: ignore[arg-type]
     assert [(a.name, a.ok, a.detail) for a in actions] == [
         ("python3[40]", True, "already running: verified, not launched again"), ("python3[41]", True, "launched")]
     assert node.ran == [["sh", "-c", steps[1].restore]], "only the gone one was launched"
@@ -270,7 +244,7 @@ def test_an_escaped_unit_name_reaches_systemctl_whole_on_stop_restore_and_in_res
     target = by_name[UNIT]
     node = Launcher("a")
     act._stop_one(node, target)  # type: ignore[arg-type]
-    restore._restore_one(node, Step("a", "unit", UNIT, target.restore))  # type: ignore[arg-type]
+    restore._restore_one(node, Step("a", "unit", UNIT, target.restore), {})  # type: ignore[arg-type]
     assert node.ran == [["systemctl", "disable", "--now", UNIT], ["systemctl", "enable", "--now", UNIT]]
     assert by_name["vllm@other.service"].stop == "systemctl stop vllm@other.service", "plain names stay plain"
     # restore.sh: `ssh ... 'COMMAND'` (a local node: `sh -c 'COMMAND'`), whose COMMAND the node's shell parses again

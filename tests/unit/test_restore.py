@@ -222,7 +222,7 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
     seen = [after_new_deployment()]
     acted: list[str] = []
     monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: seen[-1])
-    monkeypatch.setattr(restore, "bring_back", lambda cluster, steps, running: acted.append("restore") or [])
+    monkeypatch.setattr(restore, "bring_back", lambda cluster, steps, running, secrets: acted.append("restore") or [])
     monkeypatch.setattr(restore, "verify_restore", lambda cluster, steps: [
         judge(s, Seen("running", True, True, s.health_url, s.memory_mib)) for s in steps])
 
@@ -238,7 +238,7 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
                                      reused=False, container_ids={n: cid for n, (_, cid) in NEW.items()}, nodes=[]),
                 lambda d: d)
     params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
-                             nodes=[SimpleNamespace(name=n) for n in NEW])
+                             nodes=[SimpleNamespace(name=n) for n in NEW], secrets=[], secret_values=dict)
     ctx = Context(params, None, None, tmp_path)  # type: ignore[arg-type]
     refused = list(restore.restore_deployment(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False))
     assert [e.kind for e in refused] == ["restore_conflicts", "restore_outcome"] and acted == []

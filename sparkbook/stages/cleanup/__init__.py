@@ -1,6 +1,6 @@
 """01: inventory what the old deployment holds (inventory.py), plan its stop, dependents first, with what a unit
-or managed process owns under its owner (planning.py, ownership.py), write the restore plan (restore.py), act and
-verify (act.py); `sparkbook restore` brings it back (restore.py).
+or managed process owns under its owner (planning.py, ownership.py), write the restore plan (restore.py; a process's
+relaunch with its secrets by name: launch.py), act and verify (act.py); `sparkbook restore` brings it back (restore.py).
 
 The front door: `preview(ctx)` (every node's inventory and the stop plan: read-only) and `run(ctx, preview, ...)`,
 which decides, stops in plan order only with confirm_cleanup, and verifies."""
@@ -55,8 +55,8 @@ def preview(ctx: Context) -> CleanupPreview:
     """Every node's inventory against the allow-lists and the stop plan, dependents first (nothing is touched)."""
     found = inventory.inventory_all(ctx)
     reached = _reached(found)
-    return CleanupPreview(found, planning.plan(reached, ctx.params.cleanup), [f.text for f in unreachable(found)],
-                          inventory.old_deployment(reached))
+    return CleanupPreview(found, planning.plan(reached, ctx.params.cleanup, ctx.params.secret_values()),
+                          [f.text for f in unreachable(found)], inventory.old_deployment(reached))
 
 
 @dataclass(kw_only=True)

@@ -3,21 +3,25 @@ first, each with the command that stops it and the one that brings it back; and 
 from __future__ import annotations
 
 import fnmatch
-import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from ...core.errors import SparkbookError
 from ...core.evidence import Alternative, Decision
 from ...core.params import CleanupTargets
 from ...core.stagelist import CLEANUP
-from . import boot
+from . import boot, launch
 from .inventory import Inventory, Process, matching
+from .launch import Launch
 
 STOP_GRACE_S = 10
 TargetKind = Literal["container", "unit", "process"]
 FIELDS: dict[TargetKind, str] = {"container": "cleanup.containers", "unit": "cleanup.systemd_units",
                                  "process": "cleanup.processes"}
+NO_SECRETS: Mapping[str, str] = MappingProxyType({})
+RELAUNCHED = "relaunched from its recorded argv and working directory (not its environment)"
 
 
 class PatternTooBroad(SparkbookError):
@@ -44,7 +48,8 @@ class CleanupTarget:
     gpu_mib: int = 0
     owner: str = ""  # NODE/TARGET of the unit or managed process that owns this container (stopping it stops this)
     stop_timeout_s: float = STOP_GRACE_S
-    match: str = ""  # a process's command line, as restore looks for it again
+    launch: Launch | None = None  # a process's relaunch (secrets by name); restore finds it again by its argv
+    cannot_restore: str | None = None  # why restore cannot bring it back (None: it can, or its owner does)
 
     def holds(self) -> str:
         """What restore checks it gets back: ports (and the health URL that answered), memory."""
@@ -61,22 +66,37 @@ class Plan:
     def rows(self) -> list[dict[str, object]]:
         return [{"step": i, "node": t.node, "kind": t.kind, "name": t.name, "matched": t.pattern,
                  "owned by": t.owner, "depends on": ", ".join(t.depends_on), "stop": t.stop,
-                 "restore": t.restore or f"(none: {t.restore_note})", "holds": t.holds()}
+                 "restore": t.restore or f"(none: {t.cannot_restore or t.restore_note})", "holds": t.holds()}
                 for i, t in enumerate(self.targets, 1)]
 
 
 LIVE = ("running", "restarting", "paused")
 
 
-def relaunch(pr: Process) -> str | None:
-    """The command that launches a stopped process again: its exact argv, from its working directory, detached
-    (its environment is not recorded: it may hold secrets). None when /proc did not show how it was launched."""
+def relaunch(pr: Process, secrets: Mapping[str, str]) -> Launch:
+    """How a stopped process is launched again: its exact argv, from its working directory, detached, each known
+    secret by its variable's name (its environment is not recorded: it may hold secrets)."""
+    return launch.recorded(pr.cwd, pr.argv, secrets)
+
+
+def cannot_relaunch(pr: Process, secrets: Mapping[str, str]) -> str | None:
+    """Why restore cannot launch it again: /proc did not show how it was launched, or its command line carried a
+    secret the controller does not know (names -> values: `secrets`). None where it can."""
     if not pr.argv:
-        return None
-    return f"cd {shlex.quote(pr.cwd or '/')} && {{ setsid {shlex.join(pr.argv)} </dev/null >/dev/null 2>&1 & }}"
+        return f"started as `{pr.args[:120]}`; /proc did not show how: restart it by hand"
+    return launch.unknown_secret(pr.argv, secrets)
 
 
-def _candidates(inv: Inventory, t: CleanupTargets) -> list[CleanupTarget]:
+def _process(inv: Inventory, pr: Process, t: CleanupTargets, secrets: Mapping[str, str]) -> CleanupTarget:
+    pattern = matching(pr.comm, t.processes) or matching(pr.args, t.processes) or "?"
+    why = cannot_relaunch(pr, secrets)
+    how = None if why else relaunch(pr, secrets)
+    return CleanupTarget(inv.node, "process", f"{pr.comm}[{pr.pid}]", pattern, [], f"kill -TERM {pr.pid}",
+                         how.command() if how else None, RELAUNCHED if how else "", *inv.held_by(pr.family or [pr.pid]),
+                         stop_timeout_s=t.unit_stop_timeout_s, launch=how, cannot_restore=why)
+
+
+def _candidates(inv: Inventory, t: CleanupTargets, secrets: Mapping[str, str]) -> list[CleanupTarget]:
     out = []
     for c in inv.containers:
         if c.state in LIVE and (p := matching(c.name, t.containers)):
@@ -87,15 +107,7 @@ def _candidates(inv: Inventory, t: CleanupTargets) -> list[CleanupTarget]:
             out.append(CleanupTarget(inv.node, "unit", u.name, p, [], boot.stop_command(u.name, u.file_state),
                               boot.start_command(u.name, u.file_state), "", *inv.held_by(u.pids),
                               stop_timeout_s=max(t.unit_stop_timeout_s, u.stop_timeout_s or 0)))
-    for pr in inv.processes:
-        p = matching(pr.comm, t.processes) or matching(pr.args, t.processes) or "?"
-        out.append(CleanupTarget(inv.node, "process", f"{pr.comm}[{pr.pid}]", p, [], f"kill -TERM {pr.pid}",
-                                 relaunch(pr),
-                                 "relaunched from its recorded argv and working directory (not its environment)"
-                                 if pr.argv else f"started as `{pr.args[:120]}`; /proc did not show how: restart it by "
-                                 "hand", *inv.held_by(pr.family or [pr.pid]), stop_timeout_s=t.unit_stop_timeout_s,
-                                 match=pr.args))
-    return out
+    return out + [_process(inv, pr, t, secrets) for pr in inv.processes]
 
 
 def _owner_pids(inv: Inventory, t: CleanupTargets) -> list[tuple[str, set[int], str]]:
@@ -136,12 +148,14 @@ def _unit_dependents(invs: list[Inventory]) -> dict[tuple[str, str], list[str]]:
     return {(i.node, u.name): u.requires for i in invs for u in i.units if u.requires}
 
 
-def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
+def plan(inventories: list[Inventory], targets: CleanupTargets, secrets: Mapping[str, str] = NO_SECRETS) -> Plan:
     """Running allow-listed targets; `order` patterns first, then dependents before their dependencies; each
-    container a unit or managed process owns right after its owner (it stops with it, not on its own)."""
+    container a unit or managed process owns right after its owner (it stops with it, not on its own). `secrets`:
+    the known secrets (name -> value), which a process's relaunch records by name; a target that cannot be
+    brought back is a warning."""
     by_owner = [o for inv in inventories for o in owned(inv, inventories, targets)]
     taken = {(o.node, o.name) for o in by_owner}
-    found = [c for inv in inventories for c in _candidates(inv, targets) if (c.node, c.name) not in taken]
+    found = [c for inv in inventories for c in _candidates(inv, targets, secrets) if (c.node, c.name) not in taken]
     refuse_broad(found, targets.max_targets)
     deps = {(c.node, c.name): set(c.depends_on) for c in found}
     for (node, unit), by in _unit_dependents(inventories).items():
@@ -155,7 +169,8 @@ def plan(inventories: list[Inventory], targets: CleanupTargets) -> Plan:
     for r in sorted({rank(c) for c in found}):
         ordered += _dependents_first([c for c in found if rank(c) == r], deps)
     spared = [s.line(inv.node) for inv in inventories for s in inv.spared]
-    return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps) + spared)
+    lost = [f"{c.node}/{c.name} cannot be restored: {c.cannot_restore}" for c in ordered if c.cannot_restore]
+    return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps) + spared + lost)
 
 
 def refuse_broad(found: list[CleanupTarget], limit: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from .inventory import (
     probe_health,
     vanished,
 )
+from .launch import Launch
 from .planning import STOP_GRACE_S, CleanupTarget, Plan, TargetKind
 
 READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
@@ -58,7 +59,16 @@ class Step:
     gpu_mib: int = 0
     owner: str = ""  # an owned container comes back with its owner: no command of its own, checked after it
     ssh: str = ""  # how restore.sh reaches the node: ssh with its SSH address, user and port
-    match: str = ""  # a process's command line, to find it again
+    launch: Launch | None = None  # a process's relaunch (secrets by name), which also finds it again
+    cannot_restore: str | None = None  # why restore skips it (None: it has a restore command, or its owner)
+
+    def secrets(self) -> list[str]:
+        """The variables its restore reads from the controller's environment."""
+        return self.launch.secrets() if self.launch else []
+
+    def runs_as(self, args: str) -> bool:
+        """Whether a process's command line (ps's args) is this target's, whatever its secrets' values."""
+        return self.launch is not None and self.launch.identifies(args)
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,8 @@ def write_restore_plan(ctx: Context, params_file: Path, p: Plan) -> Path:
     stopped it), in reverse order, with what each held (ports, health URL, memory), as JSON beside a readable
     script that reaches each node by its SSH address."""
     steps = [Step(t.node, t.kind, t.name, t.restore, t.restore_note, t.ports, t.health_url, t.memory_mib, t.gpu_mib,
-                  t.owner, ssh_command(ctx.cluster.nodes[t.node]), t.match) for t in restore_order(p.targets)]
+                  t.owner, ssh_command(ctx.cluster.nodes[t.node]), t.launch, t.cannot_restore)
+             for t in restore_order(p.targets)]
     path = ctx.run_dir / RESTORE_PLAN
     path.write_text(json.dumps({"params_file": str(params_file), "steps": [asdict(s) for s in steps]}, indent=2))
     script = ["#!/bin/sh", "# Brings back what 01-cleanup planned to stop (reverse order), by each node's SSH address.",
@@ -103,11 +114,25 @@ def write_restore_plan(ctx: Context, params_file: Path, p: Plan) -> Path:
               "# `sparkbook restore RUN_DIR --stop-new` does: they hold the ports, memory and GPUs the old services",
               "# need.",
               "# Or: sparkbook restore RUN_DIR (refuses while the new deployment runs; --stop-new stops it first)",
-              "set -e", *_stop_new_lines(ctx)]
-    script += [f"{s.ssh} {shlex.quote(s.restore)}" if s.restore else f"# {s.node} {s.name}: {s.note}"
-               for s in steps]
+              "set -e", *_secret_checks(steps), *_stop_new_lines(ctx), *map(_script_line, steps)]
     (ctx.run_dir / RESTORE_SCRIPT).write_text("\n".join(script) + "\n")
     return path
+
+
+def _secret_checks(steps: list[Step]) -> list[str]:
+    """restore.sh stops before acting where a secret an old command line carried is not exported."""
+    names = dict.fromkeys(n for s in steps for n in s.secrets())
+    return [f'[ -n "${{{n}-}}" ] || {{ echo "restore.sh: export {n} first: an old command line carried it" >&2; '
+            "exit 2; }" for n in names]
+
+
+def _script_line(s: Step) -> str:
+    """A step of restore.sh: its command on the node, fed the secrets it reads ("$NAME": never a value)."""
+    if not s.restore:
+        return f"# {s.node} {s.name}: {s.cannot_restore or s.note}"
+    refs = " ".join(f'"${n}"' for n in s.secrets())
+    feed = f"printf '%s\\n' {refs} | " if refs else ""
+    return f"{feed}{s.ssh} {shlex.quote(s.restore)}"
 
 
 def _stop_new_lines(ctx: Context) -> list[str]:
@@ -181,6 +206,13 @@ class RestoreRefused(CleanupError):
     stage = "restore"
 
 
+class SecretUnset(CleanupError):
+    """A target to relaunch reads a secret this controller's environment does not hold (or the params do not name):
+    nothing is restored, for it would run without its secret."""
+
+    stage = "restore"
+
+
 class RestorePlanError(CleanupError):
     """restore-plan.json is not whole as 01 writes it (not JSON, a field missing or of the wrong type): nothing is
     restored, for a step read wrong could start the wrong thing."""
@@ -232,7 +264,7 @@ def _target_running(inv: Inventory, s: Step) -> bool:
         case "container":
             return any(c.name == s.name and c.state == "running" for c in inv.containers)
         case "process":
-            return any(p.args == s.match for p in inv.processes)
+            return any(s.runs_as(p.args) for p in inv.processes)
         case "unit":
             return any(u.name == s.name and u.active == "active" for u in inv.units)
     return False
@@ -307,7 +339,9 @@ def _memory_conflicts(steps: list[Step], inv: Inventory, ours: list[Container], 
 def judge(s: Step, seen: Seen) -> Check:
     """Running after the grace period, its health check answering where one was recorded, its memory back."""
     problems = []
-    if s.restore is None and not s.owner:
+    if s.cannot_restore:
+        problems.append(f"not restored: {s.cannot_restore}")
+    elif s.restore is None and not s.owner:
         problems.append(f"no restore command: {s.note}")
     elif not seen.running:
         problems.append(f"not running ({seen.state})")
@@ -323,7 +357,7 @@ def judge(s: Step, seen: Seen) -> Check:
 
 
 # acting
-def _restore_one(node: Node, step: Step) -> str:
+def _restore_one(node: Node, step: Step, secrets: Mapping[str, str]) -> str:
     match step.kind:
         case "container":
             docker_client(node, timeout=PROBE_TIMEOUT_S).containers.get(step.name).start()
@@ -332,7 +366,8 @@ def _restore_one(node: Node, step: Step) -> str:
             done = node.run(shlex.split(step.restore), timeout=PROBE_TIMEOUT_S * 3, check=True)
             return f"started; {boot.links(done.stdout + done.stderr).describe()}"
         case "process" if step.restore:
-            node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True)
+            node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True,
+                     stdin=step.launch.stdin(secrets) if step.launch else None)
             return "launched"
     raise CleanupError(step.note or "no restore command is known", node=node.name)
 
@@ -343,15 +378,21 @@ def already_running(steps: list[Step], now: dict[str, Inventory]) -> list[Step]:
     return [s for s in steps if (inv := now.get(s.node)) is not None and _target_running(inv, s)]
 
 
-def bring_back(cluster: Cluster, steps: list[Step], running: list[Step]) -> list[Action]:
+def bring_back(cluster: Cluster, steps: list[Step], running: list[Step], secrets: Mapping[str, str]) -> list[Action]:
     """Run the restore plan written by `write_restore_plan`, step by step, but for the targets `running` already
-    (each an Action saying so); an owned container has no step of its own (its owner brings it back; verify_restore
-    checks it)."""
+    (each an Action saying so) and those it cannot bring back (skipped, saying why); an owned container has no step
+    of its own (its owner brings it back; verify_restore checks it). `secrets`: the values the steps read, by name."""
     def restoring(step: Step) -> Callable[[Node], str]:
-        return lambda node: _restore_one(node, step)
+        return lambda node: _restore_one(node, step, secrets)
 
-    return [Action(s.node, s.name, "-", True, "already running: verified, not launched again", 0.0) if s in running
-            else act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s)) for s in steps if not s.owner]
+    def one(s: Step) -> Action:
+        if s in running:
+            return Action(s.node, s.name, "-", True, "already running: verified, not launched again", 0.0)
+        if s.cannot_restore:
+            return Action(s.node, s.name, "-", False, f"skipped: {s.cannot_restore}", 0.0)
+        return act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s))
+
+    return [one(s) for s in steps if not s.owner]
 
 
 def _stop_container(node: Node, name: str, recorded_id: str) -> str:
@@ -415,7 +456,7 @@ def _observe_process(node: Node, s: Step) -> tuple[bool, str, float, str]:
     """A relaunched process: running when a process with its recorded command line runs; its RSS."""
     rows = [line.split(None, 2) for line in
             node.run(["ps", "-eo", "pid=,rss=,args="], timeout=PROBE_TIMEOUT_S).stdout.splitlines()]
-    found = [r for r in rows if len(r) == 3 and r[2] == s.match]
+    found = [r for r in rows if len(r) == 3 and s.runs_as(r[2])]
     state = f"running (pid {', '.join(r[0] for r in found)})" if found else "not running"
     return bool(found), state, round(sum(int(r[1]) for r in found) / 1024, 1), ""
 
@@ -467,6 +508,8 @@ def restore_deployment(ctx: Context, steps: list[Step], targets: CleanupTargets,
         return
     new = new_deployment(ctx)
     now = _inventories(ctx.cluster, targets)
+    secrets = secret_values([s for s in steps if s not in already_running(steps, now)], ctx.params.secrets,
+                            ctx.params.secret_values())
     found = conflicts(steps, now, new, ctx.run_dir)
     unread = unread_ports(steps)
     yield RestoreEvent("restore_conflicts", found)
@@ -483,7 +526,7 @@ def restore_deployment(ctx: Context, steps: list[Step], targets: CleanupTargets,
         if found or not all(a.ok for a in stopped):
             yield RestoreEvent("restore_outcome", RestoreOutcome("refused", found, stopped, unread_ports=unread))
             return
-    actions = bring_back(ctx.cluster, steps, already_running(steps, now))
+    actions = bring_back(ctx.cluster, steps, already_running(steps, now), secrets)
     yield RestoreEvent("restore", actions)
     checks = verify_restore(ctx.cluster, steps)
     after = _inventories(ctx.cluster, targets)
@@ -491,6 +534,19 @@ def restore_deployment(ctx: Context, steps: list[Step], targets: CleanupTargets,
     ok = all(a.ok for a in actions) and all(c.ok for c in checks)
     yield RestoreEvent("restore_outcome", RestoreOutcome("restored" if ok else "failed", [], stopped, actions, checks,
                                                          memory, unread))
+
+
+def secret_values(steps: list[Step], named: list[str], held: Mapping[str, str]) -> dict[str, str]:
+    """The values the steps to launch read, by name, from `held` (the controller's environment, for the params'
+    `secrets`, `named`); SecretUnset naming each target whose variable is not there (never a value)."""
+    missing = [f"{s.node}/{s.name} needs {n}, which " + ("is not set here" if n in named else
+                                                         "the params do not name under `secrets`")
+               for s in steps for n in s.secrets() if n not in held]
+    if missing:
+        raise SecretUnset(f"nothing was restored: {'; '.join(missing)}",
+                          remediation="export each variable (the value the old command line carried) where "
+                                      "`sparkbook restore` runs, list it under the params' `secrets`, and run it again")
+    return {n: held[n] for s in steps for n in s.secrets()}
 
 
 def _inventories(cluster: Cluster, targets: CleanupTargets) -> dict[str, Inventory]:

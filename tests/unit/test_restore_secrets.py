@@ -1,0 +1,145 @@
+"""Issue 43, item 3 (the restore plan): an old process whose command line carried a secret is recorded with that
+secret's variable NAME, never its value; `sparkbook restore` reads the value from the controller's environment
+(refusing, one line and exit 2, where it is not set), finds the process by the rest of its command line, and skips,
+saying why, one whose secret sparkbook does not know instead of relaunching `[REDACTED]`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from restoring import Launcher, local_params, restorable_run
+
+from sparkbook import cli
+from sparkbook.core.context import Context
+from sparkbook.core.hostfacts import Memory
+from sparkbook.core.nodes import Cluster
+from sparkbook.core.params import CleanupTargets, Params, load_params
+from sparkbook.core.redact import Redactor
+from sparkbook.core.runtimes import runtime_for
+from sparkbook.stages.cleanup import restore
+from sparkbook.stages.cleanup.inventory import Inventory, Process
+from sparkbook.stages.cleanup.planning import plan
+from sparkbook.stages.cleanup.restore import Seen, judge, restore_steps, write_restore_plan
+
+TOKEN = "hf_abcdefghijklmnopqrstuvwxyz"
+UNKNOWN = "sk-abcdefghijklmnopqrstuvwxyz0123"
+MEM = Memory(100 << 30, 50 << 30)
+# the planted old process: a python that writes the argv it was launched with into its working directory
+DUMP = "import json, sys; open('argv.json', 'w').write(json.dumps(sys.argv[1:]))"
+TARGETS = CleanupTargets(processes=["python*"])
+
+
+def old_process(pid: int, *flags: str, cwd: str = "/srv") -> Process:
+    argv = [sys.executable, "-c", DUMP, "serve", "/models/x", *flags, "--port", "8000"]
+    return Process(pid, "python3", " ".join(argv), [pid], cwd, argv)
+
+
+def node_a(*processes: Process) -> Inventory:
+    return Inventory("a", [], "Docker 28", [], "systemd", list(processes), "no GPU", [], MEM)
+
+
+@pytest.fixture
+def local(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Params of a cluster on this machine naming HF_TOKEN under `secrets`, which the environment holds."""
+    base["secrets"] = ["HF_TOKEN"]
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    return local_params(base, write_params, tmp_path)
+
+
+def written(params_file: Path, run_dir: Path, *processes: Process) -> tuple[Params, list[restore.Step]]:
+    """01's restore plan of these processes on node a, which the run dir's scrub leaves as it is."""
+    params = load_params(params_file)
+    cluster = Cluster(params)
+    ctx = Context(params, cluster, runtime_for(params), run_dir)
+    write_restore_plan(ctx, Path("params.yaml"), plan([node_a(*processes)], TARGETS, params.secret_values()))
+    scrub = Redactor.from_env(params.secrets)
+    for name in ("restore-plan.json", "restore.sh"):
+        text = (run_dir / name).read_text()
+        assert scrub.text(text) == text, f"the run dir's scrub would change {name}"
+    return params, restore_steps(run_dir / "restore-plan.json")
+
+
+def test_the_plan_and_restore_sh_hold_the_secrets_name_never_its_value(local: Path, tmp_path: Path) -> None:
+    _, (step,) = written(local, tmp_path, old_process(40, "--hf-token", TOKEN))
+    plan_text, script = (tmp_path / "restore-plan.json").read_text(), (tmp_path / "restore.sh").read_text()
+    assert TOKEN not in plan_text + script and "[REDACTED]" not in plan_text + script
+    (recorded,) = json.loads(plan_text)["steps"]
+    assert recorded["launch"]["argv"][4:8] == ["/models/x", "--hf-token", {"secret": "HF_TOKEN", "prefix": ""},
+                                               "--port"]
+    assert recorded["cannot_restore"] is None
+    assert '--hf-token "$HF_TOKEN" --port 8000' in step.restore  # type: ignore[operator]
+    assert '[ -n "${HF_TOKEN-}" ] || {' in script, "restore.sh stops before acting where it is not exported"
+    assert """printf '%s\\n' "$HF_TOKEN" | sh -c 'IFS= read -r HF_TOKEN && cd /srv && """ in script
+
+
+def test_restore_launches_the_old_argv_with_the_value_from_the_environment(local: Path, tmp_path: Path) -> None:
+    params, steps = written(local, tmp_path, old_process(40, "--hf-token", TOKEN, cwd=str(tmp_path)))
+    node = Launcher("a")
+    secrets = restore.secret_values(steps, params.secrets, params.secret_values())
+    (action,) = restore.bring_back(SimpleNamespace(nodes={"a": node}), steps, [], secrets)  # type: ignore[arg-type]
+    assert action.ok and TOKEN not in action.command
+    (command,), (fed,) = node.ran, node.stdin
+    assert TOKEN not in " ".join(command) and fed == f"{TOKEN}\n".encode(), "the value goes on stdin"
+    # what the node's shell launches from that command, fed that stdin, in an environment without HF_TOKEN
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    subprocess.run(command, input=fed, env=env, check=True, timeout=10)
+    argv_file = tmp_path / "argv.json"
+    deadline = time.monotonic() + 10
+    while not argv_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(argv_file.read_text()) == ["serve", "/models/x", "--hf-token", TOKEN, "--port", "8000"]
+
+
+def test_the_process_is_found_again_by_its_command_line_whatever_the_secrets_value(local: Path,
+                                                                                    tmp_path: Path) -> None:
+    _, steps = written(local, tmp_path, old_process(40, "--hf-token", TOKEN))
+    for running, value in ((True, TOKEN), (True, "hf_another_value_of_the_token"), (False, None)):
+        again = old_process(90, "--hf-token", value) if value else old_process(90, "--hf-token")
+        assert restore.already_running(steps, {"a": node_a(again)}) == (steps if running else [])
+        ps = SimpleNamespace(name="a", run=lambda argv, timeout=0, line=again.args: SimpleNamespace(
+            stdout=f"  90 2048 {line}\n"))
+        assert restore.observe(ps, steps[0]).running is running  # type: ignore[arg-type]
+
+
+def test_restore_refuses_in_one_line_naming_the_variable_where_it_is_not_set(
+        local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = restorable_run(tmp_path, local)
+    written(local, run_dir, old_process(40, "--hf-token", TOKEN))
+    monkeypatch.delenv("HF_TOKEN")
+    acted: list[str] = []
+    monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: {"a": node_a(), "b": node_a()})
+    monkeypatch.setattr(restore, "bring_back", lambda *a: acted.append("restore") or [])
+    assert cli.main(["restore", str(run_dir)]) == cli.EXIT_INVALID
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("refused (restore): nothing was restored: a/python3[40] needs HF_TOKEN, which is not set")
+    assert "export each variable" in line and acted == []
+
+
+def test_a_secret_sparkbook_does_not_know_is_a_warning_and_restore_skips_its_target(
+        local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    unknown = old_process(41, "--api-key", UNKNOWN)
+    why = "its command line carried a secret sparkbook does not know (argv[6]); add its variable to params.secrets"
+    p = plan([node_a(unknown)], TARGETS, load_params(local).secret_values())
+    assert p.targets[0].restore is None and p.rows()[0]["restore"].startswith(f"(none: {why}")  # type: ignore[union-attr]
+    assert p.warnings == [f"a/python3[41] cannot be restored: {p.targets[0].cannot_restore}"]
+    run_dir = restorable_run(tmp_path, local)
+    _, (step,) = written(local, run_dir, unknown)
+    assert step.cannot_restore is not None and step.cannot_restore.startswith(why)
+    assert f"# a python3[41]: {why}" in (run_dir / "restore.sh").read_text()
+    launched: list[str] = []
+    monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: {"a": node_a(), "b": node_a()})
+    monkeypatch.setattr(restore, "_restore_one", lambda *a: launched.append("launch") or "launched")
+    monkeypatch.setattr(restore, "verify_restore", lambda cluster, steps: [
+        judge(s, Seen("not running", False, None, "", 0.0)) for s in steps])
+    assert cli.main(["restore", str(run_dir)]) == cli.EXIT_FAILED
+    out = capsys.readouterr().out
+    assert f"FAILED  -  skipped: {why}" in out and f"not restored: {why}" in out and launched == []

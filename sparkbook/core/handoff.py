@@ -96,7 +96,8 @@ class RayCluster(Handoff):
     reused: bool
     container_ids: dict[str, str]
     nodes: list[JoinedNode]
-    stopped_server_at: str | None = None  # ISO time 04 replaced places that held a live server (05 counts the dark)
+    # ISO time 04 replaced places that held a live server (05 counts the dark from it); they are kept aside till then
+    stopped_server_at: str | None = None
 
 
 class FabricProof(Handoff):

@@ -16,6 +16,8 @@ Runtime's verbs:
                                   place's inspectable environment
   running / kill (node, name, spawned)   is that process alive / end its whole session, by its ID
   read / alive / stop             a file as the place sees it / whether the place stands / remove it
+  set_aside / bring_back / drop_aside    a replaced place kept, stopped, under ASIDE's name until its successor
+                                  serves / back in its name and started (the successor removed) / removed for good
 ImageSource's verbs:
   candidates()                    what 03 may choose from (image refs / the interpreter)
   image(node, ref)                (ID, size) of an image the node holds; None where it holds none (or no images)
@@ -34,6 +36,11 @@ from typing import Protocol, runtime_checkable
 from .nodes import Cluster, FanOut, Node, Result
 
 ID_TIMEOUT_S = 30  # reading an image's ID on a node
+
+
+def aside(name: str) -> str:
+    """The name a replaced place is kept under until the place that replaced it serves (issue 40)."""
+    return f"{name}-replaced"
 
 # The shell scripts of both implementations' process control.
 # Start argv as the leader of a new session, its ID in "$1.pid", output to "$1" ($0 is the log path).
@@ -195,6 +202,16 @@ class Runtime(Protocol):
 
     def stop(self, node: Node, place: Place) -> bool:
         """Remove the place and everything spawned in it; True if there was one."""
+
+    def set_aside(self, node: Node, place: Place) -> bool:
+        """Stop the place (what it spawned ends) and keep it under `aside(name)`, replacing an older one kept there;
+        True if there was one."""
+
+    def bring_back(self, node: Node, place: Place) -> bool:
+        """Remove the place now under the name and put the one kept aside back in it, started; True if one was kept."""
+
+    def drop_aside(self, node: Node, place: Place) -> bool:
+        """Remove the place kept aside; True if there was one."""
 
     def close(self) -> None:
         """Release what the runtime holds of its own."""

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import docker
 import docker.errors
+from docker.models.containers import Container
 
 from .docker_ssh import docker_client
 from .nodes import Cluster, FanOut, Node, NodeError, Result, ended_by_timeout, with_timeout
@@ -27,6 +28,7 @@ from .runtime import (
     Spawned,
     StartSpec,
     Ulimit,
+    aside,
 )
 
 LABEL = "org.sparkbook.run"  # on every container sparkbook starts
@@ -167,9 +169,9 @@ class DockerNodes:
         spawn = ["sh", "-c", SPAWN_SH, log, *argv]
         given = {**self.secrets, **(secrets or {})}
         if given:
-            path = f"/tmp/sparkbook-secrets-{uuid.uuid4().hex}.env"
-            container.put_archive("/tmp", _secrets_archive(path.rsplit("/", 1)[1], given))
-            spawn = ["sh", "-c", SECRETS_SH, path, *spawn]
+            name = f"sparkbook-secrets-{uuid.uuid4().hex}.env"
+            container.put_archive("/tmp", _secrets_archive(name, given))
+            spawn = ["sh", "-c", SECRETS_SH, f"/tmp/{name}", *spawn]
         container.exec_run(spawn, environment=env or {}, detach=True)
         return Spawned(node.name, place.name, log)
 
@@ -196,15 +198,46 @@ class DockerNodes:
     def stop(self, node: Node, place: Place) -> bool:
         """Remove the place's container; True if there was one. A container of that name that sparkbook did not
         start (no org.sparkbook.run label) is someone else's: NodeError, left in place."""
+        container = self._ours(node, place.name)
+        if container is not None:
+            container.remove(force=True)
+        return container is not None
+
+    def _ours(self, node: Node, name: str) -> Container | None:
+        """The container of that name, None where there is none; NodeError where sparkbook did not start it."""
         try:
-            container = self.client(node).containers.get(place.name)
+            container = self.client(node).containers.get(name)
         except docker.errors.NotFound:
-            return False
+            return None
         if LABEL not in (container.labels or {}):
-            raise NodeError(node.name, f"container {place.name} was not started by sparkbook (no {LABEL} label): "
+            raise NodeError(node.name, f"container {name} was not started by sparkbook (no {LABEL} label): "
                                        "it is left in place; rename or remove it yourself, or name another cluster")
-        container.remove(force=True)
+        return container
+
+    def set_aside(self, node: Node, place: Place) -> bool:
+        """`docker stop` (10 s of grace: Ray and vLLM end with the container) and `docker rename` to aside(name)."""
+        container = self._ours(node, place.name)
+        if container is None:
+            return False
+        self.drop_aside(node, place)
+        container.stop(timeout=10)
+        container.rename(aside(place.name))
         return True
+
+    def bring_back(self, node: Node, place: Place) -> bool:
+        kept = self._ours(node, aside(place.name))
+        if kept is None:
+            return False
+        self.stop(node, place)
+        kept.rename(place.name)
+        kept.start()
+        return True
+
+    def drop_aside(self, node: Node, place: Place) -> bool:
+        kept = self._ours(node, aside(place.name))
+        if kept is not None:
+            kept.remove(force=True)
+        return kept is not None
 
     def close(self) -> None:
         """Nothing of its own to close: the Docker clients ride on the nodes' SSH connections, closed with the run."""

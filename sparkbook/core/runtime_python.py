@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from .nodes import Cluster, FanOut, Node, Result
 from .params import PythonRuntime
-from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec
+from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec, aside
 
 # commands the stages start by name, as modules of the Python runtime's interpreter
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
@@ -125,7 +125,12 @@ class PythonNodes:
         return any(node.run(["pgrep", "-s", sid], timeout=30).ok for sid in self._sids(node, place))
 
     def stop(self, node: Node, place: Place) -> bool:
-        """Kill every process of the sessions this place spawned (by session ID, never by name)."""
+        """Kill every process of the sessions this place spawned (by session ID, never by name), then its dir."""
+        found = self._kill_sessions(node, place)
+        node.run(["rm", "-rf", self._dir(place)], timeout=30)
+        return found
+
+    def _kill_sessions(self, node: Node, place: Place) -> bool:
         sids = self._sids(node, place)
         for sid in sids:
             node.run(["pkill", "-TERM", "-s", sid], timeout=30)
@@ -133,8 +138,32 @@ class PythonNodes:
             time.sleep(2)
             for sid in sids:
                 node.run(["pkill", "-KILL", "-s", sid], timeout=30)
-        node.run(["rm", "-rf", self._dir(place)], timeout=30)
         return bool(sids)
+
+    def set_aside(self, node: Node, place: Place) -> bool:
+        """The sessions killed (as `stop`), the place dir kept under aside(name) with its record."""
+        if not node.run(["test", "-d", self._dir(place)], timeout=30).ok:
+            return False
+        self._kill_sessions(node, place)
+        kept = self._dir(Place(place.node, aside(place.name)))
+        node.run(["sh", "-c", 'rm -rf "$1" && mv "$0" "$1"', self._dir(place), kept], check=True, timeout=30)
+        return True
+
+    def bring_back(self, node: Node, place: Place) -> bool:
+        """The place dir kept aside back under its name (its processes ended when it was set aside: nothing to
+        start; 04 and 05 start them)."""
+        kept = self._dir(Place(place.node, aside(place.name)))
+        if not node.run(["test", "-d", kept], timeout=30).ok:
+            return False
+        self.stop(node, place)
+        node.run(["mv", kept, self._dir(place)], check=True, timeout=30)
+        return True
+
+    def drop_aside(self, node: Node, place: Place) -> bool:
+        kept = self._dir(Place(place.node, aside(place.name)))
+        found = node.run(["test", "-d", kept], timeout=30).ok
+        node.run(["rm", "-rf", kept], timeout=30)
+        return found
 
     def _sids(self, node: Node, place: Place) -> list[str]:
         """The session IDs the place's spawns recorded (none where its dir is not this user's alone: SIDS_SH)."""

@@ -21,11 +21,11 @@ from ..core.params import Params, ParamsError, load_params
 from ..core.progress import Progress
 from ..core.redact import Redactor, text_files
 from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
-from ..core.stagelist import STAGES
+from ..core.stagelist import RAYCLUSTER, SERVE, STAGES
 from ..records import pages
 from ..records.archive import read_run
 from ..records.restore_section import restore_section
-from . import arms, lock
+from . import arms, lock, rollback
 from .carry import carry
 from .limits import cell_limit
 from .manifest import Manifest, NotebookRun, sparkbook_version
@@ -136,6 +136,13 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
                 state.store(run_dir, value, lambda d: d)  # as the earlier run stored it: redacted already
             say(f"{run_dir.name}: starts from " + ("; ".join(carried.lines()) or "no earlier hand-off"))
         _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say, only)
+    aside = rollback.pending(run_dir) if Manifest.read(run_dir).status == "failed" else None
+    if aside is not None and params.serve.rollback_on_failure:  # after the lock: the rollback run takes it again
+        rollback.roll_back(params_file, run_dir, aside, lambda seed: run(
+            seed / PARAMS_COPY, out_root=run_dir.parent.parent, seed=seed, start=RAYCLUSTER.id, upto=SERVE.id,
+            folder=folder, say=say), say)
+        write_index(run_dir, Manifest.read(run_dir))
+        pages.write_cluster_index(run_dir.parent)
     return run_dir, Manifest.read(run_dir)
 
 

@@ -35,6 +35,11 @@ class InProcess:
     def __init__(self, serving: str | None = None) -> None:
         self.started: dict[str, StartSpec] = {}
         self.serving = serving  # the head place's serving record (None: no place stands)
+        self.aside: list[str] = []  # the nodes whose place was set aside
+
+    def set_aside(self, node: Node, place: Place) -> bool:
+        self.aside.append(node.name)
+        return self.serving is not None
 
     def alive(self, node: Node, place: Place) -> bool:
         return self.serving is not None
@@ -199,11 +204,14 @@ def test_containers_that_hold_a_live_server_are_replaced_only_when_confirmed(lab
     assert any("only with -p confirm_replace=true" in str(s.value) for s in seen.shown())
     out = raycluster.run(context(lab, tmp_path, runtime), seen, confirm_replace=False)
     assert isinstance(out.error, containers.RayStageError) and "04 would stop a live server" in out.error.message
-    assert runtime.started == {} and kinds(out)[-1] == "decision: keep them, stop here"
+    assert runtime.started == {} and runtime.aside == [] and kinds(out)[-1] == "decision: keep them, stop here"
     formed(monkeypatch)
     out = raycluster.run(context(lab, tmp_path, runtime), seen, confirm_replace=True)
     assert out.error is None and set(runtime.started) == {"lab-0", "lab-1"}
-    assert "decision: replace them" in kinds(out)
+    assert sorted(runtime.aside) == ["lab-0", "lab-1"], "kept aside before the new containers start"
+    kept = next(r for r in out.records if isinstance(r, Event) and r.kind == "containers_set_aside")
+    assert isinstance(kept.data, dict) and kept.data["run"] == "20261203T100000Z" and sorted(kept.data["nodes"]) == ["lab-0", "lab-1"]
+    assert kinds(out).index("decision: replace them") < kinds(out).index("containers_set_aside")
     assert raycluster.preview(context(lab, tmp_path, InProcess(json.dumps(
         {"running": {"base_url": "http://127.0.0.1:9", "model": "m"}})))).live is None, "a server that does not answer"
 

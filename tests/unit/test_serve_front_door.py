@@ -74,6 +74,7 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
     monkeypatch.setattr(reuse, "record_held", lambda ctx, head, held: called.append(f"record_held {head}"))
     monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
     monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
+    monkeypatch.setattr(bringup, "drop_aside", lambda ctx: called.append("drop_aside") or {"nodes": ["lab-0"]})
     return called
 
 
@@ -197,6 +198,23 @@ def test_a_failed_start_without_a_replacement_names_the_cause(lab, tmp_path, mon
     assert kinds(out)[-1] == "serve_attempts" and out.rolled_back is None
 
 
+def test_a_failed_start_in_containers_04_replaced_leaves_the_rollback_to_the_driver(lab, tmp_path, monkeypatch):
+    """Issue 40, item 1: the old server's containers wait aside; 05 neither relaunches in the new ones nor drops
+    them: its error says the driver brings them back."""
+    import dataclasses
+
+    from sparkbook.core.handoff import RayCluster
+
+    called = steps(monkeypatch, ready=False)
+    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("05 relaunched the old plan itself"))
+    ctx = context(lab, tmp_path)
+    ray = RayCluster(address="10.0.0.1:6379", containers={}, reused=False, container_ids={}, nodes=[],
+                     stopped_server_at="2026-12-04T10:00:00+00:00")
+    out = serve.run(ctx, dataclasses.replace(a_preview(ctx), ray=ray), confirm_replace=True, ab_arm=None)
+    assert isinstance(out.error, commands.ServeError) and "kept aside" in out.error.message
+    assert "the driver brings them back" in out.error.message and "drop_aside" not in called
+
+
 def test_a_run_without_02s_hand_offs_stops_naming_them(lab, tmp_path, monkeypatch):
     """The preview goes without them (model dir params' own, floor unknown: it says so); the run needs them."""
     called = steps(monkeypatch)
@@ -234,6 +252,9 @@ def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_fr
     (room,) = seen
     assert out.error is None and called[0] == "make_room" and room.stopped_at is not None
     assert 29 <= time.monotonic() - room.stopped_at <= 40
+    assert called[-1] == "drop_aside" and kinds(out)[-1] == "containers_dropped", "the kept containers go last"
     seen.clear()
+    called.clear()
     serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert seen[0].stopped_at is None, "nothing was serving: no dark seconds"
+    assert "drop_aside" not in called, "04 set nothing aside"

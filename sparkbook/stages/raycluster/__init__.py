@@ -184,21 +184,24 @@ class RayOutcome(StageOutcome):
 def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutcome:
     """Keep the running cluster or start the preview's containers and Ray, wait for the join, gate, test the fabric
     and hand on the RayCluster (and the fabric's figures). Containers that hold a live server are replaced only with
-    confirm_replace, as 05 replaces a server (issue 40): without it nothing is touched. A failure ends it as
-    outcome.error, after the evidence gathered so far."""
+    confirm_replace, as 05 replaces a server (issue 40): without it nothing is touched; with it they are stopped and
+    kept aside (event `containers_set_aside`) until 05's server answers, and a failure in 04 or 05 brings them back
+    with their plan (runbook.rollback). A failure ends it as outcome.error, after the evidence gathered so far."""
     ctx = ctx.with_image(preview.image.ref)
     out = RayOutcome(kept=preview.kept, skip=preview.skip)
     out.decide(preview.kept.decision(preview.image.id or ""))
-    stops_server = preview.live is not None and not preview.kept.ok
-    if preview.live is not None and stops_server:
-        out.decide(replace_decision(preview.live, preview.kept, confirm_replace))
+    live = None if preview.kept.ok else preview.live  # the server that stops with the containers replaced
+    if live is not None:
+        out.decide(replace_decision(live, preview.kept, confirm_replace))
         if not confirm_replace:
-            out.error = RayStageError(f"04 would stop a live server: {replacing(preview.live, preview.kept)}",
+            out.error = RayStageError(f"04 would stop a live server: {replacing(live, preview.kept)}",
                                       remediation="run again with -p confirm_replace=true to replace it, or with the "
                                                   "image and settings it runs to keep it")
             return out
     try:
-        out.error = form(ctx, preview, out, now() if stops_server else None)
+        if live is not None:  # kept aside, not removed, until the new server answers (05 drops them then)
+            out.event("containers_set_aside", {"run": live.run, "at": now(), "nodes": containers.set_aside(ctx)})
+        out.error = form(ctx, preview, out, now() if live is not None else None)
     except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable
         out.error = exc
     return out
@@ -225,7 +228,7 @@ def form(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_server_at: 
     started_containers = preview.kept.containers if reused else \
         containers.start_containers(ctx, preview.specs, preview.image.id)
     out.containers = started_containers
-    out.started = [] if reused else formation.start_ray(ctx)
+    out.started = [] if reused and not preview.kept.starts_ray else formation.start_ray(ctx)
     with Progress("Ray nodes joined", total=len(ctx.params.nodes)) as bar:
         join = out.join = formation.wait_for_join(ctx, started_containers, out.started, on_round=bar.update)
     out.event("ray_join", join)

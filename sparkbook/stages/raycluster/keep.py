@@ -1,6 +1,7 @@
 """04's running cluster kept when still right: a Ray cluster a previous run formed is kept when it is still exactly
 what this stage would form (every node's container runs the chosen image with this stage's environment, every node in
-Ray, the gate passes). Read-only: it asks the daemons and Ray, and starts or removes nothing."""
+Ray, the gate passes); containers that are right with Ray in none of them (brought back from aside) are kept and Ray
+starts in them. Read-only: it asks the daemons and Ray, and starts or removes nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ class Reuse:
     started: dict[str, str]
     join: Join | None
     reason: str | None = None  # why it cannot be reused (None when it can)
+    starts_ray: bool = False  # the containers are right but Ray runs in none (brought back from aside): started there
 
     @property
     def ok(self) -> bool:
@@ -32,6 +34,11 @@ class Reuse:
         question = "Reuse the running Ray cluster or start a new one?"
         evidence = [f"{c.node}: container {c.id} of image {image_id[:19]}, running since {self.started[c.node]}"
                     for c in self.containers]
+        if self.starts_ray:
+            return Decision(question, "keep the containers, start Ray in them", "every node's container runs the "
+                            "chosen image with this stage's environment but Ray runs in none of them (containers "
+                            "brought back, or restarted): Ray starts in them", [Alternative(
+                                "start new containers and Ray", "would remove containers that are right")], evidence)
         if self.reason is None:
             return Decision(question, "reused: the running cluster", "every node's container runs the chosen image "
                             "with this stage's environment, every node is in Ray and the gate passes: nothing is "
@@ -76,6 +83,8 @@ def reusable(ctx: Context, image_id: str) -> Reuse:
     found = [o.value for o in outcomes.values() if o.ok and o.value is not None]
     containers, started = [c for c, _ in found], {c.node: at for c, at in found}
     gone = {} if bad else lost(params, cluster, runtime)
+    if gone and len(gone) == len(params.nodes):  # every container right, Ray in none: start it there
+        return Reuse(containers, started, None, starts_ray=True)
     bad += [f"{name}: {why}" for name, why in gone.items()]
     if bad:
         return Reuse(containers, started, None, "no running cluster to reuse: " + "; ".join(bad))

@@ -234,16 +234,23 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         _replace(preview, outcome, confirm_replace, ab_arm)
         _make_room(ctx, preview, outcome, model)
         up = _bring_up(ctx, preview, outcome)
-        _started(ctx, outcome, up)
+        _started(ctx, preview, outcome, up)
         _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
         _smoke(ctx, outcome, up)
+        _drop_aside(ctx, preview, outcome)
         outcome.addresses = endpoints.client_addresses(ctx.params)
         outcome.endpoint = bringup.endpoint(up, outcome.addresses)
         outcome.handoffs.append(outcome.endpoint)
     except SparkbookError as exc:
         outcome.error = exc
     return outcome
+
+
+def _drop_aside(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> None:
+    """The containers this run's 04 replaced, kept aside until now: the new server answers, so they go."""
+    if preview.ray is not None and preview.ray.stopped_server_at is not None:
+        outcome.event("containers_dropped", bringup.drop_aside(ctx))
 
 
 def _needed(ctx: Context, preview: ServePreview) -> ModelFacts:
@@ -297,13 +304,17 @@ def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> Bri
     return up
 
 
-def _started(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
+def _started(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: BringUp) -> None:
     """Keep every attempt's log tails; a failed start is a ServeError naming the cause, after a rollback to the
     replaced plan where one was replaced and serve.rollback_on_failure holds."""
     outcome.logs.update(bringup.log_tails(up))
     if up.ok:
         return
     failure = bringup.failure_message(up)
+    if preview.ray is not None and preview.ray.stopped_server_at is not None:
+        raise ServeError(failure + "; the containers this run's 04 replaced are kept aside: "
+                         + ("the driver brings them back with the plan they served" if
+                            ctx.params.serve.rollback_on_failure else "serve.rollback_on_failure is false"))
     if outcome.replaced is not None and ctx.params.serve.rollback_on_failure:
         back = rollback.roll_back(ctx, outcome.replaced, up, failure)
         outcome.rolled_back = back

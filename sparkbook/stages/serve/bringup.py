@@ -20,7 +20,8 @@ from .endpoints import ClientAddress
 from .failures import FailureCause, classify, remedy
 from .launch import BringUp, host_port, launch, log_path, stop_earlier, stop_serving, wait_ready
 from .memory import settle
-from .reuse import find_running, read_serving, remember, start_decision
+from .replace import answers
+from .reuse import Serving, find_running, read_serving, remember, start_decision
 
 
 def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
@@ -105,17 +106,16 @@ def check_args(ctx: Context, serve_plan: ServePlan) -> ArgsCheck:
     return ArgsCheck(refused, answer["why_unchecked"] or None, time.monotonic() - t0)
 
 
-def refuse_before_stop(ctx: Context, serve_plan: ServePlan) -> ArgsCheck:
-    """What is knowable before a running server stops: the argv vLLM refuses and a new serve port already held
-    (the old server's own port is freed by its stop). ServeError with the old server untouched."""
+def refuse_before_stop(ctx: Context, serve_plan: ServePlan, serving: Serving) -> ArgsCheck:
+    """What is knowable before the server `serving` records stops: the argv vLLM refuses and a new serve port
+    already held (the old server's own port is freed by its stop). ServeError with the old server untouched."""
     checked = check_args(ctx, serve_plan)
     if checked.refused:
         node, why = next(iter(checked.refused.items()))
         raise ServeError(f"the image's vLLM refuses the new `vllm serve` arguments on {node}: {why} (checked before "
                          "the running server was stopped: it still serves)", node=node,
                          remediation="correct serve.extra_args or the serve setting it names in the params")
-    record = read_serving(ctx, serve_plan.commands[0].node)
-    if record is not None and host_port(record.running)[1] != host_port(serve_plan)[1]:
+    if host_port(serving.running)[1] != host_port(serve_plan)[1]:
         taken = port_taken(ctx, serve_plan)
         if taken is not None:
             raise ServeError(f"the new serve port is taken: {taken.summary()} (the running server still serves)",
@@ -145,9 +145,10 @@ def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
     if found is not None:
         return Room(found, None, None)
     refuse_missing_files(ctx, serve_plan)  # before the stop: a refusal after it would leave the cluster dark
-    serving = read_serving(ctx, serve_plan.commands[0].node) is not None
-    args = refuse_before_stop(ctx, serve_plan) if serving else None
-    stopped_at = time.monotonic() if serving else None  # from here the cluster serves nothing
+    serving = read_serving(ctx, serve_plan.commands[0].node)
+    # only a server that answers loses anything to an argv its successor's vLLM refuses
+    args = refuse_before_stop(ctx, serve_plan, serving) if serving is not None and answers(serving) else None
+    stopped_at = time.monotonic() if serving is not None else None  # from here the cluster serves nothing
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
     return Room(None, why, stopped_at, args)
 
@@ -235,3 +236,11 @@ def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> E
                     commands={c.node: c.argv for c in serve_plan.commands},
                     env={c.node: c.env for c in serve_plan.commands},
                     logs={c.node: log_path(1) for c in serve_plan.commands}, ready_s=0.0, attempts=0, reused=False)
+
+
+def drop_aside(ctx: Context) -> dict[str, object]:
+    """Remove the places 04 kept aside (runtime.aside) once their successor serves: the nodes that had one, and
+    the errors of those where the removal failed (left for `sparkbook stop` or the next replacement)."""
+    dropped = ctx.cluster.fan_out(lambda n: ctx.runtime.drop_aside(n, ctx.places[n.name]))
+    return {"nodes": [n for n, o in dropped.items() if o.ok and o.value],
+            "errors": {n: str(o.error) for n, o in dropped.items() if not o.ok}}

@@ -72,6 +72,11 @@ def remember(ctx: Context, requested: ServePlan, result: BringUp, run: str | Non
     record = {"requested": plan_data(requested), "running": plan_data(result.launched.plan),
               "attempt": result.launched.attempt, "attempts": len(result.attempts),
               "ready_s": round(result.readiness.seconds, 1), "run": run or ctx.run_dir.name, "since": now()}
+    _write(ctx, head, record)
+
+
+def _write(ctx: Context, head: str, record: dict[str, Any]) -> None:
+    """The head place's record of what serves, replaced whole."""
     ctx.runtime.exec(ctx.cluster.nodes[head], ctx.places[head],
                      ["sh", "-c", 'printf %s "$1" >"$0"', SERVING, json.dumps(record)], timeout=30).check()
 
@@ -79,11 +84,8 @@ def remember(ctx: Context, requested: ServePlan, result: BringUp, run: str | Non
 def record_held(ctx: Context, head: str, held: dict[str, int]) -> None:
     """Add to the head's record of what serves what 05 measured the server holding per node (topology.live_server
     reads it for 02's fit)."""
-    where, node = ctx.places[head], ctx.cluster.nodes[head]
-    record = json.loads(ctx.runtime.read(node, where, SERVING))
-    record["held"] = held
-    ctx.runtime.exec(node, where, ["sh", "-c", 'printf %s "$1" >"$0"', SERVING, json.dumps(record)],
-                     timeout=30).check()
+    record = json.loads(ctx.runtime.read(ctx.cluster.nodes[head], ctx.places[head], SERVING))
+    _write(ctx, head, {**record, "held": held})
 
 
 def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, str]:

@@ -1,0 +1,73 @@
+"""The rollback of a run whose 04 replaced the containers of a live server and whose 04 or 05 then failed (issue 40):
+the containers 04 kept aside come back under their names, and a run of 04 and 05 from the hand-offs of the run that
+deployed them (as `sparkbook up` starts one) brings its plan up again in them. The failed run records it as its
+`serve_rollback`, so status, logs, stop and up find the deployment that serves."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ..core.evidence import read_events
+from ..core.params import load_params
+from ..core.rundir import PARAMS_COPY
+from .manifest import Manifest
+from .session import Run
+
+# what the failed run's rollback calls: a run of 04 and 05 from the hand-offs of the given run dir
+UpFrom = Callable[[Path], tuple[Path, Manifest]]
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """The containers a run's 04 stopped and kept aside, and the run whose server they held."""
+
+    run: str | None
+    at: str  # ISO time they were stopped: the cluster has served nothing since
+    nodes: list[str]
+
+
+def pending(run_dir: Path) -> SetAside | None:
+    """The containers the run's 04 set aside and its 05 did not drop (they are dropped once the new server
+    answers); None where nothing waits aside."""
+    aside = read_events(run_dir, "containers_set_aside")
+    if not aside or read_events(run_dir, "containers_dropped"):
+        return None
+    data = aside[-1]["data"]
+    return SetAside(data["run"], data["at"], list(data["nodes"]))
+
+
+def roll_back(params_file: Path, run_dir: Path, aside: SetAside, up_from: UpFrom,
+              say: Callable[[str], None]) -> bool:
+    """Bring the containers back, then the plan they served (`up_from` the run that deployed it); record it in the
+    failed run as `serve_rollback` with its seconds without service (from 04's stop of the old containers until the
+    rollback run's 05 ended ok). Whether the old plan serves again."""
+    failed = Manifest.read(run_dir)
+    why = next((f"{nb.name}: {nb.exception['evalue'][:300]}" for nb in failed.notebooks
+                if nb.status == "failed" and nb.exception), "unknown")
+    run = Run(params_file, load_params(params_file), run_dir, "rollback")
+    try:
+        ctx = run.context()
+        back = ctx.cluster.fan_out(lambda n: ctx.runtime.bring_back(n, ctx.places[n.name]))
+    finally:
+        run.close()
+    problem = "; ".join(f"{n}: {o.error}" for n, o in back.items() if not o.ok) or None
+    returned = [n for n, o in back.items() if o.ok and o.value]
+    deployed = run_dir.parent / aside.run if aside.run else None
+    if problem is None and (deployed is None or not (deployed / PARAMS_COPY).is_file()):
+        problem = f"the run whose server the containers held ({aside.run or 'unrecorded'}) is not in {run_dir.parent}"
+    via = None
+    if problem is None and deployed is not None:
+        say(f"rollback: the containers of run {aside.run} are back on {', '.join(returned) or 'no node'}; 04 and 05 "
+            "bring its plan up again")
+        via, manifest = up_from(deployed)
+        problem = None if manifest.status == "ok" else f"the rollback run {via.name} ended {manifest.status}"
+    dark = (datetime.now(UTC) - datetime.fromisoformat(aside.at)).total_seconds()
+    run.record("serve_rollback", {"rolled_back_to_run": aside.run, "ok": problem is None,
+                                  "seconds_without_service": round(dark, 1), "new_plan_failure": why,
+                                  "rollback_problem": problem, "via_run": via.name if via else None,
+                                  "containers_back": returned})
+    say(f"rolled back to run {aside.run}: its plan serves again after {dark:.0f} s without service (run {via.name})"
+        if problem is None and via else f"the rollback failed: {problem}; the cluster serves nothing")
+    return problem is None

@@ -57,6 +57,9 @@ def roll_back(params_file: Path, run_dir: Path, aside: SetAside, up_from: UpFrom
     deployed = run_dir.parent / aside.run if aside.run else None
     if problem is None and (deployed is None or not (deployed / PARAMS_COPY).is_file()):
         problem = f"the run whose server the containers held ({aside.run or 'unrecorded'}) is not in {run_dir.parent}"
+    elif problem is None and deployed == run_dir:  # a resume of the deploying run: its params copy is the new one's
+        problem = (f"the containers held this run's own server, and resuming {run_dir.name} replaced the params it "
+                   "served with: bring its plan up with `sparkbook up` from an earlier run, or resume it with them")
     via = None
     if problem is None and deployed is not None:
         say(f"rollback: the containers of run {aside.run} are back on {', '.join(returned) or 'no node'}; 04 and 05 "

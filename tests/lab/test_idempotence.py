@@ -177,7 +177,7 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     refuses, it stops before the stop (the image's vLLM parsed the argv: 0 s without service, same PIDs); confirmed,
     with a max_model_len beyond the model's that only the engine's start refuses, the new plan fails after the stop
     and the first run's plan serves again, the record naming the rollback and the seconds without service. Last in
-    this module: it restarts the server the tests above reuse."""
+    this module but one: it restarts the server the tests above reuse."""
     first_dir, first = full_run
     params = load_params(first.params_file)
     copy = tmp_path / params.cluster / first_dir.name
@@ -228,6 +228,70 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     record = json.loads(serving)
     assert record["run"] == first_dir.name and record["requested"]["settings"]["max_num_seqs"] == 16, record
     for path in copy.rglob("*"):
+        if path.is_file():
+            assert planted.encode() not in path.read_bytes(), path
+
+
+def _containers(node_shells, params) -> dict[str, tuple[str, list[str]]]:
+    """Per node: its node container's ID, and the names of every container it holds."""
+    out = {}
+    for spec in params.nodes:
+        shell = node_shells[spec.name]
+        _, inspect, _ = shell.run(["docker", "inspect", "-f", "{{.Id}}", container_name(params, spec.name)])
+        out[spec.name] = (inspect.strip(), shell.run(["docker", "ps", "-a", "--format", "{{.Names}}"])[1].split())
+    return out
+
+
+def test_new_containers_replace_a_live_server_only_when_confirmed_and_a_failure_brings_them_back(
+        full_run, node_shells, planted: str, tmp_path: Path) -> None:
+    """Issue 40, item 1: a new run from 04 (its hand-offs from the first run's copy) whose runtime.env differs, so 04
+    would replace the node containers that hold the first server: without confirm_replace 04 stops before touching
+    them; confirmed, with an argument the new plan's vLLM refuses at its start, 04 keeps the old containers aside,
+    05 fails in the new ones, and the driver brings the old containers back (the same container IDs, nothing left
+    aside) with the first run's plan serving, recorded as the failed run's rollback; the rollback run is the
+    cluster's deployment. Last in this module: it restarts the server."""
+    from sparkbook.runbook import operate
+
+    first_dir, first = full_run
+    params = load_params(first.params_file)
+    shutil.copytree(first_dir, tmp_path / params.cluster / first_dir.name)
+    endpoint = json.loads((first_dir / "state.json").read_text())["endpoint"]
+    before = _containers(node_shells, params)
+    data = yaml.safe_load(Path(first.params_file).read_text())
+    data["runtime"]["env"]["SPARKBOOK_LAB_MARK"] = "replaced"  # 04's containers differ: it would replace them
+    changed = _write(tmp_path / "new-env.yaml", data)
+    failing = _write(tmp_path / "new-env-planted-flag.yaml", {**data, "serve": {
+        **data["serve"], "extra_args": [*data["serve"]["extra_args"], "--planted-unknown-flag"]}})
+    os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
+    try:
+        _, refused = driver.run(changed, out_root=tmp_path, start="04", upto="05", say=print)
+        after_refusal = _containers(node_shells, params)
+        _serves(endpoint, planted)
+        t0 = time.monotonic()
+        failed_dir, failed = driver.run(failing, out_root=tmp_path, start="04", upto="05",
+                                        parameters={"confirm_replace": True}, say=print)
+        print(f"04 replaces, 05 fails, the driver rolls back: {time.monotonic() - t0:.0f} s")
+    finally:
+        del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
+    nb = next(n for n in refused.notebooks if n.name.startswith("04"))
+    assert nb.status == "failed" and "04 would stop a live server" in nb.exception["evalue"], nb.exception
+    assert after_refusal == before, "nothing touched without confirm_replace"
+    assert [n.status for n in failed.notebooks if n.name[:2] in ("04", "05")] == ["ok", "failed"], failed.notebooks
+    (aside,) = [e["data"] for e in read_events(failed_dir, "containers_set_aside")]
+    assert aside["run"] == first_dir.name and sorted(aside["nodes"]) == sorted(before), aside
+    (back,) = [e["data"] for e in read_events(failed_dir, "serve_rollback")]
+    assert back["ok"] is True and back["rolled_back_to_run"] == first_dir.name, back
+    assert sorted(back["containers_back"]) == sorted(before) and "planted-unknown-flag" in back["new_plan_failure"]
+    assert 0 < back["seconds_without_service"] < 900, back
+    via = tmp_path / params.cluster / back["via_run"]
+    assert Manifest.read(via).status == "ok", "the rollback run brought the first plan up"
+    after = _containers(node_shells, params)
+    assert {n: c[0] for n, c in after.items()} == {n: c[0] for n, c in before.items()}, "brought back, not new"
+    assert not [c for _, names in after.values() for c in names if c.endswith("-replaced")], after
+    _serves(endpoint, planted)
+    (deployed, *_) = operate.deployments(tmp_path / params.cluster)
+    assert deployed.run_dir == via and deployed.plan_hash == operate.deployments(first_dir.parent)[0].plan_hash
+    for path in failed_dir.rglob("*"):
         if path.is_file():
             assert planted.encode() not in path.read_bytes(), path
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from ..core.evidence import read_events
 from ..core.params import load_params
 from ..core.rundir import PARAMS_COPY
+from ..core.stagelist import SERVE
+from ..core.topology import places
 from .manifest import Manifest
 from .session import Run
 
@@ -48,8 +50,8 @@ def roll_back(params_file: Path, run_dir: Path, aside: SetAside, up_from: UpFrom
                 if nb.status == "failed" and nb.exception), "unknown")
     run = Run(params_file, load_params(params_file), run_dir, "rollback")
     try:
-        ctx = run.context()
-        back = ctx.cluster.fan_out(lambda n: ctx.runtime.bring_back(n, ctx.places[n.name]))
+        ctx, where = run.context(), places(run.params, "")  # by name: whatever image they run
+        back = ctx.cluster.fan_out(lambda n: ctx.runtime.bring_back(n, where[n.name]))
     finally:
         run.close()
     problem = "; ".join(f"{n}: {o.error}" for n, o in back.items() if not o.ok) or None
@@ -65,7 +67,8 @@ def roll_back(params_file: Path, run_dir: Path, aside: SetAside, up_from: UpFrom
         say(f"rollback: the containers of run {aside.run} are back on {', '.join(returned) or 'no node'}; 04 and 05 "
             "bring its plan up again")
         via, manifest = up_from(deployed)
-        problem = None if manifest.status == "ok" else f"the rollback run {via.name} ended {manifest.status}"
+        served = any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks)
+        problem = None if served else f"the rollback run {via.name} ended {manifest.status} before {SERVE.id} served"
     dark = (datetime.now(UTC) - datetime.fromisoformat(aside.at)).total_seconds()
     run.record("serve_rollback", {"rolled_back_to_run": aside.run, "ok": problem is None,
                                   "seconds_without_service": round(dark, 1), "new_plan_failure": why,

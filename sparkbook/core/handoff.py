@@ -91,7 +91,7 @@ class RayCluster(Handoff):
     key = "ray"
     notebook = RAYCLUSTER.name
 
-    address: str
+    address: str | None  # None: 04 formed no Ray (topology.without_ray), the containers alone
     containers: dict[str, str]  # node -> container name
     reused: bool
     container_ids: dict[str, str]

@@ -75,16 +75,31 @@ def address(params: Params) -> str:
     return f"{params.head.fabric_ip}:{params.ray.port}"
 
 
-def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 45) -> dict[str, str]:
-    """Nodes whose part of 04's Ray cluster is gone, with what was seen: its container is not running, or
-    its `ray start` (the head's: the GCS) exited. Empty when every node's Ray still runs."""
+def without_ray(params: Params, image_ray: str | None) -> str | None:
+    """Why 04 forms no Ray cluster (None: it forms one). vLLM launches its own ranks across the nodes (`--nnodes`,
+    `--headless`), so Ray is needed only by the Ray executor: it is left out where serve.executor is mp, and where it
+    is unset on an image without Ray (`image_ray`: 03's ImageChoice.ray_version; stock vLLM images since 0.19 carry
+    none, issue 45). An image with Ray and no executor set keeps Ray, as 05 may choose it."""
+    if params.serve.executor == "mp":
+        return "serve.executor is mp: vLLM starts its own ranks on every node (--nnodes, --node-rank, --headless)"
+    if params.serve.executor is None and image_ray is None:
+        return ("the chosen image has no Ray (the module and the ray CLI) and serve.executor is unset: 05 serves with "
+                "vLLM's own multi-node launch")
+    return None
+
+
+def lost(params: Params, cluster: Cluster, runtime: Runtime, timeout_s: float = 45, *,
+         ray: bool = True) -> dict[str, str]:
+    """Nodes whose part of 04's cluster is gone, with what was seen: its container is not running, or (`ray`:
+    04 formed Ray, see without_ray) its `ray start` (the head's: the GCS) exited. Empty when every node's part still
+    runs."""
     where = places(params, "")
 
     def check(node: Node) -> str:
         place = where[node.name]
         if not runtime.alive(node, place):
             return f"container {place.name} is not running"
-        if runtime.running(node, place, Spawned(node.name, place.name, RAY_LOG)):
+        if not ray or runtime.running(node, place, Spawned(node.name, place.name, RAY_LOG)):
             return ""
         what = f"the Ray head (GCS at {address(params)})" if node.spec.role == "head" else "its Ray worker"
         tail = runtime.read(node, place, RAY_LOG, tail_bytes=400).strip().splitlines()

@@ -25,7 +25,7 @@ from ..core.params import Params, load_params
 from ..core.rundir import is_run_dir
 from ..core.runtime import Place, Runtime, Spawned
 from ..core.stagelist import RAYCLUSTER, SERVE
-from ..core.topology import LOG_DIR, lost
+from ..core.topology import LOG_DIR, lost, without_ray
 from ..stages.serve.endpoints import ClientAddress, client_addresses
 from . import driver
 from .manifest import Manifest
@@ -197,9 +197,11 @@ def health(base_url: str) -> str | None:
 def status(run: Run, d: Deployment) -> Status:
     """Every node's container, Ray and server, read-only, and the endpoint's /health."""
     ctx = run.context(d.image.ref)
-    gone = lost(ctx.params, ctx.cluster, ctx.runtime)
+    no_ray = without_ray(ctx.params, d.image.ray_version)  # vLLM's own multi-node launch: no Ray to look for
+    gone = {} if no_ray else lost(ctx.params, ctx.cluster, ctx.runtime)
+    ray = "not used (serve.executor mp or an image without Ray)" if no_ray else "running"
     outcomes = ctx.cluster.fan_out(
-        lambda n: _node_status(ctx.runtime, n, ctx.places[n.name], _log(d, n.name), gone.get(n.name, "running")),
+        lambda n: _node_status(ctx.runtime, n, ctx.places[n.name], _log(d, n.name), gone.get(n.name, ray)),
         timeout=PROBE_TIMEOUT_S)
     nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
                                                          None) for n, o in outcomes.items()]

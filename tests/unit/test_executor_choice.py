@@ -11,8 +11,8 @@ from sparkbook.core.params import load_params
 from sparkbook.stages.serve.commands import DEFAULT, Platform, ServeError, choose_executor
 
 LAB = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
-CUDA = Platform("cuda", "0.25.0", "2.9.0+cu129", 1)
-CPU = Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
+CUDA = Platform("cuda", "0.25.0", "2.9.0+cu129", 1, "2.60.0")
+CPU = Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0, "2.60.0")
 
 
 def _ctx(executor: str | None, tp: int) -> Context:
@@ -29,6 +29,14 @@ def test_an_explicit_executor_is_honoured_and_an_unset_one_chosen(executor, tp, 
     got, decision = choose_executor(_ctx(executor, tp), platform)
     assert got == chosen and decision.key == "executor"
     assert ("params set serve.executor" in decision.reason) == (executor is not None)
+
+
+def test_an_unset_executor_on_an_image_without_ray_is_vllms_own_multinode_launch() -> None:
+    """Issue 45: stock vLLM images carry no Ray; 04 formed none, so 05 serves with mp (and says why)."""
+    got, decision = choose_executor(_ctx(None, 2), Platform("cuda", "0.33.0", "2.10.0+cu130", 1, None))
+    assert got == "mp" and "no Ray" in decision.reason and "Ray absent" in decision.evidence
+    got, _ = choose_executor(_ctx("ray", 2), Platform("cuda", "0.33.0", "2.10.0+cu130", 1, None))
+    assert got == "ray", "an explicit setting is honoured (03 rejects an image without Ray for it)"
 
 
 def test_ray_on_the_cpu_build_is_refused_naming_the_field() -> None:

@@ -109,7 +109,7 @@ def test_arch_covers(archs: list[str], cc: str, ok: bool) -> None:
 def facts(image: str, vllm: str, ray: str | None = "2.60.0", cuda: str | None = None,
           archs: list[str] | None = None) -> ImageFacts:
     return ImageFacts(image, "sha256:" + "0" * 64, 3_500_000_000, "3.11.2", vllm, "2.13.0", cuda, ray, "5.0",
-                      archs or [], "", 0.5)
+                      archs or [], "", 0.5, ray_cli="/opt/venv/bin/ray" if ray else None, native_multinode=True)
 
 
 def registry(image: str, registered: bool, transformers: bool = False) -> RegistryProbe:
@@ -148,6 +148,23 @@ def test_classify_blocks_no_ray_and_missing_cuda_arch() -> None:
     assert v.status == LOADS and not v.usable
     assert any("no Ray" in b for b in v.blocking) and any("12.1" in b for b in v.blocking)
     assert classify(f, r, i, executor="mp", capabilities={}).usable
+
+
+def test_an_image_without_ray_serves_unless_the_params_ask_for_ray() -> None:
+    """Issue 45: stock vLLM images carry no Ray. Unset or mp: usable (04 forms no Ray, vLLM launches its own ranks);
+    ray: rejected naming the remedy; a module without its CLI is no Ray; no --nnodes across nodes is no way at all."""
+    r, i = registry("stock", True), inspection("stock", True)
+    stock = facts("stock", "0.33.0", ray=None)
+    assert classify(stock, r, i, executor=None, capabilities={}, multinode=True).usable
+    assert classify(stock, r, i, executor="mp", capabilities={}, multinode=True).usable
+    refused = classify(stock, r, i, executor="ray", capabilities={})
+    assert not refused.usable and "serve.executor: mp" in refused.blocking[0]
+    no_cli = dataclasses.replace(facts("half", "0.33.0"), ray_cli=None)
+    assert no_cli.ray is None and "without the ray CLI" in classify(no_cli, r, i, executor="ray",
+                                                                     capabilities={}).blocking[0]
+    old = dataclasses.replace(stock, native_multinode=False)
+    assert "has no --nnodes" in classify(old, r, i, executor=None, capabilities={}, multinode=True).blocking[0]
+    assert classify(old, r, i, executor=None, capabilities={}, multinode=False).usable, "one node needs no --nnodes"
 
 
 def test_choose_rejects_each_with_its_reason() -> None:

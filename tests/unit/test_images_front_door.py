@@ -23,7 +23,8 @@ ID = "sha256:" + "0" * 64
 
 
 def candidate(image: str, vllm: str, loads: bool) -> Candidate:
-    f = ImageFacts(image, ID, 3_500_000_000, "3.11.2", vllm, "2.13.0", None, "2.60.0", "5.0", [], "", 0.5)
+    f = ImageFacts(image, ID, 3_500_000_000, "3.11.2", vllm, "2.13.0", None, "2.60.0", "5.0", [], "", 0.5,
+                   ray_cli="/opt/venv/bin/ray", native_multinode=True)
     r = RegistryProbe(image, TARGET.architecture, "x", loads, "vllm.models.hy_v4" if loads else None, None, None,
                       loads, False, 400, 1.2)
     error = "" if loads else "Model architectures ['HYV4ForCausalLM'] are not supported for now."

@@ -89,7 +89,7 @@ def test_floor_holds_weights_kv_for_max_model_len_and_the_reserve(duo):
 def no_node_operations(monkeypatch):
     """bring_up's node operations replaced: a whole cluster, nothing serving, every launch spawned (wait_ready,
     patched by each test, decides how it ends)."""
-    monkeypatch.setattr(bringup, "lost", lambda *a: {})
+    monkeypatch.setattr(bringup, "lost", lambda *a, **kw: {})
     monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "nothing serving"))
     for name in ("stop_earlier", "stop_serving", "remember", "read_serving"):
         monkeypatch.setattr(bringup, name, lambda *a: None)

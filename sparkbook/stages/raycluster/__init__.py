@@ -1,6 +1,7 @@
 """04: the node containers (containers.py), Ray started in them, the join wait and the gate (formation.py), a
 running cluster kept when it is still right (keep.py), and the all_reduce test of the fabric under it
-(allreduce.py).
+(allreduce.py). Where vLLM launches its own ranks across the nodes (serve.executor mp, or an image without Ray:
+topology.without_ray, issue 45) no Ray starts anywhere: the containers, the fabric test and the hand-off alone.
 
 The front door: `preview(ctx)` (per node the container start it would make, its `ray start`, the env names, and
 whether the running cluster is kept; read-only probes) and `run(ctx, preview)`, which starts those very specs, forms
@@ -20,7 +21,7 @@ from ...core.nodes import Result
 from ...core.progress import Progress
 from ...core.runtime import StartSpec
 from ...core.state import Handoff
-from ...core.topology import LiveServer, address, live_server
+from ...core.topology import LiveServer, address, live_server, without_ray
 from . import allreduce, containers, formation, keep
 from .allreduce import AllReduceTest, FabricVerdict
 from .containers import NodeContainer, RayStageError
@@ -37,7 +38,8 @@ class NodeStart:
     ray: list[str]
 
     def row(self) -> dict[str, str]:
-        return {"node": self.spec.node, "node container": self.spec.command_line(), "ray start": shlex.join(self.ray),
+        return {"node": self.spec.node, "node container": self.spec.command_line(),
+                "ray start": shlex.join(self.ray) if self.ray else "- (no Ray)",
                 "env (names)": ", ".join(self.spec.env_names)}
 
 
@@ -51,9 +53,10 @@ class RayPreview:
     starts: list[NodeStart]
     kept: Reuse
     skip: str | None  # why the all_reduce test is skipped (one rank); None: it runs
-    address: str
+    address: str | None  # None: no Ray (no_ray says why)
     assumed: tuple[Handoff, ...] = ()
     live: LiveServer | None = None  # the server the containers 04 would replace still serve (None: none answers)
+    no_ray: str | None = None  # why no Ray forms (topology.without_ray); None: Ray forms
 
     @property
     def specs(self) -> dict[str, StartSpec]:
@@ -64,7 +67,8 @@ class RayPreview:
                 else f"started anew: {self.kept.reason}")
         return [Shown("Image (03)", {"image": self.image.ref, "id": self.image.id, "vLLM": self.image.vllm_version,
                                      "Ray": self.image.ray_version}),
-                Shown(f"Node containers and Ray (Ray address {self.address})", [s.row() for s in self.starts]),
+                Shown(f"Node containers and Ray (Ray address {self.address})" if self.no_ray is None else
+                      f"Node containers, no Ray: {self.no_ray}", [s.row() for s in self.starts]),
                 Shown("The running cluster", kept),
                 *([Shown("A live server in the containers 04 would replace", replacing(self.live, self.kept))]
                   if self.live and not self.kept.ok else []),
@@ -76,13 +80,15 @@ def preview(ctx: Context) -> RayPreview:
     previous run left is kept (read-only: the daemons, the containers and Ray are asked, nothing is started)."""
     choice = ctx.handoffs.need(ImageChoice)
     ctx = ctx.with_image(choice.ref)
+    no_ray = without_ray(ctx.params, choice.ray_version)
     specs = containers.start_specs(ctx)
-    starts = [NodeStart(specs[n.name], formation.ray_argv(ctx.params, n)) for n in ctx.params.nodes]
-    forms = RayCluster(address=address(ctx.params), containers={n: p.name for n, p in ctx.places.items()},
-                       reused=False, container_ids={}, nodes=[])
-    keeping = kept(ctx, choice.id)
+    starts = [NodeStart(specs[n.name], [] if no_ray else formation.ray_argv(ctx.params, n)) for n in ctx.params.nodes]
+    forms = RayCluster(address=None if no_ray else address(ctx.params),
+                       containers={n: p.name for n, p in ctx.places.items()}, reused=False, container_ids={}, nodes=[])
+    keeping = kept(ctx, choice.id, ray=no_ray is None)
     live = None if keeping.ok else live_server(ctx.params, ctx.cluster, ctx.runtime)
-    return RayPreview(choice, starts, keeping, allreduce.single_rank(ctx.params), forms.address, (forms,), live)
+    return RayPreview(choice, starts, keeping, allreduce.single_rank(ctx.params), forms.address, (forms,), live,
+                      no_ray)
 
 
 def replacing(live: LiveServer, keeping: Reuse) -> str:
@@ -90,11 +96,11 @@ def replacing(live: LiveServer, keeping: Reuse) -> str:
             f"04's containers anew ({keeping.reason}) stops that server: only with -p confirm_replace=true")
 
 
-def kept(ctx: Context, image_id: str | None) -> Reuse:
+def kept(ctx: Context, image_id: str | None, *, ray: bool) -> Reuse:
     """The running cluster and whether it is kept; never where 03's image ID is not known yet (a plan before 03)."""
     if image_id is None:
-        return Reuse([], {}, None, "the image's ID is not known before 03 has put it on every node")
-    return keep.reusable(ctx, image_id)
+        return Reuse([], {}, None, "the image's ID is not known before 03 has put it on every node", with_ray=ray)
+    return keep.reusable(ctx, image_id, ray=ray)
 
 
 # --- run -------------------------------------------------------------------------------------------
@@ -106,6 +112,7 @@ class RayOutcome(StageOutcome):
 
     kept: Reuse
     skip: str | None
+    no_ray: str | None = None  # why no Ray was formed (the Ray steps show it); None: Ray forms
     containers: list[NodeContainer] | None = None
     started: list[RayStart] | None = None
     join: Join | None = None
@@ -117,6 +124,8 @@ class RayOutcome(StageOutcome):
     ray: RayCluster | None = None
 
     def _stopped(self, title: str) -> list[Shown]:
+        if self.no_ray is not None and self.containers is not None:
+            return [Shown(title, f"no Ray on this path: {self.no_ray}")]
         why = self.error.message if self.error else "not reached"
         return [Shown(title, f"04 stopped at or before this step: {why}")]
 
@@ -127,7 +136,7 @@ class RayOutcome(StageOutcome):
 
     def ray_start_shown(self) -> list[Shown]:
         title = "ray start, per container"
-        if self.started is None:
+        if self.started is None or self.no_ray is not None:
             return self._stopped(title)
         return [Shown(title, [s.row() for s in self.started]
                       or "Ray already runs in every container: kept (see the decision)")]
@@ -167,10 +176,13 @@ class RayOutcome(StageOutcome):
 
     def summary_shown(self) -> list[Shown]:
         ray, join = self.ray, self.join
-        if ray is None or join is None:
-            return self._stopped("04 summary")
-        return [Shown("04 summary", {"Ray address": ray.address, "nodes joined": len(join.joined),
-                                     "join seconds": round(join.seconds, 1), "gate": "passed",
+        if ray is None or (join is None and self.no_ray is None):
+            return [Shown("04 summary", f"04 stopped at or before this step: "
+                                        f"{self.error.message if self.error else 'not reached'}")]
+        return [Shown("04 summary", {"Ray address": ray.address or f"none: {self.no_ray}",
+                                     "nodes joined": len(join.joined) if join else "-",
+                                     "join seconds": round(join.seconds, 1) if join else "-",
+                                     "gate": "passed" if join else "-",
                                      "fabric": self.fabric_line(), "containers": ", ".join(ray.containers.values())})]
 
     def fabric_line(self) -> str:
@@ -188,7 +200,8 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
     kept aside (event `containers_set_aside`) until 05's server answers, and a failure in 04 or 05 brings them back
     with their plan (runbook.rollback). A failure ends it as outcome.error, after the evidence gathered so far."""
     ctx = ctx.with_image(preview.image.ref)
-    out = RayOutcome(kept=preview.kept, skip=preview.skip)
+    out = RayOutcome(kept=preview.kept, skip=preview.skip, no_ray=preview.no_ray)
+    out.decide(ray_decision(preview))
     out.decide(preview.kept.decision(preview.image.id or ""))
     live = None if preview.kept.ok else preview.live  # the server that stops with the containers replaced
     if live is not None:
@@ -205,6 +218,19 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
     except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable
         out.error = exc
     return out
+
+
+def ray_decision(preview: RayPreview) -> Decision:
+    """Whether Ray forms: recorded either way, since a stock vLLM image has none (issue 45)."""
+    question, evidence = "Form a Ray cluster in the node containers?", [
+        f"image {preview.image.ref}: Ray {preview.image.ray_version or 'absent'}"]
+    if preview.no_ray is not None:
+        return Decision(question, "no Ray", preview.no_ray, [Alternative(
+            "form Ray", "nothing on this path uses it, and Ray busy-loops a CPU core on every node (vllm#21231)")],
+                        evidence, key="ray")
+    return Decision(question, "form Ray", "the image has Ray and serve.executor is not mp: 05 may serve with the "
+                    "Ray executor", [Alternative("no Ray", "set serve.executor: mp to serve with vLLM's own "
+                                                            "multi-node launch")], evidence, key="ray")
 
 
 def replace_decision(live: LiveServer, keeping: Reuse, confirmed: bool) -> Decision:
@@ -228,6 +254,8 @@ def form(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_server_at: 
     started_containers = preview.kept.containers if reused else \
         containers.start_containers(ctx, preview.specs, preview.image.id)
     out.containers = started_containers
+    if preview.no_ray is not None:
+        return _without_ray(ctx, preview, out, stopped_server_at)
     out.started = [] if reused and not preview.kept.starts_ray else formation.start_ray(ctx)
     with Progress("Ray nodes joined", total=len(ctx.params.nodes)) as bar:
         join = out.join = formation.wait_for_join(ctx, started_containers, out.started, on_round=bar.update)
@@ -241,6 +269,20 @@ def form(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_server_at: 
     if error is not None:
         return error
     out.ray = formation.summary(ctx, started_containers, join, reused=reused).model_copy(
+        update={"stopped_server_at": stopped_server_at})
+    out.handoffs.append(out.ray)
+    return None
+
+
+def _without_ray(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_server_at: str | None
+                 ) -> SparkbookError | None:
+    """No Ray: the containers stand, the fabric test proves the links 05's ranks will use, the hand-off has no
+    address."""
+    assert out.containers is not None
+    error = fabric(ctx, preview, out)
+    if error is not None:
+        return error
+    out.ray = formation.summary(ctx, out.containers, None, reused=preview.kept.ok).model_copy(
         update={"stopped_server_at": stopped_server_at})
     out.handoffs.append(out.ray)
     return None

@@ -289,13 +289,13 @@ def check(result: Gate) -> Gate:
     return result
 
 
-def summary(ctx: Context, containers: list[NodeContainer], join: Join, reused: bool = False) -> RayCluster:
-    """What later stages need: the Ray address, each node's container, and what Ray reports per node."""
-    params = ctx.params
-    seen = join.snapshot.by_name() if join.snapshot else {}
-    return RayCluster(address=address(params), containers={c.node: c.name for c in containers}, reused=reused,
-                      container_ids={c.node: c.id for c in containers},
+def summary(ctx: Context, containers: list[NodeContainer], join: Join | None, reused: bool = False) -> RayCluster:
+    """What later stages need: the Ray address, each node's container, and what Ray reports per node (`join`
+    None: no Ray was formed, the containers alone)."""
+    seen = join.snapshot.by_name() if join and join.snapshot else {}
+    return RayCluster(address=address(ctx.params) if join else None, containers={c.node: c.name for c in containers},
+                      reused=reused, container_ids={c.node: c.id for c in containers},
                       nodes=[JoinedNode(name=n, ip=seen[n].ip, resources={k: v for k, v in seen[n].resources.items()
                                                                          if k in ("CPU", "GPU", "memory")})
-                             for n in join.joined if n in seen])
+                             for n in (join.joined if join else []) if n in seen])
 

@@ -1,7 +1,8 @@
 """04's running cluster kept when still right: a Ray cluster a previous run formed is kept when it is still exactly
 what this stage would form (every node's container runs the chosen image with this stage's environment, every node in
 Ray, the gate passes); containers that are right with Ray in none of them (brought back from aside) are kept and Ray
-starts in them. Read-only: it asks the daemons and Ray, and starts or removes nothing."""
+starts in them. Where 04 forms no Ray (topology.without_ray) the containers alone are kept when right. Read-only: it
+asks the daemons and Ray, and starts or removes nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ class Reuse:
     join: Join | None
     reason: str | None = None  # why it cannot be reused (None when it can)
     starts_ray: bool = False  # the containers are right but Ray runs in none (brought back from aside): started there
+    with_ray: bool = True  # False: 04 forms no Ray (topology.without_ray), the containers alone
 
     @property
     def ok(self) -> bool:
@@ -39,13 +41,17 @@ class Reuse:
                             "chosen image with this stage's environment but Ray runs in none of them (containers "
                             "brought back, or restarted): Ray starts in them", [Alternative(
                                 "start new containers and Ray", "would remove containers that are right")], evidence)
+        if self.reason is None and not self.with_ray:
+            return Decision(question, "reused: the running containers", "every node's container runs the chosen "
+                            "image with this stage's environment, and no Ray runs on this path: nothing is restarted",
+                            [Alternative("start new containers", "would stop containers that are right")], evidence)
         if self.reason is None:
             return Decision(question, "reused: the running cluster", "every node's container runs the chosen image "
                             "with this stage's environment, every node is in Ray and the gate passes: nothing is "
                             "restarted", [Alternative("start new containers and Ray", "would tear down a healthy "
                                                       "cluster of the same image only to form it again")], evidence)
-        return Decision(question, "start new containers and Ray", self.reason,
-                        [Alternative("reuse the running cluster", self.reason)], evidence)
+        return Decision(question, "start new containers and Ray" if self.with_ray else "start new containers",
+                        self.reason, [Alternative("reuse the running cluster", self.reason)], evidence)
 
 
 def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_id: str) -> tuple[NodeContainer, str]:
@@ -68,20 +74,23 @@ def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_
         found.started_at
 
 
-def reusable(ctx: Context, image_id: str) -> Reuse:
+def reusable(ctx: Context, image_id: str, *, ray: bool = True) -> Reuse:
     """Whether the cluster a previous run formed is still right: every node's container runs `image_id` with
-    this stage's environment, its Ray runs, every node is in Ray and the gate passes on it."""
+    this stage's environment and (`ray`: 04 forms Ray) its Ray runs, every node is in Ray and the gate passes on it."""
     params, cluster, runtime = ctx.params, ctx.cluster, ctx.runtime
     if runtime.not_reusable:
-        return Reuse([], {}, None, runtime.not_reusable)
+        return Reuse([], {}, None, runtime.not_reusable, with_ray=ray)
     daemons = runtime.preflight(cluster)
     if daemons.failed:
-        return Reuse([], {}, None, daemons.errors())
+        return Reuse([], {}, None, daemons.errors(), with_ray=ray)
     where = ctx.places
     outcomes = cluster.fan_out(lambda n: _existing(params, runtime, n, where[n.name], image_id))
     bad = [f"{name}: {o.error}" for name, o in outcomes.items() if not o.ok]
     found = [o.value for o in outcomes.values() if o.ok and o.value is not None]
     containers, started = [c for c, _ in found], {c.node: at for c, at in found}
+    if not ray:
+        return Reuse(containers, started, None, "no running containers to reuse: " + "; ".join(bad) if bad else None,
+                     with_ray=False)
     gone = {} if bad else lost(params, cluster, runtime)
     if gone and len(gone) == len(params.nodes):  # every container right, Ray in none: start it there
         return Reuse(containers, started, None, starts_ray=True)

@@ -162,12 +162,13 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     a graph-capture OOM goes straight to --enforce-eager). `available`: each serving node's MemAvailable before the
     first launch (memory.before_launch); after a failed attempt every node must come back within serve.settle_gib of
     it (memory.settle) or nothing more is tried. `room`: what `make_room` found and stopped before (None: make room
-    here). Raises ServeError, launching nothing, when 04's Ray cluster is no longer whole (a node's container or Ray
-    process is gone), the serve port is taken on the head or serve.chat_template is not there."""
+    here). Raises ServeError, launching nothing, when 04's cluster is no longer whole (a node's container is gone, or
+    its Ray process where the Ray executor serves), the serve port is taken on the head or serve.chat_template is not
+    there."""
     params = ctx.params
-    gone = lost(params, ctx.cluster, ctx.runtime)
+    gone = lost(params, ctx.cluster, ctx.runtime, ray=serve_plan.executor == "ray")
     if gone:
-        raise ServeError("the Ray cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
+        raise ServeError("the cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
                          remediation="run 04 again to re-form it")
     room = room or make_room(ctx, serve_plan)
     if room.kept is not None:

@@ -28,11 +28,12 @@ class Platform:
     vllm: str
     torch: str | None
     gpus: int
+    ray: str | None  # Ray's version where the image has its module and CLI (stock vLLM images since 0.19: None)
 
     @property
     def evidence(self) -> list[str]:
         return [f"vllm {self.vllm}", f"torch {self.torch}", f"torch.cuda.is_available() = {self.device == 'cuda'}",
-                f"visible GPUs: {self.gpus}"]
+                f"visible GPUs: {self.gpus}", f"Ray {self.ray or 'absent'}"]
 
 
 def detect_platform(ctx: Context) -> Platform:
@@ -46,7 +47,7 @@ def detect_platform(ctx: Context) -> Platform:
                          f"{exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
                          node=node.name) from exc
     cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
-    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"])
+    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"], data.get("ray"))
 
 
 DEFAULT = "default"  # no --distributed-executor-backend: vLLM's own choice (one rank: its in-process executor)
@@ -58,8 +59,8 @@ def single_rank(settings: ServeSettings) -> bool:
 
 def choose_executor(ctx: Context, platform: Platform) -> tuple[str, Decision]:
     """An explicit serve.executor is what serves (Ray on vLLM's CPU build is refused before anything starts); an
-    unset one is chosen: vLLM's default with one rank in all, else Ray where the platform supports it, `mp`
-    multi-node on the CPU build."""
+    unset one is chosen: vLLM's default with one rank in all, else Ray where the platform supports it and the image
+    has Ray, `mp` multi-node on the CPU build and on an image without Ray (04 formed none: issue 45)."""
     wanted = ctx.params.serve.executor
     if wanted is None:
         return _chosen(ctx.params, platform)
@@ -93,9 +94,15 @@ def _chosen(params: Params, platform: Platform) -> tuple[str, Decision]:
     if platform.device == "cpu":
         return "mp", Decision(
             QUESTION, "mp" + multi, f"vLLM's CPU build refuses Ray as executor (`current platform cpu does not support "
-            f"ray`); the image is vLLM {platform.vllm}. Ray still runs in the node containers (04).",
+            f"ray`); the image is vLLM {platform.vllm}" + (". Ray still runs in the node containers (04)."
+                                                           if platform.ray else ", without Ray."),
             [Alternative("ray", "the image's platform is cpu: vLLM would refuse it at start-up")], evidence,
             key="executor")
+    if platform.ray is None:
+        return "mp", Decision(
+            QUESTION, "mp" + multi, f"the image has no Ray (the module and the ray CLI; stock vLLM images carry none "
+            f"since 0.19): vLLM {platform.vllm} starts its own ranks on every node and 04 formed no Ray",
+            [Alternative("ray", "the image has no Ray")], evidence, key="executor")
     return "ray", Decision(QUESTION, "ray", f"more than one rank on the {platform.device} platform: Ray places them "
                            "across the nodes 04 joined",
                            [Alternative("mp" + multi, "Ray is the default where it runs")], evidence, key="executor")

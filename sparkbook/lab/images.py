@@ -43,7 +43,8 @@ OLD = f"sparkbook-lab/vllm-cpu:{OLD_VLLM}"
 NEW = f"sparkbook-lab/vllm-cpu:{NEW_VLLM}"
 GRAFT = f"sparkbook-lab/vllm-cpu:{OLD_VLLM}-hyv4-graft"
 OPENAI = f"sparkbook-lab/vllm-openai-cpu:{NEW_VLLM}"   # NEW with ENTRYPOINT ["vllm", "serve"]
-LAB_IMAGES = (BASE, OLD, NEW, GRAFT, OPENAI)
+NO_RAY = f"{OPENAI}-noray"   # OPENAI without Ray: the stock image's shape since vLLM 0.19 (issue 45)
+LAB_IMAGES = (BASE, OLD, NEW, GRAFT, OPENAI, NO_RAY)
 
 LABEL = "org.sparkbook.lab"
 RECIPE_LABEL = f"{LABEL}.recipe"
@@ -79,6 +80,7 @@ def image_specs() -> list[ImageSpec]:
         ImageSpec(GRAFT, "grafted", "Dockerfile.graft", {"OLD": OLD, "NEW": NEW}, vllm=OLD_VLLM,
                   extra_labels={f"{LABEL}.grafted": f"HYV4ForCausalLM from vllm {NEW_VLLM}"}),
         ImageSpec(OPENAI, "entrypoint", "Dockerfile.entrypoint", {"BASE": NEW}, vllm=NEW_VLLM, min_free_gib=1.0),
+        ImageSpec(NO_RAY, "no-ray", "Dockerfile.noray", {"BASE": OPENAI}, vllm=NEW_VLLM, min_free_gib=1.0),
     ]
 
 

@@ -124,12 +124,12 @@ def inspection(image: str, ok: bool, *, cause: str = "", knows: bool = False) ->
                            f"ValueError: {error}" if error else "", error, cause, cause, knows, 5.0, 9.0)
 
 
-def candidate(image: str, vllm: str, status: str, **kw: object) -> Candidate:
+def candidate(image: str, vllm: str, status: str, executor: str | None = "ray", **kw: object) -> Candidate:
     f = facts(image, vllm, **kw)  # type: ignore[arg-type]
     r = registry(image, status != NOT_REGISTERED)
     i = inspection(image, status == LOADS, cause="ImportError: cannot import name 'x'" if status == FAILS_INSPECTION
                    else "", knows=True)
-    return Candidate(f, r, i, classify(f, r, i, executor="ray", capabilities={}))
+    return Candidate(f, r, i, classify(f, r, i, executor=executor, capabilities={}))
 
 
 def test_classify_the_three_cases_and_the_fallback_finding() -> None:
@@ -165,6 +165,13 @@ def test_an_image_without_ray_serves_unless_the_params_ask_for_ray() -> None:
     old = dataclasses.replace(stock, native_multinode=False)
     assert "has no --nnodes" in classify(old, r, i, executor=None, capabilities={}, multinode=True).blocking[0]
     assert classify(old, r, i, executor=None, capabilities={}, multinode=False).usable, "one node needs no --nnodes"
+
+
+def test_on_a_tie_of_vllm_versions_the_image_with_ray_wins_and_a_newer_one_without_it_serves() -> None:
+    d = choose([candidate("stock", "0.32.0", LOADS, None, ray=None), candidate("with-ray", "0.32.0", LOADS, None)], [])
+    assert d.choice == "with-ray" and "has no Ray" in d.alternatives[0].rejected_because
+    d = choose([candidate("stock", "0.33.0", LOADS, None, ray=None), candidate("with-ray", "0.32.0", LOADS, None)], [])
+    assert d.choice == "stock" and "Ray absent" in d.reason and "newer vLLM" in d.alternatives[0].rejected_because
 
 
 def test_choose_rejects_each_with_its_reason() -> None:

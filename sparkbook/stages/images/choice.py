@@ -424,15 +424,16 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
                             remediation="fix the node's NVIDIA driver or container toolkit first (`nvidia-smi` on the "
                                         "node, then `docker run --rm --gpus all IMAGE nvidia-smi`) and run 03 again"
                             if driver else None)
-    newest = max(usable, key=lambda c: (_version(c.facts.vllm_version), -candidates.index(c)))
+    # on a tie of vLLM versions the image with Ray: it serves either way, with Ray or vLLM's own launch (issue 45)
+    newest = max(usable, key=lambda c: (_version(c.facts.vllm_version), c.facts.ray is not None,
+                                        -candidates.index(c)))
     kept, why_not = keep_installed(usable, installed, installed_ids or {}) if policy == "keep_installed" \
         else (None, None)
     chosen = kept or newest
     alternatives = [Alternative(c.image, _reason(c) if not c.verdict.usable else
                                 f"also loads it; {chosen.image} is installed on every node as {_ids(installed_ids)} "
                                 "and loads it natively: a newer image was not needed" if kept else
-                                f"also loads it; {chosen.image} has the newer vLLM ({chosen.facts.vllm_version})")
-                    for c in candidates if c is not chosen]
+                                _older(c, chosen)) for c in candidates if c is not chosen]
     f, i = chosen.facts, chosen.inspection
     decided = ("image_policy keep_installed: the installed image loads the model on every node" if kept else
                f"image_policy {policy}: the newest usable candidate" + (f" ({why_not})" if why_not else ""))
@@ -441,6 +442,14 @@ def choose(candidates: list[Candidate], evidence: list[str], policy: str = "newe
               + (f"; {'; '.join(chosen.verdict.flags)}" if chosen.verdict.flags else ""))
     return Decision(f"Which image serves {i.architecture}?", chosen.image, reason, alternatives,
                     ["candidates table above (events.jsonl: image_probe)", *evidence], key="image")
+
+
+def _older(c: Candidate, chosen: Candidate) -> str:
+    """Why a usable candidate lost to the newest: an older vLLM, or the same one without Ray."""
+    if _version(c.facts.vllm_version) == _version(chosen.facts.vllm_version) and c.facts.ray is None:
+        return (f"also loads it, but has no Ray (the module and the ray CLI); {chosen.image} has the same vLLM "
+                f"({chosen.facts.vllm_version}) and Ray {chosen.facts.ray}")
+    return f"also loads it; {chosen.image} has the newer vLLM ({chosen.facts.vllm_version})"
 
 
 def image_policy(ctx: Context, recorded: str | None = None) -> tuple[str, str | None]:

@@ -1,0 +1,111 @@
+"""The native path (issue 45): a whole run of params/lab-native.yaml (its nodes and SSH those of this lab), whose only
+candidate that loads the model is shaped like the stock vLLM image since 0.19 (vLLM's ENTRYPOINT, no Ray module or
+CLI). 03 chooses it and records Ray as absent and --nnodes as there, 04 forms no Ray, 05 serves the two ranks with
+vLLM's own launch, 06 benchmarks it, and no Ray process runs in its containers. It runs beside the session's full run
+(its own cluster name and ports), whose deployment keeps answering."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from sparkbook import cli
+from sparkbook.core.evidence import read_events
+from sparkbook.core.params import Params, load_params
+from sparkbook.core.topology import container_name
+from sparkbook.lab.images import NO_RAY
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest
+
+pytestmark = pytest.mark.lab
+NATIVE = Path(__file__).resolve().parents[2] / "params" / "lab-native.yaml"
+# a Ray process's command line: raylet, the GCS, a `ray start`, a Ray worker (ray::...), Ray's dashboard or agents
+RAY_PROCESS = re.compile(r"raylet|gcs_server|\bray(::|\s+start)|ray/(dashboard|_private)")
+
+
+@pytest.fixture(scope="module")
+def native(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Params, Path, Manifest]]:
+    """The whole native run; its containers removed after the module (the full run's deployment is left serving)."""
+    import sparkbook.lab as sblab
+
+    data = yaml.safe_load(NATIVE.read_text())
+    lab_data = yaml.safe_load(sblab.params_file(2).read_text())
+    data.update(nodes=lab_data["nodes"], ssh=lab_data["ssh"])
+    data["serve"]["node_env"] = lab_data["serve"].get("node_env", {})
+    path = tmp_path_factory.mktemp("native-params") / "lab-native.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    t0 = time.monotonic()
+    run_dir, manifest = driver.run(path, out_root=tmp_path_factory.mktemp("native-outputs"),
+                                   parameters={"confirm_cleanup": True}, say=print)
+    print(f"native run: {time.monotonic() - t0:.0f} s; "
+          + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks))
+    params = load_params(path)
+    yield params, run_dir, manifest
+    for spec in params.nodes:
+        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+
+
+def _decision(manifest: Manifest, prefix: str, key: str) -> dict:
+    nb = next(n for n in manifest.notebooks if n.name.startswith(prefix))
+    return next(d for d in nb.decisions if d.get("key") == key)
+
+
+def test_all_six_ok_with_the_rayless_image_served_over_both_nodes(native, full_run) -> None:
+    params, run_dir, manifest = native
+    assert manifest.status == "ok", [(nb.name, nb.status, nb.exception) for nb in manifest.notebooks]
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["image"]["ref"] == NO_RAY and state["image"]["ray_version"] is None, state["image"]
+    assert state["ray"]["address"] is None and set(state["ray"]["containers"]) == {"lab-0", "lab-1"}
+    assert _decision(manifest, "04", "ray")["choice"] == "no Ray"
+    executor = _decision(manifest, "05", "executor")
+    assert executor["choice"] == "mp multi-node" and "no Ray" in executor["reason"], executor
+    commands = state["endpoint"]["commands"]
+    assert set(commands) == {"lab-0", "lab-1"} and "--headless" in commands["lab-1"], commands
+    for argv in commands.values():
+        text = " ".join(argv)
+        assert "--nnodes 2" in text and "--distributed-executor-backend mp" in text, text
+    reply = httpx.get(f"{state['endpoint']['base_url'].removesuffix('/v1')}/health", timeout=10)
+    assert reply.status_code == 200
+    first = json.loads((full_run[0] / "state.json").read_text())["endpoint"]
+    assert httpx.get(f"{first['base_url'].removesuffix('/v1')}/health", timeout=10).status_code == 200, \
+        "the other cluster's deployment was left alone"
+
+
+def test_03_records_ray_and_nnodes_for_each_candidate(native) -> None:
+    _, run_dir, _ = native
+    probes = {e["data"]["facts"]["image"]: e["data"]["facts"] for e in read_events(run_dir, "image_probe")}
+    stock = probes[NO_RAY]
+    assert stock["ray_version"] is None and stock["ray_cli"] is None and stock["native_multinode"] is True, stock
+    with_ray = next(f for image, f in probes.items() if image != NO_RAY)
+    assert with_ray["ray_version"] and with_ray["ray_cli"], with_ray
+
+
+def test_no_ray_process_runs_in_either_container(native, node_shells) -> None:
+    """Read from /proc (the stock-shaped image has no `ps` to trust), every process of each node's container."""
+    params, _, _ = native
+    for spec in params.nodes:
+        name = container_name(params, spec.name)
+        _, cmdlines, _ = node_shells[spec.name].run([
+            "docker", "exec", name, "sh", "-c",
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline 2>/dev/null; echo; done"])
+        lines = [line for line in cmdlines.splitlines() if line.strip()]
+        assert any("vllm" in line for line in lines), (spec.name, lines)
+        assert not [line for line in lines if RAY_PROCESS.search(line)], (spec.name, lines)
+        code, _, _ = node_shells[spec.name].run(["docker", "exec", name, "sh", "-c", "command -v ray"], check=False)
+        assert code != 0, f"{spec.name}: a ray CLI in the stock-shaped image"
+
+
+def test_status_reads_the_native_deployment(native, capsys: pytest.CaptureFixture[str]) -> None:
+    params, run_dir, manifest = native
+    code = cli.main(["status", manifest.params_file, "--outputs", str(run_dir.parent.parent)])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    print(text)
+    assert code == 0 and "/health answers 200" in text and "Traceback" not in text, text
+    assert text.count("not used") >= 2 and "PROBLEM" not in text, text

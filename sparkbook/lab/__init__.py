@@ -222,6 +222,14 @@ def status() -> LabStatus:
 # up / down / reset
 
 
+def _head_lacks(n: int) -> list[str]:
+    """The lab images the head of an N-node lab that is up does not hold."""
+    from . import images
+    head = next(s for s in cluster.node_specs(n) if s.role == "head")
+    held = set(node_images(head))
+    return [tag for tag in images.LAB_IMAGES if tag not in held]
+
+
 def _lab_is_up(n: int) -> bool:
     st = cluster.load_state()
     if st.get("n") != n:
@@ -367,10 +375,14 @@ def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = Fa
 
 
 def up(nodes: int = 2, progress: Progress = None) -> LabStatus:
-    """Bring an N-node lab up. On a lab that is up with N nodes: report its status, change nothing."""
+    """Bring an N-node lab up. On a lab that is up with N nodes and every lab image on its head: report its status,
+    change nothing."""
     t0 = time.monotonic()
     with _lock():
-        if _lab_is_up(nodes):
+        missing = _head_lacks(nodes) if _lab_is_up(nodes) else None
+        if missing:  # a lab from an older checkout: the image set grew since (the whole initial state again)
+            _say(progress, f"lab is up, but its head lacks {', '.join(missing)}: building and loading them")
+        elif missing is not None:
             _say(progress, f"lab is up with {nodes} nodes: nothing to do")
             st = _status()
             st.seconds = time.monotonic() - t0

@@ -64,7 +64,7 @@ def test_all_six_ok_with_the_rayless_image_served_over_both_nodes(native, full_r
     assert state["ray"]["address"] is None and set(state["ray"]["containers"]) == {"lab-0", "lab-1"}
     assert _decision(manifest, "04", "ray")["choice"] == "no Ray"
     executor = _decision(manifest, "05", "executor")
-    assert executor["choice"] == "mp multi-node" and "no Ray" in executor["reason"], executor
+    assert executor["choice"] == "mp multi-node" and "without Ray" in executor["reason"], executor
     commands = state["endpoint"]["commands"]
     assert set(commands) == {"lab-0", "lab-1"} and "--headless" in commands["lab-1"], commands
     for argv in commands.values():

@@ -11,7 +11,7 @@ import pytest
 from sparkbook.core.context import Context
 from sparkbook.core.errors import SparkbookError
 from sparkbook.core.evidence import Decision, Event
-from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice
+from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from sparkbook.core.modelinfo import ModelFacts
 from sparkbook.core.params import Params
 from sparkbook.stages import serve
@@ -145,6 +145,21 @@ def test_the_room_is_made_once_for_the_measure_and_the_launch(lab, tmp_path, mon
     assert bringup.bring_up(ctx, plan).ok and asked == ["find_running", "refuse_missing_files", "stop_earlier"]
 
 
+@pytest.mark.parametrize("address, checks_ray", [(None, False), ("10.0.0.1:6379", True), ("no hand-off", True)])
+def test_bring_up_checks_ray_unless_04_formed_none(lab, tmp_path, monkeypatch, address, checks_ray):
+    """A Ray that 04 formed and that died is a broken cluster even where mp serves (issue 45: only 04's record of
+    forming no Ray leaves it out); a context without 04's hand-off checks it, as 04 always formed Ray before."""
+    ctx = context(lab, tmp_path).with_image("img")
+    if address != "no hand-off":
+        ctx = ctx.with_handoffs(RayCluster(address=address, containers={"lab-0": "c0", "lab-1": "c1"}, reused=False,
+                                           container_ids={}, nodes=[]))
+    asked: list[bool] = []
+    monkeypatch.setattr(bringup, "lost", lambda *a, ray: asked.append(ray) or {"lab-0": "the Ray head is not running"})
+    with pytest.raises(commands.ServeError, match="the cluster of 04 is broken: lab-0: the Ray head"):
+        bringup.bring_up(ctx, commands.plan(ctx, "mp"))
+    assert asked == [checks_ray]
+
+
 def test_where_a_server_runs_its_stop_waits_for_the_image_s_vllm_to_accept_the_argv(lab, tmp_path, monkeypatch):
     """Issue 40, item 6: the argv vLLM refuses ends 05 before the running server stops (0 s without service)."""
     ctx = context(lab, tmp_path).with_image("img")
@@ -154,6 +169,7 @@ def test_where_a_server_runs_its_stop_waits_for_the_image_s_vllm_to_accept_the_a
     monkeypatch.setattr(bringup, "find_running", lambda *a: (None, "another plan"))
     monkeypatch.setattr(bringup, "refuse_missing_files", lambda *a: None)
     monkeypatch.setattr(bringup, "read_serving", lambda *a: serving)
+    monkeypatch.setattr(bringup, "answers", lambda s: s is serving)  # the recorded server still answers /health
     monkeypatch.setattr(bringup, "stop_earlier", lambda *a: asked.append("stop_earlier"))
     monkeypatch.setattr(bringup, "check_args", lambda ctx, p: asked.append("check_args") or bringup.ArgsCheck(
         {"lab-0": "vllm: error: unrecognized arguments: --planted"}, None, 2.0))

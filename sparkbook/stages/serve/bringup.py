@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...core import probes
 from ...core.context import Context
 from ...core.errors import ProbeOutputError
-from ...core.handoff import Endpoint
+from ...core.handoff import Endpoint, RayCluster
 from ...core.nodes import Node
 from ...core.params import ServeSettings
 from ...core.topology import lost
@@ -163,10 +163,11 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     first launch (memory.before_launch); after a failed attempt every node must come back within serve.settle_gib of
     it (memory.settle) or nothing more is tried. `room`: what `make_room` found and stopped before (None: make room
     here). Raises ServeError, launching nothing, when 04's cluster is no longer whole (a node's container is gone, or
-    its Ray process where the Ray executor serves), the serve port is taken on the head or serve.chat_template is not
+    its Ray process where 04 formed Ray), the serve port is taken on the head or serve.chat_template is not
     there."""
     params = ctx.params
-    gone = lost(params, ctx.cluster, ctx.runtime, ray=serve_plan.executor == "ray")
+    formed = ctx.handoffs.get(RayCluster)  # its Ray is checked unless 04 recorded forming none
+    gone = lost(params, ctx.cluster, ctx.runtime, ray=formed is None or formed.address is not None)
     if gone:
         raise ServeError("the cluster of 04 is broken: " + "; ".join(f"{n}: {why}" for n, why in gone.items()),
                          remediation="run 04 again to re-form it")

@@ -126,7 +126,7 @@ class BenchOutcome(StageOutcome):
     summary: BenchmarkSummary | None = None
     ab: AbResult | None = None
     soak: soak.SoakResult | None = None
-    soak_figures: dict[str, Figure] = field(default_factory=dict)  # soak.png, where a soak ran
+    soak_figures: dict[str, Figure] = field(default_factory=dict)  # rundir.SOAK_FIGURE, where a soak ran
 
     @property
     def single(self) -> SweepPoint | None:
@@ -244,7 +244,7 @@ def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome) -> bool:
     report = out.soak.report()
     out.handoffs.append(report)
     out.event("soak", report.model_dump())
-    out.soak_figures = {"soak.png": soakplot.soak_figure(out.soak)}
+    out.soak_figures = {rundir.SOAK_FIGURE: soakplot.soak_figure(out.soak)}
     if out.soak.failure:
         out.error = soak.SoakFailed(out.soak.failure.text(), node=out.soak.failure.node,
                                     remediation="read the lines above and the serve logs (sparkbook logs), bring the "

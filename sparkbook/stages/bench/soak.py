@@ -30,6 +30,7 @@ from ...core.handoff import Endpoint, SoakReport
 from ...core.nodes import Node, NodeError
 from ...core.params import SoakSettings, bearer
 from ...core.progress import Progress
+from ...core.rundir import SOAK_SERIES
 from ...core.runtime import Spawned
 from ...core.stagelist import BENCH
 from ...core.topology import places
@@ -40,7 +41,6 @@ from .sweep import prompt_pool
 
 DEAD_AFTER = 2  # consecutive samples without an answer (/health, the node's probe, its serving process) that end it
 MIN_ENDED = 10  # requests ended before the error rate is judged mid-soak (at the end: any number)
-SERIES = "soak.json"  # in the bench dir
 LOG_TAIL_BYTES = 3000
 HEALTH_TIMEOUT_S = 10.0
 
@@ -368,11 +368,11 @@ def _with_log(ctx: Context, endpoint: Endpoint, failure: Failure) -> Failure:
 def _save(bench_dir: Path, out: SoakResult) -> str:
     """The samples, windows and verdict as bench/soak.json; its path relative to the run dir's parent of bench."""
     bench_dir.mkdir(parents=True, exist_ok=True)
-    path = bench_dir / SERIES
+    path = bench_dir / SOAK_SERIES
     data = {"report": out.report().model_dump(exclude={"series"}), "windows": [asdict(w) for w in out.windows],
             "server": [asdict(s) for s in out.server],
             "nodes": [{**asdict(s), "kernel_lines": None} for s in out.nodes],
             "requests": [{"sent_at": r.sent_at, "ok": r.ok, "e2el_s": r.e2el_s, "ttft_s": r.ttft_s,
                           "output_tokens": r.output_tokens, "error": r.error or None} for r in out.records]}
     path.write_text(json.dumps(data, indent=1))
-    return f"{bench_dir.name}/{SERIES}"
+    return f"{bench_dir.name}/{SOAK_SERIES}"

@@ -154,3 +154,17 @@ def test_params_refuse_a_soak_beyond_the_served_context(tmp_path: Path) -> None:
     p = load_params(path)
     assert p.benchmark.soak_wait_s == 320 and p.benchmark.soak_concurrency == 4
     assert load_params(Path(__file__).parents[2] / "params" / "spark-duo.yaml").benchmark.soak_s == 1200
+
+
+def test_the_run_page_shows_the_soak_figure_only_where_the_run_soaked(tmp_path: Path) -> None:
+    from rundirs import make_run
+
+    from sparkbook.records import archive, pages
+
+    run_dir = make_run(tmp_path / "lab", "20261206T010000Z")
+    assert "<h2>Soak</h2>" not in pages.run_page(archive.read_run(run_dir))
+    (run_dir / "bench" / "soak.png").write_bytes(b"\x89PNG")
+    (run_dir / "bench" / "soak.json").write_text("{}")
+    page = pages.run_page(archive.read_run(run_dir))
+    assert '<a href="bench/soak.png">the soak over time</a>' in page and '<img src="bench/soak.png"' in page
+    assert '<a href="bench/soak.json">' in page

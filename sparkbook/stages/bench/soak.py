@@ -342,10 +342,13 @@ def _sample(ctx: Context, target: CompletionsServer, pool: ThreadPoolExecutor,
     def one(node: Node) -> NodeSample:
         return nodewatch.sample(node, before.get(node.name), serving.get(node.name), timeout)
 
-    jobs = [pool.submit(one, n) for n in ctx.cluster]
+    jobs = {n.name: pool.submit(one, n) for n in ctx.cluster}
     out.server.append(ask_server(target, bearer(ctx.params.serve.api_key_env)))
-    for job in jobs:
-        got = job.result(timeout=timeout + 30)
+    for name, job in jobs.items():
+        try:
+            got = job.result(timeout=timeout + 30)
+        except Exception as exc:  # a sample that raised or hung: the node did not answer (not the soak's end)
+            got = NodeSample(name, time.time(), unreachable=f"{type(exc).__name__}: {exc}"[:200])
         out.nodes.append(got)
         if not got.unreachable:
             before[got.node] = got.kernel_lines

@@ -168,3 +168,25 @@ def test_the_run_page_shows_the_soak_figure_only_where_the_run_soaked(tmp_path: 
     page = pages.run_page(archive.read_run(run_dir))
     assert '<a href="bench/soak.png">the soak over time</a>' in page and '<img src="bench/soak.png"' in page
     assert '<a href="bench/soak.json">' in page
+
+
+def test_the_soak_figure_draws_every_series_and_marks_the_failure(tmp_path: Path) -> None:
+    from sparkbook.core.params import BenchmarkSettings
+    from sparkbook.stages.bench import soakplot
+    from sparkbook.stages.bench.clocks import GpuSample
+
+    r = soak.SoakResult(BenchmarkSettings(soak_s=40, soak_sample_s=2), started_at=1000.0, ended_at=1030.0)
+    r.records = [_streamed(1000.0 + i, 10, 3) for i in range(25)]
+    r.nodes = [_node("lab-0", 1000 + 2 * k, mem_available_gib=10.0, notes=[nodewatch.NO_GPUS]) for k in range(15)]
+    r.nodes += [_node("spark-b", 1000 + 2 * k, mem_available_gib=5.0, swap_used_gib=0.1, psi_some=1.0,
+                      psi_full=0.5, gpus=[GpuSample("spark-b", 0, 2400, 70, 90)]) for k in range(15)]
+    r.server = [ServerSample(1000 + 2 * k, True, None, 2, 0) for k in range(14)] + [ServerSample(1030, False, "x")]
+    r.windows = soak.windows(r.records, r.ended_at, soak.window_length(40))
+    r.failure = soak.Failure("engine dead", "lab-0", 1028.0, "the server stopped answering")
+    fig = soakplot.soak_figure(r)
+    fig.savefig(tmp_path / "soak.png")
+    axes = fig.get_axes()
+    assert [a.get_title() for a in axes[:5]] == ["Throughput", "Memory", "Memory pressure (PSI)",
+                                                 "Server queue (/metrics)", "GPU clocks, temperature, power"]
+    assert all(any(line.get_color() == "red" for line in a.get_lines()) for a in axes[:5]), "the failure's line"
+    assert r.report().worst_tok_s is not None and (tmp_path / "soak.png").stat().st_size > 10000

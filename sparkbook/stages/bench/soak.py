@@ -81,7 +81,7 @@ class Failure:
     def text(self) -> str:
         where = f" on {self.node}" if self.node else ""
         lines = "".join(f"\n  {line}" for line in self.lines)
-        return f"soak failed: {self.rule}{where} at {self.time} UTC: {self.message}{lines}"
+        return f"soak failed: {self.rule}{where} at {self.time}: {self.message}{lines}"
 
 
 @dataclass(frozen=True)

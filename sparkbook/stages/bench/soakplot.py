@@ -7,7 +7,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .soak import SoakResult, token_times
+from .soak import SoakResult, token_times, window_length
 
 
 def _minutes(at: float, start: float) -> float:
@@ -26,8 +26,10 @@ def _throughput(ax: Any, r: SoakResult, start: float) -> None:
             label=f"per {step:g} s")
     if r.windows:
         first = min(at for at, _ in chunks)
-        ax.step([_minutes(first + w.start_s, start) for w in r.windows], [w.tok_s for w in r.windows], where="post",
-                label="per window")
+        length = window_length(r.settings.soak_s)
+        edges = [w.start_s for w in r.windows] + [r.windows[-1].start_s + length]
+        ax.step([_minutes(first + e, start) for e in edges], [w.tok_s for w in r.windows] + [r.windows[-1].tok_s],
+                where="post", label=f"per {length:g}-s window")
     ax.set_ylabel("output tok/s")
     ax.set_title("Throughput")
 

@@ -337,7 +337,7 @@ def _sample(ctx: Context, target: CompletionsServer, pool: ThreadPoolExecutor,
             serving: dict[str, Callable[[], bool]], before: dict[str, list[str]], out: SoakResult) -> None:
     """One sample of every node (in parallel, each under its timeout) and of the server; each node's kernel tail
     kept for the next sample's new lines."""
-    timeout = max(10.0, 2 * ctx.params.benchmark.soak_sample_s)
+    timeout = max(15.0, 3 * ctx.params.benchmark.soak_sample_s)  # a loaded node answers late; a frozen one never
 
     def one(node: Node) -> NodeSample:
         return nodewatch.sample(node, before.get(node.name), serving.get(node.name), timeout)

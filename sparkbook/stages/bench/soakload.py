@@ -15,6 +15,7 @@ from ...core.benchstats import RequestRecord
 from .client import CompletionsServer, make_prompts, one_request
 
 STOP_POLL_S = 0.5
+FAILED_PAUSE_S = 1.0  # a stream's pause after a failed request
 
 
 async def _streams(target: CompletionsServer, pool: list[int], concurrency: int, context: int, output_len: int,
@@ -24,8 +25,10 @@ async def _streams(target: CompletionsServer, pool: list[int], concurrency: int,
             sent = 0
             while time.time() < until and not stop.is_set():
                 prompt = make_prompts(pool, 1, context, seed=index * 1_000_003 + sent)[0]
-                records.append(await one_request(session, target, prompt, output_len))
+                records.append(record := await one_request(session, target, prompt, output_len))
                 sent += 1
+                if not record.ok:  # a dead server refuses at once: pause rather than send hundreds of requests a second
+                    await asyncio.sleep(FAILED_PAUSE_S)
 
         streams = [asyncio.create_task(stream(i)) for i in range(concurrency)]
         while not all(s.done() for s in streams):

@@ -514,10 +514,11 @@ class Params(Strict):
         if draft and isinstance(self.runtime, DockerRuntime) and not draft.startswith(cache):
             problems.append(f"serve.speculative.model: {draft} is not under model.cache_dir ({self.model.cache_dir}), "
                             "the only host directory the node containers mount")
-        problems += self._ab_problems() + self._soak_problems()
+        problems += self._ab_problems()
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")
+        problems += self._soak_problems()
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -535,6 +536,10 @@ class Params(Strict):
             problems.append("benchmark.ab_decide_at: set without benchmark.ab (no A/B to decide)")
         return problems
 
+    def without_speculation(self) -> Params:
+        """The same plan with serve.speculative off: the A/B's baseline arm."""
+        return self.model_copy(update={"serve": self.serve.model_copy(update={"speculative": None})})
+
     def _soak_problems(self) -> list[str]:
         """A soak request must fit the served context, or every one of them fails and the soak measures nothing."""
         bench, limit = self.benchmark, self.serve.max_model_len
@@ -542,10 +547,6 @@ class Params(Strict):
             return [f"benchmark.soak_context: {bench.soak_context} + soak_output_len {bench.soak_output_len} is more "
                     f"than serve.max_model_len {limit}; lower soak_context"]
         return []
-
-    def without_speculation(self) -> Params:
-        """The same plan with serve.speculative off: the A/B's baseline arm."""
-        return self.model_copy(update={"serve": self.serve.model_copy(update={"speculative": None})})
 
     @property
     def head(self) -> NodeSpec:

@@ -27,8 +27,11 @@ from ...core.params import BenchmarkSettings
 from ...core.progress import Progress
 from ...core.state import Handoff
 from ...core.sweeppoint import SweepPoint, read_points
-from . import ab, plot, soak, soakplot, sweep, tables
+from . import ab, plot, sweep, tables
 from .client import CompletionsServer, served_models
+from .soak import SoakFailed, SoakResult
+from .soak import run as run_soak
+from .soakplot import soak_figure
 from .sweep import BenchmarkError, Point
 
 NO_AB = "no A/B in this run (benchmark.ab is not set, or the run did not include both 05 and 06)"
@@ -120,13 +123,13 @@ class BenchOutcome(StageOutcome):
     fabric: list[dict[str, object]] = field(default_factory=list)
     figures: dict[str, Figure] = field(default_factory=dict)
     load_generators: Decision | None = None
+    soak: SoakResult | None = None
+    soak_figures: dict[str, Figure] = field(default_factory=dict)  # rundir.SOAK_FIGURE, where a soak ran
     earlier_dir: Path | None = None
     looked_in: Path | None = None  # where the earlier run was looked for: the cluster's outputs
     comparison: SweepComparison | None = None
     summary: BenchmarkSummary | None = None
     ab: AbResult | None = None
-    soak: soak.SoakResult | None = None
-    soak_figures: dict[str, Figure] = field(default_factory=dict)  # rundir.SOAK_FIGURE, where a soak ran
 
     @property
     def single(self) -> SweepPoint | None:
@@ -238,15 +241,15 @@ def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:
 
 def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome) -> bool:
     """The soak after the sweep, its report handed on and recorded; True where it failed (the outcome's error)."""
-    out.soak = soak.run(ctx, target, out.paths[0].parent, out.ab_arm)
+    out.soak = run_soak(ctx, target, out.paths[0].parent, out.ab_arm)
     if out.soak.skipped:
         return False
     report = out.soak.report()
     out.handoffs.append(report)
     out.event("soak", report.model_dump())
-    out.soak_figures = {rundir.SOAK_FIGURE: soakplot.soak_figure(out.soak)}
+    out.soak_figures = {rundir.SOAK_FIGURE: soak_figure(out.soak)}
     if out.soak.failure:
-        out.error = soak.SoakFailed(out.soak.failure.text(), node=out.soak.failure.node,
+        out.error = SoakFailed(out.soak.failure.text(), node=out.soak.failure.node,
                                     remediation="read the lines above and the serve logs (sparkbook logs), bring the "
                                     "deployment back (sparkbook up) and lower benchmark.soak_context or "
                                     "soak_concurrency, or serve.gpu_memory_utilization, where memory ran out")

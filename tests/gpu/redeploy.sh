@@ -38,7 +38,7 @@ run() {  # run TAG PARAMS [args]: the runbook, server kept up
   gap start "$tag"
   KEEP=1 TAG="$tag" BUDGET="${BUDGET:-500}" bash "$HERE/run_runbook.sh" "$params" "$@" | grep -v "^  \|WARNING" | tail -12
   gap stop "$tag"
-  echo "ray processes on the host: $(grep -laE 'raylet|gcs_server|ray::' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+  echo "ray processes on the host: $(grep -laE '[r]aylet|[g]cs_server|[r]ay::' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
   "$PY" - "$CLUSTER" <<'EOF3'
 import glob, json, os, sys
 d = max(glob.glob(f"/tmp/sparkbook-runs/{sys.argv[1]}/*/"), key=os.path.getmtime)

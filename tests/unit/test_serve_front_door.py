@@ -14,8 +14,8 @@ from sparkbook.core.evidence import Decision, Event
 from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from sparkbook.core.modelinfo import ModelFacts
 from sparkbook.core.params import Params
-from sparkbook.stages import serve
 from sparkbook.core.qualityapi import QualityReport
+from sparkbook.stages import serve
 from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
 from sparkbook.stages.serve.failures import classify

@@ -70,10 +70,12 @@ class ServePreview:
     replacing: Replacement | None  # the live server of another plan this one would replace
     caches: str  # the compile caches' dir on every node (a replacement and `up` start warm from it)
     assumed: tuple[Handoff, ...] = ()
+    checks: dict[str, object] = field(default_factory=dict)  # the answers checked at depth and their reference
 
     def shown(self) -> list[Shown]:
         return [Shown("Where 05 serves", self.where()), Shown("Executor", self.executor_row()),
-                Shown(self.commands_title(), self.plan.table()), *self.replacement()]
+                Shown(self.commands_title(), self.plan.table()), *self.replacement(),
+                Shown("Answers checked at depth, after the smoke test", self.checks)]
 
     def where(self) -> dict[str, object]:
         ray, unknown = self.ray, f"not known: no RayCluster of {RayCluster.notebook} in this run dir"
@@ -114,7 +116,8 @@ def preview(ctx: Context) -> ServePreview:
     floor = utilization_floor(model, ctx.params, diagnosis.node_memory) if model and diagnosis else None
     endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
     return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
-                        serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,))
+                        serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,),
+                        quality.planned(ctx, serve_plan))
 
 
 # --- run -------------------------------------------------------------------------------------------

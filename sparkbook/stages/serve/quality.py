@@ -10,7 +10,7 @@ import httpx
 
 from ...core.context import Context
 from ...core.evidence import Alternative, Decision, now
-from ...core.quality import Reference, answers_verdict, reference_key, settings_shown
+from ...core.quality import Reference, answers_verdict, known_answers_skipped, reference_key, settings_shown
 from ...core.qualityapi import QualityReport, check, load_reference, save_reference
 from .commands import ServeError, ServePlan
 from .smoke import smoke_tokens
@@ -79,6 +79,16 @@ def decision(ctx: Context, plan: ServePlan, image: str, reference: Reference | N
                     "05's checks pass, and later runs compare with them",
                     [Alternative("compare with another plan's reference", "a changed dtype, parallel size, window or "
                                  "quantization changes greedy tokens by design")], evidence, key="quality")
+
+
+def planned(ctx: Context, plan: ServePlan) -> dict[str, object]:
+    """What the checks will do, for the preview: off, or the settings, the known answers' skip and the reference."""
+    check = plan.settings.quality
+    if not check.enabled:
+        return {"checked": "no: serve.quality.enabled is false"}
+    key, reference = reference_for(ctx, plan)
+    return {**settings_shown(check), "known answers": known_answers_skipped(plan.settings) or "asked at each depth",
+            "reference": f"run {reference.run}'s ({key})" if reference else f"none yet for {key}: this run records it"}
 
 
 def reference_for(ctx: Context, plan: ServePlan) -> tuple[str, Reference | None]:

@@ -159,3 +159,32 @@ def test_bad_quality_settings_name_the_field(tmp_path: Path) -> None:
         load_params(path)
     fields = {p.field for p in err.value.problems}
     assert {"serve.quality.depths", "serve.quality.min_agreement"} <= fields, err.value
+
+
+class Reader:
+    """A server as `known_answers` sees it: a token per word (the chat template adds 10), a window of 2048, and a
+    model that answers with the number after "is" in the fact it was given (none where the fact is missing)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def tokenize(self, body: dict) -> dict:
+        text = body["messages"][0]["content"] if "messages" in body else body["prompt"]
+        count = len(text.split()) + (10 if "messages" in body else 0)
+        return {"count": count, "tokens": list(range(count)), "max_model_len": 2048}
+
+    def chat(self, text: str, max_tokens: int) -> tuple[str, str]:
+        self.asked.append(text)
+        words = text.split("blue door is ")
+        return (words[1][:4] if len(words) > 1 else "I do not know"), "stop"
+
+
+def test_each_depth_s_prompt_fits_the_window_less_the_answer_and_holds_the_fact_where_asked() -> None:
+    api = Reader()
+    answers = qualityapi.known_answers(api, settings(), 2048, 32)  # type: ignore[arg-type]
+    assert [a.depth for a in answers] == [0.1, 0.5, 1.0] and all(a.found for a in answers)
+    assert all(a.prompt_tokens <= 2048 - 32 for a in answers), [a.prompt_tokens for a in answers]
+    assert answers[-1].prompt_tokens > 0.95 * (2048 - 32) and answers[0].prompt_tokens < 0.15 * 2048
+    middle = api.asked[1].split("\n\n")[0]
+    at = middle.index(quality.fact(answers[1].answer))
+    assert 0.45 < at / len(middle) < 0.55, "the fact sits in the middle of the filler"

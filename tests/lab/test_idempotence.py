@@ -17,6 +17,7 @@ import yaml
 
 from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
+from sparkbook.core.rundir import QUALITY
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
@@ -46,10 +47,12 @@ def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPat
     assert first.status == "ok", "the first run must succeed before a second can reuse it"
     params = load_params(first.params_file)
     before = _node_state(node_shells, params, first_dir)
+    out_root = tmp_path_factory.mktemp("second")
+    shutil.copytree(first_dir.parent / QUALITY, out_root / params.cluster / QUALITY)  # a later run of the cluster
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     t0 = time.monotonic()
     try:
-        run_dir, manifest = driver.run(Path(first.params_file), out_root=tmp_path_factory.mktemp("second"),
+        run_dir, manifest = driver.run(Path(first.params_file), out_root=out_root,
                                         upto="05", parameters={"confirm_cleanup": True}, say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
@@ -68,6 +71,16 @@ def test_second_run_succeeds(second) -> None:
     assert [nb.status for nb in manifest.notebooks if not nb.status.startswith("skipped")] == ["ok"] * 5, \
         json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
     assert [nb.name for nb in manifest.notebooks if nb.status == "ok"] == driver.notebook_names()[:5]
+
+
+def test_the_second_run_s_answers_agree_with_the_first_run_s_reference(full_run, second) -> None:
+    """Issue 41, item 2: the first run recorded the greedy tokens of its model and plan; the second (the same
+    server, reused) compares with them and passes, every top-1 token the same."""
+    first_dir, _ = full_run
+    _, _, run_dir, _, _, _ = second
+    (check,) = [e["data"] for e in read_events(run_dir, "quality_check")]
+    assert check["problem"] is None and check["reference"]["run"] == first_dir.name and check["recorded"] is None
+    assert check["agreement"] and all(r["share"] == "100%" for r in check["agreement"]), check["agreement"]
 
 
 def test_02_counts_what_the_first_run_s_server_holds_as_free(full_run, second) -> None:

@@ -76,7 +76,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     run_dir, manifest = driver.run(Path(args.params), out_root=Path(args.outputs), resume=args.resume,
-                                    start=args.start, only=args.only, parameters=dict(args.parameter or []),
+                                    start=args.start, only=args.only, upto=args.upto,
+                                    parameters=dict(args.parameter or []),
                                     break_lock=args.break_lock)
     print(f"run dir: {run_dir}\nindex:   {run_dir / INDEX}")
     if args.archive:
@@ -343,6 +344,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--parameter", type=_parameter, action="append", metavar="NAME=VALUE",
                      help="notebook parameter, e.g. -p confirm_cleanup=true")
     run.add_argument("--from", dest="start", metavar="NN", help="start at notebook NN")
+    run.add_argument("--to", dest="upto", metavar="NN", help="stop after notebook NN (with --from: NN..MM)")
     run.add_argument("--only", metavar="NN", help="run only notebook NN")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run at its first failed notebook")
     run.add_argument("--outputs", default="outputs", help="where run dirs go (default: outputs/)")

@@ -250,6 +250,30 @@ class SmokeCheck(Strict):
                             "with a call of the test's tool, parsed into tool_calls")
 
 
+class QualityCheck(Strict):
+    """05's answers checked at depth, after its smoke test: known answers (a fact in generated filler, asked back
+    at each depth) and greedy agreement with the first ok run's tokens for this model and plan (core.quality)."""
+
+    enabled: bool = Field(True, description="run the checks (false: 05 records that they did not run)")
+    known_answers: bool = Field(True, description="ask the fact back at each depth (skipped anyway for dummy "
+                                "weights and where serve.smoke.expect is null: a model that cannot answer)")
+    depths: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        [0.1, 0.5, 1.0], min_length=1, max_length=8, description="known-answer prompt lengths as shares of the "
+        "served window (serve.max_model_len, else the server's), less the answer's tokens: 1.0 is the whole window")
+    fact_position: float = Field(0.5, ge=0, le=1, description="where the fact sits in the filler (0: first, 1: last)")
+    agreement_tokens: int = Field(32, ge=4, le=512, description="greedy tokens per prompt of the agreement check")
+    min_agreement: float = Field(0.9, gt=0, le=1, description="share of identical top-1 tokens (each position under "
+                                 "the reference's tokens before it) below which 05 fails, naming the prompt")
+    timeout_s: float = Field(600, gt=0, le=7200, description="one request's limit (a prefill at the whole window)")
+
+    @field_validator("depths")
+    @classmethod
+    def _distinct(cls, value: list[float]) -> list[float]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} names a depth twice")
+        return sorted(value)
+
+
 DRAFTED = ("eagle", "eagle3", "draft_model")  # speculative methods that load a draft model or head of their own
 
 
@@ -314,6 +338,7 @@ class ServeSettings(Strict):
     smoke_max_tokens: int | None = Field(None, ge=1, le=32768, description="tokens per smoke-test request (default: "
                                          "1024 with a reasoning parser, where the model thinks first; 32 without)")
     smoke: SmokeCheck = SmokeCheck()
+    quality: QualityCheck = QualityCheck()
     speculative: Speculative | None = Field(None, description="speculative decoding, passed as --speculative-config "
                                             "(null: none)")
     extra_args: list[Arg] = []

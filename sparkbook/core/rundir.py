@@ -23,6 +23,7 @@ SOAK_FIGURE = "soak.png"  # 06's soak over time, in bench/ beside its series (so
 AB_BASELINE = "ab-baseline"  # the A/B's baseline arm (benchmark.ab): its 06 keeps its sweep points in its own bench/
 RESTORE_PLAN = "restore-plan.json"  # 01's plan of what it stopped, for `sparkbook restore`
 RESTORE_SCRIPT = "restore.sh"  # the same steps as a shell script, for a node without sparkbook
+QUALITY = "quality"  # beside the cluster's runs: the agreement check's references, one file per key (core.qualityapi)
 INTERACTIVE = "interactive"  # the run dir of notebooks opened by hand (no driver, no run id)
 RUN_ID = re.compile(r"^\d{8}T\d{6}Z$")
 
@@ -45,6 +46,11 @@ def point_file(run_dir: Path, concurrency: int) -> Path:
 def point_files(run_dir: Path) -> list[Path]:
     """The sweep point files of a run dir (none when 06 did not run there)."""
     return sorted((run_dir / BENCH).glob("c*.json"))
+
+
+def quality_reference(run_dir: Path, key: str) -> Path:
+    """Where the agreement check's reference for `key` lies: in the cluster's outputs, beside `run_dir`."""
+    return run_dir.parent / QUALITY / f"{key}.json"
 
 
 def earlier_run(run_dir: Path) -> Path | None:

@@ -17,8 +17,9 @@ _VLLM_VERSION = "import importlib.metadata as m; print('vLLM ' + m.version('vllm
 PLACE_FILE = "place.json"  # in the place's dir: what `start` made it with, for `existing` (04's keep)
 # The place's session IDs, read only from a dir of this user's own that no one else may write (no symlink): the IDs
 # drive `pkill -s`, and /tmp is anyone's.
-SIDS_SH = ('[ -d "$0" ] && [ ! -L "$0" ] && [ -O "$0" ] && [ -z "$(find "$0" -maxdepth 0 -perm /022)" ] && '
-           '[ -O "$0/sids" ] && cat "$0/sids"')
+OURS_SH = '[ -d "$0" ] && [ ! -L "$0" ] && [ -O "$0" ] && [ -z "$(find "$0" -maxdepth 0 -perm /022)" ]'
+SIDS_SH = OURS_SH + ' && [ -O "$0/sids" ] && cat "$0/sids"'
+RECORD_SH = OURS_SH + f' && [ -O "$0/{PLACE_FILE}" ]'
 
 
 class PythonNodes:
@@ -51,8 +52,8 @@ class PythonNodes:
             identity, env, since = record["identity"], record["env"], record["started_at"]
         except (ValueError, KeyError, TypeError):
             return None
-        return Existing(place.name, "running" if self.alive(node, place) else "exited", identity or "", env, [],
-                        since)
+        return Existing(place.name, "running" if self._sessions_live(node, place) else "exited", identity or "", env,
+                        [], since)
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         bindir = self.spec.python.rsplit("/", 1)[0]
@@ -122,6 +123,13 @@ class PythonNodes:
         return node.run(argv, timeout=30).stdout
 
     def alive(self, node: Node, place: Place) -> bool:
+        """The place stands from its start to its stop (its dir, ours alone, holds the record), whether or not a
+        process runs in it: on vLLM's own launch 04 starts places and nothing runs in them until 05 (an H200 run's 05
+        found its places 'not running' by their sessions and stopped). A dir without the record stands while a
+        session it spawned lives."""
+        return node.run(["sh", "-c", RECORD_SH, self._dir(place)], timeout=30).ok or self._sessions_live(node, place)
+
+    def _sessions_live(self, node: Node, place: Place) -> bool:
         return any(node.run(["pgrep", "-s", sid], timeout=30).ok for sid in self._sids(node, place))
 
     def stop(self, node: Node, place: Place) -> bool:

@@ -114,7 +114,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
             return run_dir, manifest
         # from the first that did not run ok, in the recorded order (an A/B's arms included)
         todo = recorded[recorded.index(first_bad):] if first_bad and not start and not only \
-            else arms.with_arms(select(names, start, only), params)
+            else arms.with_arms(select(names, start, only, upto), params)
         parameters = {**manifest.parameters, **parameters}
         run_id = manifest.run_id
     else:

@@ -62,11 +62,14 @@ class Manifest:
 
     def close(self, selected: list[str], only: str | None) -> None:
         """Each notebook's final status once the run stops: those never reached are `not run` (after a failure) or
-        `skipped (--only NN / --from NN)`; the run is failed, partial (not every notebook ran ok) or ok."""
-        skipped = f"skipped (--only {only})" if only else f"skipped (--from {selected[0][:2]})"
-        for nb in self.notebooks:
+        `skipped (--only NN / --from NN / --to NN)`; the run is failed, partial (not every notebook ran ok) or ok."""
+        names = [nb.name for nb in self.notebooks]
+        first, last = names.index(selected[0]), names.index(selected[-1])
+        for i, nb in enumerate(self.notebooks):
             if nb.status in ("pending", "running"):
-                nb.status = NOT_RUN if nb.name in selected else skipped
+                nb.status = (NOT_RUN if nb.name in selected else f"skipped (--only {only})" if only
+                             else f"skipped (--from {selected[0][:2]})" if i < first
+                             else f"skipped (--to {selected[-1][:2]})" if i > last else NOT_RUN)
         failed = any(nb.status == "failed" for nb in self.notebooks)
         self.status = "failed" if failed else "ok" if all(nb.status == "ok" for nb in self.notebooks) else "partial"
 

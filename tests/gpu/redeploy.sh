@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device (kind nvidia-h200), after stage.sh installed everything: issue 40's second deploy on one H200,
 # one step per device call (each under the call's 600 s), back to back:
-#   bash tests/gpu/redeploy.sh first      a whole run of params/h200-one.yaml (a shorter benchmark), server left up
+#   bash tests/gpu/redeploy.sh first      a whole run of $BASE (params/h200-one.yaml unless BASE names another;
+#                                         a shorter benchmark), server left up
 #   bash tests/gpu/redeploy.sh second     a whole second run, serve.max_num_seqs changed, confirm_replace
 #   bash tests/gpu/redeploy.sh from05     a new run --from 05 (the second's plan: kept) and one with a planted
 #                                         argument vLLM refuses (05 ends before the stop: 0 s without service)
@@ -15,10 +16,12 @@ source "$HERE/env.sh"
 cd "$REPO"
 OUT="${OUT:-/tmp/out_local}"; mkdir -p "$OUT"
 STEP="${1:?first|second|from05|rollback}"
+BASE="${BASE:-params/h200-one.yaml}"   # params/h200-one-mp.yaml: the same sequence with vLLM's own launch, no Ray
 P=/tmp/redeploy; mkdir -p "$P"
-"$PY" - "$P" <<'EOF2'
+CLUSTER=$("$PY" -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["cluster"])' "$BASE")
+"$PY" - "$P" "$BASE" <<'EOF2'
 import copy, sys, yaml
-base = yaml.safe_load(open("params/h200-one.yaml"))
+base = yaml.safe_load(open(sys.argv[2]))
 base["benchmark"].update(num_prompts=32, concurrency=[1, 16], output_len=128)  # 06 in under a minute
 second = copy.deepcopy(base); second["serve"]["max_num_seqs"] = 64
 planted = copy.deepcopy(second); planted["serve"]["extra_args"] = [*second["serve"]["extra_args"], "--planted-flag"]
@@ -35,13 +38,17 @@ run() {  # run TAG PARAMS [args]: the runbook, server kept up
   gap start "$tag"
   KEEP=1 TAG="$tag" BUDGET="${BUDGET:-500}" bash "$HERE/run_runbook.sh" "$params" "$@" | grep -v "^  \|WARNING" | tail -12
   gap stop "$tag"
-  "$PY" - <<'EOF3'
-import glob, json, os
-d = max(glob.glob("/tmp/sparkbook-runs/h200-one/*/"), key=os.path.getmtime)
+  echo "ray processes on the host: $(grep -laE '[r]aylet|[g]cs_server|[r]ay::' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+  "$PY" - "$CLUSTER" <<'EOF3'
+import glob, json, os, sys
+d = max(glob.glob(f"/tmp/sparkbook-runs/{sys.argv[1]}/*/"), key=os.path.getmtime)
 ev = [json.loads(line) for line in open(d + "events.jsonl")] if os.path.exists(d + "events.jsonl") else []
 for e in ev:
     if e["kind"] in ("serve_replaced", "serve_rollback", "serve_args_checked", "memory_held_by_server", "memory_fit"):
         print(e["kind"], json.dumps(e["data"])[:600])
+for e in ev:  # the decisions that tell the path: Ray formed or not (04), the executor 05 chose
+    if e["kind"] == "decision" and e["data"].get("key") in ("ray", "executor"):
+        print("decision", e["data"]["key"], "->", e["data"].get("choice"), "|", str(e["data"].get("reason"))[:200])
 s = json.load(open(d + "state.json")) if os.path.exists(d + "state.json") else {}
 e = s.get("endpoint") or {}
 print("endpoint: ready_s", e.get("ready_s"), "seconds_without_service", e.get("seconds_without_service"),

@@ -16,6 +16,7 @@ import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.imageprobes import probe_registry
 from sparkbook.core.runtimes import image_source_for
+from sparkbook.lab.images import NO_RAY
 from sparkbook.stages.images import choice, distribute
 
 pytestmark = pytest.mark.lab
@@ -83,3 +84,25 @@ def test_streamed_copy_matches_a_plain_pipe_on_an_image_the_worker_lacks(run) ->
     finally:
         subprocess.run(["ssh", "-F", str(sblab.cluster.ssh_config_file()), worker.spec.host, "docker", "rmi", GRAFT],
                        capture_output=True, timeout=120)
+
+
+def test_lab_params_with_the_rayless_image_choose_the_one_with_ray(run) -> None:  # type: ignore[no-untyped-def]
+    """Issue 45: params/lab.yaml (executor left out, 04 forms Ray) with the stock-shaped image among its candidates:
+    both load the model with one vLLM, and 03 keeps the one with Ray, saying why the other lost; with
+    serve.executor: ray the image without Ray is rejected before any copy, naming the remedy. The real probes of both
+    images on the head, once; the verdicts under the two executors from the same probes."""
+    ctx = run.context()
+    target = choice.model_target(ctx, None)
+    caps, machines = choice.compute_capabilities(ctx), choice.node_machines(ctx)
+    t0 = time.monotonic()
+    cands = [choice.evaluate(ctx, ref, target, caps, machines) for ref in (NO_RAY, NEW)]
+    report("rayless_tie_probe_s", round(time.monotonic() - t0, 1))
+    stock = cands[0]
+    assert stock.facts.ray is None and stock.facts.native_multinode is True and stock.verdict.usable, stock.verdict
+    picked = choice.choose(cands, [])
+    assert picked.choice == NEW and "Ray" in picked.reason, picked
+    lost = next(a for a in picked.alternatives if a.option == NO_RAY)
+    assert "has no Ray" in lost.rejected_because, lost
+    refused = choice.classify(stock.facts, stock.registry, stock.inspection, executor="ray", capabilities=caps,
+                              machines=machines, multinode=True)
+    assert not refused.usable and "serve.executor: mp" in refused.blocking[0], refused

@@ -17,6 +17,7 @@ import yaml
 
 from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
+from sparkbook.core.rundir import QUALITY
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
@@ -46,10 +47,12 @@ def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPat
     assert first.status == "ok", "the first run must succeed before a second can reuse it"
     params = load_params(first.params_file)
     before = _node_state(node_shells, params, first_dir)
+    out_root = tmp_path_factory.mktemp("second")
+    shutil.copytree(first_dir.parent / QUALITY, out_root / params.cluster / QUALITY)  # a later run of the cluster
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     t0 = time.monotonic()
     try:
-        run_dir, manifest = driver.run(Path(first.params_file), out_root=tmp_path_factory.mktemp("second"),
+        run_dir, manifest = driver.run(Path(first.params_file), out_root=out_root,
                                         upto="05", parameters={"confirm_cleanup": True}, say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
@@ -68,6 +71,16 @@ def test_second_run_succeeds(second) -> None:
     assert [nb.status for nb in manifest.notebooks if not nb.status.startswith("skipped")] == ["ok"] * 5, \
         json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
     assert [nb.name for nb in manifest.notebooks if nb.status == "ok"] == driver.notebook_names()[:5]
+
+
+def test_the_second_run_s_answers_agree_with_the_first_run_s_reference(full_run, second) -> None:
+    """Issue 41, item 2: the first run recorded the greedy tokens of its model and plan; the second (the same
+    server, reused) compares with them and passes, every top-1 token the same."""
+    first_dir, _ = full_run
+    _, _, run_dir, _, _, _ = second
+    (check,) = [e["data"] for e in read_events(run_dir, "quality_check")]
+    assert check["problem"] is None and check["reference"]["run"] == first_dir.name and check["recorded"] is None
+    assert check["agreement"] and all(r["share"] == "100%" for r in check["agreement"]), check["agreement"]
 
 
 def test_02_counts_what_the_first_run_s_server_holds_as_free(full_run, second) -> None:
@@ -244,12 +257,14 @@ def _containers(node_shells, params) -> dict[str, tuple[str, list[str]]]:
 
 def test_new_containers_replace_a_live_server_only_when_confirmed_and_a_failure_brings_them_back(
         full_run, node_shells, planted: str, tmp_path: Path) -> None:
-    """Issue 40, item 1: a new run from 04 (its hand-offs from the first run's copy) whose runtime.env differs, so 04
-    would replace the node containers that hold the first server: without confirm_replace 04 stops before touching
-    them; confirmed, with an argument the new plan's vLLM refuses at its start, 04 keeps the old containers aside,
-    05 fails in the new ones, and the driver brings the old containers back (the same container IDs, nothing left
-    aside) with the first run's plan serving, recorded as the failed run's rollback; the rollback run is the
-    cluster's deployment. Last in this module: it restarts the server."""
+    """Issue 40, item 1: a second run whose 03 chooses a new image (the stock-shaped one without Ray, the only
+    candidate; its hand-offs before 03 from the first run's copy), so 04 would replace the node containers that hold
+    the first server: without confirm_replace 04 stops before touching them, the first server still answering;
+    confirmed (from 04, on that run's image choice), with an argument the new plan's vLLM refuses at its start, 04
+    keeps the old containers aside, 05 fails in the new ones, and the driver brings the old containers back (the same
+    container IDs, nothing left aside) with the first run's plan serving, recorded as the failed run's rollback; the
+    rollback run is the cluster's deployment. Last in this module: it restarts the server."""
+    from sparkbook.lab.images import NO_RAY
     from sparkbook.runbook import operate
 
     first_dir, first = full_run
@@ -258,13 +273,13 @@ def test_new_containers_replace_a_live_server_only_when_confirmed_and_a_failure_
     endpoint = json.loads((first_dir / "state.json").read_text())["endpoint"]
     before = _containers(node_shells, params)
     data = yaml.safe_load(Path(first.params_file).read_text())
-    data["runtime"]["env"]["SPARKBOOK_LAB_MARK"] = "replaced"  # 04's containers differ: it would replace them
-    changed = _write(tmp_path / "new-env.yaml", data)
-    failing = _write(tmp_path / "new-env-planted-flag.yaml", {**data, "serve": {
+    data["runtime"]["images"] = [NO_RAY]  # 03 chooses it: 04's containers differ in their image
+    changed = _write(tmp_path / "new-image.yaml", data)
+    failing = _write(tmp_path / "new-image-planted-flag.yaml", {**data, "serve": {
         **data["serve"], "extra_args": [*data["serve"]["extra_args"], "--planted-unknown-flag"]}})
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     try:
-        _, refused = driver.run(changed, out_root=tmp_path, start="04", upto="05", say=print)
+        chose_dir, refused = driver.run(changed, out_root=tmp_path, start="03", upto="05", say=print)
         after_refusal = _containers(node_shells, params)
         _serves(endpoint, planted)
         t0 = time.monotonic()
@@ -273,6 +288,7 @@ def test_new_containers_replace_a_live_server_only_when_confirmed_and_a_failure_
         print(f"04 replaces, 05 fails, the driver rolls back: {time.monotonic() - t0:.0f} s")
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
+    assert json.loads((chose_dir / "state.json").read_text())["image"]["ref"] == NO_RAY
     nb = next(n for n in refused.notebooks if n.name.startswith("04"))
     assert nb.status == "failed" and "04 would stop a live server" in nb.exception["evalue"], nb.exception
     assert after_refusal == before, "nothing touched without confirm_replace"

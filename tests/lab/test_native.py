@@ -6,9 +6,12 @@ vLLM's own launch, 06 benchmarks it, and no Ray process runs in its containers. 
 from __future__ import annotations
 
 import json
+import os
 import re
+import statistics
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -109,3 +112,59 @@ def test_status_reads_the_native_deployment(native, capsys: pytest.CaptureFixtur
     print(text)
     assert code == 0 and "/health answers 200" in text and "Traceback" not in text, text
     assert text.count("not used") >= 2 and "PROBLEM" not in text, text
+
+
+# pairs of runs, alternating which arm goes first (the machine's drift lands on both)
+ROUNDS = int(os.environ.get("SPARKBOOK_BENCH_ROUNDS", "2"))
+
+
+def _arm_figures(run_dir: Path, manifest: Manifest) -> dict[str, float]:
+    """04's start to 05's server ready (05 records serve_attempts once /health answered), and 06's figures."""
+    ran = [(nb.name, nb.status) for nb in manifest.notebooks if nb.name[:2] in ("04", "05", "06")]
+    assert [status for _, status in ran] == ["ok"] * 3, manifest.notebooks  # a run --from 04 is partial by design
+    started = next(nb.started for nb in manifest.notebooks if nb.name.startswith("04"))
+    assert started is not None
+    ready = read_events(run_dir, "serve_attempts")[-1]["at"]
+    bench = json.loads((run_dir / "state.json").read_text())["benchmark"]
+    return {"04 start to 05 ready (s)": (datetime.fromisoformat(ready) - datetime.fromisoformat(started)).seconds,
+            "single-stream tok/s": bench["single_stream_output_tok_s"], "peak tok/s": bench["peak_output_tok_s"]}
+
+
+@pytest.mark.benchmark
+def test_ray_formed_against_vllm_s_own_launch(tmp_path: Path) -> None:
+    """Issue 45, item 4: the same image, model and plan (params/lab.yaml's), 04 forming Ray (executor unset, the image
+    has Ray) against forming none (serve.executor: mp); 05 serves with mp on both (the CPU build refuses the Ray
+    executor), so what differs is Ray itself: its start in 04 and its processes beside the server. 01-03 first (their
+    hand-offs, not measured), then ROUNDS pairs of `--from 04` runs, each after `stop` (containers gone, so 04 starts
+    them), alternating which arm runs first. Reported, never asserted as timings."""
+    import sparkbook.lab as sblab
+
+    data = yaml.safe_load(sblab.params_file(2).read_text())
+    arms = {"Ray formed": tmp_path / "ray.yaml", "own launch": tmp_path / "native.yaml"}
+    arms["Ray formed"].write_text(yaml.safe_dump(data, sort_keys=False))
+    data["serve"]["executor"] = "mp"
+    arms["own launch"].write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "outputs"
+    _, first = driver.run(arms["Ray formed"], out_root=out, parameters={"confirm_cleanup": True}, upto="03",
+                          say=print)
+    assert [nb.status for nb in first.notebooks][:3] == ["ok"] * 3, first.notebooks
+    figures: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
+    for i in range(ROUNDS):
+        for arm in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
+            if i or arm != list(arms)[0]:  # the run before deployed a server: take it and its containers away
+                assert cli.main(["stop", str(arms[arm]), "--outputs", str(out)]) == 0
+            run_dir, manifest = driver.run(arms[arm], out_root=out, start="04", parameters={"confirm_replace": True},
+                                           say=lambda line: None)
+            figures[arm].append(_arm_figures(run_dir, manifest))
+            ray = _decision(manifest, "04", "ray")["choice"]
+            assert ray == ("form Ray" if arm == "Ray formed" else "no Ray"), (arm, ray)
+            print(arm, figures[arm][-1])
+    report = {}
+    for metric in figures["Ray formed"][0]:
+        ratios = sorted(b[metric] / a[metric] for a, b in zip(figures["Ray formed"], figures["own launch"],
+                                                              strict=True))
+        report[metric] = {arm: [f[metric] for f in figures[arm]] for arm in arms} | {
+            "own launch / Ray formed: median, range": [round(statistics.median(ratios), 3), round(ratios[0], 3),
+                                                       round(ratios[-1], 3)]}
+    print("\n" + json.dumps(report, indent=1))
+    assert cli.main(["stop", str(arms["own launch"]), "--outputs", str(out)]) == 0

@@ -9,6 +9,7 @@ from typing import Any
 import nbformat
 import pytest
 
+from sparkbook import cli
 from sparkbook.core.params import load_params
 from sparkbook.runbook import driver, limits
 
@@ -105,6 +106,15 @@ def test_an_only_run_is_partial_in_its_manifest(notebooks: Path, params_file: Pa
     assert [nb.status for nb in manifest.notebooks] == ["skipped (--only 02)", "ok", "skipped (--only 02)"]
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "partial"
     assert "partial: 02 ran" in (run_dir / "index.html").read_text()
+
+
+def test_a_run_to_nn_stops_after_it_and_says_so(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
+    """`sparkbook run --to NN` (the H200 sessions needed four --only runs to get 01 to 04): the notebooks after NN are
+    skipped (--to NN), not "not run" as after a failure, and the run is partial."""
+    _, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, upto="02", say=lambda _: None)
+    assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "skipped (--to 02)"]
+    assert manifest.status == "partial"
+    assert cli.parser().parse_args(["run", "p.yaml", "--from", "02", "--to", "02"]).upto == "02"
 
 
 def test_only_and_from_select_notebooks() -> None:

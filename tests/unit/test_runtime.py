@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from sparkbook.core import topology
 from sparkbook.core.errors import SparkbookError
 from sparkbook.core.nodes import Cluster, FanOut, LocalNode, Node
 from sparkbook.core.params import load_params
@@ -93,6 +94,7 @@ def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no
         assert rt.exec(node, place, ["sh", "-c", 'printf %s "$SB_UNIT"'], timeout=30).stdout == "x y"
         found = rt.existing(node, place)  # what 04's keep compares: the record start wrote, nothing spawned yet
         assert found is not None and found.status == "exited" and found.image_id == "" and found.env["SB_UNIT"] == "x y"
+        assert rt.alive(node, place), "a started place stands with nothing running in it (vLLM's own launch, 04 to 05)"
         spawned = rt.spawn(node, place, ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"], log)
         end = time.monotonic() + 20
         while "up" not in rt.read(node, place, log) and time.monotonic() < end:
@@ -240,3 +242,22 @@ def test_status_reads_the_python_runtimes_sessions_and_names_a_disagreement_with
         assert not status.serving and status.problems()[0].startswith("PROBLEM: /health answers, yet no recorded")
     finally:
         rt.stop(node, place)
+
+
+def test_places_of_vllm_s_own_launch_stand_until_05_spawns_in_them(local) -> None:  # type: ignore[no-untyped-def]
+    """Issue 45 on one H200: with serve.executor mp 04 starts the Python runtime's places and runs nothing in them;
+    05's check that 04's cluster still stands called them 'not running' (by their sessions) and stopped. Without Ray
+    the places stand; with Ray the missing Ray head is what is lost."""
+    cluster = local({"kind": "python", "python": sys.executable})
+    rt = runtime_for(cluster.params)
+    where = topology.places(cluster.params, "")
+    for node in cluster.nodes.values():
+        rt.start(node, rt.start_spec(node, where[node.name], gpus=False))
+    try:
+        assert topology.lost(cluster.params, cluster, rt, ray=False) == {}
+        gone = topology.lost(cluster.params, cluster, rt, ray=True)
+        assert set(gone) == set(cluster.nodes) and "Ray head" in gone[cluster.head.name], gone
+    finally:
+        for node in cluster.nodes.values():
+            rt.stop(node, where[node.name])
+    assert set(topology.lost(cluster.params, cluster, rt, ray=False)) == set(cluster.nodes)

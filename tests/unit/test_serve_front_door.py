@@ -14,8 +14,9 @@ from sparkbook.core.evidence import Decision, Event
 from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from sparkbook.core.modelinfo import ModelFacts
 from sparkbook.core.params import Params
+from sparkbook.core.qualityapi import QualityReport
 from sparkbook.stages import serve
-from sparkbook.stages.serve import bringup, commands, environ, launch, memory, replace, reuse, rollback, smoke
+from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
 from sparkbook.stages.serve.failures import classify
 from sparkbook.stages.serve.plandiff import differences
@@ -75,6 +76,8 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
     monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
     monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
     monkeypatch.setattr(bringup, "drop_aside", lambda ctx: called.append("drop_aside") or {"nodes": ["lab-0"]})
+    monkeypatch.setattr(quality, "run_checks", lambda ctx, plan, image, key, reference: quality.Quality(
+        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None))
     return called
 
 
@@ -100,7 +103,7 @@ def test_the_ab_arms_own_replacement_needs_no_confirmation_and_every_step_is_rec
     assert out.error is None and called == ["make_room", "bring_up", "held", "record_held lab-0"]
     assert kinds(out) == ["decision:executor", "serve_replaced", "decision:replace", "memory_before_launch",
                           "serve_attempts", "memory_held_by_server", "serving_env", "decision:What must the smoke test's chat reply hold?",
-                          "smoke_test"]
+                          "smoke_test", "decision:quality", "quality_check"]
     replaced = next(r for r in out.records if isinstance(r, Decision) and r.key == "replace")
     assert replaced.reason.startswith("the A/B's arm before this one serves it") and out.ab_next
     (endpoint,) = out.handoffs

@@ -57,16 +57,17 @@ class Reuse:
 def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_id: str) -> tuple[NodeContainer, str]:
     """This node's container as it runs now, checked against what start_containers would make."""
     found = runtime.existing(node, place)
+    what = f"container {place.name}" if params.runtime.kind == "docker" else f"process dir {place.name}"
     if found is None:
-        raise RayStageError(f"has no container {place.name}")
+        raise RayStageError(f"has no {what}")
     if found.status != "running":
-        raise RayStageError(f"container {place.name} is {found.status}")
+        raise RayStageError(f"{what} is {found.status}")
     if found.image_id != image_id:
-        raise RayStageError(f"container {place.name} runs image {found.image_id[:19]}, not {image_id[:19]}")
+        raise RayStageError(f"{what} runs image {found.image_id[:19]}, not {image_id[:19]}")
     wanted = {**params.runtime.env, **place.env}  # no secret: those go to each spawned process, not the place
     differ = sorted(k for k, v in wanted.items() if found.env.get(k) != v)
     if differ:
-        raise RayStageError(f"container {place.name} has another environment ({', '.join(differ)})")
+        raise RayStageError(f"{what} has another environment ({', '.join(differ)})")
     spec = node.spec
     return NodeContainer(node.name, place.name, found.id[:12], place.image or "", bool(spec.gpus), found.devices,
                          place.env, str(spec.fabric_ip), spec.fabric_netdev,

@@ -1,7 +1,8 @@
 """05: the commands from params (commands.py), launch and readiness (launch.py), a server kept when it already
 serves this plan (reuse.py), a live server of another plan replaced only as a decision (replace.py) and relaunched
 when the new plan fails (rollback.py), memory before the launch (memory.py), the bring-up with its remediated
-retries (bringup.py, failures.py), the serving processes' env (environ.py), the smoke test (smoke.py).
+retries (bringup.py, failures.py), the serving processes' env (environ.py), the smoke test (smoke.py), the answers
+checked at depth against the reference of this model and plan (quality.py, on core.quality).
 
 The front door: `preview(ctx)` (the image, the executor, each node's exact `vllm serve`, what a replacement would
 change; read-only probes) and `run(ctx, preview, ...)`, which does the stage in order and returns its evidence."""
@@ -20,13 +21,14 @@ from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.progress import Progress
 from ...core.state import Handoff
 from ...core.topology import cache_dir
-from . import bringup, commands, endpoints, environ, memory, replace, reuse, rollback, smoke
+from . import bringup, commands, endpoints, environ, memory, quality, replace, reuse, rollback, smoke
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
 from .endpoints import ClientAddress
 from .environ import NodeEnviron
 from .launch import BringUp
 from .memory import BeforeLaunch
+from .quality import Quality
 from .replace import Replacement
 from .rollback import Rollback
 from .smoke import Smoke
@@ -68,10 +70,12 @@ class ServePreview:
     replacing: Replacement | None  # the live server of another plan this one would replace
     caches: str  # the compile caches' dir on every node (a replacement and `up` start warm from it)
     assumed: tuple[Handoff, ...] = ()
+    checks: dict[str, object] = field(default_factory=dict)  # the answers checked at depth and their reference
 
     def shown(self) -> list[Shown]:
         return [Shown("Where 05 serves", self.where()), Shown("Executor", self.executor_row()),
-                Shown(self.commands_title(), self.plan.table()), *self.replacement()]
+                Shown(self.commands_title(), self.plan.table()), *self.replacement(),
+                Shown("Answers checked at depth, after the smoke test", self.checks)]
 
     def where(self) -> dict[str, object]:
         ray, unknown = self.ray, f"not known: no RayCluster of {RayCluster.notebook} in this run dir"
@@ -112,7 +116,8 @@ def preview(ctx: Context) -> ServePreview:
     floor = utilization_floor(model, ctx.params, diagnosis.node_memory) if model and diagnosis else None
     endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
     return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
-                        serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,))
+                        serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,),
+                        quality.planned(ctx, serve_plan))
 
 
 # --- run -------------------------------------------------------------------------------------------
@@ -131,6 +136,8 @@ class ServeOutcome(StageOutcome):
     rolled_back: Rollback | None = None
     found_env: list[NodeEnviron] | None = None
     smoke: list[Smoke] | None = None
+    quality: Quality | None = None
+    quality_off: bool = False  # serve.quality.enabled is false: nothing checked, said so
     endpoint: Endpoint | None = None
     addresses: list[ClientAddress] = field(default_factory=list)
 
@@ -195,6 +202,22 @@ class ServeOutcome(StageOutcome):
                                       "seconds": round(s.seconds, 1), "tokens": s.completion_tokens,
                                       "verdict": s.problem or "ok"} for s in self.smoke])]
 
+    def quality_shown(self) -> list[Shown]:
+        title = "Answers checked at depth"
+        if self.quality_off:
+            return [Shown(title, "not checked: serve.quality.enabled is false")]
+        q = self.quality
+        if q is None:
+            return self._stopped(title)
+        r = q.report
+        known = [Shown(f"Known answers (the served window: {r.window} tokens)",
+                       [a.row() for a in r.answers] or f"skipped: {r.skipped}")]
+        agreement = (Shown(f"Agreement with run {r.reference.run}'s reference (key {r.key})", q.rows()) if r.reference
+                     else Shown("Agreement", f"no reference for key {r.key} yet: " + (
+                         f"this run's greedy tokens recorded as it ({q.recorded})" if q.recorded
+                         else "none recorded (the checks failed)")))
+        return [*known, agreement, Shown("Verdict", q.summary())]
+
     def endpoint_shown(self) -> list[Shown]:
         if self.endpoint is None:
             return self._stopped("endpoint (state.json)")
@@ -210,7 +233,9 @@ class ServeOutcome(StageOutcome):
                                      "seconds without service": e.seconds_without_service
                                      if e.seconds_without_service is not None else "none: nothing was serving",
                                      "attempts": e.attempts,
-                                     "smoke test": "passed: " + ", ".join(s.kind for s in self.smoke)})]
+                                     "smoke test": "passed: " + ", ".join(s.kind for s in self.smoke),
+                                     "answers checked": self.quality.summary() if self.quality
+                                     else "not checked (serve.quality.enabled is false)"})]
 
 
 def seconds_since(iso: str) -> float:
@@ -238,6 +263,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
         _smoke(ctx, outcome, up)
+        _quality(ctx, preview, outcome, up)
         _drop_aside(ctx, preview, outcome)
         outcome.addresses = endpoints.client_addresses(ctx.params)
         outcome.endpoint = bringup.endpoint(up, outcome.addresses)
@@ -350,3 +376,20 @@ def _smoke(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
     outcome.smoke = smoke.smoke_test(running.base_url, running.model, asked)
     outcome.event("smoke_test", outcome.smoke)
     smoke.check_smoke(outcome.smoke)
+
+
+def _quality(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: BringUp) -> None:
+    """The answers checked at depth (a reused server too: what serves is what is checked); ServeError naming the
+    prompt and position where the answers are lost or disagree with this model and plan's reference."""
+    running = up.launched.plan
+    if not ctx.params.serve.quality.enabled:
+        outcome.quality_off = True
+        outcome.event("quality_check", {"checked": False, "why": "serve.quality.enabled is false"})
+        return
+    asked = dataclasses.replace(running, settings=running.settings.model_copy(
+        update={"quality": ctx.params.serve.quality, "smoke": ctx.params.serve.smoke}))
+    key, reference = quality.reference_for(ctx, asked)
+    outcome.decide(quality.decision(ctx, asked, preview.image.ref, reference, key))
+    outcome.quality = quality.run_checks(ctx, asked, preview.image.ref, key, reference)
+    outcome.event("quality_check", outcome.quality.event())
+    quality.check_quality(outcome.quality)

@@ -41,7 +41,7 @@ def _commands(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[Diff
     return out
 
 
-CLIENT_ONLY = {"smoke"}  # settings of the smoke test's requests, not of the server: changing them replaces nothing
+CLIENT_ONLY = {"smoke", "quality"}  # settings of 05's own requests, not of the server: changing them replaces nothing
 
 
 def differences(running: dict[str, Any], new: dict[str, Any]) -> list[Difference]:

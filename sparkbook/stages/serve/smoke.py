@@ -13,6 +13,7 @@ import httpx
 
 from ...core.evidence import Alternative, Decision
 from ...core.params import ServeSettings
+from ...core.quality import dummy_weights
 from .commands import ServeError
 
 SmokeKind = Literal["chat", "completion", "tool"]
@@ -33,10 +34,7 @@ UNPARSED_CALL = ("<tool_call>", "<function=", '"name": "get_weather"', '"name":"
 def expectation(settings: ServeSettings) -> str | None:
     """What the chat answer must contain: serve.smoke.expect, except with dummy weights (`--load-format dummy`),
     whose answers are noise by design."""
-    args = settings.extra_args
-    pairs = zip(args, args[1:], strict=False)
-    dummy = "--load-format=dummy" in args or any(a == "--load-format" and b == "dummy" for a, b in pairs)
-    return None if dummy else settings.smoke.expect
+    return None if dummy_weights(settings) else settings.smoke.expect
 
 
 def requests(settings: ServeSettings) -> list[tuple[SmokeKind, str, dict[str, Any], str]]:

@@ -12,6 +12,7 @@
     06-benchmark        BenchmarkSummary "benchmark" single stream, peak, roofline share, regressions
     06-benchmark        AbVerdict       "ab"         the A/B's ratios and the configuration that stays serving (the
                                                      driver serves the baseline again when it is kept)
+    06-benchmark        SoakReport      "soak"       the soak's worst window against the median, what ended it
 """
 from __future__ import annotations
 
@@ -182,3 +183,29 @@ class AbVerdict(Handoff):
     decided_at: int  # the concurrency whose ratio decided
     crossing: str | None  # where the ratio crosses 1, if it does
     ratios: list[AbRatio]
+
+
+class SoakReport(Handoff):
+    """06's soak: what ran, the throughput's worst window against the median, and what ended it where it failed
+    (the rule, the node, the time, the log lines)."""
+
+    key = "soak"
+    notebook = BENCH.name
+
+    planned_s: float
+    ran_s: float
+    concurrency: int
+    context: int
+    output_len: int
+    requests_ok: int
+    requests_failed: int
+    window_s: float  # the windows throughput is judged over: a minute, or a quarter of a soak shorter than 3 minutes
+    median_tok_s: float | None
+    worst_tok_s: float | None
+    worst_at_s: float | None  # the worst window's start, seconds into the soak
+    failure: str | None  # None: the soak held
+    failed_rule: str | None = None  # engine dead | node unreachable | Xid | OOM kill | error rate
+    failed_node: str | None = None
+    failed_at: str | None = None  # UTC, ISO
+    lines: list[str] = []  # the kernel or server log lines that name the failure
+    series: str  # the samples and windows, relative to the run dir (bench/soak.json)

@@ -375,7 +375,30 @@ class ServeSettings(Strict):
         return value
 
 
-class BenchmarkSettings(Strict):
+SOAK_DRAIN_S = 300.0  # the soak's requests in flight at soak_s end within the client's request timeout
+
+
+class SoakSettings(Strict):
+    """06's soak after the sweep (benchmark.soak_*): sustained load at long context while every node is sampled, for
+    what only minutes of load find (an engine that dies after 10-30 min, a GB10 frozen under unified-memory pressure,
+    speculative decoding crashing at long context)."""
+
+    soak_s: float = Field(0, ge=0, le=86400, description="seconds of sustained load after the sweep (0: no soak)")
+    soak_concurrency: int = Field(4, ge=1, le=4096, description="requests in flight throughout the soak")
+    soak_context: int = Field(1024, ge=1, description="prompt tokens of every soak request (fresh random ids each, "
+                              "so no prefix is cached); with soak_output_len within serve.max_model_len")
+    soak_output_len: int = Field(128, ge=2, description="output tokens of every soak request (ignore_eos)")
+    soak_max_error_rate: float = Field(0.01, ge=0, le=1, description="the soak fails when more than this share of "
+                                       "its ended requests failed")
+    soak_sample_s: float = Field(5, ge=1, le=60, description="how often each node and the server are sampled")
+
+    @property
+    def soak_wait_s(self) -> float:
+        """The longest the soak may take: soak_s, then its requests in flight end (at most one request's timeout)."""
+        return self.soak_s + SOAK_DRAIN_S if self.soak_s else 0.0
+
+
+class BenchmarkSettings(SoakSettings):
     input_len: int = Field(64, ge=1)
     output_len: int = Field(128, ge=2)
     num_prompts: int = Field(32, ge=1)
@@ -520,6 +543,7 @@ class Params(Strict):
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")
+        problems += self._soak_problems()
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -540,6 +564,14 @@ class Params(Strict):
     def without_speculation(self) -> Params:
         """The same plan with serve.speculative off: the A/B's baseline arm."""
         return self.model_copy(update={"serve": self.serve.model_copy(update={"speculative": None})})
+
+    def _soak_problems(self) -> list[str]:
+        """A soak request must fit the served context, or every one of them fails and the soak measures nothing."""
+        bench, limit = self.benchmark, self.serve.max_model_len
+        if bench.soak_s and limit and bench.soak_context + bench.soak_output_len > limit:
+            return [f"benchmark.soak_context: {bench.soak_context} + soak_output_len {bench.soak_output_len} is more "
+                    f"than serve.max_model_len {limit}; lower soak_context"]
+        return []
 
     @property
     def head(self) -> NodeSpec:

@@ -63,7 +63,9 @@ def _sweep(params: Params) -> Wait:
     from .benchstats import point_timeout_s  # here, not above: benchstats imports modelinfo, which imports this list
 
     sweep = sum(point_timeout_s(params.benchmark, c) for c in params.benchmark.concurrency)
-    return Wait(sweep, f"the sweep's point timeouts, {sweep:.0f} s in all")
+    soak = params.benchmark.soak_wait_s
+    return Wait(sweep + soak, f"the sweep's point timeouts, {sweep:.0f} s in all"
+                + (f", and the soak's {soak:.0f} s (benchmark.soak_s and its last requests)" if soak else ""))
 
 
 CLEANUP = Stage("01-cleanup", "cleanup", reads=(), writes=("Stopped", "OldDeployment"))
@@ -74,7 +76,8 @@ RAYCLUSTER = Stage("04-ray-cluster", "raycluster", reads=("ImageChoice",), write
 SERVE = Stage("05-serve", "serve", reads=("ImageChoice", "RayCluster", "ModelFacts", "Diagnosis"),
               writes=("Endpoint",), longest_wait=_serve_attempts, needs=("ImageChoice", "ModelFacts", "Diagnosis"))
 BENCH = Stage("06-benchmark", "bench", reads=("Endpoint", "ModelFacts", "FabricProof"),
-              writes=("BenchmarkSummary", "AbVerdict"), longest_wait=_sweep, needs=("Endpoint", "ModelFacts"))
+              writes=("BenchmarkSummary", "AbVerdict", "SoakReport"), longest_wait=_sweep,
+              needs=("Endpoint", "ModelFacts"))
 STAGES = (CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE, BENCH)  # in run order
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
-from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE
+from ..core.rundir import BENCH, INDEX, MANIFEST, PARAMS_COPY, SOAK_FIGURE, SOAK_SERIES, STATE
 from ..core.stagelist import DIAGNOSE
 from .archive import RUNS_REMEDIATION, STATUSES, RunRecord, fmt, outputs_tree, row, runs
 from .compare import Comparison, band
@@ -149,6 +149,16 @@ def _timeline(r: RunRecord) -> str:
     return f"<h2>Timeline</h2>{_table(rows) if rows else '<p>no action recorded (no events.jsonl or none acted)</p>'}"
 
 
+def _soak(r: RunRecord) -> str:
+    """06's soak over time, where the run soaked (its figure in the run dir's bench/)."""
+    name = f"{BENCH}/{SOAK_FIGURE}"
+    if not (r.run_dir / name).exists():
+        return ""
+    return (f"<h2>Soak</h2><p>{_link(r.run_dir, name, 'the soak over time')} (its samples: "
+            f"{_link(r.run_dir, f'{BENCH}/{SOAK_SERIES}')})</p><img src=\"{_href(name)}\" alt=\"the soak over time\" "
+            'style="max-width:100%">')
+
+
 def _written_by(r: RunRecord) -> str:
     if r.sparkbook_version is None and r.sparkbook_commit is None:
         return "written by a sparkbook not recorded (a manifest older than the version field)"
@@ -183,7 +193,7 @@ def run_page(r: RunRecord, extra: str = "") -> str:
             f"<p>Status: <b>{e(r.status)}</b>; started {e(fmt(r.started))}, finished {e(fmt(r.finished))}; "
             f"{params}; <a href=\"{MANIFEST}\">manifest.json</a>; "
             f'{_written_by(r)}; <a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
-            f"{_failing(r)}<h2>Key figures</h2>{_table(key_figures(r))}{_findings(r)}{_timeline(r)}"
+            f"{_failing(r)}<h2>Key figures</h2>{_table(key_figures(r))}{_findings(r)}{_timeline(r)}{_soak(r)}"
             f"<h2>Notebooks</h2>{notebooks}"
             f"{extra}")
     return _page(f"sparkbook {r.cluster} {r.run_id}", body)

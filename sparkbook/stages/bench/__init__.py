@@ -29,6 +29,9 @@ from ...core.state import Handoff
 from ...core.sweeppoint import SweepPoint, read_points
 from . import ab, plot, sweep, tables
 from .client import CompletionsServer, served_models
+from .soak import SoakFailed, SoakResult
+from .soak import run as run_soak
+from .soakplot import soak_figure
 from .sweep import BenchmarkError, Point
 
 NO_AB = "no A/B in this run (benchmark.ab is not set, or the run did not include both 05 and 06)"
@@ -120,6 +123,8 @@ class BenchOutcome(StageOutcome):
     fabric: list[dict[str, object]] = field(default_factory=list)
     figures: dict[str, Figure] = field(default_factory=dict)
     load_generators: Decision | None = None
+    soak: SoakResult | None = None
+    soak_figures: dict[str, Figure] = field(default_factory=dict)  # rundir.SOAK_FIGURE, where a soak ran
     earlier_dir: Path | None = None
     looked_in: Path | None = None  # where the earlier run was looked for: the cluster's outputs
     comparison: SweepComparison | None = None
@@ -169,6 +174,9 @@ class BenchOutcome(StageOutcome):
     def summary_shown(self) -> list[Shown]:
         return [Shown("Benchmark summary", self.summary.model_dump(exclude={"points"}))] if self.summary else []
 
+    def soak_shown(self) -> list[Shown]:
+        return self.soak.shown() if self.soak else [Shown("Soak", "not run: the sweep's requests failed")]
+
     def ab_shown(self) -> list[Shown]:
         if self.ab is not None:
             return self.ab.shown()
@@ -207,6 +215,8 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
     if out.summary.failed_requests:
         out.error = FailedRequests(FAILED)
         return out
+    if _soak(ctx, target, out):
+        return out
     out.ab = ab_second_arm(ctx, out.results, ab_arm)
     if out.ab is not None:
         out.decide(out.ab.decision)
@@ -227,6 +237,23 @@ def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:
     out.event("roofline", {"roofline": out.roof, "bandwidth_source": out.bandwidth_source,
                            "by_concurrency": out.ceilings})
     return out.roof
+
+
+def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome) -> bool:
+    """The soak after the sweep, its report handed on and recorded; True where it failed (the outcome's error)."""
+    out.soak = run_soak(ctx, target, out.paths[0].parent, out.ab_arm)
+    if out.soak.skipped:
+        return False
+    report = out.soak.report()
+    out.handoffs.append(report)
+    out.event("soak", report.model_dump())
+    out.soak_figures = {rundir.SOAK_FIGURE: soak_figure(out.soak)}
+    if out.soak.failure:
+        out.error = SoakFailed(out.soak.failure.text(), node=out.soak.failure.node,
+                                    remediation="read the lines above and the serve logs (sparkbook logs), bring the "
+                                    "deployment back (sparkbook up) and lower benchmark.soak_context or "
+                                    "soak_concurrency, or serve.gpu_memory_utilization, where memory ran out")
+    return out.soak.failure is not None
 
 
 def ab_second_arm(ctx: Context, results: list[SweepPoint], ab_arm: str | None) -> AbResult | None:

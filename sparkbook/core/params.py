@@ -400,7 +400,7 @@ class WatchSettings(Strict):
     failures_to_restart: int = Field(2, ge=1, le=20, description="consecutive failed checks that make a failure the "
                                      "watch acts on")
     max_restarts: int = Field(3, ge=0, le=100, description="restarts within restart_window_s; the next failure in "
-                              "that window makes the watch give up (exit 1)")
+                              "that window makes the watch give up (exit 5)")
     restart_window_s: float = Field(3600, gt=0, le=7 * 86400, description="the window max_restarts counts over")
     backoff_s: float = Field(30, ge=0, le=3600, description="wait before the second restart in the window, doubled for "
                              "each one after (the first follows the failure at once)")

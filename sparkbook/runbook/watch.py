@@ -248,11 +248,12 @@ class Watch:
         s = self.settings
         spent = (f"{self.restarts.recent(time.monotonic())} restart(s) within {s.restart_window_s:g} s "
                  f"(watch.max_restarts {s.max_restarts}) did not keep it serving")
-        line = (f"watch gave up on cluster {self.params.cluster}: the deployment of run {d.run_id} does not answer "
+        line = (f"cluster {self.params.cluster}: the deployment of run {d.run_id} does not answer "
                 f"and {spent}; cause: {cause.cause} on {cause.node or 'the cluster'}: {cause.evidence[-200:]!r}")
         todo = (f"{cause.remediation}; then `sparkbook up {self.params_file}` and start the watch again (its record: "
                 f"{watchlog.path(self.cluster_dir)})")
-        self.record("gave_up", d, f"{line}: {todo}", cause=cause.cause, node=cause.node, remediation=todo)
+        self.record("gave_up", d, f"watch gave up: {line}: {todo}", cause=cause.cause, node=cause.node,
+                    remediation=todo)
         raise WatchGaveUp(self.redactor.text(line), remediation=self.redactor.text(todo))
 
     def _restart(self, d: Deployment, wait: float) -> bool:

@@ -169,8 +169,8 @@ def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_p
     with pytest.raises(watch.WatchGaveUp) as err:
         w._give_up(d, cause)
     code, text = cli.failure(err.value)
-    assert code == cli.EXIT_FAILED and "\n" not in text, text
-    assert text.startswith("error: watch gave up on cluster lab: the deployment of run " + RUN)
+    assert code == cli.EXIT_GAVE_UP and "\n" not in text, text
+    assert text.startswith("WATCH GAVE UP: cluster lab: the deployment of run " + RUN)
     assert "worker died on lab-0" in text and "sparkbook up" in text and "watch.jsonl" in text
     assert watchlog.read(w.cluster_dir)[-1].kind == "gave_up"
 

@@ -10,6 +10,7 @@ run holds the lock, or after an operator's `sparkbook stop`, it restarts nothing
 watch record (records.watchlog)."""
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -27,7 +28,7 @@ from ..core.params import bearer, load_params
 from ..core.redact import Redactor
 from ..records import pages, watchlog
 from ..records.watchlog import WatchEvent, WatchKind
-from ..stages.serve.failures import FailureCause, classify
+from ..stages.serve.failures import SIGNATURES, FailureCause, classify
 from ..stages.serve.memory import kernel_lines
 from . import lock, operate
 from .operate import Deployment, NodeStatus
@@ -111,7 +112,16 @@ def diagnose(run: Run, d: Deployment, since_s: float) -> FailureCause:
     for node, lines in kernel.items():
         if lines:
             logs[node] = logs.get(node, "") + f"\n--- kernel (dmesg) ---\n{lines}"
-    return classify(logs, seen)
+    return with_log_line(classify(logs, seen), logs, seen)
+
+
+def with_log_line(cause: FailureCause, logs: dict[str, str], seen: dict[str, str]) -> FailureCause:
+    """A cause whose evidence is a fact seen (a process gone) with its node's own log line of that cause beside it
+    (the engine's "died unexpectedly"), which the classifier ranks below the fact."""
+    if cause.node not in seen or cause.evidence != seen[cause.node]:
+        return cause
+    line = next((s.first_match(logs.get(cause.node, "")) for s in SIGNATURES if s.cause == cause.cause), None)
+    return dataclasses.replace(cause, evidence=f"{cause.evidence}; its log: {line}") if line else cause
 
 
 def _iso(run_id: str) -> str:
@@ -231,7 +241,8 @@ class Watch:
             cause = diagnose(run, d, since_s)
         finally:
             run.close()
-        self.record("cause", d, cause.summary()[:2 * EVIDENCE_CHARS], cause=cause.cause, node=cause.node,
+        also = f" (also seen: {', '.join(cause.also)})" if cause.also else ""
+        self.record("cause", d, (cause.summary() + also)[:2 * EVIDENCE_CHARS], cause=cause.cause, node=cause.node,
                     evidence=cause.evidence[-EVIDENCE_CHARS:], remediation=cause.remediation)
         wait = self.restarts.next_wait(time.monotonic())
         if wait is None:

@@ -112,6 +112,12 @@ def test_what_is_seen_gone_names_each_node_and_the_engine_death_is_the_classifie
     assert died.cause == "worker died" and died.node == "lab-0" and "EngineCore_DP0 died unexpectedly" in died.evidence
     gone = classify({"lab-0": ""}, {"lab-0": watch.PROCESS_GONE})
     assert gone.cause == "worker died" and gone.evidence == watch.PROCESS_GONE
+    assert watch.with_log_line(gone, {"lab-0": ""}, {"lab-0": watch.PROCESS_GONE}) == gone
+    both = watch.with_log_line(classify({"lab-0": log}, seen), {"lab-0": log}, seen)
+    assert both.cause == "worker died" and both.node == "lab-1", "the fact seen ranks above a consequence in a log"
+    on_0 = watch.with_log_line(classify({"lab-0": log}, {"lab-0": watch.PROCESS_GONE}), {"lab-0": log},
+                               {"lab-0": watch.PROCESS_GONE})
+    assert on_0.evidence.startswith(watch.PROCESS_GONE + "; its log: ") and "EngineCore_DP0 died" in on_0.evidence
 
 
 # --- the loop, on a committed record (no node touched) -------------------------------------------------

@@ -69,7 +69,8 @@ def test_watch_brings_a_killed_engine_back_and_records_the_cause(full_run: tuple
             time.sleep(0.5)
         time.sleep(2 * 3)  # two checks answered: the watch knows the deployment served
         pid, what = _engine_pid(node_shells["lab-0"], container_name(params, "lab-0"))
-        node_shells["lab-0"].run(["docker", "exec", container_name(params, "lab-0"), "kill", "-KILL", str(pid)])
+        node_shells["lab-0"].run(["docker", "exec", container_name(params, "lab-0"), "sh", "-c", 'kill -KILL "$0"',
+                                  str(pid)])
         killed = time.monotonic()
         print(f"killed pid {pid} in lab-0's container: {what[:200]}")
         while not any(e.kind in ("back", "gave_up") for e in _events(cluster_dir, seen)):

@@ -110,6 +110,9 @@ def test_what_is_seen_gone_names_each_node_and_the_engine_death_is_the_classifie
            "shutting down client.\n")
     died = classify({"lab-0": log}, {})
     assert died.cause == "worker died" and died.node == "lab-0" and "EngineCore_DP0 died unexpectedly" in died.evidence
+    died_now = classify({"lab-0": "WARNING 12-06 01:46:52 [core_client.py:818] [shutdown] MPClient: engine core exited "
+                                  "unexpectedly; starting cleanup"}, {})  # the lab's vLLM 0.32, its engine killed
+    assert died_now.cause == "worker died" and "engine core exited unexpectedly" in died_now.evidence
     gone = classify({"lab-0": ""}, {"lab-0": watch.PROCESS_GONE})
     assert gone.cause == "worker died" and gone.evidence == watch.PROCESS_GONE
     assert watch.with_log_line(gone, {"lab-0": ""}, {"lab-0": watch.PROCESS_GONE}) == gone

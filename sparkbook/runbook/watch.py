@@ -213,9 +213,10 @@ class Watch:
     def _answered(self, d: Deployment) -> None:
         if self.dark_since is not None:
             dark = round(time.monotonic() - self.dark_since, 1)
-            by = f"the watch's restart, run {d.run_id}" if self.up_run == d.run_id else f"run {d.run_id}"
+            mine = self.up_run if self.up_run == d.run_id else None  # else another run brought it back, or itself
+            by = f"the watch's restart, run {mine}" if mine else f"run {d.run_id}"
             self.record("back", d, f"the deployment answers again ({by}) after {dark:g} s without service (from the "
-                        "first failed check)", up_run=self.up_run, seconds_without_service=dark)
+                        "first failed check)", up_run=mine, seconds_without_service=dark)
         self.failed, self.dark_since, self.noted, self.last_ok = 0, None, None, now()
 
     def _note(self, kind: WatchKind, d: Deployment, text: str) -> None:

@@ -275,10 +275,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     watcher = watch.Watch(Path(args.params), Path(args.outputs), say=say)  # params validated here, nothing remote
     try:
-        with watch.sigterm_ends_it():
+        with watcher.sigterm_ends_it():
             watcher.run(checks=args.checks, for_s=args.for_s)
-    except watch.Terminated:
-        return 0  # systemd's stop: the end was recorded
+    except KeyboardInterrupt:
+        if watcher.terminated:
+            return 0  # systemd's stop: the end was recorded
+        raise
     return 0
 
 

@@ -45,23 +45,6 @@ class WatchGaveUp(SparkbookError):
     """The watch's restarts did not keep the deployment serving: a person has to look."""
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (systemd's stop): ends the watch the way Ctrl-C does, recorded, with exit 0."""
-
-
-@contextmanager
-def sigterm_ends_it() -> Iterator[None]:
-    """SIGTERM raises Terminated while the body runs (in the main thread), so the watch records its end."""
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def check(d: Deployment, timeout_s: float) -> str | None:
     """None when /health answers 200 and a one-token completion comes back; else what failed (a green /health over
     a dead engine is caught by the completion)."""
@@ -155,6 +138,21 @@ class Watch:
         self.last_ok: str | None = None  # when a check last answered
         self.noted: str | None = None  # the deferral or pause last recorded (each is recorded once)
         self.up_run: str | None = None  # the run of the last restart that came up
+        self.terminated = False  # SIGTERM ended it (systemd's stop: exit 0), not Ctrl-C
+
+    @contextmanager
+    def sigterm_ends_it(self) -> Iterator[None]:
+        """SIGTERM (systemd's stop) ends the watch the way Ctrl-C does while the body runs (in the main thread), so
+        the end is recorded and a restart under way releases the run lock."""
+        def terminate(signum: int, frame: FrameType | None) -> None:
+            self.terminated = True
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminate)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def record(self, kind: WatchKind, d: Deployment | None, text: str, **fields: str | float | int | None) -> None:
         """Append one event to the cluster's record (redacted), print its line, refresh the cluster's page."""
@@ -187,9 +185,9 @@ class Watch:
                     break
                 if not again:
                     time.sleep(s.interval_s if left is None else min(left, s.interval_s))
-        except KeyboardInterrupt as exc:
-            self.record("ended", None, f"watch ended by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'} "
-                        f"after {self.checks} check(s)")
+        except KeyboardInterrupt:
+            self.record("ended", None, f"watch ended by {'SIGTERM' if self.terminated else 'Ctrl-C'} after "
+                        f"{self.checks} check(s)")
             raise
         self.record("ended", None, f"watch ended: {why}, {len(self.restarts.at)} restart(s)")
         return self.checks

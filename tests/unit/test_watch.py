@@ -189,3 +189,24 @@ def test_watch_with_nothing_deployed_is_one_line_and_exit_1(tmp_path: Path,
     assert cli.main(["watch", str(LAB), "--outputs", str(tmp_path), "--checks", "1"]) == cli.EXIT_FAILED
     err = capsys.readouterr().err
     assert "no run under" in err and "Traceback" not in err and not watchlog.read(tmp_path / "lab"), err
+
+
+def test_sigterm_ends_the_watch_recorded_with_exit_0(tmp_path: Path) -> None:
+    """systemd's stop: the watch (its own process, as the unit runs it) records its end and exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    params, run_dir = _deployed(tmp_path)
+    _stop(run_dir, now())  # paused: it checks on and acts on nothing
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "sparkbook"), "watch", str(params), "--outputs",
+                             str(tmp_path / "outputs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    end = time.monotonic() + 60
+    while "paused" not in [e.kind for e in watchlog.read(tmp_path / "outputs" / "lab")] and time.monotonic() < end:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    last = watchlog.read(tmp_path / "outputs" / "lab")[-1]
+    assert last.kind == "ended" and last.text.startswith("watch ended by SIGTERM after "), last

@@ -1,15 +1,18 @@
-"""`sparkbook check | run | unlock | lab | restore | runs | compare | up | status | logs | stop`: the command line.
+"""`sparkbook check | run | unlock | lab | restore | runs | compare | up | status | logs | stop | watch`: the command
+line.
 
 Exit codes: 0 done; 1 a notebook, a restore step or a command on a node failed (and any other expected
 failure); 2 invalid params or run request (unknown parameter, notebook selection, host key not vouched for);
 3 the run lock is held, or cannot be taken or cleared; 4 a node cannot be reached or used (SSH, host key, its
-Docker daemon); 130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
+Docker daemon); 5 `watch` gave up (its own code, so a service manager restarting it on failure can leave it down);
+130 interrupted (Ctrl-C). An expected failure prints one line to stderr (the message and what
 to do; invalid params: one line per problem), never a traceback.
 `restore` exits 1 when it is refused (each conflict is named; nothing was restored) or a restored target does not
 come back (one the plan cannot relaunch is skipped, saying why), 2 when a target to relaunch reads a secret this
 environment does not set (named; nothing was restored). `status` exits 0 when every node's server runs and
 /health answers, 1 otherwise (a stopped or dark cluster: the table still says what each node shows); `up`, `logs`,
-`stop` exit 1 when no run of the cluster deployed a server.
+`stop` exit 1 when no run of the cluster deployed a server. `watch` exits 0 at its bound (--checks, --for) or on
+SIGTERM, 5 when it gives up (its restarts did not keep the deployment serving), 1 when nothing is deployed.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from .core.nodes import CommandFailed, NodeError
 from .core.params import ParamsError, load_params
 from .core.rundir import INDEX, MANIFEST, PARAMS_COPY, RESTORE_PLAN
 from .core.stagelist import CLEANUP
-from .runbook import driver, lock, operate
+from .runbook import driver, lock, operate, watch
 from .runbook.manifest import Manifest
 from .stages.cleanup.restore import RestorePlanError, SecretUnset
 from .stages.serve import endpoints
@@ -41,6 +44,7 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_LOCKED = 3
 EXIT_NODE = 4
+EXIT_GAVE_UP = 5
 EXIT_INTERRUPTED = 130
 
 # Each kind of expected failure: its exit code and the word its line starts with (most specific first).
@@ -50,10 +54,17 @@ EXITS: tuple[tuple[type[SparkbookError], int, str], ...] = (
     (RestorePlanError, EXIT_INVALID, "invalid restore plan"),
     (SecretUnset, EXIT_INVALID, "refused"),
     (lock.LockError, EXIT_LOCKED, "refused"),
+    (watch.WatchGaveUp, EXIT_GAVE_UP, "WATCH GAVE UP"),
     (CommandFailed, EXIT_FAILED, "error"),
     (NodeError, EXIT_NODE, "node unusable"),
     (SparkbookError, EXIT_FAILED, "error"),
 )
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
 
 
 def _parameter(text: str) -> tuple[str, Any]:
@@ -259,6 +270,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    def say(line: str) -> None:
+        print(line, flush=True)  # a journal line as it happens, not when a pipe's buffer fills
+
+    watcher = watch.Watch(Path(args.params), Path(args.outputs), say=say)  # params validated here, nothing remote
+    try:
+        with watcher.sigterm_ends_it():
+            watcher.run(checks=args.checks, for_s=args.for_s)
+    except KeyboardInterrupt:
+        if watcher.terminated:
+            return 0  # systemd's stop: the end was recorded
+        raise
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -299,7 +325,7 @@ def _refused(exc: SparkbookError) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .records import archive, pages
+    from .records import archive, pages, watchlog
 
     try:
         folders = archive.cluster_dirs(args.target, Path(args.outputs))
@@ -313,6 +339,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if shown:
             with pd.option_context("display.max_colwidth", 60, "display.width", 250):
                 print(pd.DataFrame([archive.row(r) for r in shown]).to_string(index=False))
+        watched = watchlog.read(folder)
+        if watched:
+            print(f"watch: {len(watched)} event(s) in {watchlog.path(folder)}; the last: {watched[-1].line()}")
     return 0
 
 
@@ -401,6 +430,12 @@ def parser() -> argparse.ArgumentParser:
     logs = operator("logs", "a node's vLLM server log (the file 05 writes; docker logs is empty)", cmd_logs)
     logs.add_argument("--node", help="the node (default: the head)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    watching = operator("watch", "keep the deployment serving: /health and a one-token completion every "
+                     "watch.interval_s; on a failure the cause from the logs, `up` with back-off, then give up "
+                     "(exit 5); every event in outputs/<cluster>/watch.jsonl", cmd_watch)
+    bound = watching.add_mutually_exclusive_group()
+    bound.add_argument("--checks", type=_positive_int, metavar="N", help="end after N checks (tests, cron)")
+    bound.add_argument("--for", dest="for_s", type=float, metavar="SECONDS", help="end after SECONDS (between checks)")
     stop = operator("stop", "stop the deployment (server and node containers); recorded; `up` brings it back",
                     cmd_stop)
     stop.add_argument("--keep-ray", action="store_true", help="stop only the server; keep the containers and Ray")

@@ -436,6 +436,32 @@ class Fabric(Strict):
     allreduce_timeout_s: float = Field(90, gt=0, le=900, description="04's all_reduce test ends by then, on every node")
 
 
+class WatchSettings(Strict):
+    """`sparkbook watch`: how often it asks the deployment, when a failure is one, and how hard it tries to bring it
+    back before it gives up (a restart of a large model costs its whole load time, so one lost request is no failure
+    and a deployment that keeps dying is a person's problem, not a loop's)."""
+
+    interval_s: float = Field(30, gt=0, le=3600, description="seconds between two checks (/health and a one-token "
+                              "completion)")
+    check_timeout_s: float = Field(30, gt=0, le=600, description="how long one check's completion may take: a loaded "
+                                   "server answers one token late, a dead engine never")
+    failures_to_restart: int = Field(2, ge=1, le=20, description="consecutive failed checks that make a failure the "
+                                     "watch acts on")
+    max_restarts: int = Field(3, ge=0, le=100, description="restarts within restart_window_s; the next failure in "
+                              "that window makes the watch give up (exit 5)")
+    restart_window_s: float = Field(3600, gt=0, le=7 * 86400, description="the window max_restarts counts over")
+    backoff_s: float = Field(30, ge=0, le=3600, description="wait before the second restart in the window, doubled for "
+                             "each one after (the first follows the failure at once)")
+    backoff_max_s: float = Field(600, ge=0, le=86400, description="the longest wait between two restarts")
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> WatchSettings:
+        if self.backoff_max_s < self.backoff_s:
+            raise ValueError(f"backoff_max_s: {self.backoff_max_s:g} is below backoff_s ({self.backoff_s:g}); the "
+                             "longest wait cannot be shorter than the first")
+        return self
+
+
 SYSTEM_DIRS = frozenset({"/run/lock", "/run/user", "/var/lock", "/var/run", "/var/tmp", "/var/lib", "/var/log",
                          "/var/cache", "/usr/local", "/usr/lib", "/usr/share", "/dev/shm"})  # and every top-level one
 
@@ -491,6 +517,7 @@ class Params(Strict):
     secrets: list[Annotated[str, AfterValidator(_secret_name)]] = Field(
         [], description="environment variables holding secrets, by name (never the secret itself)")
     run_lock: RunLockSettings = RunLockSettings()
+    watch: WatchSettings = WatchSettings()
 
     def secret_values(self) -> dict[str, str]:
         """The named secrets as this controller's environment holds them (those it lacks are left out)."""

@@ -16,6 +16,7 @@ STATE = "state.json"  # the hand-offs one notebook leaves the next (core.state)
 EVENTS = "events.jsonl"  # every recorded result, decision and value (runbook.session)
 PARAMS_COPY = "params.yaml"  # the params file as the run used it (for `sparkbook compare`)
 INDEX = "index.html"  # a run's page, and a cluster's page over its runs one level up
+WATCH = "watch.jsonl"  # one level up too: `sparkbook watch`'s record of the cluster (records.watchlog)
 LOGS = "logs"  # full command output, where a cell shows a tail
 BENCH = "bench"  # 06's sweep points, one vLLM-bench JSON file per concurrency
 SOAK_SERIES = "soak.json"  # 06's soak: its samples, windows and verdict, in bench/

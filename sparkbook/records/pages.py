@@ -8,12 +8,15 @@ from typing import Any
 from urllib.parse import quote
 
 from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
-from ..core.rundir import BENCH, INDEX, MANIFEST, PARAMS_COPY, SOAK_FIGURE, SOAK_SERIES, STATE
+from ..core.rundir import BENCH, INDEX, MANIFEST, PARAMS_COPY, SOAK_FIGURE, SOAK_SERIES, STATE, WATCH
 from ..core.stagelist import DIAGNOSE
+from . import watchlog
 from .archive import RUNS_REMEDIATION, STATUSES, RunRecord, fmt, outputs_tree, row, runs
 from .compare import Comparison, band
+from .watchlog import WatchEvent
 
 SEVERITIES = ("blocker", "warning", "fact")
+WATCH_SHOWN = 30  # of the watch record's events on the cluster's page
 STYLE = """body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd;vertical-align:top;
 text-align:left}tr.failed td{background:#fdd}tr.partial td,tr.running td{background:#ffd}tr.unreadable td{color:#888}
 span.ok{color:green}span.failed{color:#a00}li.blocker{color:#a00}li.warning{color:#a60}pre{background:#f6f6f6;padding:6px;white-space:pre-wrap}
@@ -212,22 +215,32 @@ tr.style.display = (this.value === 'all' || tr.dataset.kind === this.value) ? ''
 <option>all</option>{options}</select></p>"""
 
 
-def cluster_page(cluster: str, records: list[RunRecord]) -> str:
-    """Every run of a cluster, newest first, with a status filter."""
+def cluster_page(cluster: str, records: list[RunRecord], watched: list[WatchEvent] | None = None) -> str:
+    """Every run of a cluster, newest first, with a status filter; then what `sparkbook watch` recorded."""
     rows = [_cluster_row(r) for r in records]
     table = _table(rows, raw=tuple(rows[0]) if rows else (), classes=[r.kind for r in records])
     options = "".join(f"<option>{s}</option>" for s in STATUSES)
     body = (f"<h1>sparkbook runs of {e(cluster)}</h1><p>{len(records)} run(s), newest first. Status: ok, failed at "
             f"the notebook named, partial (only the notebooks named ran: --only/--from), running (or interrupted), "
-            f"unreadable (why).</p>{FILTER.format(options=options)}{table}")
+            f"unreadable (why).</p>{FILTER.format(options=options)}{table}{_watch_section(watched or [])}")
     return _page(f"sparkbook runs of {cluster}", body)
+
+
+def _watch_section(watched: list[WatchEvent]) -> str:
+    """The watch record's last events, newest first (the whole record is watch.jsonl beside this page)."""
+    if not watched:
+        return ""
+    shown = watched[-WATCH_SHOWN:][::-1]
+    rows = [{"at": w.at, "event": w.kind, "deployment's run": w.run or "-", "what": w.text} for w in shown]
+    return (f"<h2>Watch</h2><p>the last {len(shown)} of {len(watched)} event(s) of `sparkbook watch`, newest first; "
+            f"all of them in {WATCH}</p>{_table(rows)}")
 
 
 def write_cluster_index(cluster_dir: Path) -> Path:
     """outputs/<cluster>/index.html over every run dir in it; a dir that is no cluster's outputs is refused before
     anything is written (NotOutputs)."""
     path = outputs_tree(cluster_dir, RUNS_REMEDIATION) / INDEX
-    path.write_text(cluster_page(cluster_dir.name, runs(cluster_dir)))
+    path.write_text(cluster_page(cluster_dir.name, runs(cluster_dir), watchlog.read(cluster_dir)))
     return path
 
 

@@ -201,14 +201,15 @@ def status(run: Run, d: Deployment) -> Status:
     gone = {} if no_ray else lost(ctx.params, ctx.cluster, ctx.runtime)
     ray = "not used (serve.executor mp or an image without Ray)" if no_ray else "running"
     outcomes = ctx.cluster.fan_out(
-        lambda n: _node_status(ctx.runtime, n, ctx.places[n.name], _log(d, n.name), gone.get(n.name, ray)),
+        lambda n: _node_status(ctx.runtime, n, ctx.places[n.name], server_log(d, n.name), gone.get(n.name, ray)),
         timeout=PROBE_TIMEOUT_S)
     nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
                                                          None) for n, o in outcomes.items()]
     return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params))
 
 
-def _log(d: Deployment, node: str) -> str:
+def server_log(d: Deployment, node: str) -> str:
+    """The file the node's `vllm serve` writes (05 recorded it; the first attempt's where an older record lacks it)."""
     return d.endpoint.logs.get(node, f"{LOG_DIR}/serve-1.log")
 
 
@@ -220,7 +221,7 @@ def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Callable[[str
         raise NothingDeployed(f"node {node!r} serves nothing in run {d.run_id}: it serves on "
                               f"{', '.join(d.endpoint.commands)}", remediation="pass --node with one of those")
     ctx = run.context(d.image.ref)
-    n, place, path = ctx.cluster.nodes[node], ctx.places[node], _log(d, node)
+    n, place, path = ctx.cluster.nodes[node], ctx.places[node], server_log(d, node)
     if not ctx.runtime.alive(n, place):
         raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",
                               remediation="`sparkbook up PARAMS` brings the deployment back")
@@ -251,7 +252,7 @@ def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[Stopped]:
         place = ctx.places[node.name]
         if not ctx.runtime.alive(node, place):
             return Stopped(node.name, "not running", "not running")
-        ctx.runtime.kill(node, place, Spawned(node.name, place.name, _log(d, node.name)))
+        ctx.runtime.kill(node, place, Spawned(node.name, place.name, server_log(d, node.name)))
         if keep_ray:
             return Stopped(node.name, "stopped", "kept (Ray still runs)")
         return Stopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none")

@@ -126,7 +126,8 @@ SIGNATURES: tuple[Signature, ...] = (
               "the serve port is taken on the head: stop the service holding it (01) or change serve.port"),
     Signature("worker died",
               (r"Worker.*(died|exited unexpectedly|failed)", r"ActorDiedError", r"The actor died",
-               r"Engine core initialization failed", r"EngineCore.*(died|failed)", r"\bKilled\b", r"SIGKILL"),
+               r"Engine core initialization failed", r"EngineCore.*(died|failed)", r"engine core exited unexpectedly",
+               r"\bKilled\b", r"SIGKILL"),
               "a worker process died: read its node's log tail for the first error; check memory (dmesg, OOM killer)",
               consequence=True),
 )

@@ -22,7 +22,8 @@ from .rundir import BENCH
 
 DEPTH_FILE = "depth.json"
 HITS = "vllm:prefix_cache_hits_total"  # tokens the server took from its prefix cache (vLLM V1)
-CACHED_BELOW = 0.5  # a second TTFT under this share of the first's: the prefix came from the cache
+QUERIES = "vllm:prefix_cache_queries_total"  # tokens it looked up there (none where prefix caching is off)
+CACHED_BELOW = 0.5  # without the counters: a second TTFT under this share of the first's suggests a cached prefix
 DEPTH_METRICS = (("ttft_ms", False), ("decode_tok_s", True))  # (figure, higher is better)
 
 
@@ -52,14 +53,17 @@ class DepthPoint(_Model):
 
 
 class PrefixCachePair(_Model):
-    """The same prefix sent twice (different suffixes): both TTFTs, the server's cache hits over the second
-    request, and what its command line says of prefix caching."""
+    """The same prefix sent twice (different suffixes): both TTFTs, the server's cache lookups and hits over the
+    second request, and what its command line says of prefix caching. The counters decide what happened: vLLM can
+    turn prefix caching off whatever the argv says (its CPU build does for an MLA model, the lab's), and a TTFT
+    ratio alone moves with the noise of a shared machine."""
 
     prefix_tokens: int
     suffix_tokens: int
     first_ttft_ms: float | None
     second_ttft_ms: float | None
     cached_tokens: int | None  # the rise of vllm:prefix_cache_hits_total over the second request (None: no counter)
+    queried_tokens: int | None = None  # the rise of vllm:prefix_cache_queries_total over it (None: no counter)
     server_setting: str  # what the server's argv says (on, off, or vLLM's default)
     errors: list[str] = []
 
@@ -71,16 +75,23 @@ class PrefixCachePair(_Model):
         return self.second_ttft_ms / self.first_ttft_ms
 
     def verdict(self) -> str:
-        """The pair said plainly: the ratio, whether the cache served the prefix, and the server's setting."""
+        """The pair said plainly: the ratio, what the server's counters say it did, and its argv's setting."""
         if self.ratio is None:
             return f"not measured: {'; '.join(self.errors) or 'no TTFT'}"
-        hits = "" if self.cached_tokens is None else \
-            f"; the server's prefix-cache hits rose by {self.cached_tokens} tokens over the second request"
-        reused = "the cached prefix was reused" if self.ratio < CACHED_BELOW or self.cached_tokens else \
-            "no reuse of the prefix is visible"
         return (f"the second request's TTFT was {self.ratio:.2f}x the first's ({self.second_ttft_ms:,.1f} ms against "
-                f"{self.first_ttft_ms:,.1f} ms, {self.prefix_tokens} shared tokens): {reused}{hits}; prefix caching "
-                f"on the server: {self.server_setting}")
+                f"{self.first_ttft_ms:,.1f} ms, {self.prefix_tokens} shared tokens): {self.reuse()}; prefix caching "
+                f"on the server's command line: {self.server_setting}")
+
+    def reuse(self) -> str:
+        """What the server did with the prefix, from its counters where it has them, else from the ratio."""
+        if self.cached_tokens:
+            return f"the server served {self.cached_tokens} of its tokens from its prefix cache"
+        if self.queried_tokens == 0:
+            return "the server looked nothing up in a prefix cache: prefix caching is off on it"
+        if self.queried_tokens:
+            return f"prefix caching is on (the server looked up {self.queried_tokens} tokens) but none was cached"
+        return ("the ratio suggests a cached prefix" if self.ratio is not None and self.ratio < CACHED_BELOW else
+                "no reuse of the prefix is visible") + " (the server has no prefix-cache counters to say)"
 
 
 class DepthSweep(_Model):
@@ -148,14 +159,18 @@ def prefix_setting(argv: list[str]) -> str:
 
 
 def prefix_pair(prefix_tokens: int, suffix_tokens: int, first: RequestRecord, second: RequestRecord,
-                hits_before: float | None, hits_after: float | None, setting: str) -> PrefixCachePair:
-    """The pair's figures: both TTFTs, the cache hits the second request added (None: no such counter)."""
+                before: dict[str, float], after: dict[str, float], setting: str) -> PrefixCachePair:
+    """The pair's figures: both TTFTs, and the cache lookups and hits the second request added, from the server's
+    counters scraped around it (None where it has no such counter)."""
     def ttft(r: RequestRecord) -> float | None:
         return 1000.0 * r.ttft_s if r.ok and r.ttft_s is not None else None
 
-    cached = int(hits_after - hits_before) if hits_before is not None and hits_after is not None else None
+    def rise(name: str) -> int | None:
+        return int(after[name] - before[name]) if name in before and name in after else None
+
     return PrefixCachePair(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, first_ttft_ms=ttft(first),
-                           second_ttft_ms=ttft(second), cached_tokens=cached, server_setting=setting,
+                           second_ttft_ms=ttft(second), cached_tokens=rise(HITS), queried_tokens=rise(QUERIES),
+                           server_setting=setting,
                            errors=[f"{n}: {r.error}" for n, r in (("first", first), ("second", second)) if not r.ok])
 
 

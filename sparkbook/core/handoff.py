@@ -160,6 +160,8 @@ class PrefixCacheFigure(_Part):
     second_ttft_ms: float | None
     ratio: float | None  # second / first: near 1 without reuse
     cached_tokens: int | None  # the server's prefix-cache hits over the second request
+    queried_tokens: int | None  # its prefix-cache lookups then (0: prefix caching is off on it)
+    reuse: str  # what the server did with the prefix, said plainly
     server_setting: str  # what the server's argv says of prefix caching
 
 

@@ -64,12 +64,15 @@ def test_06_measures_each_depth_and_a_prefix_cache_pair(full_run: tuple[Path, Ma
     pair = found.prefix_cache
     assert pair is not None and pair.errors == [] and pair.prefix_tokens == 1024 and pair.ratio, pair
     assert pair.server_setting.startswith("not set on the command line"), pair  # 05's argv leaves vLLM's default
-    assert pair.cached_tokens is not None and pair.cached_tokens >= 512, f"the cache served the prefix: {pair}"
+    # yet the lab's CPU vLLM turns prefix caching off for an MLA model (hyv4-tiny; its log: "MLA is enabled on a
+    # non-GPU platform; forcing chunked prefill and prefix caching to be disabled"): its counters say so
+    assert (pair.queried_tokens, pair.cached_tokens) == (0, 0), pair
+    assert "prefix caching is off on it" in pair.verdict()
     print(json.dumps(found.model_dump(exclude={"points": {"__all__": {"ttft_ms_repeats", "decode_tok_s_repeats"}}}),
                      indent=1), pair.verdict())
     summary = json.loads((run_dir / "state.json").read_text())["benchmark"]
     assert [d["depth"] for d in summary["depths"]] == [0, 1024]
-    assert summary["prefix_cache"]["ratio"] == pytest.approx(pair.ratio)
+    assert summary["prefix_cache"]["ratio"] == pytest.approx(pair.ratio) and summary["prefix_cache"]["reuse"]
     notebook = (run_dir / "06-benchmark.ipynb").read_text()
     assert "Prefix caching, said plainly" in notebook and "the second request's TTFT was" in notebook
     index = (run_dir / "index.html").read_text()

@@ -14,7 +14,7 @@ from dataclasses import replace
 import aiohttp
 
 from ...core.benchstats import SLOWEST_DECODE_TOK_S, RequestRecord, prometheus_totals
-from ...core.depthsweep import HITS, DepthPoint, DepthSweep, PrefixCachePair, depth_point, prefix_pair, prefix_setting
+from ...core.depthsweep import DepthPoint, DepthSweep, PrefixCachePair, depth_point, prefix_pair, prefix_setting
 from ...core.params import BenchmarkSettings
 from .client import CompletionsServer, make_prompts, metrics_page, run_load
 from .sweep import ServerGone
@@ -69,13 +69,13 @@ def measure_depth(target: CompletionsServer, settings: BenchmarkSettings, pool: 
 def prefix_cache(target: CompletionsServer, settings: BenchmarkSettings, pool: list[int],
                  argv: list[str]) -> PrefixCachePair:
     """The deepest depth sent as a prefix twice: its first request fills the cache, the second may read it; the
-    server's prefix-cache hits are read around the second."""
+    server's prefix-cache counters are read around the second."""
     deepest = max(settings.depths)
     first, second = prefix_pair_prompts(pool, deepest, settings.depth_input_len, depth_seed(deepest, -1))
     cold = one(target, settings, first)
-    before = prometheus_totals(metrics_page(target)).get(HITS)
+    before = prometheus_totals(metrics_page(target))
     warm = one(target, settings, second)
-    after = prometheus_totals(metrics_page(target)).get(HITS)
+    after = prometheus_totals(metrics_page(target))
     return prefix_pair(deepest, settings.depth_input_len, cold, warm, before, after, prefix_setting(argv))
 
 

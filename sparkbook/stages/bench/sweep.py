@@ -315,7 +315,7 @@ def depth_figures(depth: DepthSweep | None) -> dict[str, Any]:
     return {"depths": [BenchDepth.model_validate(p.model_dump(include=set(BenchDepth.model_fields)))
                        for p in depth.points],
             "prefix_cache": PrefixCacheFigure(**pair.model_dump(include=set(PrefixCacheFigure.model_fields)),
-                                              ratio=pair.ratio) if pair else None}
+                                              ratio=pair.ratio, reuse=pair.reuse()) if pair else None}
 
 
 def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier: Path | None,

@@ -155,6 +155,7 @@ def prefix_rows(pair: PrefixCachePair) -> list[dict[str, Any]]:
              "shared prefix tokens": pair.prefix_tokens, "TTFT ms": None if ttft is None else round(ttft, 1),
              "against the first": None if ttft is None or not pair.first_ttft_ms
              else round(ttft / pair.first_ttft_ms, 3),
-             "prefix-cache hits (tokens)": hits}
-            for name, ttft, hits in (("first (fills the cache)", pair.first_ttft_ms, None),
-                                     ("second (same prefix, new suffix)", pair.second_ttft_ms, pair.cached_tokens))]
+             "prefix-cache lookups (tokens)": queried, "prefix-cache hits (tokens)": hits}
+            for name, ttft, queried, hits in (("first (fills the cache)", pair.first_ttft_ms, None, None),
+                                              ("second (same prefix, new suffix)", pair.second_ttft_ms,
+                                               pair.queried_tokens, pair.cached_tokens))]

@@ -8,13 +8,15 @@ them, else over the earlier runs of the same params and image; a move inside the
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from . import depthsweep
 from .benchstats import Delta, compare, spread_band_pct
+from .depthsweep import DepthDelta
 from .handoff import ImageChoice
 from .rundir import PARAMS_COPY, is_run_dir, params_hash
 from .state import StateError, load
@@ -181,16 +183,22 @@ class SweepComparison:
     image: list[Change]  # the image 03 chose, its ID and versions, where they differ
     deltas: list[Delta]
     clock_causes: list[str]
+    depth_deltas: list[DepthDelta] = field(default_factory=list)  # per depth and figure, B against A
+    prefix_ratios: tuple[float | None, float | None] = (None, None)  # the prefix-cache ratio of A and of B
 
     def text(self) -> str:
-        """What changed between the runs, in plain text (the sweep points are `rows`, a table)."""
+        """What changed between the runs, in plain text (the sweep and depth points are `rows`, tables)."""
         lines = [f"A: {self.a}", f"B: {self.b}", ""]
         lines += change_lines("params", self.params, self.params_note or "the same")
         lines += ["", *change_lines("image and versions", self.image, "the same (or not recorded)"), ""]
+        lines += [f"prefix cache, second TTFT / first: {depthsweep.ratio_text(self.prefix_ratios)}", ""]
         return "\n".join(lines + clock_lines(self.clock_causes))
 
     def rows(self) -> list[dict[str, Any]]:
         return delta_rows(self.deltas)
+
+    def depth_rows(self) -> list[dict[str, object]]:
+        return depthsweep.delta_rows(self.depth_deltas)
 
 
 def image_changes(a: ImageChoice | None, b: ImageChoice | None) -> list[Change]:
@@ -207,6 +215,7 @@ def compare_dirs(a_dir: Path, b_dir: Path) -> SweepComparison:
     note = f"run(s) {', '.join(missing)} did not keep their params file ({PARAMS_COPY})" if missing else None
     found = [] if missing else changes(flatten({"params": pa}), flatten({"params": pb}))
     a, b = points_of(a_dir), points_of(b_dir)
+    da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
     return SweepComparison(a_dir, b_dir, found, note, image_changes(image_of(a_dir), image_of(b_dir)),
                            compare(b, a, POINT_METRICS, history_bands(same_setup_runs(a_dir, b_dir))),
-                           clock_causes(a, b))
+                           clock_causes(a, b), depthsweep.compare(da, db), depthsweep.ratios(da, db))

@@ -144,6 +144,28 @@ class BenchPoint(_Part):
     p99_tpot_ms: float | None
 
 
+class BenchDepth(_Part):
+    """One depth of 06's context-depth axis (single stream; core.depthsweep has the definitions)."""
+
+    depth: int
+    ttft_ms: float | None
+    decode_tok_s: float | None
+    prefill_tok_s: float | None
+
+
+class PrefixCacheFigure(_Part):
+    """06's prefix-cache pair: the same prefix sent twice, the second TTFT against the first."""
+
+    prefix_tokens: int
+    first_ttft_ms: float | None
+    second_ttft_ms: float | None
+    ratio: float | None  # second / first: near 1 without reuse
+    cached_tokens: int | None  # the server's prefix-cache hits over the second request
+    queried_tokens: int | None  # its prefix-cache lookups then (0: prefix caching is off on it)
+    reuse: str  # what the server did with the prefix, said plainly
+    server_setting: str  # what the server's argv says of prefix caching
+
+
 class BenchmarkSummary(Handoff):
     key = "benchmark"
     notebook = BENCH.name
@@ -160,6 +182,8 @@ class BenchmarkSummary(Handoff):
     compared_with: str | None
     worse_than_earlier: list[str]
     points: list[BenchPoint]
+    depths: list[BenchDepth] = []  # benchmark.depths, in order (none: not measured)
+    prefix_cache: PrefixCacheFigure | None = None
 
 
 class AbRatio(_Part):

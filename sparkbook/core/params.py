@@ -417,6 +417,14 @@ class BenchmarkSettings(SoakSettings):
                                               "which configuration stays serving")
     ab_decide_at: int | None = Field(None, ge=1, description="the concurrency whose ratio decides the A/B (default: "
                                      "the lowest measured, the single stream speculation is for)")
+    depths: list[Annotated[int, Field(ge=0)]] = Field([0, 4096], description="context depths (tokens before "
+                                                       "the prompt, llama-benchy's --depth) measured single stream "
+                                                       "after the sweep: TTFT and decode tok/s at each; the deepest "
+                                                       "above 0 is also sent twice to measure prefix caching ([]: "
+                                                       "neither)")
+    depth_input_len: int = Field(512, ge=1, description="prompt tokens after the context at each depth "
+                                 "(llama-benchy's --pp)")
+    depth_output_len: int = Field(32, ge=2, description="tokens generated at each depth (llama-benchy's --tg)")
 
 
 class Fabric(Strict):
@@ -566,7 +574,7 @@ class Params(Strict):
         if draft and isinstance(self.runtime, DockerRuntime) and not draft.startswith(cache):
             problems.append(f"serve.speculative.model: {draft} is not under model.cache_dir ({self.model.cache_dir}), "
                             "the only host directory the node containers mount")
-        problems += self._ab_problems()
+        problems += self._ab_problems() + self._depth_problems()
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")
@@ -587,6 +595,17 @@ class Params(Strict):
         if bench.ab_decide_at is not None and bench.ab is None:
             problems.append("benchmark.ab_decide_at: set without benchmark.ab (no A/B to decide)")
         return problems
+
+    def _depth_problems(self) -> list[str]:
+        """Every depth with its prompt and output must fit serve.max_model_len, or vLLM refuses the request."""
+        bench, limit = self.benchmark, self.serve.max_model_len
+        extra = bench.depth_input_len + bench.depth_output_len
+        too_deep = [d for d in bench.depths if limit is not None and d + extra > limit]
+        if limit is None or not too_deep:
+            return []
+        return [f"benchmark.depths: {too_deep} + depth_input_len {bench.depth_input_len} + depth_output_len "
+                f"{bench.depth_output_len} is longer than serve.max_model_len {limit}; the deepest that fits is "
+                f"{limit - extra if limit > extra else 'none'} (lower benchmark.depths, or raise serve.max_model_len)"]
 
     def without_speculation(self) -> Params:
         """The same plan with serve.speculative off: the A/B's baseline arm."""

@@ -7,9 +7,10 @@ it says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core import depthsweep
 from ..core.benchcompare import (
     CLOCK_DIFF,
     POINT_METRICS,
@@ -28,6 +29,7 @@ from ..core.benchcompare import (
     points_of,
 )
 from ..core.benchstats import SINGLE_STREAM, Delta, compare
+from ..core.depthsweep import DepthDelta
 from ..core.rundir import PARAMS_COPY, is_run_dir
 from ..core.sweeppoint import SweepPoint
 from .archive import RunRecord, fmt, outputs_tree, read_run
@@ -64,6 +66,8 @@ class Comparison:
     figures: list[FigurePair]
     deltas: list[Delta]  # per concurrency and metric, B against A
     clock_causes: list[str]  # points whose GPUs ran at clearly different SM clocks in A and B
+    depth_deltas: list[DepthDelta] = field(default_factory=list)  # per depth and figure, B against A
+    prefix_ratios: tuple[float | None, float | None] = (None, None)  # the prefix-cache ratio of A and of B
 
     def text(self, sweep: bool = True) -> str:
         """The comparison as plain text (the terminal; 06 shows the sweep points as a table instead)."""
@@ -76,7 +80,8 @@ class Comparison:
         lines += [f"  {f.name}: {fmt(f.a)} -> {fmt(f.b)}"
                   + (f"  ({f.change_pct:+.1f} %)" if f.change_pct is not None else "") for f in self.figures]
         if sweep:
-            lines += ["", *delta_lines(self.deltas), "", *clock_lines(self.clock_causes)]
+            lines += ["", *delta_lines(self.deltas), "", *depthsweep.delta_lines(self.depth_deltas, self.prefix_ratios),
+                      "", *clock_lines(self.clock_causes)]
         return "\n".join(lines)
 
 
@@ -138,10 +143,11 @@ def _points(run: RunRecord) -> list[SweepPoint]:
 def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
     """Run B against run A (A the earlier or the baseline)."""
     a, b = read_run(a_dir), read_run(b_dir)
+    da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
     params, note = params_changes(a, b)
     figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in FIGURES]
     return Comparison(a, b, params, note, image_changes(a, b), decision_changes(a, b),
                       [f for f in figures if f.a is not None or f.b is not None],
                       compare(_points(b), _points(a), POINT_METRICS, history(a, b)),
-                      clock_causes(_points(a), _points(b)))
+                      clock_causes(_points(a), _points(b)), depthsweep.compare(da, db), depthsweep.ratios(da, db))
 

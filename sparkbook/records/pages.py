@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
+from ..core.depthsweep import ratio_text
 from ..core.rundir import BENCH, INDEX, MANIFEST, PARAMS_COPY, SOAK_FIGURE, SOAK_SERIES, STATE, WATCH
 from ..core.stagelist import DIAGNOSE
 from . import watchlog
@@ -183,6 +184,20 @@ def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
     return rows
 
 
+SWEEP_PLOTS = (("throughput.png", "output tok/s by concurrency"), ("latency.png", "TTFT, TPOT and ITL by concurrency"),
+               ("depth.png", "TTFT and decode tok/s by context depth"))
+
+
+def _plots(r: RunRecord) -> str:
+    """06's plots that the run dir holds, embedded from its bench/ (relative paths inside the run dir only)."""
+    found = [(f"{BENCH}/{name}", title) for name, title in SWEEP_PLOTS if (r.run_dir / BENCH / name).is_file()]
+    if not found:
+        return ""
+    return "<h2>Benchmark plots</h2>" + "".join(
+        f'<figure><img src="{_href(path)}" alt="{e(title)}" style="max-width:100%">'
+        f"<figcaption>{e(title)} ({_link(r.run_dir, path)})</figcaption></figure>" for path, title in found)
+
+
 def run_page(r: RunRecord, extra: str = "") -> str:
     """A run's own page: status, key figures, findings, the failing cell, what did not run, each notebook with
     its decisions; `extra` (HTML) is appended (the Restore section)."""
@@ -196,8 +211,8 @@ def run_page(r: RunRecord, extra: str = "") -> str:
             f"<p>Status: <b>{e(r.status)}</b>; started {e(fmt(r.started))}, finished {e(fmt(r.finished))}; "
             f"{params}; <a href=\"{MANIFEST}\">manifest.json</a>; "
             f'{_written_by(r)}; <a href="../index.html">all runs of {e(fmt(r.cluster))}</a></p>{not_run}'
-            f"{_failing(r)}<h2>Key figures</h2>{_table(key_figures(r))}{_findings(r)}{_timeline(r)}{_soak(r)}"
-            f"<h2>Notebooks</h2>{notebooks}"
+            f"{_failing(r)}<h2>Key figures</h2>{_table(key_figures(r))}{_findings(r)}{_timeline(r)}"
+            f"{_plots(r)}{_soak(r)}<h2>Notebooks</h2>{notebooks}"
             f"{extra}")
     return _page(f"sparkbook {r.cluster} {r.run_id}", body)
 
@@ -265,10 +280,20 @@ def compare_page(c: Comparison, here: Path) -> str:
             f"spread (max - min) over the points' repeats where the runs have them, else over earlier runs of the "
             f"same params and image; never the spread of single requests. Worse or better only outside the band; "
             f"with no estimate the change is not judged.</p>"
-            f"{_table(deltas, raw=('verdict',))}<h2>GPU clocks</h2>"
+            f"{_table(deltas, raw=('verdict',))}{_depth_comparison(c)}<h2>GPU clocks</h2>"
             + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in c.clock_causes) + "</ul>" if c.clock_causes else
                "<p>no point of both runs has clocks clearly apart (or one run did not sample them)</p>"))
     return _page(f"sparkbook compare {c.a.run_id} {c.b.run_id}", body)
+
+
+def _depth_comparison(c: Comparison) -> str:
+    """The context-depth figures of both runs (single stream) and their prefix-cache ratios."""
+    rows = [{"depth": str(d.depth), "metric": d.metric, "A": f"{d.earlier:,.2f}", "B": f"{d.now:,.2f}",
+             "change %": f"{d.change_pct:+.1f}", "noise band": "-" if d.noise_pct is None else f"+-{d.noise_pct:.1f} %",
+             "verdict": f'<span class="{e(d.verdict)}">{e(d.verdict)}</span>'} for d in c.depth_deltas]
+    return (f"<h2>Context depth</h2><p>single stream at each depth both runs measured (noise band: the spread over "
+            f"each point's repeats); prefix cache, second TTFT / first: {e(ratio_text(c.prefix_ratios))}</p>"
+            f"{_table(rows, raw=('verdict',))}")
 
 
 def _relative(target: Path, here: Path) -> str:

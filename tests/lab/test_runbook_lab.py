@@ -11,8 +11,10 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook import cli
+from sparkbook.core import depthsweep
 from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
+from sparkbook.core.rundir import PARAMS_COPY
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
@@ -47,6 +49,35 @@ def test_every_notebook_succeeds_and_is_recorded(full_run: tuple[Path, Manifest]
     absolute = [p.name for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl", ".ipynb", ".html")
                 and str(run_dir) in p.read_text(errors="replace")]
     assert absolute == [], f"absolute paths into the run dir in {absolute}"
+
+
+def test_06_measures_each_depth_and_a_prefix_cache_pair(full_run: tuple[Path, Manifest]) -> None:
+    """Issue 41, item 3: 06's depth axis (single stream, the lab's depths [0, 1024]) and the deepest sent twice as a
+    shared prefix, in bench/depth.json, the notebook, the summary; the sweep's plots on the run page (item 1)."""
+    run_dir, _ = full_run
+    bench = load_params(run_dir / PARAMS_COPY).benchmark
+    found = depthsweep.read(run_dir)
+    assert found is not None and [p.depth for p in found.points] == bench.depths == [0, 1024]
+    for p in found.points:  # the server counted exactly the tokens sent (ids, not text), and answered each
+        assert p.errors == [] and p.prompt_tokens == p.depth + bench.depth_input_len, p
+        assert p.ttft_ms and p.ttft_ms > 0 and p.decode_tok_s and p.decode_tok_s > 0, p
+    pair = found.prefix_cache
+    assert pair is not None and pair.errors == [] and pair.prefix_tokens == 1024 and pair.ratio, pair
+    assert pair.server_setting.startswith("not set on the command line"), pair  # 05's argv leaves vLLM's default
+    # yet the lab's CPU vLLM turns prefix caching off for an MLA model (hyv4-tiny; its log: "MLA is enabled on a
+    # non-GPU platform; forcing chunked prefill and prefix caching to be disabled"): its counters say so
+    assert (pair.queried_tokens, pair.cached_tokens) == (0, 0), pair
+    assert "prefix caching is off on it" in pair.verdict()
+    print(json.dumps(found.model_dump(exclude={"points": {"__all__": {"ttft_ms_repeats", "decode_tok_s_repeats"}}}),
+                     indent=1), pair.verdict())
+    summary = json.loads((run_dir / "state.json").read_text())["benchmark"]
+    assert [d["depth"] for d in summary["depths"]] == [0, 1024]
+    assert summary["prefix_cache"]["ratio"] == pytest.approx(pair.ratio) and summary["prefix_cache"]["reuse"]
+    notebook = (run_dir / "06-benchmark.ipynb").read_text()
+    assert "Prefix caching, said plainly" in notebook and "the second request's TTFT was" in notebook
+    index = (run_dir / "index.html").read_text()
+    for name in ("throughput.png", "latency.png", "depth.png"):
+        assert (run_dir / "bench" / name).stat().st_size > 10_000 and f'<img src="bench/{name}"' in index
 
 
 def test_the_lab_serves_the_new_model_afterwards(full_run: tuple[Path, Manifest], planted: str) -> None:

@@ -1,7 +1,9 @@
-"""06: the benchmark stage: the sweep (sweep), its HTTP load generator (client), its tables and its plots (plot), the
-A/B of speculative decoding (ab); its front door, `preview` and `run`, here.
+"""06: the benchmark stage: the sweep (sweep), its HTTP load generator (client), the context-depth axis and the
+prefix-cache pair (depth), its tables and its plots (plot), the A/B of speculative decoding (ab); its front door,
+`preview` and `run`, here.
 
-`run` measures the served model and sets the evidence around it: the sweep and its stalls, the server's /metrics
+`run` measures the served model and sets the evidence around it: the sweep and its stalls, TTFT and decode at each
+context depth and what a cached prefix saves, the server's /metrics
 against the client's counts, the roofline and the ceiling at each concurrency, 04's all_reduce beside the decode,
 the load generators' own ceiling, the earlier run of the cluster, the summary 06 hands on and, in an A/B's second
 arm, which configuration stays serving.
@@ -16,10 +18,11 @@ from typing import Any
 import aiohttp
 from matplotlib.figure import Figure
 
-from ...core import benchstats, fabric, rundir
+from ...core import benchstats, depthsweep, fabric, rundir
 from ...core.benchcompare import SweepComparison, compare_dirs
 from ...core.benchstats import BatchCeiling, Roofline, StepModel
 from ...core.context import Context
+from ...core.depthsweep import DepthSweep
 from ...core.evidence import Decision, Shown, StageOutcome
 from ...core.handoff import AbVerdict, BenchmarkSummary, Endpoint, FabricProof
 from ...core.modelinfo import ModelFacts
@@ -27,7 +30,7 @@ from ...core.params import BenchmarkSettings
 from ...core.progress import Progress
 from ...core.state import Handoff
 from ...core.sweeppoint import SweepPoint, read_points
-from . import ab, plot, sweep, tables
+from . import ab, depth, plot, sweep, tables
 from .client import CompletionsServer, served_models
 from .soak import SoakFailed, SoakResult
 from .soak import run as run_soak
@@ -66,7 +69,9 @@ class BenchPreview:
         return [Shown("Benchmark settings", {
             **where, "input tokens": s.input_len, "output tokens": s.output_len, "prompts per point": s.num_prompts,
             "concurrency": str(s.concurrency), "warm-up requests per point": s.warmup_requests,
-            "repeats per point": s.repeats, "load generators": s.clients})]
+            "repeats per point": s.repeats, "load generators": s.clients,
+            "context depths (single stream)": str(s.depths) if s.depths else "none (benchmark.depths is [])",
+            "prompt / output tokens at each depth": f"{s.depth_input_len} / {s.depth_output_len}"})]
 
 
 def target_of(endpoint: Endpoint) -> CompletionsServer:
@@ -130,6 +135,8 @@ class BenchOutcome(StageOutcome):
     comparison: SweepComparison | None = None
     summary: BenchmarkSummary | None = None
     ab: AbResult | None = None
+    depth: DepthSweep | None = None  # None: benchmark.depths is []
+    depth_file: str | None = None  # bench/depth.json, relative to the run dir
 
     @property
     def single(self) -> SweepPoint | None:
@@ -139,6 +146,17 @@ class BenchOutcome(StageOutcome):
         return [Shown(f"Sweep: medians of {self.settings.repeats} repeat(s) ({len(self.paths)} JSON files in "
                       f"{self.bench_dir}/ of the run dir)", tables.table(self.results)),
                 Shown("Stalled repeats", self.stalls or "no repeat stalled (TTFT p99 within 10x the median)")]
+
+    def depth_shown(self) -> list[Shown]:
+        if self.depth is None:
+            return [Shown("Context depth", "not measured: benchmark.depths is []")]
+        pair = self.depth.prefix_cache
+        return [Shown(f"Single stream at each context depth (medians of {self.settings.repeats} repeat(s); "
+                      f"{self.depth_file} in the run dir)",
+                      tables.depth_rows(self.depth)),
+                Shown("Prefix caching: the same prefix sent twice", tables.prefix_rows(pair) if pair else
+                      self.depth.prefix_cache_note),
+                Shown("Prefix caching, said plainly", pair.verdict() if pair else self.depth.prefix_cache_note)]
 
     def cross_check_shown(self) -> list[Shown]:
         return [Shown("/metrics deltas against the client's counts", self.checks)]
@@ -169,6 +187,8 @@ class BenchOutcome(StageOutcome):
         shown = [Shown(f"Compared with {self.earlier_dir.name}", self.comparison.text())]
         if self.comparison.deltas:
             shown.append(Shown("Sweep points against the earlier run", self.comparison.rows()))
+        if self.comparison.depth_deltas:
+            shown.append(Shown("Context depths against the earlier run", self.comparison.depth_rows()))
         return shown
 
     def summary_shown(self) -> list[Shown]:
@@ -195,6 +215,8 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
         out.points = sweep.run_sweep(target, s, on_point=lambda p: progress.advance(
             note=f"c={p.result.max_concurrency}: {p.result.output_throughput:.0f} tok/s"), nodes=list(ctx.cluster))
     out.paths = sweep.save(bench_root, out.points, target, s, s.clients)
+    out.depth, path = _depths(ctx, target, s, bench_root)
+    out.depth_file = os.path.relpath(path, ctx.run_dir) if path else None
     out.bench_dir = os.path.relpath(out.paths[0].parent, ctx.run_dir)
     out.results = read_points(bench_root)
     out.stalls = tables.stall_rows(out.results)
@@ -207,10 +229,13 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
     earlier = read_points(out.earlier_dir) if out.earlier_dir else []
     out.figures = {"throughput.png": plot.throughput_figure(out.results, out.ceilings, earlier),
                    "latency.png": plot.latency_figure(out.results)}
+    if out.depth is not None and out.depth.points:
+        out.figures["depth.png"] = plot.depth_figure(out.depth)
     out.load_generators = out.decide(sweep.load_generator_verdict(out.points, s.clients))
     out.comparison = compare_dirs(out.earlier_dir, ctx.run_dir) if out.earlier_dir else None
     deltas = out.comparison.deltas if out.comparison else []
-    out.summary = sweep.summary(out.results, roof, out.paths[0].parent, out.earlier_dir, deltas)
+    out.summary = sweep.summary(out.results, roof, out.paths[0].parent, out.earlier_dir, deltas, out.depth,
+                                out.comparison.depth_deltas if out.comparison else [])
     out.handoffs.append(out.summary)
     if out.summary.failed_requests:
         out.error = FailedRequests(FAILED)
@@ -222,6 +247,20 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
         out.decide(out.ab.decision)
         out.handoffs.append(out.ab.verdict)
     return out
+
+
+def _depths(ctx: Context, target: CompletionsServer, s: BenchmarkSettings,
+            bench_root: Path) -> tuple[DepthSweep | None, Path | None]:
+    """The context-depth axis and the prefix-cache pair on the server the sweep warmed, saved as bench/depth.json
+    (nothing where benchmark.depths is []); the server's argv (05's, the head's) says whether prefix caching is on."""
+    if not s.depths:
+        return None, None
+    endpoint = ctx.handoffs.get(Endpoint)
+    argv = endpoint.commands.get(ctx.head.name, []) if endpoint is not None else []
+    with Progress("context depths", total=len(s.depths) + (max(s.depths) > 0), unit=" requests") as progress:
+        found = depth.measure(target, s, sweep.prompt_pool(target), argv, on_step=lambda note: progress.advance(
+            note=note))
+    return found, depthsweep.write(bench_root, found)
 
 
 def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:

@@ -1,4 +1,5 @@
-"""Benchmark figures (matplotlib): throughput against concurrency, latency percentiles against concurrency."""
+"""Benchmark figures (matplotlib): throughput and latency percentiles against concurrency, TTFT and decode against
+context depth."""
 from __future__ import annotations
 
 import math
@@ -7,6 +8,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from ...core.benchstats import BatchCeiling, repeat_spread
+from ...core.depthsweep import DepthSweep
 from ...core.sweeppoint import SweepPoint
 
 
@@ -67,5 +69,28 @@ def latency_figure(points: list[SweepPoint]) -> Figure:
         ax.set_ylabel("ms")
         ax.set_title(label)
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def depth_figure(sweep: DepthSweep) -> Figure:
+    """TTFT and decode tok/s (single stream, medians of the repeats) against context depth; the prefix-cache pair's
+    second TTFT at its depth where it was measured."""
+    fig = Figure(figsize=(10, 3.8))
+    ttft_ax, decode_ax = fig.subplots(1, 2)
+    depths = [p.depth for p in sweep.points]
+    ttft_ax.plot(depths, [_value(p.ttft_ms) for p in sweep.points], "o-", label="TTFT (fresh prompt)")
+    pair = sweep.prefix_cache
+    if pair is not None and pair.second_ttft_ms is not None:
+        ttft_ax.plot([pair.prefix_tokens], [pair.second_ttft_ms], "s", color="green",
+                     label=f"TTFT, prefix cached ({pair.ratio or 0:.2f}x)")
+    decode_ax.plot(depths, [_value(p.decode_tok_s) for p in sweep.points], "o-")
+    for ax, (title, unit) in zip((ttft_ax, decode_ax), (("TTFT by depth", "ms"), ("Decode by depth", "tokens / s")),
+                                 strict=True):
+        ax.set_xlabel("context depth (tokens before the prompt)")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+    ttft_ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

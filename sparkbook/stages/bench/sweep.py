@@ -38,9 +38,11 @@ from ...core.benchstats import (
     warmup_count,
 )
 from ...core.benchstats import prefill_groups as group_sizes
+from ...core.depthsweep import DepthDelta, DepthSweep
+from ...core.depthsweep import failed as failed_depth_requests
 from ...core.errors import SparkbookError
 from ...core.evidence import Decision
-from ...core.handoff import BenchmarkSummary, BenchPoint
+from ...core.handoff import BenchDepth, BenchmarkSummary, BenchPoint, PrefixCacheFigure
 from ...core.nodes import Node
 from ...core.params import BenchmarkSettings
 from ...core.stagelist import BENCH
@@ -305,19 +307,35 @@ def at_concurrency(results: list[SweepPoint], concurrency: int) -> SweepPoint | 
     return next((r for r in results if r.max_concurrency == concurrency), None)
 
 
+def depth_figures(depth: DepthSweep | None) -> dict[str, Any]:
+    """The depth points and the prefix-cache pair as the summary hands them on (nothing: not measured)."""
+    if depth is None:
+        return {}
+    pair = depth.prefix_cache
+    return {"depths": [BenchDepth.model_validate(p.model_dump(include=set(BenchDepth.model_fields)))
+                       for p in depth.points],
+            "prefix_cache": PrefixCacheFigure(**pair.model_dump(include=set(PrefixCacheFigure.model_fields)),
+                                              ratio=pair.ratio, reuse=pair.reuse()) if pair else None}
+
+
 def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier: Path | None,
-            deltas: list[Delta]) -> BenchmarkSummary:
-    """What later readers need: single stream, peak, roofline share, regressions (for state.json)."""
+            deltas: list[Delta], depth: DepthSweep | None = None,
+            depth_deltas: list[DepthDelta] | None = None) -> BenchmarkSummary:
+    """What later readers need: single stream, peak, roofline share, the depth axis and the prefix-cache pair,
+    regressions (for state.json)."""
     single = at_concurrency(results, 1)
     peak = max(results, key=lambda r: r.output_throughput or 0)
+    worse = [f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse]
+    worse += [f"depth {d.depth} {d.metric} {d.change_pct:+.1f}%" for d in depth_deltas or [] if d.worse]
     return BenchmarkSummary(
         single_stream_output_tok_s=single.output_throughput if single else None,
         single_stream_median_tpot_ms=single.median_tpot_ms if single else None,
         single_stream_median_ttft_ms=single.median_ttft_ms if single else None,
         peak_output_tok_s=peak.output_throughput, peak_at_concurrency=peak.max_concurrency,
-        failed_requests=sum(r.failed for r in results),
+        failed_requests=sum(r.failed for r in results) + failed_depth_requests(depth),
         roofline_ceiling_tok_s=roof.ceiling_tok_s, roofline_percent=roof.percent_of_ceiling,
         bench_dir=str(bench_dir), compared_with=str(earlier) if earlier else None,
-        worse_than_earlier=[f"c={d.max_concurrency} {d.metric} {d.change_pct:+.1f}%" for d in deltas if d.worse],
+        worse_than_earlier=worse,
         points=[BenchPoint.model_validate(r.model_dump(include=set(BenchPoint.model_fields))) for r in results],
+        **depth_figures(depth),
     )

@@ -1,10 +1,12 @@
-"""06's tables and the roofline's worked formula: the rows and markdown the notebook shows of its sweep points."""
+"""06's tables and the roofline's worked formula: the rows and markdown the notebook shows of its sweep points, its
+depth points and its prefix-cache pair."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...core.benchstats import BatchCeiling, StepModel, decode_steps_per_s, repeat_spread
+from ...core.depthsweep import DepthSweep, PrefixCachePair
 from ...core.params import BenchmarkSettings
 from ...core.sweeppoint import GpuClocks, SweepPoint
 from .sweep import Point
@@ -133,3 +135,27 @@ def client_rows(points: list[Point]) -> list[dict[str, Any]]:
              "CPU % of a core": round(100 * c.cpu_utilization, 1),
              "ceiling tok/s": round(c.ceiling_tok_s) if c.ceiling_tok_s else None}
             for p in points for c in p.clients]
+
+
+def depth_rows(sweep: DepthSweep) -> list[dict[str, Any]]:
+    """One row per depth: the prompt the server counted, TTFT, prefill and decode rates (medians), failures."""
+    def r(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return [{"depth": p.depth, "prompt tokens (depth + input)": p.depth + p.input_len,
+             "prompt tokens (server usage)": p.prompt_tokens, "output tokens": p.output_len,
+             "repeats": len(p.ttft_ms_repeats), "TTFT ms": r(p.ttft_ms), "prefill tok/s": r(p.prefill_tok_s),
+             "decode tok/s": r(p.decode_tok_s, 2), "failed": len(p.errors),
+             "errors": "; ".join(p.errors)[:300] or None} for p in sweep.points]
+
+
+def prefix_rows(pair: PrefixCachePair) -> list[dict[str, Any]]:
+    """The prefix-cache pair as two rows, the first request (cold) and the second (same prefix)."""
+    return [{"request": name, "prompt tokens": pair.prefix_tokens + pair.suffix_tokens,
+             "shared prefix tokens": pair.prefix_tokens, "TTFT ms": None if ttft is None else round(ttft, 1),
+             "against the first": None if ttft is None or not pair.first_ttft_ms
+             else round(ttft / pair.first_ttft_ms, 3),
+             "prefix-cache lookups (tokens)": queried, "prefix-cache hits (tokens)": hits}
+            for name, ttft, queried, hits in (("first (fills the cache)", pair.first_ttft_ms, None, None),
+                                              ("second (same prefix, new suffix)", pair.second_ttft_ms,
+                                               pair.queried_tokens, pair.cached_tokens))]

@@ -80,6 +80,11 @@ Prose = Annotated[str, _matches(_PROSE, "sentence (letters, digits, spaces, .,:?
 Env = dict[EnvName, EnvValue]
 
 
+# benchmark.depths left out: 0 and the deepest of these that fits the plan's window with the depth's prompt and output
+DEPTH_LADDER = (4096, 2048, 1024, 512)
+DEPTH_INPUT_LEN, DEPTH_OUTPUT_LEN = 512, 32
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -417,14 +422,15 @@ class BenchmarkSettings(SoakSettings):
                                               "which configuration stays serving")
     ab_decide_at: int | None = Field(None, ge=1, description="the concurrency whose ratio decides the A/B (default: "
                                      "the lowest measured, the single stream speculation is for)")
-    depths: list[Annotated[int, Field(ge=0)]] = Field([0, 4096], description="context depths (tokens before "
+    depths: list[Annotated[int, Field(ge=0)]] = Field([0, DEPTH_LADDER[0]], description="context depths (tokens before "
                                                        "the prompt, llama-benchy's --depth) measured single stream "
                                                        "after the sweep: TTFT and decode tok/s at each; the deepest "
                                                        "above 0 is also sent twice to measure prefix caching ([]: "
                                                        "neither)")
-    depth_input_len: int = Field(512, ge=1, description="prompt tokens after the context at each depth "
+    depth_input_len: int = Field(DEPTH_INPUT_LEN, ge=1, description="prompt tokens after the context at each depth "
                                  "(llama-benchy's --pp)")
-    depth_output_len: int = Field(32, ge=2, description="tokens generated at each depth (llama-benchy's --tg)")
+    depth_output_len: int = Field(DEPTH_OUTPUT_LEN, ge=2, description="tokens generated at each depth "
+                                  "(llama-benchy's --tg)")
 
 
 class Fabric(Strict):
@@ -533,9 +539,11 @@ class Params(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_repeats(cls, data: Any) -> Any:
+    def _benchmark_defaults(cls, data: Any) -> Any:
         """benchmark.repeats unset: 3 where the nodes list GPUs (their batched points move between identical runs),
-        else 1 (the lab's CPU vLLM)."""
+        else 1 (the lab's CPU vLLM). benchmark.depths unset: 0 and the deepest of DEPTH_LADDER, as far as they fit
+        serve.max_model_len with their prompt and output (a plan with a short window is no params error for a setting
+        its author never wrote; one that names depths is held to them)."""
         if not isinstance(data, dict) or not isinstance(data.get("benchmark") or {}, dict):
             return data
         bench = dict(data.get("benchmark") or {})
@@ -544,6 +552,11 @@ class Params(Strict):
             if not isinstance(nodes, list):
                 nodes = []
             bench["repeats"] = 3 if any(isinstance(n, dict) and n.get("gpus") for n in nodes) else 1
+        serve = data.get("serve")
+        window = serve.get("max_model_len") if isinstance(serve, dict) else None
+        extra = (bench.get("depth_input_len", DEPTH_INPUT_LEN), bench.get("depth_output_len", DEPTH_OUTPUT_LEN))
+        if "depths" not in bench and isinstance(window, int) and all(isinstance(x, int) for x in extra):
+            bench["depths"] = [d for d in (0, *DEPTH_LADDER) if d + sum(extra) <= window][:2]
         return {**data, "benchmark": bench}
 
     @model_validator(mode="after")

@@ -44,6 +44,22 @@ def test_every_lab_params_file_fits_its_depths_and_the_default_reaches_4096() ->
     assert Params.model_validate(data).benchmark.depths == [0, 4096]
 
 
+def test_left_out_depths_are_the_deepest_that_fit_a_short_window() -> None:
+    """A params file that never names benchmark.depths (every one written before 06 measured depth) is no params
+    error on a 2048-token window: the default keeps 0 and the deepest of 4096, 2048, 1024, 512, as far as they fit with
+    the default prompt and output (512 + 32); named depths are held to the window."""
+    data = lab_params()
+    for key in ("depths", "depth_input_len", "depth_output_len"):
+        del data["benchmark"][key]
+    assert Params.model_validate(data).benchmark.depths == [0, 1024]
+    data["serve"]["max_model_len"] = 8192
+    assert Params.model_validate(data).benchmark.depths == [0, 4096]
+    data["serve"]["max_model_len"] = 1000
+    assert Params.model_validate(data).benchmark.depths == [0]
+    data["serve"]["max_model_len"] = 500
+    assert Params.model_validate(data).benchmark.depths == []
+
+
 def test_a_depth_past_max_model_len_is_refused_naming_the_field_and_what_fits() -> None:
     with pytest.raises(ValidationError) as err:
         Params.model_validate(lab_params(depths=[0, 1024, 2000]))

@@ -28,7 +28,10 @@ $(BIN)/sparkbook: pyproject.toml
 lab: setup /usr/bin/rsync
 	$(BIN)/sparkbook lab up
 
+# from the lab's initial state (the old deployment serving), whatever earlier runs or tests left on it: a test
+# session's cluster left serving held 04's Ray port and the runbook stopped there
 runbook: lab
+	$(BIN)/sparkbook lab reset --keep-worker-images
 	$(BIN)/sparkbook run params/lab.yaml -p confirm_cleanup=true --archive
 
 # ruff (E,F,W,I,B,UP) and mypy (strict on sparkbook.core) as pyproject.toml configures them

@@ -132,7 +132,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         elif args.action == "down":
             lab.down(progress=print)
         elif args.action == "reset":  # back to the initial state (the old deployment serving) without a restart
-            print(lab.reset(progress=print))
+            print(lab.reset(progress=print, keep_worker_images=args.keep_worker_images))
         else:
             print(lab.status())
     except lab.LabError as exc:  # the lab keeps its own root; here it is one more expected failure
@@ -390,6 +390,8 @@ def parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="the local multi-node test cluster")
     lab.add_argument("action", choices=["up", "down", "reset", "status"])
     lab.add_argument("--nodes", type=int, default=2)
+    lab.add_argument("--keep-worker-images", action="store_true",
+                     help="reset: leave the workers the images earlier runs copied (the next 03 copies nothing)")
     lab.set_defaults(func=cmd_lab)
 
     restore = sub.add_parser("restore", help="bring back what 01-cleanup stopped (its run dir's restore plan)")

@@ -2,7 +2,10 @@
 at 06. The session's `full_run` serves; 06 runs again on it (seeded from that run, start 06) with a one-point sweep and
 a 60 s soak at long context, and once the soak's requests are in flight the vLLM engine core in the head's container
 is killed by its PID (read from /proc). Afterwards `sparkbook up` brings the full run's deployment back for the tests
-after this one. A soak that holds is what params/spark-duo.yaml runs (20 minutes); its pure rules are unit-tested."""
+after this one. A soak that holds is what params/spark-duo.yaml runs (20 minutes); its pure rules are unit-tested.
+Named to sort after test_cluster (which takes the lab down and up, removing a full run made before it) and
+test_idempotence (which reads the full run's deployment as that run left it), and before test_runbook_lab (whose
+restore --stop-new ends that deployment)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +27,9 @@ pytestmark = pytest.mark.lab
 SOAK = {"concurrency": [1], "num_prompts": 2, "warmup_requests": 0, "soak_s": 60, "soak_concurrency": 2,
         "soak_context": 1024, "soak_output_len": 32, "soak_sample_s": 2}
 # the engine core's PID by its process title (vLLM's setproctitle), then SIGKILL: an engine dying under load
-KILL_ENGINE = ('for p in /proc/[0-9]*; do case "$(tr "\\0" " " <$p/cmdline 2>/dev/null)" in *EngineCore*) '
+# (its own sh is skipped: its command line holds this text, and /proc's PIDs come in text order, not number order)
+KILL_ENGINE = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; '
+               'case "$(tr "\\0" " " <$p/cmdline 2>/dev/null)" in *EngineCore*) '
                'kill -KILL "${p#/proc/}" && echo "${p#/proc/}" && exit 0;; esac; done; '
                'ps -eo pid,args 2>/dev/null || ls /proc; exit 1')
 
@@ -42,14 +47,18 @@ def _running(base_url: str) -> float:
                if line.startswith("vllm:num_requests_running"))
 
 
-def _kill_mid_soak(outputs: Path, base_url: str, shell, container: str, killed: dict) -> None:
-    """Once the sweep's point is saved and both soak streams are in flight, a few samples in: the engine core dies."""
+def _kill_mid_soak(outputs: Path, base_url: str, shell, container: str, killed: dict,  # type: ignore[no-untyped-def]
+                   done: threading.Event) -> None:
+    """Once the sweep's point is saved and both soak streams are in flight, a few samples in: the engine core dies.
+    Never once 06 has ended (`done`): a late kill would take down the deployment `up` brought back for later tests."""
     deadline = time.monotonic() + 900
-    while not list(outputs.glob(f"*/*/{'bench'}/c0001.json")) and time.monotonic() < deadline:
+    while not list(outputs.glob(f"*/*/{'bench'}/c0001.json")) and time.monotonic() < deadline and not done.is_set():
         time.sleep(0.5)
-    while _running(base_url) < SOAK["soak_concurrency"] and time.monotonic() < deadline:
+    while _running(base_url) < SOAK["soak_concurrency"] and time.monotonic() < deadline and not done.is_set():
         time.sleep(0.3)
     time.sleep(3 * SOAK["soak_sample_s"])
+    if done.is_set():
+        return
     killed["at"] = time.time()
     killed["result"] = shell.run(["docker", "exec", container, "sh", "-c", KILL_ENGINE], timeout=60, check=False)
 
@@ -64,14 +73,15 @@ def soak_run(full_run, planted, node_shells, tmp_path_factory):
     base_url = json.loads((first_dir / "state.json").read_text())["endpoint"]["base_url"]
     head = load_params(params).head.name
     container = topology.places(load_params(params), "")[head].name
-    outputs, killed = tmp_path_factory.mktemp("soak-outputs"), {}
-    killer = threading.Thread(target=_kill_mid_soak, args=(outputs, base_url, node_shells[head], container, killed),
-                              daemon=True)
+    outputs, killed, done = tmp_path_factory.mktemp("soak-outputs"), {}, threading.Event()
+    killer = threading.Thread(target=_kill_mid_soak, daemon=True,
+                              args=(outputs, base_url, node_shells[head], container, killed, done))
     _secrets(planted)
     t0 = time.monotonic()
     try:
         killer.start()
         run_dir, manifest = driver.run(params, out_root=outputs, seed=first_dir, start=BENCH.id, say=print)
+        done.set()
         killer.join(timeout=60)
         took = time.monotonic() - t0
         t1 = time.monotonic()

@@ -131,6 +131,7 @@ class Endpoint(Handoff):
     api_key_env: str | None = None  # the variable whose value every request sends as its bearer token
     addresses: dict[str, str] = {}  # network (management, fabric) -> the URL clients use there
     seconds_without_service: float | None = None  # a replacement's: old server stopped -> new one answered
+    quality_key: str | None = None  # the reference 05's answers agreed with or recorded (None: not checked)
 
 
 class BenchPoint(_Part):
@@ -228,8 +229,9 @@ class SoakReport(Handoff):
     worst_tok_s: float | None
     worst_at_s: float | None  # the worst window's start, seconds into the soak
     failure: str | None  # None: the soak held
-    failed_rule: str | None = None  # engine dead | node unreachable | Xid | OOM kill | error rate
+    failed_rule: str | None = None  # engine dead | node unreachable | Xid | OOM kill | error rate | answers
     failed_node: str | None = None
     failed_at: str | None = None  # UTC, ISO
     lines: list[str] = []  # the kernel or server log lines that name the failure
     series: str  # the samples and windows, relative to the run dir (bench/soak.json)
+    answers: str | None = None  # 05's answer checks asked again after the soak, in words (None: the soak failed first)

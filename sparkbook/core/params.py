@@ -82,6 +82,8 @@ Env = dict[EnvName, EnvValue]
 
 # benchmark.depths left out: 0 and the deepest of these that fits the plan's window with the depth's prompt and output
 DEPTH_LADDER = (4096, 2048, 1024, 512)
+REASONING_TOKENS = 1024  # room for a thinking model to finish thinking and answer ("Say hello." ~400 for Qwen3.5)
+PLAIN_TOKENS = 32
 DEPTH_INPUT_LEN, DEPTH_OUTPUT_LEN = 512, 32
 
 
@@ -361,6 +363,11 @@ class ServeSettings(Strict):
                                       "served before it (kept by the run that started it)")
     api_key_env: EnvName | None = Field(None, description="environment variable (also listed in `secrets`) whose value "
                                         "vLLM requires as its API key: every request of 05 and 06 sends it")
+
+    def smoke_tokens(self) -> int:
+        """max_tokens per smoke or known-answer request: smoke_max_tokens, else room to think where a reasoning
+        parser runs (05's smoke test and both answer checks, 05's and the one after 06's soak, ask the same)."""
+        return self.smoke_max_tokens or (REASONING_TOKENS if self.reasoning_parser else PLAIN_TOKENS)
 
     def headers(self) -> dict[str, str]:
         """What every request to the API carries: the bearer token of api_key_env, when set."""

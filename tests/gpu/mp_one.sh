@@ -2,7 +2,8 @@
 # On the device (kind nvidia-h200), after stage.sh installed everything: issue 45's check on one H200 at TP=1 in one
 # call, for a short lease: params/h200-one-mp.yaml (serve.executor mp) through 05, then `sparkbook status`, the Ray
 # processes on the host (none expected: 04 forms no Ray on this path) and 04's and 05's decisions.
-#   bash tests/gpu/mp_one.sh [BUDGET seconds for the run, default 330]
+#   [KEEP_SERVING=1] bash tests/gpu/mp_one.sh [BUDGET seconds for the run, default 330]
+# KEEP_SERVING=1 leaves the server up for tests/gpu/soak_one.sh (issue 41's soak) in the next call.
 set -uo pipefail
 HERE="$(dirname "${BASH_SOURCE[0]}")"
 source "$HERE/env.sh"
@@ -22,5 +23,6 @@ for line in open(d + "events.jsonl"):
 s = json.load(open(d + "state.json")).get("endpoint") or {}
 print("endpoint: ready_s", s.get("ready_s"), "argv", " ".join(s.get("commands", {}).get("h200", []))[:400])
 EOF2
+[ "${KEEP_SERVING:-0}" = 1 ] && { echo "left serving (KEEP_SERVING=1): tests/gpu/soak_one.sh next"; exit 0; }
 sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
 for s in $sids; do pkill -TERM -s "$s"; done; sleep 3; for s in $sids; do pkill -KILL -s "$s"; done

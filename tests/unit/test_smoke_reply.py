@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sparkbook.core.errors import SparkbookError
-from sparkbook.core.params import ServeSettings
+from sparkbook.core.params import PLAIN_TOKENS, REASONING_TOKENS, ServeSettings
 from sparkbook.stages.serve import smoke
 
 REPLIES = yaml.safe_load((Path(__file__).parent / "data" / "vllm_reasoning_replies.yaml").read_text())
@@ -83,9 +83,9 @@ def test_check_smoke_raises_with_the_remediation_and_passes_good_replies():
 
 
 def test_smoke_tokens_leave_room_to_think_only_where_a_parser_runs():
-    assert smoke.smoke_tokens(ServeSettings()) == smoke.PLAIN_TOKENS == 32
-    assert smoke.smoke_tokens(ServeSettings(reasoning_parser="qwen3")) == smoke.REASONING_TOKENS
-    assert smoke.smoke_tokens(ServeSettings(reasoning_parser="qwen3", smoke_max_tokens=256)) == 256
+    assert ServeSettings().smoke_tokens() == PLAIN_TOKENS == 32
+    assert ServeSettings(reasoning_parser="qwen3").smoke_tokens() == REASONING_TOKENS
+    assert ServeSettings(reasoning_parser="qwen3", smoke_max_tokens=256).smoke_tokens() == 256
 
 
 def test_the_decision_names_the_serve_output_fields():
@@ -94,7 +94,7 @@ def test_the_decision_names_the_serve_output_fields():
     assert d.choice == "the answer in content, the thinking in reasoning_content"
     assert d.evidence == ["--host 0.0.0.0", "--reasoning-parser qwen3",
                           "--tool-call-parser qwen3_coder --enable-auto-tool-choice",
-                          "--chat-template /srv/models/unsloth.jinja", f"max_tokens {smoke.REASONING_TOKENS}",
+                          "--chat-template /srv/models/unsloth.jinja", f"max_tokens {REASONING_TOKENS}",
                           "answer must contain 'Paris' (serve.smoke.expect)",
                           "a get_weather call parsed into tool_calls"]
     plain = smoke.smoke_decision(ServeSettings())

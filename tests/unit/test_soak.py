@@ -190,3 +190,26 @@ def test_the_soak_figure_draws_every_series_and_marks_the_failure(tmp_path: Path
                                                  "Server queue (/metrics)", "GPU clocks, temperature, power"]
     assert all(any(line.get_color() == "red" for line in a.get_lines()) for a in axes[:5]), "the failure's line"
     assert r.report().worst_tok_s is not None and (tmp_path / "soak.png").stat().st_size > 10000
+
+
+def test_the_answers_after_a_held_soak_are_reported_with_each_prompt_s_share_and_what_failed() -> None:
+    """06 asks 05's checks again once the soak held: the report and its hand-off say which reference, each prompt's
+    share of identical top-1 tokens and the known answers' skip, and a changed answer is the failure's text."""
+    from sparkbook.core.params import BenchmarkSettings
+    from sparkbook.core.quality import Agreement, Reference
+    from sparkbook.core.qualityapi import QualityReport
+
+    ref = Reference("k1", "20261206T010000Z", "2026-12-06T01:00:00+00:00", "img", [])
+    same = [Agreement("short", 32, 32, None, 0.0, None), Agreement("filler, 900 tokens", 32, 32, None, 0.01, 3)]
+    r = soak.SoakResult(BenchmarkSettings(soak_s=40))
+    assert r.report().answers is None, "the soak failed (or never asked) before the checks: nothing said of them"
+    r.answers_note = "not asked: 05 checked no answers (serve.quality.enabled is false)"
+    assert r.report().answers == r.answers_note
+    r.answers = QualityReport("k1", 2048, "dummy weights", [], ref, same, [], 4.2)
+    assert r.report().answers == ("held; top-1 tokens identical to the reference's: short 100%, filler, 900 tokens "
+                                  "100%; known answers skipped (dummy weights) (4 s)")
+    r.answers = QualityReport("k1", 2048, "dummy weights", [], ref, [Agreement("short", 32, 5, 5, 7.5, 5)], [], 3.0)
+    r.answers_problem = r.answers.problem(0.9)
+    assert r.answers_problem is not None and "short" in r.answers_problem
+    text = r.report().answers or ""
+    assert text.startswith(f"failed: {r.answers_problem}") and "short 16%" in text

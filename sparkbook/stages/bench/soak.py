@@ -30,6 +30,7 @@ from ...core.handoff import Endpoint, SoakReport
 from ...core.nodes import Node, NodeError
 from ...core.params import SoakSettings, bearer
 from ...core.progress import Progress
+from ...core.qualityapi import QualityReport, check, load_reference
 from ...core.rundir import SOAK_SERIES
 from ...core.runtime import Spawned
 from ...core.stagelist import BENCH
@@ -68,7 +69,7 @@ class ServerSample:
 
 @dataclass(frozen=True)
 class Failure:
-    rule: str  # engine dead | node unreachable | Xid | OOM kill | error rate
+    rule: str  # engine dead | node unreachable | Xid | OOM kill | error rate | answers
     node: str | None
     at: float
     message: str
@@ -228,6 +229,9 @@ class SoakResult:
     windows: list[Window] = field(default_factory=list)
     failure: Failure | None = None
     series: str = ""
+    answers: QualityReport | None = None  # 05's answer checks asked again once the soak held
+    answers_note: str | None = None  # why they were not asked (None: asked, or the soak failed first)
+    answers_problem: str | None = None  # what they found wrong (None: nothing)
 
     def report(self) -> SoakReport:
         s, (low, median) = self.settings, worst(self.windows)
@@ -239,7 +243,18 @@ class SoakResult:
                           median_tok_s=median, worst_tok_s=low.tok_s if low else None,
                           worst_at_s=low.start_s if low else None, failure=f.text() if f else None,
                           failed_rule=f.rule if f else None, failed_node=f.node if f else None,
-                          failed_at=f.time if f else None, lines=f.lines if f else [], series=self.series)
+                          failed_at=f.time if f else None, lines=f.lines if f else [], series=self.series,
+                          answers=self.answers_text())
+
+    def answers_text(self) -> str | None:
+        """The answer checks after the soak in words (None: the soak failed before them)."""
+        r = self.answers
+        if r is None:
+            return self.answers_note
+        shares = ", ".join(f"{a.prompt} {a.share:.0%}" for a in r.agreements) or "no prompt"
+        known = f"known answers skipped ({r.skipped})" if r.skipped else f"{len(r.answers)} known answers asked"
+        head = f"failed: {self.answers_problem}" if self.answers_problem else "held"
+        return f"{head}; top-1 tokens identical to the reference's: {shares}; {known} ({r.seconds:.0f} s)"
 
     def notes(self) -> dict[str, str]:
         """What each node could not tell (its last sample's notes)."""
@@ -254,6 +269,8 @@ class SoakResult:
         verdict_text = r.failure or (f"held for {r.ran_s:.0f} s: worst {r.window_s:g}-s window {r.worst_tok_s} tok/s "
                                      f"at {r.worst_at_s} s, {_share(low, median)} of the median {r.median_tok_s}")
         return [Shown("Soak verdict", verdict_text),
+                Shown("Answers after the soak (05's checks asked again)", self.answers_text() or
+                      "not asked: the soak failed first"),
                 Shown("Soak settings and counts", r.model_dump(exclude={"failure", "lines"})),
                 Shown("Throughput by window", [asdict(w) for w in self.windows] or "no full window"),
                 Shown("Each node at its last sample", [_node_row(s) for s in {s.node: s for s in self.nodes}.values()]),
@@ -318,11 +335,39 @@ def run(ctx: Context, target: CompletionsServer, bench_dir: Path, ab_arm: str | 
         with ThreadPoolExecutor(len(list(ctx.cluster))) as last:
             _sample(ctx, target, last, serving, before, out)
         out.failure = verdict(out.server, out.nodes, out.records, s.soak_max_error_rate, head, final=True)
+    if out.failure is None:
+        out.failure = _answers_after(ctx, target, endpoint, out)
     if out.failure and out.failure.rule == "engine dead" and out.failure.node:
         out.failure = _with_log(ctx, endpoint, out.failure)
     out.windows = windows(out.records, out.ended_at, window_length(s.soak_s))
     out.series = _save(bench_dir, out)
     return out
+
+
+def _answers_after(ctx: Context, target: CompletionsServer, endpoint: Endpoint, out: SoakResult) -> Failure | None:
+    """05's answer checks asked again of the soaked server, against the reference 05 passed: output that turns to
+    token soup after minutes of load shows behind a green /health only here. The failure where they disagree or
+    their requests fail; where they cannot be asked, `out.answers_note` says why."""
+    key = endpoint.quality_key
+    if key is None:
+        out.answers_note = "not asked: 05 checked no answers (serve.quality.enabled is false)"
+        return None
+    reference = load_reference(ctx.run_dir, key)
+    if reference is None:
+        out.answers_note = f"not asked: no reference {key} beside the cluster's runs"
+        return None
+    serve, head = ctx.params.serve, ctx.params.head.name
+    try:
+        out.answers = check(target.base_url, target.model, serve, key, reference, serve.smoke_tokens())
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:  # a refused request or a reply unlike vLLM's
+        out.answers_note = f"asked, and a request failed: {type(exc).__name__}: {str(exc)[:300]}"
+        return Failure("answers", head, time.time(), f"the answer checks after the soak failed on {head}: "
+                       f"{out.answers_note}")
+    out.answers_problem = out.answers.problem(serve.quality.min_agreement)
+    if out.answers_problem is None:
+        return None
+    return Failure("answers", head, time.time(), f"the answers changed under load on {head}: "
+                   f"{out.answers_problem} (05 agreed with run {reference.run}'s reference before the soak)")
 
 
 def _serving_checks(ctx: Context, endpoint: Endpoint) -> dict[str, Callable[[], bool]]:

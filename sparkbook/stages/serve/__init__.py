@@ -263,10 +263,10 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
         _smoke(ctx, outcome, up)
-        _quality(ctx, preview, outcome, up)
+        key = _quality(ctx, preview, outcome, up)
         _drop_aside(ctx, preview, outcome)
         outcome.addresses = endpoints.client_addresses(ctx.params)
-        outcome.endpoint = bringup.endpoint(up, outcome.addresses)
+        outcome.endpoint = bringup.endpoint(up, outcome.addresses).model_copy(update={"quality_key": key})
         outcome.handoffs.append(outcome.endpoint)
     except SparkbookError as exc:
         outcome.error = exc
@@ -378,14 +378,15 @@ def _smoke(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
     smoke.check_smoke(outcome.smoke)
 
 
-def _quality(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: BringUp) -> None:
-    """The answers checked at depth (a reused server too: what serves is what is checked); ServeError naming the
-    prompt and position where the answers are lost or disagree with this model and plan's reference."""
+def _quality(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: BringUp) -> str | None:
+    """The answers checked at depth (a reused server too: what serves is what is checked), and the reference key
+    they passed against (06 checks again after its soak; None: not checked); ServeError naming the prompt and
+    position where the answers are lost or disagree with this model and plan's reference."""
     running = up.launched.plan
     if not ctx.params.serve.quality.enabled:
         outcome.quality_off = True
         outcome.event("quality_check", {"checked": False, "why": "serve.quality.enabled is false"})
-        return
+        return None
     asked = dataclasses.replace(running, settings=running.settings.model_copy(
         update={"quality": ctx.params.serve.quality, "smoke": ctx.params.serve.smoke}))
     key, reference = quality.reference_for(ctx, asked)
@@ -393,3 +394,4 @@ def _quality(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: Bri
     outcome.quality = quality.run_checks(ctx, asked, preview.image.ref, key, reference)
     outcome.event("quality_check", outcome.quality.event())
     quality.check_quality(outcome.quality)
+    return key

@@ -13,7 +13,6 @@ from ...core.evidence import Alternative, Decision, now
 from ...core.quality import Reference, answers_verdict, known_answers_skipped, reference_key, settings_shown
 from ...core.qualityapi import QualityReport, check, load_reference, save_reference
 from .commands import ServeError, ServePlan
-from .smoke import smoke_tokens
 
 QUESTION = "What are 05's answers checked against?"
 
@@ -100,7 +99,7 @@ def run_checks(ctx: Context, plan: ServePlan, image: str, key: str, reference: R
     """Both checks against the serving plan's API; the reference recorded where there was none and they passed."""
     settings = plan.settings
     try:
-        report = check(plan.base_url, plan.model, settings, key, reference, smoke_tokens(settings))
+        report = check(plan.base_url, plan.model, settings, key, reference, settings.smoke_tokens())
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:  # a refused request or a reply unlike vLLM's
         raise ServeError(f"answers checked at depth: the request failed ({type(exc).__name__}: {str(exc)[:300]})",
                          remediation="read the serve log tail in the run's logs/; set serve.quality.enabled: false "

@@ -17,8 +17,6 @@ from ...core.quality import dummy_weights
 from .commands import ServeError
 
 SmokeKind = Literal["chat", "completion", "tool"]
-REASONING_TOKENS = 1024  # room for a thinking model to finish thinking and answer ("Say hello." ~400 for Qwen3.5)
-PLAIN_TOKENS = 32
 THINK_TAGS = ("<think>", "</think>")
 COMPLETION_PROMPT = "The capital of France is"
 TOOL = {"type": "function", "function": {
@@ -73,11 +71,6 @@ class Smoke:
     finish_reason: str = ""
     problem: str | None = None
     remediation: str | None = None
-
-
-def smoke_tokens(settings: ServeSettings) -> int:
-    """max_tokens per smoke request: serve.smoke_max_tokens, else room to think where a reasoning parser runs."""
-    return settings.smoke_max_tokens or (REASONING_TOKENS if settings.reasoning_parser else PLAIN_TOKENS)
 
 
 def judge(kind: SmokeKind, data: dict[str, Any], reasoning_parser: str | None, max_tokens: int,
@@ -167,7 +160,7 @@ def smoke_test(base_url: str, model: str, settings: ServeSettings | None = None,
                timeout_s: float = 180) -> list[Smoke]:
     """The smoke requests (`requests`), each judged (`judge`); their text, time and token counts."""
     settings = settings or ServeSettings.model_validate({})
-    max_tokens, out = smoke_tokens(settings), []
+    max_tokens, out = settings.smoke_tokens(), []
     with httpx.Client(timeout=timeout_s, headers=settings.headers()) as client:
         for kind, path, body, prompt in requests(settings):
             t0 = time.monotonic()
@@ -190,7 +183,7 @@ def check_smoke(smoke: list[Smoke]) -> None:
 
 def smoke_decision(settings: ServeSettings) -> Decision:
     """What the smoke test expects of the chat reply, given how vLLM was told to shape the model's output."""
-    tokens = smoke_tokens(settings)
+    tokens = settings.smoke_tokens()
     evidence = [f"--host {settings.host}",
                 f"--reasoning-parser {settings.reasoning_parser}" if settings.reasoning_parser
                 else "no serve.reasoning_parser",

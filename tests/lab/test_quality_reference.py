@@ -3,7 +3,9 @@ check's reference beside the cluster's runs and skipped the known answers (the l
 05 alone on a copy of its run dir, with one weight tensor of the model altered on both nodes (lm_head's signs
 flipped: every top-1 token changes), fails naming the prompt and the first diverging position, and with the tensor
 restored passes against the same reference. The tensor is restored whatever happens (its bytes written back into the
-same file, checked by sha256 on every node), and the server is left serving the first run's plan from the right weights."""
+same file, checked by sha256 on every node), and the server is left serving the first run's plan from the right weights.
+06 alone (a new run seeded from the full run, start 06) with a short soak that holds asks 05's checks again of the
+soaked server against the same reference, with the cluster's quality/ dir beside its runs as a user's outputs hold it."""
 from __future__ import annotations
 
 import json
@@ -13,17 +15,22 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
 from sparkbook.core.rundir import QUALITY
 from sparkbook.core.runtime import KILL_SH
+from sparkbook.core.stagelist import BENCH
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.stages.serve.launch import log_path
 
 pytestmark = pytest.mark.lab
 SERVING = "/tmp/sparkbook/logs/serving.json"
+# a soak that holds, kept short: one sweep point, no depth axis, 20 s of two streams at 512 prompt tokens
+HELD_SOAK = {"concurrency": [1], "num_prompts": 2, "warmup_requests": 0, "depths": [], "soak_s": 20,
+             "soak_concurrency": 2, "soak_context": 512, "soak_output_len": 16, "soak_sample_s": 2}
 # Run on a node: flip the sign bit of every bf16 of the tensor named lm_head (plant), or write the kept bytes back into
 # the same file (restore: its owner, mode and mtime as they were); both print the file's sha256 after.
 SURGERY = r"""
@@ -126,3 +133,30 @@ def test_a_planted_change_of_the_model_fails_the_agreement_and_the_same_model_pa
     assert all(row["share"] == "0%" for row in bad["agreement"]), bad["agreement"]
     assert passed and good["problem"] is None and good["reference"]["run"] == first_dir.name, good
     assert all(row["share"] == "100%" and row["first divergence"] == "none" for row in good["agreement"]), good
+
+
+def test_a_held_soak_asks_05_s_answer_checks_again_against_the_same_reference(full_run, planted: str,
+                                                                              tmp_path: Path) -> None:
+    first_dir, first = full_run
+    key = json.loads((first_dir / "state.json").read_text())["endpoint"]["quality_key"]
+    assert key and (first_dir.parent / QUALITY / f"{key}.json").is_file(), "05 hands on the key of the reference"
+    data = yaml.safe_load(Path(first.params_file).read_text())
+    data["benchmark"].update(HELD_SOAK)
+    params = tmp_path / "lab.yaml"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    outputs = tmp_path / "outputs"
+    shutil.copytree(first_dir.parent / QUALITY, outputs / data["cluster"] / QUALITY)
+    os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
+    t0 = time.monotonic()
+    try:
+        run_dir, manifest = driver.run(params, out_root=outputs, seed=first_dir, start=BENCH.id, say=print)
+    finally:
+        del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
+    print(f"06 with a 20 s soak and the answers after it: {time.monotonic() - t0:.0f} s")
+    bench = next(nb for nb in manifest.notebooks if BENCH.owns(nb.name))
+    assert manifest.status == "partial" and bench.status == "ok", manifest  # partial: 06 alone, by design
+    report = json.loads((run_dir / "state.json").read_text())["soak"]
+    print("the soak's report:", report)
+    assert report["failure"] is None and report["requests_ok"] > 0 and report["requests_failed"] == 0, report
+    assert report["answers"].startswith("held; top-1 tokens identical to the reference's: capital 100%"), report
+    assert "known answers skipped" in report["answers"], "the lab's random model cannot answer: said so"

@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 from test_diagnose_gate import QWEN35_122B, recorded
 from test_modelinfo import LLAMA3_8B
+from test_serve_front_door import a_preview
 
+from sparkbook.core.context import Context
 from sparkbook.core.modelinfo import GIB, model_facts
-from sparkbook.core.params import load_params
-from sparkbook.stages.diagnose import layoutfit
+from sparkbook.core.params import ParamsError, load_params
+from sparkbook.stages import serve
+from sparkbook.stages.diagnose import checks, layoutfit
 from sparkbook.stages.diagnose.layoutfit import EXPERT_PARALLEL, REPLICAS, TP
+from sparkbook.stages.serve.commands import ServeError
 
 GPT_OSS_120B = {  # openai/gpt-oss-120b's published config.json (the fields the fit reads)
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "torch_dtype": "bfloat16", "hidden_size": 2880,
@@ -92,3 +96,40 @@ def test_one_node_has_no_replicas(write_params, base, sparks):
     facts = model_facts(LLAMA3_8B, None, [], "/m")
     fits = layoutfit.layout_fits(facts, load_params(write_params(base)), sparks)
     assert [f.layout for f in fits] == [TP] and "One node: no replicas" in layoutfit.verdict(fits)
+
+
+# --- serve.layout: the params field, 02's finding, 05's refusal -------------------------------------------------
+def test_replicas_on_one_node_is_refused_naming_the_field(write_params, base):
+    assert load_params(write_params(base)).serve.layout == "tp"
+    base["nodes"] = base["nodes"][:1]
+    base["serve"] = {"tensor_parallel_size": 1, "layout": "replicas"}
+    with pytest.raises(ParamsError, match=r"serve.layout: replicas runs a copy of the model on each node .* this "
+                                          r"cluster has one node \(set serve.layout: tp\)"):
+        load_params(write_params(base))
+    base["serve"]["layout"] = "dp"
+    with pytest.raises(ParamsError, match="serve.layout"):
+        load_params(write_params(base))
+
+
+def test_02_stops_replicas_that_do_not_fit_naming_the_field(duo, sparks):
+    facts = model_facts(QWEN35_122B, {"metadata": {"total_size": QWEN35_BYTES}}, [], "/m")
+    replicas = duo.model_copy(update={"serve": duo.serve.model_copy(update={"layout": "replicas"})})
+    fits = layoutfit.layout_fits(facts, replicas, sparks)
+    (found,) = layoutfit.layout_findings(fits, replicas)
+    assert (found.severity, found.topic) == ("blocker", "layout")
+    assert found.text.startswith("serve.layout: replicas: a copy of the model with the KV cache of 262144 tokens "
+                                 "does not fit one node: a: the weights (110.83 GiB)")
+    (stop,) = checks.stopping([found], replicas)
+    assert "set serve.layout: tp" in stop.remediation
+    assert layoutfit.layout_findings(fits, duo) == []  # tp: the split fits, nothing to say
+
+
+def test_02_and_05_stop_replicas_that_fit_while_no_router_serves_them(duo, sparks, tmp_path):
+    facts = model_facts(GPT_OSS_120B, {"metadata": {"total_size": GPT_OSS_BYTES}}, [], "/m")
+    replicas = duo.model_copy(update={"serve": duo.serve.model_copy(update={"layout": "replicas"})})
+    (found,) = layoutfit.layout_findings(layoutfit.layout_fits(facts, replicas, sparks), replicas)
+    assert found.severity == "blocker" and "replicas fits" in found.text and "05 serves only tp" in found.text
+    ctx = Context(replicas, None, None, tmp_path)  # type: ignore[arg-type]  # nothing reaches a node
+    out = serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
+    assert isinstance(out.error, ServeError) and "serve.layout: replicas is not served" in str(out.error)
+    assert "set serve.layout: tp" in str(out.error)

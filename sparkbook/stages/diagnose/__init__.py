@@ -125,7 +125,8 @@ def run(ctx: Context, preview: DiagnosePreview, *, proceed_despite_blockers: boo
     no_probe = imageprobes.no_installed_reason(ctx, found)
     findings = (checks.node_findings(preview.facts, ctx.params) + checks.link_findings(links, ctx.params)
                 + checks.model_findings(preview.files) + checks.speculation_findings(preview.model, ctx.params)
-                + checks.fit_findings(preview.fit) + [checks.image_finding(probe, no_probe)])
+                + checks.fit_findings(preview.fit) + layoutfit.layout_findings(preview.layouts, ctx.params)
+                + [checks.image_finding(probe, no_probe)])
     diagnosis = checks.diagnosis(findings, probe, architecture, preview.memory)
     out = DiagnoseOutcome(links=links, probe=probe, no_probe=no_probe,
                           probe_source=imageprobes.installed_source(ctx, probe), findings=findings,

@@ -55,7 +55,7 @@ def test_seed_model_fits_only_split_and_02_says_replicas_do_not(duo, sparks):
     assert tp.kv_gib == pytest.approx(0.7 * 121.69 - QWEN35_BYTES / 2 / GIB - 4, abs=0.05)  # what TP=2 leaves
     assert tp.needed_tokens == 8 * 32768 <= tp.kv_tokens
     # a whole copy (110.8 GiB) is more than the 101.3 GiB CUDA can allocate on a Spark: no KV cache is left
-    assert not replicas.fits and replicas.servers == 2 and replicas.kv_gib == 0
+    assert not replicas.fits and not replicas.holds_weights and replicas.servers == 2 and replicas.kv_gib == 0
     assert all(r.ranks == 1 and r.weights_gib == pytest.approx(110.83, abs=0.01) for r in replicas.rows)
     assert "a: the weights (110.83 GiB)" in replicas.why and "more than the 101.29 GiB CUDA can allocate" \
         in replicas.why
@@ -85,7 +85,9 @@ def test_replicas_held_to_the_full_load_and_no_experts_no_ep(write_params, base,
                      "max_num_seqs": 64}
     facts = model_facts(GPT_OSS_120B, {"metadata": {"total_size": GPT_OSS_BYTES}}, [], "/m")
     replicas = _by_layout(layoutfit.layout_fits(facts, load_params(write_params(base)), sparks))[REPLICAS]
-    assert not replicas.fits and f"{64 * 131072} are needed" in replicas.why
+    assert not replicas.fits and replicas.holds_weights and f"{64 * 131072} are needed" in replicas.why
+    said = layoutfit.verdict(layoutfit.layout_fits(facts, load_params(write_params(base)), sparks))
+    assert f"Replicas: a whole copy fits each node, but its KV cache holds {replicas.kv_tokens} tokens" in said
     dense = model_facts(LLAMA3_8B, None, [], "/m")
     assert [f.layout for f in layoutfit.layout_fits(dense, load_params(write_params(base)), sparks)] == [TP, REPLICAS]
 

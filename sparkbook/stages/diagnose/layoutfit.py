@@ -31,6 +31,12 @@ class LayoutFit:
         return bool(self.rows) and all(r.fits for r in self.rows)
 
     @property
+    def holds_weights(self) -> bool:
+        """Every node holds its weights and reserve with some KV cache left, within what CUDA can allocate: where
+        it still does not fit, only the KV cache is short of the load."""
+        return bool(self.rows) and all(r.kv_gib > 0 and r.planned_gib <= r.allocatable_gib for r in self.rows)
+
+    @property
     def why(self) -> str:
         """'fits', or each node that does not hold its share, with its figures."""
         return "; ".join(f"{r.node}: {r.why}" for r in self.rows if not r.fits) or "fits"
@@ -46,7 +52,7 @@ class LayoutFit:
         return min((r.kv_tokens for r in self.rows), default=0)
 
     def row(self) -> dict[str, object]:
-        return {"layout": self.layout, "split": self.split, "servers": self.servers, "fits": "yes" if self.fits
+        return {"layout": self.layout, "split": self.split, "servers": self.servers, "fits the load": "yes" if self.fits
                 else "NO", "weights GiB per node": f"{max((r.weights_gib for r in self.rows), default=0):.1f}",
                 "KV GiB per node": f"{self.kv_gib:.1f}", "KV tokens per server": self.kv_tokens,
                 "needed per server": self.needed_tokens, "why": self.why, "note": self.note or "-"}
@@ -109,13 +115,17 @@ def verdict(fits: list[LayoutFit]) -> str:
     tp = next(f for f in fits if f.layout == TP)
     replicas = next((f for f in fits if f.layout == REPLICAS), None)
     split = (f"The split ({tp.split}) fits, leaving {tp.kv_gib:.1f} GiB of KV cache per node ({tp.kv_tokens} tokens)."
-             if tp.fits else f"The split ({tp.split}) does not fit: {tp.why}.")
+             if tp.fits else f"The split ({tp.split}) does not hold the load: {tp.why}.")
     if replicas is None:
         return split + " One node: no replicas to weigh against it."
+    if not replicas.fits and replicas.holds_weights:
+        return (split + f" Replicas: a whole copy fits each node, but its KV cache holds {replicas.kv_tokens} tokens "
+                        f"where the load asks {replicas.needed_tokens} (max_num_seqs x max_model_len): lower those "
+                        "or give the KV cache more memory to weigh replicas.")
     if not replicas.fits:
-        return (split + f" Replicas do not fit: a whole copy of the model with the KV cache of "
-                        f"{replicas.needed_tokens} tokens does not fit one node ({replicas.why}); the model must be "
-                        "split across the nodes.")
+        return (split + " Replicas do not fit: a whole copy of the model does not fit one node ("
+                        f"{replicas.why})" + ("; the model must be split across the nodes." if tp.holds_weights
+                                              else "."))
     return (split + f" Replicas fit: each node holds the whole model and {replicas.kv_gib:.1f} GiB of KV cache "
                     f"({replicas.kv_tokens} tokens per server, {replicas.servers} servers); they may serve more "
                     "requests at high concurrency than the split, which answers one request faster: measure both.")

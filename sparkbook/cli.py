@@ -78,7 +78,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     print(f"{args.params}: ok — cluster {params.cluster}, {len(params.nodes)} node(s), head {params.head.name}, "
           f"runtime {params.runtime.kind}, TP={params.serve.tensor_parallel_size} "
-          f"PP={params.serve.pipeline_parallel_size} executor={params.serve.executor or 'chosen by 05'}")
+          f"PP={params.serve.pipeline_parallel_size} executor={params.serve.executor or 'chosen by 05'} "
+          f"layout={params.serve.layout}")
     warning = endpoints.listen_warning(params)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .params import Params
+from .params import Params, ServeSettings
 from .stagelist import DIAGNOSE
 from .state import Handoff
 
@@ -294,52 +294,73 @@ def served_kv_bytes_per_token(facts: ModelFacts, serve_dtype: str) -> float:
     return facts.kv_bytes_per_token * (DTYPE_BYTES[serve_dtype] if serve_dtype != "auto" else model_bytes) / model_bytes
 
 
-def _per_rank(facts: ModelFacts, params: Params) -> tuple[float, float]:
-    """(weight bytes, KV bytes per token) on one rank of the planned TP x PP split, at the serve dtype."""
-    serve = params.serve
+@dataclass(frozen=True)
+class Share:
+    """What every rank of one split holds: its weights and its KV bytes per token."""
+
+    weights_rank: float
+    kv_token_rank: float
+
+
+def split_share(facts: ModelFacts, serve: ServeSettings, tp: int, pp: int) -> Share:
+    """Each rank's share of a TP x PP split, at the serve dtype (an MLA latent is whole on every TP rank)."""
     weights = facts.weight_bytes
     if serve.dtype != "auto" and facts.quantization is None:
         weights = int(weights * DTYPE_BYTES[serve.dtype] / facts.bytes_per_param)
-    kv_token_rank = served_kv_bytes_per_token(facts, serve.dtype) / serve.pipeline_parallel_size
+    kv_token_rank = served_kv_bytes_per_token(facts, serve.dtype) / pp
     if not facts.kv_latent:
-        kv_token_rank /= serve.tensor_parallel_size
-    return weights / (serve.tensor_parallel_size * serve.pipeline_parallel_size), kv_token_rank
+        kv_token_rank /= tp
+    return Share(weights / (tp * pp), kv_token_rank)
+
+
+def plan_share(facts: ModelFacts, params: Params) -> Share:
+    """Each rank's share of the plan's TP x PP split."""
+    s = params.serve
+    return split_share(facts, s, s.tensor_parallel_size, s.pipeline_parallel_size)
+
+
+def node_fit(name: str, ranks: int, mem: NodeMemory, share: Share, serve: ServeSettings, gpu: bool,
+             needed: int) -> FitRow:
+    """One node's `ranks` of a split against what CUDA can allocate there. With the KV cache sized by
+    gpu_memory_utilization, vLLM asks for utilization x memory at start-up and refuses to start when less is free;
+    the KV cache is what is left after weights and the reserve. `needed`: the tokens the KV cache must hold."""
+    utilization = serve.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
+    w = share.weights_rank * ranks
+    reserve = RESERVE_BYTES * ranks if gpu else 0  # CPU ranks: no CUDA context or graph pool
+    kv: float
+    if serve.kv_cache_memory_bytes:
+        kv = _size_bytes(serve.kv_cache_memory_bytes) * ranks
+        planned = w + kv + reserve
+    else:
+        planned = utilization * mem.total_bytes
+        kv = max(0.0, planned - w - reserve)
+    tokens = int(kv / (share.kv_token_rank * ranks)) if share.kv_token_rank else 0
+    fits = planned <= mem.cuda_bytes and tokens >= needed and kv > 0
+    if fits:
+        why = "fits"
+    elif planned > mem.cuda_bytes:
+        why = (f"the plan takes {planned / GIB:.2f} GiB (weights {w / GIB:.2f}, KV {kv / GIB:.2f}, reserve "
+               f"{reserve / GIB:.2f}), CUDA can allocate {mem.cuda_bytes / GIB:.2f} GiB")
+    elif kv <= 0:
+        why = (f"the weights ({w / GIB:.2f} GiB) and the reserve ({reserve / GIB:.2f} GiB) leave no KV cache in the "
+               f"{planned / GIB:.2f} GiB utilization {utilization} takes" + (
+                   f"; they alone are more than the {mem.cuda_bytes / GIB:.2f} GiB CUDA can allocate"
+                   if w + reserve > mem.cuda_bytes else ""))
+    else:
+        why = f"KV holds {tokens} tokens, {needed} are needed"
+    return FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(mem.cuda_bytes / GIB, 2),
+                  round(planned / GIB, 2), round(planned / mem.cuda_bytes, 3) if mem.cuda_bytes else math.inf,
+                  round(w / GIB, 3), round(kv / GIB, 3), tokens, needed, fits, why, mem.cuda_source,
+                  round(mem.held_bytes / GIB, 2), mem.held_by)
 
 
 def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> list[FitRow]:
-    """Weights, KV cache and the per-rank reserve per node for the planned split, against what CUDA can allocate
-    there. With the KV cache sized by gpu_memory_utilization, vLLM asks for utilization x memory at start-up and
-    refuses to start when less is free; the KV cache is what is left after weights and the reserve."""
-    serve = params.serve
-    weights_rank, kv_token_rank = _per_rank(facts, params)
-    utilization = serve.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
-    gpu_nodes = {n.name for n in params.nodes if n.gpus}
-    rows = []
-    for name, ranks in ranks_per_node(params).items():
-        mem = memory.get(name)
-        if ranks == 0 or mem is None:
-            continue
-        w = weights_rank * ranks
-        reserve = RESERVE_BYTES * ranks if name in gpu_nodes else 0  # CPU ranks: no CUDA context or graph pool
-        kv: float
-        if serve.kv_cache_memory_bytes:
-            kv = _size_bytes(serve.kv_cache_memory_bytes) * ranks
-            planned = w + kv + reserve
-        else:
-            planned = utilization * mem.total_bytes
-            kv = max(0.0, planned - w - reserve)
-        tokens = int(kv / (kv_token_rank * ranks)) if kv_token_rank else 0
-        needed = serve.max_model_len or 0
-        fits = planned <= mem.cuda_bytes and tokens >= needed and kv > 0
-        why = "fits" if fits else (
-            f"the plan takes {planned / GIB:.2f} GiB (weights {w / GIB:.2f}, KV {kv / GIB:.2f}, reserve "
-            f"{reserve / GIB:.2f}), CUDA can allocate {mem.cuda_bytes / GIB:.2f} GiB" if planned > mem.cuda_bytes
-            else f"KV holds {tokens} tokens, max_model_len needs {needed}")
-        rows.append(FitRow(name, ranks, round(mem.total_bytes / GIB, 2), round(mem.cuda_bytes / GIB, 2),
-                           round(planned / GIB, 2), round(planned / mem.cuda_bytes, 3) if mem.cuda_bytes else math.inf,
-                           round(w / GIB, 3), round(kv / GIB, 3), tokens, needed, fits, why, mem.cuda_source,
-                           round(mem.held_bytes / GIB, 2), mem.held_by))
-    return rows
+    """Weights, KV cache (for one sequence of max_model_len) and the per-rank reserve per node for the planned
+    split, against what CUDA can allocate there (`node_fit`)."""
+    share, gpu_nodes = plan_share(facts, params), {n.name for n in params.nodes if n.gpus}
+    return [node_fit(name, ranks, memory[name], share, params.serve, name in gpu_nodes,
+                     params.serve.max_model_len or 0)
+            for name, ranks in ranks_per_node(params).items() if ranks and name in memory]
 
 
 def utilization_floor(facts: ModelFacts, params: Params, memory_bytes: dict[str, int]) -> float | None:
@@ -350,16 +371,16 @@ def utilization_floor(facts: ModelFacts, params: Params, memory_bytes: dict[str,
     serve = params.serve
     if not serve.max_model_len:
         return None
-    weights_rank, kv_token_rank = _per_rank(facts, params)
+    share = plan_share(facts, params)
     kv_rank = (_size_bytes(serve.kv_cache_memory_bytes) if serve.kv_cache_memory_bytes
-               else kv_token_rank * serve.max_model_len * (serve.max_num_seqs or 1))
+               else share.kv_token_rank * serve.max_model_len * (serve.max_num_seqs or 1))
     floors = []
     for name, ranks in ranks_per_node(params).items():
         if ranks == 0:
             continue
         if not memory_bytes.get(name):
             return None
-        floors.append(ranks * (weights_rank + kv_rank + RESERVE_BYTES) / memory_bytes[name])
+        floors.append(ranks * (share.weights_rank + kv_rank + RESERVE_BYTES) / memory_bytes[name])
     return math.ceil(round(max(floors) * 100, 6)) / 100 if floors else None
 
 

@@ -325,6 +325,9 @@ class Speculative(Strict):
 class ServeSettings(Strict):
     port: int = Field(8000, ge=1, le=65535)
     executor: Literal["ray", "mp"] | None = None  # None: 05 chooses by the ranks and the image's platform
+    layout: Literal["tp", "replicas"] = Field("tp", description="tp: one server, the model split over the nodes "
+                                              "(tensor_parallel_size x pipeline_parallel_size); replicas: a whole "
+                                              "copy on each node behind one endpoint, where 02 finds that one fits")
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     master_port: int = Field(29501, ge=1, le=65535)
@@ -586,6 +589,9 @@ class Params(Strict):
         if world > slots:
             problems.append(f"serve.tensor_parallel_size: tensor_parallel_size x pipeline_parallel_size = {world} "
                             f"is larger than the {slots} {unit}")
+        if self.serve.layout == "replicas" and len(self.nodes) < 2:
+            problems.append("serve.layout: replicas runs a copy of the model on each node behind one endpoint; this "
+                            "cluster has one node (set serve.layout: tp)")
         if self.serve.api_key_env and self.serve.api_key_env not in self.secrets:
             problems.append(f"serve.api_key_env: {self.serve.api_key_env} must also be listed under `secrets` (so its "
                             "value is redacted from every output and reaches the node containers)")

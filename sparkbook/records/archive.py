@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.benchcompare import fmt
+import yaml
+
+from ..core.benchcompare import fmt, params_of
 from ..core.errors import SparkbookError
 from ..core.evidence import read_events
 from ..core.rundir import MANIFEST, STATE, is_run_dir, params_hash
@@ -49,6 +51,7 @@ class RunRecord:
     versions: dict[str, str | None] = field(default_factory=dict)  # image id, vllm, ray
     image_changed: bool | None = None  # against the run before it (None: nothing to compare with)
     executor: str | None = None
+    layout: str | None = None  # serve.layout of its params copy ("tp" where they name none; None: no copy kept)
     ready_s: float | None = None
     addresses: list[str] = field(default_factory=list)  # "network: URL" clients use (05's endpoint), as recorded
     ab_kept: str | None = None  # benchmark.ab: which configuration stays serving and why (06's verdict)
@@ -212,6 +215,7 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
                        "ray": image.get("ray_version") or probe.get("ray_version")}
     endpoint = state.get("endpoint") or {}
     record.executor = endpoint.get("executor") or _decision(notebooks, "executor", "Which distributed executor")
+    record.layout = layout_of(run_dir)
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
     addresses = endpoint.get("addresses")
@@ -232,6 +236,20 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
                    f"{record.failing_cell['notebook']}: {record.cause}") if record.failing_cell else None
     record.timeline = steps(events, failure)
     return record
+
+
+def layout_of(run_dir: Path) -> str | None:
+    """The layout the run's params asked for: serve.layout, "tp" where they name none (params before the field
+    knew no other layout); None where the run kept no readable params copy."""
+    try:
+        params = params_of(run_dir)
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(params, dict):
+        return None
+    serve = params.get("serve")
+    layout = serve.get("layout") if isinstance(serve, dict) else None
+    return str(layout) if layout else "tp"
 
 
 def _ab_kept(verdict: Any) -> str | None:
@@ -352,7 +370,8 @@ def row(r: RunRecord) -> dict[str, str]:
     """A run as one table row (terminal and cluster index)."""
     changed = {True: " (changed)", False: "", None: ""}[r.image_changed]
     return {"run": r.run_id, "params": fmt(r.params_hash), "status": r.status,
-            "image": (r.image or "-") + changed, "executor": fmt(r.executor), "ready s": fmt(r.ready_s),
+            "image": (r.image or "-") + changed, "executor": fmt(r.executor),
+            "layout": fmt(r.layout), "ready s": fmt(r.ready_s),
             "single tok/s": fmt(r.single_tok_s), "peak tok/s": fmt(r.peak_tok_s) + (
                 f" @{r.peak_concurrency}" if r.peak_tok_s is not None and r.peak_concurrency else ""),
             "% roofline": fmt(r.roofline_pct), "cause": fmt(r.cause)}

@@ -61,7 +61,7 @@ class Comparison:
     b: RunRecord
     params: list[Change]  # the params keys (and -p parameters) that differ
     params_note: str | None  # why the params could not be compared (None: they were)
-    image: list[Change]  # image, its ID and versions, executor: all of them, changed or not
+    image: list[Change]  # image, its ID and versions, executor, layout: all of them, changed or not
     decisions: list[Change]  # "notebook: question" whose choice differs
     figures: list[FigurePair]
     deltas: list[Delta]  # per concurrency and metric, B against A
@@ -123,7 +123,7 @@ def params_changes(a: RunRecord, b: RunRecord) -> tuple[list[Change], str | None
 def image_changes(a: RunRecord, b: RunRecord) -> list[Change]:
     return [Change("image", a.image, b.image),
             *(Change(k, a.versions.get(k), b.versions.get(k)) for k in ("image id", "vllm", "ray")),
-            Change("executor", a.executor, b.executor)]
+            Change("executor", a.executor, b.executor), Change("layout", a.layout, b.layout)]
 
 
 def decision_changes(a: RunRecord, b: RunRecord) -> list[Change]:

@@ -86,6 +86,7 @@ def key_figures(r: RunRecord) -> list[dict[str, str]]:
     return [{"figure": k, "value": "not recorded" if v == "-" else v} for k, v in (
         ("runtime", _runtime(r.image) + changed + (f" — {versions}" if versions else "")),
         ("executor", fmt(r.executor)),
+        ("layout (serve.layout)", fmt(r.layout)),
         ("time to ready", fmt(r.ready_s) + " s" if r.ready_s is not None else "-"),
         ("clients reach the API at", "; ".join(r.addresses) or "-"),
         (SINGLE_STREAM, fmt(r.single_tok_s)), (TPOT_DECODE, fmt(decode_tok_s(r.single_point()))),

@@ -67,3 +67,12 @@ def test_02_old_image_lacks_the_lab_model(lab, tmp_path):
     texts = [f["text"] for f in state["diagnosis"]["findings"]]
     print("\n".join(texts))
     assert any("does not register HYV4ForCausalLM" in t for t in texts)
+    # the lab's tiny MoE: a whole copy on each node, each held to 16 x 2048 tokens, which the lab's fixed 128M of
+    # KV cache per rank (an MLA latent, whole on every rank: the same tokens in every layout) does not hold
+    ((tp, replicas, ep),) = events(run_dir, "layout_fit")
+    print("\n".join(f"{f['layout']}: {[(r['weights_gib'], r['why']) for r in f['rows']]}" for f in (tp, replicas)))
+    assert (tp["layout"], replicas["layout"], ep["layout"]) == ("tp", "replicas", "expert parallel")
+    assert [r["node"] for r in replicas["rows"]] == ["lab-0", "lab-1"] and replicas["needed_tokens"] == 16 * 2048
+    for split, copy in zip(tp["rows"], replicas["rows"], strict=True):
+        assert copy["weights_gib"] == pytest.approx(2 * split["weights_gib"], abs=0.002) and copy["kv_gib"] > 0
+        assert copy["kv_tokens"] == split["kv_tokens"] < 16 * 2048 and "32768 are needed" in copy["why"]

@@ -12,7 +12,7 @@ from rundirs import make_run, point
 
 from sparkbook import cli
 from sparkbook.core.benchstats import SINGLE_STREAM
-from sparkbook.records import compare, pages
+from sparkbook.records import archive, compare, pages
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = {"03": [{"question": "Which image serves X?", "choice": "img:1", "reason": "r", "alternatives": []}]}
@@ -133,3 +133,22 @@ def test_the_committed_ok_lab_runs_claim_no_band_wider_than_their_repeats(tmp_pa
     assert c.deltas and all(d.noise_pct is None and d.verdict == "no noise estimate" for d in c.deltas)
     assert "WORSE" not in c.text() and "worse" not in {d.verdict for d in c.deltas}
     assert compare.page_path(c.a, c.b) == examples().parent / "lab/compare" / f"{a.name}-vs-{b.name}.html"
+
+
+def test_the_layout_stands_beside_the_image_and_executor(tmp_path: Path) -> None:
+    """serve.layout from each run's params copy: "tp" where they name none (runs before the field), "-" where the run
+    kept no params; in the cluster index's row, the run's page and `compare`."""
+    lab = tmp_path / "lab"
+    a = make_run(lab, "20261201T100000Z", params_yaml="cluster: lab\nserve:\n  max_num_seqs: 16\n")
+    b = make_run(lab, "20261201T110000Z", params_yaml="cluster: lab\nserve:\n  layout: replicas\n")
+    none = make_run(lab, "20261201T120000Z", params_yaml=None)
+    ra, rb, rn = (archive.read_run(d) for d in (a, b, none))
+    assert (ra.layout, rb.layout, rn.layout) == ("tp", "replicas", None)
+    row = archive.row(rb)
+    assert list(row)[list(row).index("executor") + 1] == "layout" and row["layout"] == "replicas"
+    assert archive.row(rn)["layout"] == "-"
+    c = compare.compare_runs(a, b)
+    assert [(x.what, x.a, x.b) for x in c.image][-2:] == [("executor", "mp", "mp"), ("layout", "tp", "replicas")]
+    assert "  layout: tp -> replicas  (changed)" in c.text()
+    assert {"figure": "layout (serve.layout)", "value": "replicas"} in pages.key_figures(rb)
+    assert "<th>layout</th>" in pages.cluster_page("lab", [rb, ra])

@@ -17,15 +17,16 @@ from ...core.imageprobes import RegistryProbe
 from ...core.modelinfo import FitRow, ModelFacts, NodeMemory
 from ...core.nodes import Outcome
 from ...core.state import Handoff
-from . import checks
+from . import checks, layoutfit
 from .checks import Link, ModelFiles, NodeFacts
+from .layoutfit import LayoutFit
 
 
 @dataclass(frozen=True)
 class DiagnosePreview:
     """The read-only facts 02 stands on: every node's facts, the model's files on each node and the facts read from
     one copy, each node's memory (what this runbook's answering server holds counted free: 05 stops it first) and
-    the plan's fit in it; `assumed` hands the previews after it the ModelFacts and a
+    the plan's fit in it, the layouts that fit (`layouts`); `assumed` hands the previews after it the ModelFacts and a
     Diagnosis of the memory alone (05's OOM floor stands on it; the findings are the run's)."""
 
     facts: dict[str, Outcome[NodeFacts]]
@@ -34,6 +35,7 @@ class DiagnosePreview:
     model: ModelFacts
     memory: dict[str, NodeMemory]
     fit: list[FitRow]
+    layouts: list[LayoutFit]
     assumed: tuple[Handoff, ...] = ()
 
     def facts_shown(self) -> list[Shown]:
@@ -59,9 +61,15 @@ class DiagnosePreview:
                  "allocatable after its stop GiB": f"{f.allocatable_gib:.1f}", "fits": "yes" if f.fits else "NO",
                  "why": f.why, "allocatable from": f.allocatable_source} for f in self.fit]
 
+    def layouts_shown(self) -> list[Shown]:
+        """Each layout with the KV cache it leaves, and the one that fits best for many requests."""
+        return [Shown("Layouts that fit: the plan's split, one replica per node, expert parallel", [
+            f.row() for f in self.layouts]), Shown("What that means", layoutfit.verdict(self.layouts))]
+
     def shown(self) -> list[Shown]:
         return [Shown(f"Memory fit of {self.model.architectures[0] if self.model.architectures else 'the model'} "
-                      f"({modelinfo.human_params(self.model.total_params)} parameters)", self.fit_rows())]
+                      f"({modelinfo.human_params(self.model.total_params)} parameters)", self.fit_rows()),
+                *self.layouts_shown()]
 
 
 def preview(ctx: Context) -> DiagnosePreview:
@@ -72,6 +80,7 @@ def preview(ctx: Context) -> DiagnosePreview:
     server = topology.live_server(ctx.params, ctx.cluster, ctx.runtime)
     memory = checks.fit_memory({n: o.value.memory for n, o in facts.items() if o.value is not None}, server)
     return DiagnosePreview(facts, files, source, model, memory, modelinfo.memory_fit(model, ctx.params, memory),
+                           layoutfit.layout_fits(model, ctx.params, memory),
                            (model, checks.diagnosis([], None, model.architectures[0], memory)))
 
 
@@ -116,12 +125,14 @@ def run(ctx: Context, preview: DiagnosePreview, *, proceed_despite_blockers: boo
     no_probe = imageprobes.no_installed_reason(ctx, found)
     findings = (checks.node_findings(preview.facts, ctx.params) + checks.link_findings(links, ctx.params)
                 + checks.model_findings(preview.files) + checks.speculation_findings(preview.model, ctx.params)
-                + checks.fit_findings(preview.fit) + [checks.image_finding(probe, no_probe)])
+                + checks.fit_findings(preview.fit) + layoutfit.layout_findings(preview.layouts, ctx.params)
+                + [checks.image_finding(probe, no_probe)])
     diagnosis = checks.diagnosis(findings, probe, architecture, preview.memory)
     out = DiagnoseOutcome(links=links, probe=probe, no_probe=no_probe,
                           probe_source=imageprobes.installed_source(ctx, probe), findings=findings,
                           diagnosis=diagnosis, handoffs=[preview.model, diagnosis])
     out.event("memory_fit", preview.fit)  # what counted free, the running server's share with the run it serves
+    out.event("layout_fit", preview.layouts)
     try:
         override = checks.gate(findings, ctx.params, proceed_despite_blockers)
     except SparkbookError as exc:  # Blocked: every stopping blocker, each with what to do

@@ -423,6 +423,8 @@ REMEDIATION = {
              "from there to every node that lacks it; a node that holds different files must have them removed first",
     "speculation": "set serve.speculative to a method this model has (ngram needs nothing; eagle3 or draft_model "
                    "a draft of their own), or remove it",
+    "layout": "set serve.layout: tp (the model split over the nodes), or for a copy per node a smaller model, "
+              "serve.max_num_seqs or serve.max_model_len",
     "memory": "lower serve.max_model_len, kv_cache_memory_bytes or gpu_memory_utilization, spread the model over more "
               "GPUs (tensor/pipeline parallel), or free memory on the node",
 }

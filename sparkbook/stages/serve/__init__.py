@@ -255,6 +255,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
     ctx, outcome = ctx.with_image(preview.image.ref), ServeOutcome()
     outcome.decide(preview.executor_decision)
     try:
+        _layout_served(ctx)
         model = _needed(ctx, preview)
         _replace(preview, outcome, confirm_replace, ab_arm)
         _make_room(ctx, preview, outcome, model)
@@ -277,6 +278,16 @@ def _drop_aside(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> N
     """The containers this run's 04 replaced, kept aside until now: the new server answers, so they go."""
     if preview.ray is not None and preview.ray.stopped_server_at is not None:
         outcome.event("containers_dropped", bringup.drop_aside(ctx))
+
+
+def _layout_served(ctx: Context) -> None:
+    """05 serves the model split over the nodes only: serve.layout replicas (02 stops it; past an override of 02's
+    blockers, here) needs the router before the copies that is not built yet, and serving tp instead would not be
+    what the params asked for."""
+    if ctx.params.serve.layout != "tp":
+        raise ServeError(f"serve.layout: {ctx.params.serve.layout} is not served by this version (one endpoint "
+                         "before a copy per node needs a router not built yet); nothing was stopped or started",
+                         remediation="set serve.layout: tp")
 
 
 def _needed(ctx: Context, preview: ServePreview) -> ModelFacts:

@@ -52,3 +52,11 @@ def test_each_stage_has_one_front_door(stage) -> None:
     assert run_hints["preview"] is preview_hints["return"], "run takes what preview returned"
     assert issubclass(run_hints["return"], StageOutcome)
     assert callable(preview_hints["return"].shown)
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=[s.id for s in STAGES])
+def test_every_cell_has_its_own_id(stage) -> None:
+    """nbformat 4.5 asks each cell for an id (nbformat warns, and may add random ones, on every run and save)."""
+    cells = json.loads((NOTEBOOKS / stage.notebook).read_text())["cells"]
+    ids = [c.get("id") for c in cells]
+    assert None not in ids and len(set(ids)) == len(ids), f"{stage.notebook}: cells without or sharing an id"

@@ -37,9 +37,14 @@ class Platform:
 
 
 def detect_platform(ctx: Context) -> Platform:
-    """Ask the image itself, in the head's place (a `+cpu` vLLM build or no CUDA in torch means the CPU platform)."""
-    node = ctx.head
-    out = ctx.runtime.exec(node, ctx.place(node.name), ["python3", "-c", probes.source("vllm_platform")], timeout=120)
+    """Ask the image itself, in the head's place (a `+cpu` vLLM build or no CUDA in torch means the CPU platform);
+    a ServeError where 04 has not started that place yet (`sparkbook plan` before a run reaches 04)."""
+    node, place = ctx.head, ctx.place(ctx.head.name)
+    if not ctx.runtime.alive(node, place):
+        raise ServeError(f"{node.name}: {place.name} does not run yet, and 05's command depends on the image's "
+                         "platform, asked inside it: 04 starts it (`sparkbook run PARAMS --to 04`, then `sparkbook "
+                         "plan` shows 05's command)", node=node.name)
+    out = ctx.runtime.exec(node, place, ["python3", "-c", probes.source("vllm_platform")], timeout=120)
     try:
         data = probes.parse(out, node=node.name, probe="the image's platform")
     except ProbeOutputError as exc:

@@ -2,6 +2,7 @@
 and their order, throughput windows and the worst one, the params that refuse a soak beyond the served context."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,20 @@ def test_the_answers_after_a_held_soak_are_reported_with_each_prompt_s_share_and
     assert r.answers_problem is not None and "short" in r.answers_problem
     text = r.report().answers or ""
     assert text.startswith(f"failed: {r.answers_problem}") and "short 16%" in text
+
+
+def test_the_series_is_saved_whole_at_every_sample_so_a_cut_run_keeps_it(tmp_path: Path) -> None:
+    """A soak cut short (the device's 10-minute call ended one 70 s in) left nothing when the series was written
+    only at the end; now each sample rewrites bench/soak.json whole (a temporary file renamed)."""
+    from sparkbook.core.params import BenchmarkSettings
+
+    r = soak.SoakResult(BenchmarkSettings(soak_s=300), started_at=1000.0, ended_at=1010.0)
+    r.records = [_streamed(1000.0 + i, 10, 3) for i in range(5)]
+    bench = tmp_path / "bench"
+    assert soak._save(bench, r) == "bench/soak.json"
+    r.records.append(_streamed(1008.0, 10, 3))
+    r.ended_at = 1012.0
+    soak._save(bench, r)
+    data = json.loads((bench / "soak.json").read_text())
+    assert data["report"]["ran_s"] == 12.0 and data["report"]["requests_ok"] == 6 and len(data["requests"]) == 6
+    assert [p.name for p in bench.iterdir()] == ["soak.json"], "no temporary file left"

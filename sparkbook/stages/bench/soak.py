@@ -322,6 +322,8 @@ def run(ctx: Context, target: CompletionsServer, bench_dir: Path, ab_arm: str | 
                 if out.failure:
                     stop.set()
                     break
+                out.ended_at = time.time()  # so far: the series is saved as it goes, and a run cut short (a
+                out.series = _save(bench_dir, out)  # timeout, a kill) keeps what it sampled
                 progress.update(min(time.time() - out.started_at, s.soak_s),
                                 note=f"{sum(r.ok for r in out.records)} requests ok")
                 wait([load], timeout=max(0.0, s.soak_sample_s - (time.monotonic() - tick)))
@@ -414,7 +416,7 @@ def _with_log(ctx: Context, endpoint: Endpoint, failure: Failure) -> Failure:
 
 
 def _save(bench_dir: Path, out: SoakResult) -> str:
-    """The samples, windows and verdict as bench/soak.json; its path relative to the run dir's parent of bench."""
+    """The samples, windows and verdict so far as bench/soak.json; its path relative to bench's parent."""
     bench_dir.mkdir(parents=True, exist_ok=True)
     path = bench_dir / SOAK_SERIES
     data = {"report": out.report().model_dump(exclude={"series"}), "windows": [asdict(w) for w in out.windows],
@@ -422,5 +424,7 @@ def _save(bench_dir: Path, out: SoakResult) -> str:
             "nodes": [{**asdict(s), "kernel_lines": None} for s in out.nodes],
             "requests": [{"sent_at": r.sent_at, "ok": r.ok, "e2el_s": r.e2el_s, "ttft_s": r.ttft_s,
                           "output_tokens": r.output_tokens, "error": r.error or None} for r in out.records]}
-    path.write_text(json.dumps(data, indent=1))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)  # whole or not at all: it is rewritten at every sample
     return f"{bench_dir.name}/{SOAK_SERIES}"

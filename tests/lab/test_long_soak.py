@@ -1,15 +1,18 @@
 """06's soak on the lab (issue 41): a planted engine death mid-soak is named with its node and time and the run fails
 at 06. The session's `full_run` serves; 06 runs again on it (seeded from that run, start 06) with a one-point sweep and
 a 60 s soak at long context, and once the soak's requests are in flight the vLLM engine core in the head's container
-is killed by its PID (read from /proc). Afterwards `sparkbook up` brings the full run's deployment back for the tests
-after this one. A soak that holds is what params/spark-duo.yaml runs (20 minutes); its pure rules are unit-tested.
-Named to sort after test_cluster (which takes the lab down and up, removing a full run made before it) and
-test_idempotence (which reads the full run's deployment as that run left it), and before test_runbook_lab (whose
-restore --stop-new ends that deployment)."""
+is killed by its PID (read from /proc). Afterwards `sparkbook up` brings the same plan back, run on a copy of the full
+run's dir (and the cluster's quality/ beside it) in an outputs root of its own, as test_idempotence runs on copies: the
+full run stays the deployment of its own outputs (test_runbook_lab's operator commands and restore read it there)
+while its plan serves again for the tests after this one. A soak that holds is what params/spark-duo.yaml runs (20
+minutes); its pure rules are unit-tested. Named to sort after test_cluster (which takes the lab down and up, removing a
+full run made before it) and test_idempotence (which reads the full run's server as that run left it), and before
+test_runbook_lab (whose restore --stop-new ends that server)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -20,12 +23,11 @@ import yaml
 
 from sparkbook.core import topology
 from sparkbook.core.params import load_params
+from sparkbook.core.rundir import QUALITY
 from sparkbook.core.stagelist import BENCH
 from sparkbook.runbook import driver, operate
 
-# make test-all: its `up` makes a new run the full run's deployment, and test_runbook_lab's operator and restore tests
-# (written for the full run as the deployment) then fail; proven alone (tests/README.md, "What make test-all adds")
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
+pytestmark = pytest.mark.lab
 SOAK = {"concurrency": [1], "num_prompts": 2, "warmup_requests": 0, "soak_s": 60, "soak_concurrency": 2,
         "soak_context": 1024, "soak_output_len": 32, "soak_sample_s": 2}
 # the engine core's PID by its process title (vLLM's setproctitle), then SIGKILL: an engine dying under load
@@ -86,12 +88,16 @@ def soak_run(full_run, planted, node_shells, tmp_path_factory):
         done.set()
         killer.join(timeout=60)
         took = time.monotonic() - t0
+        up_root = tmp_path_factory.mktemp("soak-up")  # `up` on a copy: the full run stays its outputs' deployment
+        shutil.copytree(first_dir, up_root / first_dir.parent.name / first_dir.name)
+        shutil.copytree(first_dir.parent / QUALITY, up_root / first_dir.parent.name / QUALITY)
         t1 = time.monotonic()
-        _, back, _ = operate.up(Path(first.params_file), first_dir.parent.parent, say=print)
+        _, back, _ = operate.up(Path(first.params_file), up_root, say=print)
         print(f"soak run {took:.0f} s; up {time.monotonic() - t1:.0f} s")
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
     assert all(nb.status == "ok" for nb in back.notebooks if not nb.status.startswith("skipped")), back
+    assert operate.deployments(first_dir.parent)[0].run_dir == first_dir, "the full run is still its outputs' deployment"
     return run_dir, manifest, killed, head
 
 

@@ -1,12 +1,15 @@
 """`sparkbook watch` against the lab (issue 41, item 4): the vLLM engine of the session's full run killed inside the
 head's container while the watch runs (by PID, found in the container's /proc); the watch names the cause from the
 server's log in 05's classifier's words, brings the deployment back through `up` (04 and 05 under the run lock), and
-records every event in the cluster's watch.jsonl. It adds the one restart to the session (1-3 min) and leaves the
-deployment serving for the tests after it (test_runbook_lab's operator commands read it), so this file sorts before
-that one."""
+records every event in the cluster's watch.jsonl. The watch runs on a copy of the full run's dir (and the cluster's
+quality/ beside it) in an outputs root of its own, as test_idempotence runs on copies: its `up` makes a new run that
+root's deployment, while the full run stays the deployment of its own outputs (test_runbook_lab's operator commands
+and restore read it there). It adds the one restart to the session (1-3 min) and leaves the full run's plan serving
+for the tests after it, so this file sorts before test_runbook_lab."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,14 +20,13 @@ import pytest
 import yaml
 
 from sparkbook.core.params import load_params
+from sparkbook.core.rundir import QUALITY
 from sparkbook.core.topology import container_name
 from sparkbook.records import watchlog
 from sparkbook.runbook import operate, watch
 from sparkbook.runbook.manifest import Manifest
 
-# make test-all: its `up` makes a new run the full run's deployment, and test_runbook_lab's operator and restore tests
-# (written for the full run as the deployment) then fail; proven alone (tests/README.md, "What make test-all adds")
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
+pytestmark = pytest.mark.lab
 BACK_S = 900  # the kill to an answer again: two checks, the cause, `up`'s 04 and 05 (2-4 min; 8 on a 2-core machine
 # shared with other labs)
 # every process of the container: PID, comm and command line (the engine core is a child of `vllm serve`)
@@ -51,7 +53,9 @@ def test_watch_brings_a_killed_engine_back_and_records_the_cause(full_run: tuple
     monkeypatch.setenv("VLLM_API_KEY", planted)  # as the full run had them: the checks send the key, `up`'s 05 too
     monkeypatch.setenv("HF_TOKEN", planted)
     run_dir, manifest = full_run
-    outputs = run_dir.parent.parent
+    outputs = tmp_path / "outputs"  # a copy: the watch's `up` leaves the full run its own outputs' deployment
+    shutil.copytree(run_dir, outputs / run_dir.parent.name / run_dir.name)
+    shutil.copytree(run_dir.parent / QUALITY, outputs / run_dir.parent.name / QUALITY)
     data = yaml.safe_load(Path(manifest.params_file).read_text())
     data["watch"] = {"interval_s": 3, "check_timeout_s": 30, "failures_to_restart": 2, "max_restarts": 2,
                      "backoff_s": 5, "backoff_max_s": 5}
@@ -111,3 +115,4 @@ def test_watch_brings_a_killed_engine_back_and_records_the_cause(full_run: tuple
     record = watchlog.path(cluster_dir).read_text()
     assert planted not in record and planted not in out
     assert "worker died" in (cluster_dir / "index.html").read_text(), "the cluster's page shows the watch"
+    assert operate.deployments(run_dir.parent)[0].run_dir == run_dir, "the full run is still its outputs' deployment"

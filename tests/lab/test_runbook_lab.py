@@ -231,7 +231,7 @@ def test_stop_new_then_restore_brings_the_old_services_back(full_run: tuple[Path
     assert outcome["result"] == "restored" and len(outcome["stopped_new"]) == len(params.nodes)
     assert all(c["ok"] for c in outcome["checks"]) and OLD | {"vllm_node"} <= {c["name"] for c in outcome["checks"]}
     vllm = next(c for c in outcome["checks"] if c["name"] == "old-vllm")
-    assert vllm["health"] == "answers http://10.77.0.10:8000/health", vllm
+    assert vllm["health"] == f"answers http://{params.head.host}:8000/health", vllm  # this lab's (SPARKBOOK_LAB_ID)
     assert "restored" in (run_dir / "index.html").read_text().split("<h2>Restore</h2>")[1]
 
 

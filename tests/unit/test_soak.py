@@ -108,6 +108,17 @@ def test_a_dead_engine_is_two_unanswered_samples_or_a_serving_process_gone_twice
     assert found and found.rule == "node unreachable" and found.node == "spark-b"
 
 
+def test_a_request_answered_with_vllms_engine_dead_error_is_the_engine_s_death_not_an_error_rate() -> None:
+    """Lab: the engine core killed mid-soak, 2 of 16 requests answered it while /health still answered."""
+    up = [ServerSample(t, True) for t in (0.0, 5.0)]
+    died = RequestRecord(False, 4.0, error='HTTP 500: {"error":{"message":"EngineCore encountered an issue. See stack '
+                                          'trace (above) for the root cause.","type":"InternalServerError"}}')
+    found = soak.verdict(up, [], [*_ok(14), died], 0.01, "spark-a")
+    assert found and (found.rule, found.node, found.at) == ("engine dead", "spark-a", 5.0), found
+    assert "EngineDeadError" in found.message and found.lines == [died.error]
+    assert soak.verdict(up, [], [*_ok(1), died], 0.01, "spark-a") is not None, "judged at once, however few ended"
+
+
 def test_server_sample_reads_vllms_queue_and_error_counters() -> None:
     page = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 4.0

@@ -42,6 +42,9 @@ from .sweep import prompt_pool
 
 DEAD_AFTER = 2  # consecutive samples without an answer (/health, the node's probe, its serving process) that end it
 MIN_ENDED = 10  # requests ended before the error rate is judged mid-soak (at the end: any number)
+# vLLM's EngineDeadError: what its API server answers each request once the engine core died, while its /health may
+# still answer for a sample or two (a rate rule would name the symptom, not the death)
+ENGINE_DEAD_ERROR = "EngineCore encountered an issue"
 LOG_TAIL_BYTES = 3000
 HEALTH_TIMEOUT_S = 10.0
 
@@ -153,6 +156,13 @@ def engine_failure(server: list[ServerSample], nodes: list[NodeSample], head: st
     return None
 
 
+def engine_error(records: list[RequestRecord], at: float, head: str) -> Failure | None:
+    """A request answered with vLLM's EngineDeadError: the engine core behind the head's API server died."""
+    died = [r.error for r in records if not r.ok and ENGINE_DEAD_ERROR in r.error]
+    return Failure("engine dead", head, at, f"its engine core died: {len(died)} request(s) answered vLLM's "
+                   "EngineDeadError", died[:1]) if died else None
+
+
 def error_failure(records: list[RequestRecord], max_rate: float, at: float, head: str, *,
                   final: bool) -> Failure | None:
     """More than `max_rate` of the ended requests failed (judged mid-soak once MIN_ENDED ended; at the end always)."""
@@ -169,10 +179,11 @@ def verdict(server: list[ServerSample], nodes: list[NodeSample], records: list[R
             head: str, *, final: bool = False) -> Failure | None:
     """The first rule broken: the kernel's word first (it names the cause), then a dead engine or node, then the
     error rate, judged only while the server answers (requests failing against a dead one are the engine's death)."""
-    found = kernel_failure(nodes) or engine_failure(server, nodes, head)
+    at = server[-1].at if server else time.time()
+    found = kernel_failure(nodes) or engine_failure(server, nodes, head) or engine_error(records, at, head)
     if found or (server and not server[-1].answered):
         return found
-    return error_failure(records, max_rate, server[-1].at if server else time.time(), head, final=final)
+    return error_failure(records, max_rate, at, head, final=final)
 
 
 # --- throughput over time ----------------------------------------------------------------------------------------

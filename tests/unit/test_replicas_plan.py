@@ -39,6 +39,7 @@ def test_lab_replicas_one_rank_each_behind_the_router_on_the_head(lab):
     assert [c.env for c in plan.commands] == [{"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
     assert plan.router is not None and plan.router.node == "lab-0"
     assert plan.router.argv == ["vllm-router", "--host", "0.0.0.0", "--port", "8000", "--policy", "power_of_two",
+                                "--worker-startup-timeout-secs", "600", "--worker-startup-check-interval", "5",
                                 "--worker-urls", "http://10.77.0.10:8001", "http://10.77.0.11:8001"]
     assert plan.base_url == "http://10.77.0.10:8000"  # clients see the router, one endpoint
     rows = plan.table()

@@ -302,13 +302,14 @@ def _drop_aside(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> N
 
 
 def _layout_served(ctx: Context) -> None:
-    """05 serves the model split over the nodes only: serve.layout replicas (02 stops it; past an override of 02's
-    blockers, here) needs the router before the copies that is not built yet, and serving tp instead would not be
-    what the params asked for."""
+    """05 launches the model split over the nodes only: serve.layout replicas (02 stops it; past an override of
+    02's blockers, here) has its commands in the preview, the router's included, but their launch, readiness through
+    the router and the operator's commands over them are not built yet; serving tp instead would not be what the
+    params asked for."""
     if ctx.params.serve.layout != "tp":
-        raise ServeError(f"serve.layout: {ctx.params.serve.layout} is not served by this version (one endpoint "
-                         "before a copy per node needs a router not built yet); nothing was stopped or started",
-                         remediation="set serve.layout: tp")
+        raise ServeError(f"serve.layout: {ctx.params.serve.layout} is not served by this version (its commands, a "
+                         "copy per node behind vllm-router, are in 05's preview; their launch is not built yet); "
+                         "nothing was stopped or started", remediation="set serve.layout: tp")
 
 
 def _needed(ctx: Context, preview: ServePreview) -> ModelFacts:

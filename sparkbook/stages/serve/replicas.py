@@ -3,6 +3,8 @@ node's GPUs, one node's ranks only: no Ray, no --nnodes), on serve.replica_port,
 vllm-project/router) in the head's place on serve.port in front of them, so clients see one endpoint."""
 from __future__ import annotations
 
+import math
+
 from ...core.evidence import Alternative, Decision
 from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.params import NodeSpec, Params, ServeSettings
@@ -43,10 +45,16 @@ def worker_url(spec: NodeSpec, settings: ServeSettings) -> str:
     return f"http://{spec.fabric_ip}:{settings.replica_port}"
 
 
+STARTUP_CHECK_S = 5  # the router's look at replicas still starting (its default, 30 s, answers up to 30 s late)
+
+
 def router_argv(params: Params, settings: ServeSettings) -> list[str]:
-    """The router on the head, in front of every node's replica (no key on the argv: the runtime gives secrets)."""
+    """The router on the head, in front of every node's replica. It answers only once every replica is healthy,
+    so it starts with them and waits as long as 05 does (serve.ready_timeout_s; its own default is 600 s)."""
     return ["vllm-router", "--host", str(settings.host), "--port", str(settings.port),
             "--policy", settings.router_policy,
+            "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),
+            "--worker-startup-check-interval", str(STARTUP_CHECK_S),
             "--worker-urls", *(worker_url(s, settings) for s in params.nodes)]
 
 

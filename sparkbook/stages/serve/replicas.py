@@ -10,8 +10,6 @@ from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.params import NodeSpec, Params, ServeSettings
 from .commands import DEFAULT, QUESTION, Platform, ServeCommand, ServePlan, serve_argv, served_model_path
 
-ROUTER_VERSION = "0.1.17"  # the vllm-router wheel the lab proved (x86_64 and aarch64 abi3 wheels on PyPI)
-
 
 def ranks(spec: NodeSpec) -> int:
     """A replica's tensor-parallel size: the node's listed GPUs (none listed: one rank, as serving_nodes counts)."""

@@ -47,8 +47,9 @@ STARTUP_CHECK_S = 5  # the router's look at replicas still starting (its default
 
 
 def router_argv(params: Params, settings: ServeSettings) -> list[str]:
-    """The router on the head, in front of every node's replica. It answers only once every replica is healthy,
-    so it starts with them and waits as long as 05 does (serve.ready_timeout_s; its own default is 600 s)."""
+    """The router on the head, in front of every node's replica, started with them: it waits for them as long as
+    05 does (serve.ready_timeout_s; its own default is 600 s) but answers once one is healthy (the lab: `1 out of 2
+    unique hosts are healthy`, then ready), so readiness is each replica's own and then the router's."""
     return ["vllm-router", "--host", str(settings.host), "--port", str(settings.port),
             "--policy", settings.router_policy,
             "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),

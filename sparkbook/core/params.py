@@ -328,6 +328,11 @@ class ServeSettings(Strict):
     layout: Literal["tp", "replicas"] = Field("tp", description="tp: one server, the model split over the nodes "
                                               "(tensor_parallel_size x pipeline_parallel_size); replicas: a whole "
                                               "copy on each node behind one endpoint, where 02 finds that one fits")
+    replica_port: int = Field(8001, ge=1, le=65535, description="layout replicas: the port of each node's own "
+                              "server; the router answers clients on port")
+    router_policy: Literal["power_of_two", "round_robin", "cache_aware"] = Field(
+        "power_of_two", description="layout replicas: how vllm-router picks a replica (power_of_two: the less "
+        "loaded; cache_aware: the one holding the prompt's prefix)")
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     master_port: int = Field(29501, ge=1, le=65535)
@@ -592,6 +597,12 @@ class Params(Strict):
         if self.serve.layout == "replicas" and len(self.nodes) < 2:
             problems.append("serve.layout: replicas runs a copy of the model on each node behind one endpoint; this "
                             "cluster has one node (set serve.layout: tp)")
+        if self.serve.layout == "replicas" and self.serve.executor == "ray":
+            problems.append("serve.executor: ray joins ranks over the nodes, and a replica serves on one node (leave "
+                            "serve.executor out with serve.layout: replicas)")
+        if self.serve.layout == "replicas" and self.serve.replica_port == self.serve.port:
+            problems.append(f"serve.replica_port: {self.serve.replica_port} is serve.port, where the router answers "
+                            "on the head; each node's replica needs a port of its own")
         if self.serve.api_key_env and self.serve.api_key_env not in self.secrets:
             problems.append(f"serve.api_key_env: {self.serve.api_key_env} must also be listed under `secrets` (so its "
                             "value is redacted from every output and reaches the node containers)")

@@ -45,6 +45,17 @@ def test_the_smoke_tests_question_is_not_the_servers_plan(tmp_path):
     assert plan_data(lab_plan(tmp_path))["settings"]["smoke"]["expect"] is None  # the lab's own opt-out, recorded
 
 
+def test_a_server_recorded_before_a_settings_field_existed_is_the_same_plan_at_its_default(tmp_path):
+    """A live server a sparkbook before serve.layout / replica_port / router_policy recorded lacks them: at their
+    defaults they change nothing it does (no replacement asked for on an upgrade); set otherwise, they are named."""
+    older = plan_data(lab_plan(tmp_path))
+    for field in ("layout", "replica_port", "router_policy"):
+        del older["settings"][field]
+    assert differences(older, plan_data(lab_plan(tmp_path))) == []
+    changed = differences(older, plan_data(lab_plan(tmp_path, {"router_policy": "round_robin"})))
+    assert [(d.field, d.running, d.new) for d in changed] == [("serve.router_policy", "", "round_robin")]
+
+
 def test_a_changed_setting_shows_the_field_and_each_nodes_argv(tmp_path):
     changed = differences(plan_data(lab_plan(tmp_path)), plan_data(lab_plan(tmp_path, {"max_num_seqs": 8})))
     rows = {(d.field, d.running, d.new) for d in changed}

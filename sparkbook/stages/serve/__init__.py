@@ -1,4 +1,5 @@
-"""05: the commands from params (commands.py), launch and readiness (launch.py), a server kept when it already
+"""05: the commands from params (commands.py; serve.layout replicas: a copy per node behind vllm-router,
+replicas.py), launch and readiness (launch.py), a server kept when it already
 serves this plan (reuse.py), a live server of another plan replaced only as a decision (replace.py) and relaunched
 when the new plan fails (rollback.py), memory before the launch (memory.py), the bring-up with its remediated
 retries (bringup.py, failures.py), the serving processes' env (environ.py), the smoke test (smoke.py), the answers
@@ -21,7 +22,7 @@ from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.progress import Progress
 from ...core.state import Handoff
 from ...core.topology import cache_dir
-from . import bringup, commands, endpoints, environ, memory, quality, replace, reuse, rollback, smoke
+from . import bringup, commands, endpoints, environ, memory, quality, replace, replicas, reuse, rollback, smoke
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
 from .endpoints import ClientAddress
@@ -91,11 +92,13 @@ class ServePreview:
     def commands_title(self) -> str:
         model = "" if self.model else (f" (model dir: params' own, no ModelFacts of {ModelFacts.notebook} in this "
                                        "run dir)")
+        what = ("vllm serve, a whole copy per node, then vllm-router on the head before them" if self.plan.router
+                else "vllm serve, per node")
         if self.floor is not None:
-            return f"vllm serve, per node (OOM ladder: gpu_memory_utilization {self.floor}, then eager){model}"
+            return f"{what} (OOM ladder: gpu_memory_utilization {self.floor}, then eager){model}"
         known = ("max_model_len or a serving node's memory unknown" if self.model and self.diagnosis
                  else f"no ModelFacts and Diagnosis of {Diagnosis.notebook} in this run dir")
-        return f"vllm serve, per node (OOM ladder: floor unknown, {known}: straight to eager){model}"
+        return f"{what} (OOM ladder: floor unknown, {known}: straight to eager){model}"
 
     def replacement(self) -> list[Shown]:
         if self.replacing is None:
@@ -111,13 +114,31 @@ def preview(ctx: Context) -> ServePreview:
     ctx = ctx.with_image(choice.ref)
     model, diagnosis = ctx.handoffs.get(ModelFacts), ctx.handoffs.get(Diagnosis)
     platform = commands.detect_platform(ctx)
-    executor, decision = commands.choose_executor(ctx, platform)
-    serve_plan = commands.plan(ctx, executor, model_dir=model.dir_on_nodes if model else "")  # 02's snapshot
-    floor = utilization_floor(model, ctx.params, diagnosis.node_memory) if model and diagnosis else None
+    executor, decision, serve_plan = _layout_plan(ctx, platform, model.dir_on_nodes if model else "")
+    floor = _floor(ctx, model, diagnosis)
     endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
     return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
                         serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,),
                         quality.planned(ctx, serve_plan))
+
+
+def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str, Decision, ServePlan]:
+    """serve.layout picks the commands: tp, one server split over the nodes; replicas, a whole copy on each node
+    behind the router. `model_dir` is 02's snapshot of model.hf_id on the nodes ('' without 02)."""
+    if ctx.params.serve.layout == "replicas":
+        executor, decision = replicas.executor(ctx.params, platform)
+        return executor, decision, replicas.plan(ctx.params, executor, model_dir=model_dir)
+    executor, decision = commands.choose_executor(ctx, platform)
+    return executor, decision, commands.plan(ctx, executor, model_dir=model_dir)
+
+
+def _floor(ctx: Context, model: ModelFacts | None, diagnosis: Diagnosis | None) -> float | None:
+    """The OOM ladder's floor for the layout served (None: 02's hand-offs or a figure it needs are missing)."""
+    if model is None or diagnosis is None:
+        return None
+    if ctx.params.serve.layout == "replicas":
+        return replicas.floor(model, ctx.params, diagnosis.node_memory)
+    return utilization_floor(model, ctx.params, diagnosis.node_memory)
 
 
 # --- run -------------------------------------------------------------------------------------------
@@ -281,13 +302,14 @@ def _drop_aside(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> N
 
 
 def _layout_served(ctx: Context) -> None:
-    """05 serves the model split over the nodes only: serve.layout replicas (02 stops it; past an override of 02's
-    blockers, here) needs the router before the copies that is not built yet, and serving tp instead would not be
-    what the params asked for."""
+    """05 launches the model split over the nodes only: serve.layout replicas (02 stops it; past an override of
+    02's blockers, here) has its commands in the preview, the router's included, but their launch, readiness through
+    the router and the operator's commands over them are not built yet; serving tp instead would not be what the
+    params asked for."""
     if ctx.params.serve.layout != "tp":
-        raise ServeError(f"serve.layout: {ctx.params.serve.layout} is not served by this version (one endpoint "
-                         "before a copy per node needs a router not built yet); nothing was stopped or started",
-                         remediation="set serve.layout: tp")
+        raise ServeError(f"serve.layout: {ctx.params.serve.layout} is not served by this version (its commands, a "
+                         "copy per node behind vllm-router, are in 05's preview; their launch is not built yet); "
+                         "nothing was stopped or started", remediation="set serve.layout: tp")
 
 
 def _needed(ctx: Context, preview: ServePreview) -> ModelFacts:

@@ -131,10 +131,11 @@ class ServePlan:
     base_url: str
     model: str
     model_dir: str = ""  # where the nodes load the model from (02's snapshot of model.hf_id); '' = from params
+    router: ServeCommand | None = None  # serve.layout replicas: the router before the replicas (base_url is its)
 
     def table(self) -> list[dict[str, str]]:
         return [{"node": c.node, "env": " ".join(f"{k}={v}" for k, v in c.env.items()),
-                 "command": shlex.join(c.argv)} for c in self.commands]  # what an operator can paste
+                 "command": shlex.join(c.argv)} for c in [*self.commands, *filter(None, [self.router])]]
 
 
 def serving_nodes(params: Params) -> list[NodeSpec]:

@@ -7,6 +7,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.params import ServeSettings
+
 
 @dataclass(frozen=True)
 class Difference:
@@ -44,13 +46,21 @@ def _commands(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[Diff
 CLIENT_ONLY = {"smoke", "quality"}  # settings of 05's own requests, not of the server: changing them replaces nothing
 
 
+def _added_at_default(key: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A setting the running plan's record lacks (a sparkbook before the field) at its default: the field did not
+    exist, the server does what its default does (serve.layout tp, serve.replica_port of replicas), nothing to
+    replace."""
+    field = ServeSettings.model_fields.get(key)
+    return key not in old and field is not None and new.get(key) == field.get_default(call_default_factory=True)
+
+
 def differences(running: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
     """Every difference between two plans as `reuse` records them (executor, settings, commands, base_url,
     model, model_dir), the client-only settings left out; empty when they are the same plan."""
     old_s, new_s = running["settings"], new["settings"]
     out = [Difference(f"serve.{k}", _text(old_s.get(k)), _text(new_s.get(k)))
            for k in [*old_s, *(k for k in new_s if k not in old_s)]
-           if k not in CLIENT_ONLY and old_s.get(k) != new_s.get(k)]
+           if k not in CLIENT_ONLY and old_s.get(k) != new_s.get(k) and not _added_at_default(k, old_s, new_s)]
     out += [Difference(k, _text(running.get(k)), _text(new.get(k)))
             for k in ("executor", "base_url", "model", "model_dir") if running.get(k) != new.get(k)]
     return out + _commands(running["commands"], new["commands"])

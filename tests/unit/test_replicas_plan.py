@@ -1,0 +1,103 @@
+"""05's commands for serve.layout replicas (issue 42, item 3): a whole copy per node on serve.replica_port with that
+node's GPUs as its split, no Ray and no multi-node launch, and vllm-router on the head on serve.port before them;
+the params that cannot serve replicas refused by name. The launch of replicas is not built: 05 still refuses them
+(test_layout_fit)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_layout_fit import GPT_OSS_120B, GPT_OSS_BYTES
+from test_serve_front_door import a_preview
+from test_serve_plan import CPU, CUDA, ctx
+
+from sparkbook.core.modelinfo import GIB, model_facts, utilization_floor
+from sparkbook.core.params import ParamsError, load_params
+from sparkbook.stages import serve
+from sparkbook.stages.serve import commands, replicas
+
+
+def as_replicas(params, **serve):
+    return params.model_copy(update={"serve": params.serve.model_copy(update={"layout": "replicas", **serve})})
+
+
+def value(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_lab_replicas_one_rank_each_behind_the_router_on_the_head(lab):
+    params = as_replicas(lab)
+    executor, decision = replicas.executor(params, CPU)
+    assert executor == "default" and decision.choice == "vLLM's default" and "no Ray" in decision.reason
+    plan = replicas.plan(params, executor, model_dir="")
+    assert [c.node for c in plan.commands] == ["lab-0", "lab-1"]
+    for c in plan.commands:
+        assert c.argv[:3] == ["vllm", "serve", "/srv/models/hyv4-tiny"]
+        assert (value(c.argv, "--port"), value(c.argv, "--tensor-parallel-size")) == ("8001", "1")
+        assert not {"--nnodes", "--headless", "--distributed-executor-backend", "--master-addr"} & set(c.argv)
+        assert value(c.argv, "--max-num-seqs") == "16" and c.argv[-1] == "CPU_MLA"  # the params' own settings
+    assert [c.env for c in plan.commands] == [{"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
+    assert plan.router is not None and plan.router.node == "lab-0"
+    assert plan.router.argv == ["vllm-router", "--host", "0.0.0.0", "--port", "8000", "--policy", "power_of_two",
+                                "--worker-startup-timeout-secs", "600", "--worker-startup-check-interval", "5",
+                                "--worker-urls", "http://10.77.0.10:8001", "http://10.77.0.11:8001"]
+    assert plan.base_url == "http://10.77.0.10:8000"  # clients see the router, one endpoint
+    rows = plan.table()
+    assert [r["node"] for r in rows] == ["lab-0", "lab-1", "lab-0"] and rows[-1]["command"].startswith("vllm-router")
+
+
+def test_gpu_nodes_split_each_copy_over_their_own_gpus(write_params, base):
+    base["nodes"][0]["gpus"] = [0, 1]
+    base["nodes"][1]["gpus"] = [0, 1]
+    base["serve"] = {"layout": "replicas", "tensor_parallel_size": 4, "replica_port": 9000, "port": 8080,
+                     "router_policy": "round_robin"}
+    params = load_params(write_params(base))
+    executor, decision = replicas.executor(params, CUDA)
+    assert executor == "mp" and "up to 2 GPUs on one node" in decision.reason
+    plan = replicas.plan(params, executor)
+    for c in plan.commands:
+        assert value(c.argv, "--tensor-parallel-size") == "2" and value(c.argv, "--port") == "9000"
+        assert value(c.argv, "--distributed-executor-backend") == "mp" and "--nnodes" not in c.argv
+        assert "RAY_ADDRESS" not in c.env
+    assert plan.router is not None and value(plan.router.argv, "--policy") == "round_robin"
+    assert plan.router.argv[-2:] == ["http://10.9.0.1:9000", "http://10.9.0.2:9000"]
+    assert plan.base_url == "http://10.9.0.1:8080"
+
+
+def test_tp_plans_have_no_router(lab):
+    plan = commands.plan(ctx(lab), "mp")
+    assert plan.router is None and len(plan.table()) == 2
+
+
+@pytest.mark.parametrize(("serve", "said"), [
+    ({"replica_port": 8000}, "serve.replica_port: 8000 is serve.port, where the router answers"),
+    ({"executor": "ray"}, "serve.executor: ray joins ranks over the nodes, and a replica serves on one node")])
+def test_params_that_cannot_serve_replicas_are_refused_by_name(write_params, base, serve, said):
+    base["serve"] = {"tensor_parallel_size": 2, "layout": "replicas", **serve}
+    with pytest.raises(ParamsError, match=said):
+        load_params(write_params(base))
+
+
+def test_replicas_floor_is_each_whole_copy_on_its_node(write_params, base):
+    """gpt-oss-120b on two 128 GiB nodes: a replica holds all 65 GB where TP=2 holds half, so its OOM ladder starts
+    higher, from the same load (8 sequences of 32k)."""
+    base["serve"] = {"tensor_parallel_size": 2, "max_model_len": 32768, "max_num_seqs": 8}
+    tp = load_params(write_params(base))
+    facts = model_facts(GPT_OSS_120B, {"metadata": {"total_size": GPT_OSS_BYTES}}, [], "/m")
+    memory = {"a": 128 * GIB, "b": 128 * GIB}
+    split, copy = utilization_floor(facts, tp, memory), replicas.floor(facts, as_replicas(tp), memory)
+    assert split is not None and copy is not None and split < copy < 1.0
+    assert copy == utilization_floor(facts, replicas.alone(as_replicas(tp), tp.nodes[1]), memory)
+    assert replicas.floor(facts, as_replicas(tp), {"a": 128 * GIB}) is None  # b's memory unknown
+
+
+def test_preview_shows_every_command_the_router_included(lab):
+    """05's preview (`sparkbook plan`): serve.layout picks the replicas' commands and the router's, titled as such."""
+    imaged = ctx(as_replicas(lab)).with_image("img")
+    executor, decision, plan = serve._layout_plan(imaged, CPU, "")
+    assert (executor, plan.router is not None) == ("default", True)
+    shown = dataclasses.replace(a_preview(imaged), plan=plan, executor=executor, executor_decision=decision).shown()
+    (table,) = [s for s in shown if s.title.startswith("vllm serve")]
+    assert table.title.startswith("vllm serve, a whole copy per node, then vllm-router on the head before them")
+    assert [r["command"].split()[0] for r in table.value] == ["vllm", "vllm", "vllm-router"]
+    assert serve._layout_plan(ctx(lab).with_image("img"), CPU, "")[2].router is None  # tp: no router

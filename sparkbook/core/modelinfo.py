@@ -354,13 +354,17 @@ def node_fit(name: str, ranks: int, mem: NodeMemory, share: Share, serve: ServeS
                   round(mem.held_bytes / GIB, 2), mem.held_by)
 
 
+def split_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory], needed: int) -> list[FitRow]:
+    """Each node's ranks of the plan's split (`node_fit`), head first, its KV cache held to `needed` tokens."""
+    share, gpu_nodes = plan_share(facts, params), {n.name for n in params.nodes if n.gpus}
+    return [node_fit(name, ranks, memory[name], share, params.serve, name in gpu_nodes, needed)
+            for name, ranks in ranks_per_node(params).items() if ranks and name in memory]
+
+
 def memory_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> list[FitRow]:
     """Weights, KV cache (for one sequence of max_model_len) and the per-rank reserve per node for the planned
-    split, against what CUDA can allocate there (`node_fit`)."""
-    share, gpu_nodes = plan_share(facts, params), {n.name for n in params.nodes if n.gpus}
-    return [node_fit(name, ranks, memory[name], share, params.serve, name in gpu_nodes,
-                     params.serve.max_model_len or 0)
-            for name, ranks in ranks_per_node(params).items() if ranks and name in memory]
+    split, against what CUDA can allocate there."""
+    return split_fit(facts, params, memory, params.serve.max_model_len or 0)
 
 
 def utilization_floor(facts: ModelFacts, params: Params, memory_bytes: dict[str, int]) -> float | None:

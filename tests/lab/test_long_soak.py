@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -20,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from runcopy import outputs_copy
 
 from sparkbook.core import topology
 from sparkbook.core.params import load_params
-from sparkbook.core.rundir import QUALITY
 from sparkbook.core.stagelist import BENCH
 from sparkbook.runbook import driver, operate
 
@@ -89,8 +88,7 @@ def soak_run(full_run, planted, node_shells, tmp_path_factory):
         killer.join(timeout=60)
         took = time.monotonic() - t0
         up_root = tmp_path_factory.mktemp("soak-up")  # `up` on a copy: the full run stays its outputs' deployment
-        shutil.copytree(first_dir, up_root / first_dir.parent.name / first_dir.name)
-        shutil.copytree(first_dir.parent / QUALITY, up_root / first_dir.parent.name / QUALITY)
+        outputs_copy(first_dir, up_root)
         t1 = time.monotonic()
         _, back, _ = operate.up(Path(first.params_file), up_root, say=print)
         print(f"soak run {took:.0f} s; up {time.monotonic() - t1:.0f} s")

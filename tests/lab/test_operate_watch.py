@@ -9,7 +9,6 @@ for the tests after it, so this file sorts before test_runbook_lab."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from runcopy import outputs_copy
 
 from sparkbook.core.params import load_params
-from sparkbook.core.rundir import QUALITY
 from sparkbook.core.topology import container_name
 from sparkbook.records import watchlog
 from sparkbook.runbook import operate, watch
@@ -54,8 +53,7 @@ def test_watch_brings_a_killed_engine_back_and_records_the_cause(full_run: tuple
     monkeypatch.setenv("HF_TOKEN", planted)
     run_dir, manifest = full_run
     outputs = tmp_path / "outputs"  # a copy: the watch's `up` leaves the full run its own outputs' deployment
-    shutil.copytree(run_dir, outputs / run_dir.parent.name / run_dir.name)
-    shutil.copytree(run_dir.parent / QUALITY, outputs / run_dir.parent.name / QUALITY)
+    outputs_copy(run_dir, outputs)
     data = yaml.safe_load(Path(manifest.params_file).read_text())
     data["watch"] = {"interval_s": 3, "check_timeout_s": 30, "failures_to_restart": 2, "max_restarts": 2,
                      "backoff_s": 5, "backoff_max_s": 5}

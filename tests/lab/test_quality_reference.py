@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from runcopy import outputs_copy
 
 from sparkbook.core.evidence import read_events
 from sparkbook.core.params import load_params
@@ -99,9 +100,7 @@ def test_a_planted_change_of_the_model_fails_the_agreement_and_the_same_model_pa
         full_run, node_shells, planted: str, tmp_path: Path) -> None:
     first_dir, first = full_run
     params = load_params(first.params_file)
-    copy = tmp_path / params.cluster / first_dir.name
-    shutil.copytree(first_dir, copy)
-    shutil.copytree(first_dir.parent / QUALITY, tmp_path / params.cluster / QUALITY)
+    copy = outputs_copy(first_dir, tmp_path)
     weights = json.loads((first_dir / "state.json").read_text())["model"]["dir_on_nodes"] + "/model.safetensors"
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     passed = False

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from ...core.evidence import Finding
-from ...core.modelinfo import FitRow, ModelFacts, NodeMemory, node_fit, plan_share, ranks_per_node, split_share
+from ...core.modelinfo import FitRow, ModelFacts, NodeMemory, node_fit, split_fit, split_share
 from ...core.params import Params
 
 TP, REPLICAS, EXPERT_PARALLEL = "tp", "replicas", "expert parallel"
@@ -66,11 +66,9 @@ def needed_tokens(params: Params) -> int:
 def tp_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> LayoutFit:
     """The plan's TP x PP split: one server whose ranks lie over the nodes head first (as 05 serves it)."""
     s, need = params.serve, needed_tokens(params)
-    share, gpu = plan_share(facts, params), {n.name for n in params.nodes if n.gpus}
-    ranks = {n: r for n, r in ranks_per_node(params).items() if r and n in memory}
-    rows = [node_fit(n, r, memory[n], share, s, n in gpu, need) for n, r in ranks.items()]
-    return LayoutFit(TP, f"TP={s.tensor_parallel_size} PP={s.pipeline_parallel_size} over {', '.join(ranks)}", 1,
-                     need, rows)
+    rows = split_fit(facts, params, memory, need)
+    return LayoutFit(TP, f"TP={s.tensor_parallel_size} PP={s.pipeline_parallel_size} over "
+                     f"{', '.join(r.node for r in rows)}", 1, need, rows)
 
 
 def replicas_fit(facts: ModelFacts, params: Params, memory: dict[str, NodeMemory]) -> LayoutFit:

@@ -147,7 +147,11 @@ def _streamed(sent_at: float, tokens_per_s: float, seconds: float) -> RequestRec
 def test_windows_count_streamed_tokens_by_their_chunk_times_and_the_worst_is_against_the_median() -> None:
     records = [_streamed(0.0, 10, 30), _streamed(0.0, 10, 30), _streamed(30.0, 2, 30)]
     found = soak.windows(records, end=61.0, length=10.0)
-    assert [w.start_s for w in found] == [0, 10, 20, 30, 40, 50], "full windows from the first token; no partial"
+    assert [w.start_s for w in found] == [0, 10, 20, 30, 40, 50], "full windows from the first token; 0.5 s dropped"
+    assert {w.length_s for w in found} == {10}
+    last = soak.windows(records, end=56.5, length=10.0)[-1]
+    assert (last.start_s, last.length_s) == (50, 6), "a last window of over half a length is kept at its own span"
+    assert last.tok_s == pytest.approx(2, abs=0.4), "rated over its span, not over a full window"
     assert [w.tok_s for w in found] == pytest.approx([20, 20, 20, 2, 2, 2], abs=0.2)
     assert [(w.ended_ok, w.ended_failed) for w in found][2:4] == [(2, 0), (0, 0)]
     low, median = soak.worst(found)

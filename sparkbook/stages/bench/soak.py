@@ -91,7 +91,8 @@ class Failure:
 @dataclass(frozen=True)
 class Window:
     start_s: float  # seconds after the soak's first token
-    tok_s: float  # output tokens streamed within it, per second
+    length_s: float  # the window's span: `window_length`, or less for the last one
+    tok_s: float  # output tokens streamed within it, per second of its span
     ended_ok: int
     ended_failed: int
 
@@ -206,16 +207,21 @@ def window_length(soak_s: float) -> float:
 
 
 def windows(records: list[RequestRecord], end: float, length: float) -> list[Window]:
-    """Output tok/s in consecutive full windows from the soak's first token to `end` (a partial last one dropped);
-    a request's end is counted in the window it ended in."""
+    """Output tok/s in consecutive windows from the soak's first token to `end`; a request's end is counted in the
+    window it ended in. The first token comes seconds after the load starts (a full batch's prefill), so a last
+    window of at least half a length is kept, rated over its own span: a 5-minute soak has 5 windows, not 4."""
     chunks = sorted(c for r in records for c in token_times(r))
     if not chunks:
         return []
     start, out = chunks[0][0], []
-    for k in range(int((end - start) // length)):
-        lo, hi = start + k * length, start + (k + 1) * length
+    spans = int((end - start) // length)
+    bounds = [(start + k * length, start + (k + 1) * length) for k in range(spans)]
+    if end - (start + spans * length) >= length / 2:
+        bounds.append((start + spans * length, end))
+    for lo, hi in bounds:
         ended = [r for r in records if lo <= r.done_at < hi]
-        out.append(Window(round(k * length, 1), round(sum(n for t, n in chunks if lo <= t < hi) / length, 2),
+        out.append(Window(round(lo - start, 1), round(hi - lo, 1),
+                          round(sum(n for t, n in chunks if lo <= t < hi) / (hi - lo), 2),
                           sum(r.ok for r in ended), sum(not r.ok for r in ended)))
     return out
 

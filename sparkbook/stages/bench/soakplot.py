@@ -27,7 +27,7 @@ def _throughput(ax: Any, r: SoakResult, start: float) -> None:
     if r.windows:
         first = min(at for at, _ in chunks)
         length = window_length(r.settings.soak_s)
-        edges = [w.start_s for w in r.windows] + [r.windows[-1].start_s + length]
+        edges = [w.start_s for w in r.windows] + [r.windows[-1].start_s + r.windows[-1].length_s]
         ax.step([_minutes(first + e, start) for e in edges], [w.tok_s for w in r.windows] + [r.windows[-1].tok_s],
                 where="post", label=f"per {length:g}-s window")
     ax.set_ylabel("output tok/s")

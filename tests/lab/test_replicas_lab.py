@@ -23,6 +23,7 @@ from sparkbook.core.stagelist import RAYCLUSTER
 from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver, operate
 from sparkbook.runbook.manifest import Manifest
+from sparkbook.stages.serve import router
 
 pytestmark = pytest.mark.lab
 # a copy per node of the lab's model: 8 sequences of 2048 tokens fit its KV cache (02's replicas fit); ports of its
@@ -71,7 +72,7 @@ def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(re
     assert endpoint["router"][:3] == ["python3", "-m", "vllm_router.launch_router"], endpoint
     (installed,) = read_events(run_dir, "router_installed")
     print("router install:", installed["data"])
-    assert installed["data"]["version"] == "0.1.17" and installed["data"]["site"].startswith("/srv/")
+    assert (installed["data"]["version"], installed["data"]["site"]) == (router.VERSION, router.site(params))
     (ray,) = [d for nb in manifest.notebooks if nb.name.startswith("04") for d in nb.decisions if d.get("key") == "ray"]
     assert ray["choice"] == "no Ray" and "serve.layout is replicas" in ray["reason"], ray
     for spec in params.nodes:  # one `vllm serve` per node on the replica port, no rank following another node's

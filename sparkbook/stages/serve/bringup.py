@@ -37,19 +37,23 @@ from .reuse import Serving, find_running, read_serving, remember, start_decision
 
 
 def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
-    """The classified cause when something already listens on the serve address, else None: found before
-    launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
-    head, port = serve_plan.commands[0].node, host_port(serve_plan)[1]
+    """The classified cause when something already listens on a serve address (the head's serve port; with
+    replicas, each node's replica port too), else None: found before launching (vLLM itself reports it only after
+    loading the model, minutes on a loaded node)."""
     host = str(serve_plan.settings.host)  # where vLLM will bind: 0.0.0.0 collides with a listener on any address
-    r = ctx.runtime.exec(ctx.cluster.nodes[head], ctx.place(head), ["python3", "-c", probes.source("bind"), host, port],
-                         timeout=30)
-    try:
-        bound = probes.parse(r, node=head, probe=f"bind {host}:{port}")
-    except ProbeOutputError:
-        return None  # no whole answer: the launch reports what is wrong
-    if bound["bound"] or "Errno 98" not in bound["error"]:
-        return None
-    return classify({head: f"{host}:{port}: {bound['error']}"})
+    wanted = [(serve_plan.commands[0].node, host_port(serve_plan)[1])]
+    if serve_plan.router is not None:
+        wanted += [(c.node, str(serve_plan.settings.replica_port)) for c in serve_plan.commands]
+    for node, port in wanted:
+        r = ctx.runtime.exec(ctx.cluster.nodes[node], ctx.place(node),
+                             ["python3", "-c", probes.source("bind"), host, port], timeout=30)
+        try:
+            bound = probes.parse(r, node=node, probe=f"bind {host}:{port}")
+        except ProbeOutputError:
+            continue  # no whole answer: the launch reports what is wrong
+        if not bound["bound"] and "Errno 98" in bound["error"]:
+            return classify({node: f"{host}:{port}: {bound['error']}"})
+    return None
 
 
 def named_paths(settings: ServeSettings) -> list[tuple[str, str, str]]:

@@ -240,7 +240,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     run, d = _operated(args)
     try:
-        operate.logs(run, d, args.node or run.params.head.name, follow=args.follow, say=print)
+        operate.logs(run, d, args.node or run.params.head.name, follow=args.follow, say=print, router=args.router)
     finally:
         run.cluster.close()
     return 0
@@ -433,6 +433,7 @@ def parser() -> argparse.ArgumentParser:
     logs = operator("logs", "a node's vLLM server log (the file 05 writes; docker logs is empty)", cmd_logs)
     logs.add_argument("--node", help="the node (default: the head)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    logs.add_argument("--router", action="store_true", help="the router's log (serve.layout replicas), on the head")
     watching = operator("watch", "keep the deployment serving: /health and a one-token completion every "
                      "watch.interval_s; on a failure the cause from the logs, `up` with back-off, then give up "
                      "(exit 5); every event in outputs/<cluster>/watch.jsonl", cmd_watch)

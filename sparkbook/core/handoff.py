@@ -133,6 +133,9 @@ class Endpoint(Handoff):
     addresses: dict[str, str] = {}  # network (management, fabric) -> the URL clients use there
     seconds_without_service: float | None = None  # a replacement's: old server stopped -> new one answered
     quality_key: str | None = None  # the reference 05's answers agreed with or recorded (None: not checked)
+    router: list[str] | None = None  # serve.layout replicas: the router's argv on the head (base_url is its)
+    router_log: str | None = None  # the file the router writes, in the head's place
+    replicas: dict[str, str] = {}  # node -> its replica's own URL, as the router reaches it (none: one server)
 
 
 class BenchPoint(_Part):

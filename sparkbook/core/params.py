@@ -603,6 +603,10 @@ class Params(Strict):
         if self.serve.layout == "replicas" and self.serve.executor == "ray":
             problems.append("serve.executor: ray joins ranks over the nodes, and a replica serves on one node (leave "
                             "serve.executor out with serve.layout: replicas)")
+        if self.serve.layout == "replicas" and self.serve.api_key_env:
+            problems.append("serve.api_key_env: vllm-router, before the replicas, takes the key for them only as "
+                            "--api-key on its command line, where sparkbook puts no secret (argvs are recorded and "
+                            "shown by ps); serve replicas on a trusted network without a key, or set serve.layout: tp")
         if self.serve.layout == "replicas" and self.serve.replica_port == self.serve.port:
             problems.append(f"serve.replica_port: {self.serve.replica_port} is serve.port, where the router answers "
                             "on the head; each node's replica needs a port of its own")

@@ -80,6 +80,8 @@ def without_ray(params: Params, image_ray: str | None) -> str | None:
     `--headless`), so Ray is needed only by the Ray executor: it is left out where serve.executor is mp, and where it
     is unset on an image without Ray (`image_ray`: 03's ImageChoice.ray_version; stock vLLM images since 0.19 carry
     none, issue 45). An image with Ray and no executor set keeps Ray, as 05 may choose it."""
+    if params.serve.layout == "replicas":
+        return "serve.layout is replicas: each node serves a whole copy on its own, and no rank joins another node's"
     if params.serve.executor == "mp":
         return "serve.executor is mp: vLLM starts its own ranks on every node (--nnodes, --node-rank, --headless)"
     if params.serve.executor is None and image_ray is None:

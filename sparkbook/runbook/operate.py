@@ -56,7 +56,10 @@ class Deployment:
     @property
     def plan_hash(self) -> str:
         """The serving plan's fingerprint: the `vllm serve` argv per node (env by name only)."""
-        plan = {n: [argv, sorted(self.endpoint.env.get(n, {}))] for n, argv in sorted(self.endpoint.commands.items())}
+        plan: dict[str, object] = {n: [argv, sorted(self.endpoint.env.get(n, {}))]
+                                   for n, argv in sorted(self.endpoint.commands.items())}
+        if self.endpoint.router:  # serve.layout replicas: the router is part of what serves
+            plan["router"] = self.endpoint.router
         return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:12]
 
     def started_by(self) -> str:
@@ -130,15 +133,37 @@ class NodeStatus:
 
 
 @dataclass(frozen=True)
+class RouterStatus:
+    """serve.layout replicas: the router's process on the head and each replica's own /health (the router answers
+    while one replica does, so its /health alone does not say that every copy serves)."""
+
+    node: str
+    process: str  # running | not running | unknown: ...
+    replicas: dict[str, str | None]  # node -> None where its replica's /health answers 200, else what was seen
+
+    @property
+    def ok(self) -> bool:
+        return self.process == "running" and all(v is None for v in self.replicas.values())
+
+    def lines(self, d: Deployment) -> list[str]:
+        return [f"router on {self.node}: {self.process} ({d.endpoint.router_log})",
+                *(f"replica on {n} {d.endpoint.replicas[n]}: " + ("/health answers 200" if seen is None
+                                                                  else f"/health NOT answering ({seen})")
+                  for n, seen in self.replicas.items())]
+
+
+@dataclass(frozen=True)
 class Status:
     deployment: Deployment
     nodes: list[NodeStatus]
     health: str | None  # None: /health answers 200; else what was seen
     addresses: list[ClientAddress] = field(default_factory=list)  # the URL clients use on each network
+    router: RouterStatus | None = None  # None: one server, no router before it
 
     @property
     def serving(self) -> bool:
-        return self.health is None and all(n.server == "running" for n in self.nodes)
+        return (self.health is None and all(n.server == "running" for n in self.nodes)
+                and (self.router is None or self.router.ok))
 
     def problems(self) -> list[str]:
         """Where the processes and the API disagree: each is a problem to look at, never a verdict to trust."""
@@ -156,6 +181,7 @@ class Status:
                 f"endpoint {d.endpoint.base_url}: " + ("/health answers 200" if self.health is None
                                                       else f"/health NOT answering ({self.health})"),
                 *self.problems(),
+                *(self.router.lines(d) if self.router else []),
                 *(f"clients on the {a.network} network: {a.url}" + (f" (not listening: {a.not_listening})"
                                                                       if a.not_listening else "")
                   for a in self.addresses)]
@@ -199,13 +225,27 @@ def status(run: Run, d: Deployment) -> Status:
     ctx = run.context(d.image.ref)
     no_ray = without_ray(ctx.params, d.image.ray_version)  # vLLM's own multi-node launch: no Ray to look for
     gone = {} if no_ray else lost(ctx.params, ctx.cluster, ctx.runtime)
-    ray = "not used (serve.executor mp or an image without Ray)" if no_ray else "running"
+    ray = "not used (serve.executor mp, serve.layout replicas or an image without Ray)" if no_ray else "running"
     outcomes = ctx.cluster.fan_out(
         lambda n: _node_status(ctx.runtime, n, ctx.places[n.name], server_log(d, n.name), gone.get(n.name, ray)),
         timeout=PROBE_TIMEOUT_S)
     nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
                                                          None) for n, o in outcomes.items()]
-    return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params))
+    return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params), _router(run, d))
+
+
+def _router(run: Run, d: Deployment) -> RouterStatus | None:
+    """The router's process on the head and every replica's /health (None where the deployment has no router)."""
+    log = d.endpoint.router_log
+    if log is None:
+        return None
+    ctx, head = run.context(d.image.ref), run.params.head.name
+    node, place = ctx.cluster.nodes[head], ctx.places[head]
+    try:
+        process = "running" if ctx.runtime.running(node, place, Spawned(head, place.name, log)) else "not running"
+    except (NodeError, OSError) as exc:
+        process = f"unknown: {exc}"[:160]
+    return RouterStatus(head, process, {n: health(url) for n, url in d.endpoint.replicas.items()})
 
 
 def server_log(d: Deployment, node: str) -> str:
@@ -215,13 +255,19 @@ def server_log(d: Deployment, node: str) -> str:
 
 # logs
 def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Callable[[str], None],
-         tail_bytes: int = 20000) -> None:
-    """The node's vLLM server log (the file 05 spawned it with); with `follow`, new lines until interrupted."""
-    if node not in d.endpoint.commands:
+         tail_bytes: int = 20000, router: bool = False) -> None:
+    """The node's vLLM server log (the file 05 spawned it with), or with `router` the router's on the head; with
+    `follow`, new lines until interrupted."""
+    if router and d.endpoint.router_log is None:
+        raise NothingDeployed(f"run {d.run_id} serves without a router (serve.layout tp)",
+                              remediation="leave out --router")
+    if not router and node not in d.endpoint.commands:
         raise NothingDeployed(f"node {node!r} serves nothing in run {d.run_id}: it serves on "
                               f"{', '.join(d.endpoint.commands)}", remediation="pass --node with one of those")
     ctx = run.context(d.image.ref)
-    n, place, path = ctx.cluster.nodes[node], ctx.places[node], server_log(d, node)
+    node = run.params.head.name if router else node
+    path = d.endpoint.router_log if router and d.endpoint.router_log else server_log(d, node)
+    n, place = ctx.cluster.nodes[node], ctx.places[node]
     if not ctx.runtime.alive(n, place):
         raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",
                               remediation="`sparkbook up PARAMS` brings the deployment back")
@@ -252,6 +298,8 @@ def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[Stopped]:
         place = ctx.places[node.name]
         if not ctx.runtime.alive(node, place):
             return Stopped(node.name, "not running", "not running")
+        if node.name == ctx.head.name and d.endpoint.router_log:  # the router first: it fronts the replicas
+            ctx.runtime.kill(node, place, Spawned(node.name, place.name, d.endpoint.router_log))
         ctx.runtime.kill(node, place, Spawned(node.name, place.name, server_log(d, node.name)))
         if keep_ray:
             return Stopped(node.name, "stopped", "kept (Ray still runs)")

@@ -1,7 +1,7 @@
 """05's commands for serve.layout replicas (issue 42, item 3): a whole copy per node on serve.replica_port with that
 node's GPUs as its split, no Ray and no multi-node launch, and vllm-router on the head on serve.port before them;
-the params that cannot serve replicas refused by name. The launch of replicas is not built: 05 still refuses them
-(test_layout_fit)."""
+the params that cannot serve replicas refused by name; what readiness waits for, what the Endpoint, the reuse record
+and `status` keep of the router. The launch itself is proven on the lab (tests/lab/test_replicas_lab.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,10 +11,13 @@ from test_layout_fit import GPT_OSS_120B, GPT_OSS_BYTES
 from test_serve_front_door import a_preview
 from test_serve_plan import CPU, CUDA, ctx
 
+from sparkbook.core import topology
+from sparkbook.core.handoff import ImageChoice
 from sparkbook.core.modelinfo import GIB, model_facts, utilization_floor
 from sparkbook.core.params import ParamsError, load_params
+from sparkbook.runbook import operate
 from sparkbook.stages import serve
-from sparkbook.stages.serve import commands, replicas
+from sparkbook.stages.serve import bringup, commands, launch, replicas, reuse, router
 
 
 def as_replicas(params, **serve):
@@ -38,12 +41,15 @@ def test_lab_replicas_one_rank_each_behind_the_router_on_the_head(lab):
         assert value(c.argv, "--max-num-seqs") == "16" and c.argv[-1] == "CPU_MLA"  # the params' own settings
     assert [c.env for c in plan.commands] == [{"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
     assert plan.router is not None and plan.router.node == "lab-0"
-    assert plan.router.argv == ["vllm-router", "--host", "0.0.0.0", "--port", "8000", "--policy", "power_of_two",
+    assert plan.router.argv == ["python3", "-m", "vllm_router.launch_router", "--host", "0.0.0.0", "--port", "8000", "--policy", "power_of_two",
                                 "--worker-startup-timeout-secs", "600", "--worker-startup-check-interval", "5",
                                 "--worker-urls", "http://10.77.0.10:8001", "http://10.77.0.11:8001"]
     assert plan.base_url == "http://10.77.0.10:8000"  # clients see the router, one endpoint
+    assert plan.router.env == {"PYTHONPATH": router.site(params)}  # its own install, not the image's packages
+    assert router.site(params).startswith("/srv/sparkbook-cache/") and router.VERSION in router.site(params)
     rows = plan.table()
-    assert [r["node"] for r in rows] == ["lab-0", "lab-1", "lab-0"] and rows[-1]["command"].startswith("vllm-router")
+    assert [r["node"] for r in rows] == ["lab-0", "lab-1", "lab-0"]
+    assert rows[-1]["command"].startswith("python3 -m vllm_router.launch_router")
 
 
 def test_gpu_nodes_split_each_copy_over_their_own_gpus(write_params, base):
@@ -71,9 +77,12 @@ def test_tp_plans_have_no_router(lab):
 
 @pytest.mark.parametrize(("serve", "said"), [
     ({"replica_port": 8000}, "serve.replica_port: 8000 is serve.port, where the router answers"),
+    ({"api_key_env": "VLLM_KEY"}, "serve.api_key_env: vllm-router, before the replicas, takes the key for them only "
+                                  "as --api-key on its command line"),
     ({"executor": "ray"}, "serve.executor: ray joins ranks over the nodes, and a replica serves on one node")])
 def test_params_that_cannot_serve_replicas_are_refused_by_name(write_params, base, serve, said):
     base["serve"] = {"tensor_parallel_size": 2, "layout": "replicas", **serve}
+    base["secrets"] = ["VLLM_KEY"] if "api_key_env" in serve else []
     with pytest.raises(ParamsError, match=said):
         load_params(write_params(base))
 
@@ -99,5 +108,52 @@ def test_preview_shows_every_command_the_router_included(lab):
     shown = dataclasses.replace(a_preview(imaged), plan=plan, executor=executor, executor_decision=decision).shown()
     (table,) = [s for s in shown if s.title.startswith("vllm serve")]
     assert table.title.startswith("vllm serve, a whole copy per node, then vllm-router on the head before them")
-    assert [r["command"].split()[0] for r in table.value] == ["vllm", "vllm", "vllm-router"]
+    assert [r["command"].split()[:3] for r in table.value][-1] == ["python3", "-m", "vllm_router.launch_router"]
     assert serve._layout_plan(ctx(lab).with_image("img"), CPU, "")[2].router is None  # tp: no router
+
+
+def test_readiness_waits_for_every_replica_by_the_router_s_own_worker_urls(lab):
+    plan = replicas.plan(as_replicas(lab), "default")
+    assert launch.replica_urls(plan) == {"lab-0": "http://10.77.0.10:8001", "lab-1": "http://10.77.0.11:8001"}
+    assert launch.replica_urls(commands.plan(ctx(lab), "mp")) == {}  # one server: nothing but its own API
+
+
+def test_the_endpoint_and_the_reuse_record_keep_the_router(lab):
+    plan = replicas.plan(as_replicas(lab), "default")
+    e = bringup.planned_endpoint(plan, [])
+    assert e.router == plan.router.argv and e.router_log == "/tmp/sparkbook/logs/router-1.log"  # type: ignore[union-attr]
+    assert e.replicas == launch.replica_urls(plan) and e.base_url == "http://10.77.0.10:8000"
+    again = reuse._plan_from(reuse.plan_data(plan))
+    assert again == plan, "a later run compares its plan, the router included, with the recorded one"
+    tp = commands.plan(ctx(lab), "mp")
+    assert "router" not in reuse.plan_data(tp) and reuse._plan_from(reuse.plan_data(tp)) == tp
+    assert bringup.planned_endpoint(tp, []).router is None
+
+
+def test_remedies_replan_in_the_layout_served(lab):
+    params = as_replicas(lab)
+    plan = replicas.plan(params, "default")
+    fixed = bringup.replanned(ctx(params), plan, plan.settings.model_copy(update={"gpu_memory_utilization": 0.8}))
+    assert fixed.router is not None and [c.node for c in fixed.commands] == ["lab-0", "lab-1"]
+    assert all(value(c.argv, "--gpu-memory-utilization") == "0.8" for c in fixed.commands)
+
+
+def test_04_forms_no_ray_for_replicas(lab):
+    assert topology.without_ray(as_replicas(lab), "2.60.0") is not None
+    assert topology.without_ray(lab, "2.60.0") is None  # tp, executor unset, an image with Ray: 05 may choose it
+
+
+def test_status_serves_only_with_the_router_running_and_every_replica_answering(lab, tmp_path):
+    plan = replicas.plan(as_replicas(lab), "default")
+    d = operate.Deployment(tmp_path, ImageChoice(ref="img", id=None, vllm_version=None, ray_version=None, nodes={}), bringup.planned_endpoint(plan, []))
+    nodes = [operate.NodeStatus(n, "running 0123456789ab", "not used", "running", 60.0) for n in ("lab-0", "lab-1")]
+    up = operate.RouterStatus("lab-0", "running", {"lab-0": None, "lab-1": None})
+    assert operate.Status(d, nodes, None, router=up).serving
+    half = operate.RouterStatus("lab-0", "running", {"lab-0": None, "lab-1": "ConnectError: refused"})
+    gone = operate.RouterStatus("lab-0", "not running", {"lab-0": None, "lab-1": None})
+    assert not operate.Status(d, nodes, None, router=half).serving, "the router answers while one replica does"
+    assert not operate.Status(d, nodes, None, router=gone).serving
+    lines = operate.Status(d, nodes, None, router=half).lines()
+    assert "router on lab-0: running (/tmp/sparkbook/logs/router-1.log)" in lines
+    assert "replica on lab-1 http://10.77.0.11:8001: /health NOT answering (ConnectError: refused)" in lines
+    assert d.plan_hash != operate.Deployment(tmp_path, d.image, d.endpoint.model_copy(update={"router": []})).plan_hash

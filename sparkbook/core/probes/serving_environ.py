@@ -1,6 +1,7 @@
 """The environment variable NAMES (never values) of every serving process in this container: `vllm serve` and its
 workers, and the Ray actors vLLM runs its workers in (`ray::RayWorkerWrapper...`), which the raylet forks with the
-container's env. Ray's own agents (`ray::DashboardAgent`, ...) are not serving and run with an env of Ray's making.
+container's env. Ray's own agents (`ray::DashboardAgent`, ...) are not serving and run with an env of Ray's making;
+vllm-router (serve.layout replicas) serves no model, and its setproctitle rewrites the memory /proc shows as its env.
 
 usage: python3 -c SOURCE   (SOURCE = probes.source("serving_environ")) -> its document, as probes/__init__.py says
 Values stay on the node: they may hold secrets, and the check needs only the names.
@@ -8,6 +9,7 @@ Values stay on the node: they may hold secrets, and the check needs only the nam
 import os
 
 MARKS = ("vllm", "ray::RayWorkerWrapper")
+ROUTER = ("vllm_router", "vllm::router")  # the router before the replicas: not a process that loads the model
 SELF = "SPARKBOOK-" + "JSON"  # in this probe's own command line (and its wrappers'): not a serving process
 
 
@@ -16,7 +18,7 @@ def process(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        if not cmd or SELF in cmd or not any(mark in cmd for mark in MARKS):
+        if not cmd or SELF in cmd or not any(m in cmd for m in MARKS) or any(r in cmd for r in ROUTER):
             return None
         with open(f"/proc/{pid}/environ", "rb") as f:
             raw = f.read().split(b"\0")

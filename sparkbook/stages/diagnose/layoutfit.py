@@ -131,8 +131,7 @@ def verdict(fits: list[LayoutFit]) -> str:
 
 def layout_findings(fits: list[LayoutFit], params: Params) -> list[Finding]:
     """serve.layout replicas where a copy per node does not fit is a blocker naming the field, before 03 copies an
-    image and 05 loads a model that cannot serve the load; where it fits, a blocker still: 05 serves only tp yet
-    (the router that puts one endpoint before the copies is not built), so the run stops here, not at 05."""
+    image and 05 loads a model that cannot serve the load."""
     if params.serve.layout != REPLICAS:
         return []
     replicas = next((f for f in fits if f.layout == REPLICAS), None)
@@ -140,6 +139,4 @@ def layout_findings(fits: list[LayoutFit], params: Params) -> list[Finding]:
         why = replicas.why if replicas is not None else "one node"
         return [Finding("blocker", "layout", f"serve.layout: replicas: a copy of the model with the KV cache of "
                                              f"{needed_tokens(params)} tokens does not fit one node: {why}")]
-    return [Finding("blocker", "layout", "serve.layout: replicas fits (each node keeps "
-                                         f"{replicas.kv_gib:.1f} GiB of KV cache), but 05 serves only tp in this "
-                                         "version: no router puts one endpoint before the copies yet")]
+    return []

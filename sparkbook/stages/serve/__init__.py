@@ -185,6 +185,9 @@ class ServeOutcome(StageOutcome):
         if self.up is None:
             return self._stopped("Attempts")
         shown = [Shown("Attempts", self.up.table())]
+        if self.up.router_install is not None:
+            shown.insert(0, Shown("vllm-router in the head's place (its own install, not the image's packages)",
+                                  self.up.router_install.event()))
         if self.up.settles:  # after each failed attempt: MemAvailable before the launch, after the failure, settled
             shown.append(Shown("Memory settle after failed attempts", settle_rows(self.up)))
         if self.held is not None:
@@ -267,7 +270,6 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
     ctx, outcome = ctx.with_image(preview.image.ref), ServeOutcome()
     outcome.decide(preview.executor_decision)
     try:
-        _layout_served(ctx)
         model = _needed(ctx, preview)
         _replace(preview, outcome, confirm_replace, ab_arm)
         _make_room(ctx, preview, outcome, model)
@@ -290,17 +292,6 @@ def _drop_aside(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> N
     """The containers this run's 04 replaced, kept aside until now: the new server answers, so they go."""
     if preview.ray is not None and preview.ray.stopped_server_at is not None:
         outcome.event("containers_dropped", bringup.drop_aside(ctx))
-
-
-def _layout_served(ctx: Context) -> None:
-    """05 launches the model split over the nodes only: serve.layout replicas (02 stops it; past an override of
-    02's blockers, here) has its commands in the preview, the router's included, but their launch, readiness through
-    the router and the operator's commands over them are not built yet; serving tp instead would not be what the
-    params asked for."""
-    if ctx.params.serve.layout != "tp":
-        raise ServeError(f"serve.layout: {ctx.params.serve.layout} is not served by this version (its commands, a "
-                         "copy per node behind vllm-router, are in 05's preview; their launch is not built yet); "
-                         "nothing was stopped or started", remediation="set serve.layout: tp")
 
 
 def _needed(ctx: Context, preview: ServePreview) -> ModelFacts:
@@ -346,6 +337,8 @@ def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> Bri
         up = bringup.bring_up(ctx, preview.plan, on_round=bar.update, floor=preview.floor,
                               available=before.available if before else None, room=room)
     outcome.up = up
+    if up.router_install is not None:
+        outcome.event("router_installed", up.router_install.event())
     for change in up.decisions():
         outcome.decide(change)
     outcome.event("serve_attempts", up.table())

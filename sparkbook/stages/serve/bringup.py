@@ -15,29 +15,45 @@ from ...core.handoff import Endpoint, RayCluster
 from ...core.nodes import Node
 from ...core.params import ServeSettings
 from ...core.topology import lost
+from . import replicas, router
 from .commands import ServeError, ServePlan, plan
 from .endpoints import ClientAddress
 from .failures import FailureCause, classify, remedy
-from .launch import BringUp, host_port, launch, log_path, stop_earlier, stop_serving, wait_ready
+from .launch import (
+    ROUTER,
+    BringUp,
+    host_port,
+    launch,
+    log_path,
+    replica_urls,
+    router_log_path,
+    stop_earlier,
+    stop_serving,
+    wait_ready,
+)
 from .memory import settle
 from .replace import answers
 from .reuse import Serving, find_running, read_serving, remember, start_decision
 
 
 def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
-    """The classified cause when something already listens on the serve address, else None: found before
-    launching (vLLM itself reports it only after loading the model, minutes on a loaded node)."""
-    head, port = serve_plan.commands[0].node, host_port(serve_plan)[1]
+    """The classified cause when something already listens on a serve address (the head's serve port; with
+    replicas, each node's replica port too), else None: found before launching (vLLM itself reports it only after
+    loading the model, minutes on a loaded node)."""
     host = str(serve_plan.settings.host)  # where vLLM will bind: 0.0.0.0 collides with a listener on any address
-    r = ctx.runtime.exec(ctx.cluster.nodes[head], ctx.place(head), ["python3", "-c", probes.source("bind"), host, port],
-                         timeout=30)
-    try:
-        bound = probes.parse(r, node=head, probe=f"bind {host}:{port}")
-    except ProbeOutputError:
-        return None  # no whole answer: the launch reports what is wrong
-    if bound["bound"] or "Errno 98" not in bound["error"]:
-        return None
-    return classify({head: f"{host}:{port}: {bound['error']}"})
+    wanted = [(serve_plan.commands[0].node, host_port(serve_plan)[1])]
+    if serve_plan.router is not None:
+        wanted += [(c.node, str(serve_plan.settings.replica_port)) for c in serve_plan.commands]
+    for node, port in wanted:
+        r = ctx.runtime.exec(ctx.cluster.nodes[node], ctx.place(node),
+                             ["python3", "-c", probes.source("bind"), host, port], timeout=30)
+        try:
+            bound = probes.parse(r, node=node, probe=f"bind {host}:{port}")
+        except ProbeOutputError:
+            continue  # no whole answer: the launch reports what is wrong
+        if not bound["bound"] and "Errno 98" in bound["error"]:
+            return classify({node: f"{host}:{port}: {bound['error']}"})
+    return None
 
 
 def named_paths(settings: ServeSettings) -> list[tuple[str, str, str]]:
@@ -178,6 +194,8 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     taken = port_taken(ctx, serve_plan)
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
+    if serve_plan.router is not None:
+        result.router_install = router.ensure(ctx)
     current = serve_plan
     for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(ctx, current, attempt)
@@ -196,13 +214,21 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
         if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)
-        current = plan(ctx, current.executor, fix.settings, current.model_dir)
+        current = replanned(ctx, current, fix.settings)
     return result
 
 
+def replanned(ctx: Context, current: ServePlan, settings: ServeSettings) -> ServePlan:
+    """The plan again with a remedy's settings, in the layout it serves."""
+    if current.router is not None:
+        return replicas.plan(ctx.params, current.executor, settings, current.model_dir)
+    return plan(ctx, current.executor, settings, current.model_dir)
+
+
 def log_tails(result: BringUp) -> dict[str, str]:
-    """Every attempt's log tail per node, named for the run dir's logs/ folder."""
-    return {f"serve-{node}-attempt{launched.attempt}.log": text
+    """Every attempt's log tail per node (and the router's), named for the run dir's logs/ folder."""
+    return {(f"router-attempt{launched.attempt}.log" if node == ROUTER else
+             f"serve-{node}-attempt{launched.attempt}.log"): text
             for launched, ready in result.attempts for node, text in ready.tails.items()}
 
 
@@ -223,6 +249,9 @@ def endpoint(result: BringUp, addresses: list[ClientAddress]) -> Endpoint:
                     commands={c.node: c.argv for c in launched.plan.commands},
                     env={c.node: c.env for c in launched.plan.commands},
                     logs={n: s.log for n, s in launched.spawned.items()},
+                    router=launched.plan.router.argv if launched.plan.router else None,
+                    router_log=launched.router.log if launched.router else None,
+                    replicas=replica_urls(launched.plan),
                     ready_s=result.reused_from.ready_s if result.reused_from
                     else round(result.readiness.seconds, 1),
                     attempts=result.reused_from.attempts if result.reused_from else len(result.attempts),
@@ -237,7 +266,10 @@ def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> E
                     addresses={a.network: a.url for a in addresses if a.not_listening is None},
                     commands={c.node: c.argv for c in serve_plan.commands},
                     env={c.node: c.env for c in serve_plan.commands},
-                    logs={c.node: log_path(1) for c in serve_plan.commands}, ready_s=0.0, attempts=0, reused=False)
+                    logs={c.node: log_path(1) for c in serve_plan.commands},
+                    router=serve_plan.router.argv if serve_plan.router else None,
+                    router_log=router_log_path(1) if serve_plan.router else None,
+                    replicas=replica_urls(serve_plan), ready_s=0.0, attempts=0, reused=False)
 
 
 def drop_aside(ctx: Context) -> dict[str, object]:

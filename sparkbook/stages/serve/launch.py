@@ -17,12 +17,16 @@ from ...core.nodes import Node
 from ...core.params import api_key
 from ...core.runtime import Spawned
 from ...core.topology import LOG_DIR
-from .commands import ServePlan
+from .commands import ServeCommand, ServePlan
 from .failures import FailureCause, Remedy, classify, not_ready
 from .memory import Settle, kernel_lines
+from .router import RouterInstall
 
 POLL_S = 1.0
 TAIL_BYTES = 6000
+
+
+ROUTER = "router"  # the router's key beside the nodes' in log tails and dead processes (it runs on the head)
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,25 @@ class Launch:
     attempt: int
     spawned: dict[str, Spawned]
     started_at: float
+    router: Spawned | None = None  # serve.layout replicas: the router in the head's place
 
 
 def log_path(attempt: int) -> str:
     return f"{LOG_DIR}/serve-{attempt}.log"
+
+
+def router_log_path(attempt: int) -> str:
+    return f"{LOG_DIR}/router-{attempt}.log"
+
+
+def replica_urls(serve_plan: ServePlan) -> dict[str, str]:
+    """Each replica's address as the router reaches it (its `--worker-urls`, in the replicas' order); none for one
+    server split over the nodes. 05 is ready only when every replica is: the router answers once one does."""
+    if serve_plan.router is None:
+        return {}
+    argv = serve_plan.router.argv
+    urls = argv[argv.index("--worker-urls") + 1:]
+    return {c.node: url for c, url in zip(serve_plan.commands, urls, strict=True)}
 
 
 def host_port(serve_plan: ServePlan) -> tuple[str, str]:
@@ -45,23 +64,34 @@ def host_port(serve_plan: ServePlan) -> tuple[str, str]:
 
 def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
-    follow the head's API (they end when it is gone: probes/follow.py). The head gets serve.api_key_env's value
-    as VLLM_API_KEY in its process environment only, as the runtime gives secrets (never on an argv, in the plan,
-    which is recorded, or in a place's inspectable env)."""
+    follow the head's API (they end when it is gone: probes/follow.py), while replicas are servers of their own, each
+    with the key; the router (serve.layout replicas) starts with them in the head's place and waits for them itself.
+    The head gets serve.api_key_env's value as VLLM_API_KEY in its process environment only, as the runtime gives
+    secrets (never on an argv, in the plan, which is recorded, or in a place's inspectable env)."""
     t0 = time.monotonic()
     host, port = host_port(serve_plan)
     follow = probes.source("follow")
     key = api_key(serve_plan.settings.api_key_env)
     secret = {"VLLM_API_KEY": key} if key else {}
-    spawned = {c.node: ctx.runtime.spawn(ctx.cluster.nodes[c.node], ctx.places[c.node],
-                                         c.argv if rank == 0 else ["python3", "-c", follow, host, port, *c.argv],
-                                         log_path(attempt), env=c.env, secrets=secret if rank == 0 else None)
+    alone = serve_plan.router is not None
+
+    def argv(rank: int, c: ServeCommand) -> list[str]:
+        return c.argv if rank == 0 or alone else ["python3", "-c", follow, host, port, *c.argv]
+
+    spawned = {c.node: ctx.runtime.spawn(ctx.cluster.nodes[c.node], ctx.places[c.node], argv(rank, c),
+                                         log_path(attempt), env=c.env, secrets=secret if rank == 0 or alone else None)
                for rank, c in enumerate(serve_plan.commands)}
-    return Launch(serve_plan, attempt, spawned, t0)
+    r = serve_plan.router
+    router = ctx.runtime.spawn(ctx.cluster.nodes[r.node], ctx.places[r.node], r.argv, router_log_path(attempt),
+                               env=r.env) if r else None
+    return Launch(serve_plan, attempt, spawned, t0, router)
 
 
 def stop_serving(ctx: Context, launched: Launch) -> None:
-    """End the serve processes of `launched` (their process groups); the containers and Ray stay."""
+    """End the serve processes of `launched` (their process groups), the router's first; the containers and Ray
+    stay."""
+    if launched.router is not None:
+        ctx.runtime.kill(ctx.cluster.nodes[launched.router.node], ctx.places[launched.router.node], launched.router)
     ctx.cluster.fan_out(lambda n: ctx.runtime.kill(n, ctx.places[n.name], launched.spawned[n.name]),
                         [ctx.cluster.nodes[name] for name in launched.spawned])
 
@@ -85,17 +115,29 @@ def get(client: httpx.Client, url: str) -> httpx.Response | None:
         return None
 
 
+def listed(client: httpx.Client, base: str) -> list[str]:
+    """The models a server's /v1/models lists (none while it does not answer)."""
+    r = get(client, f"{base}/v1/models")
+    return [m["id"] for m in r.json().get("data", [])] if r is not None and r.status_code == 200 else []
+
+
 def tails(ctx: Context, launched: Launch) -> dict[str, str]:
+    """Each node's log tail, and the router's under ROUTER."""
     def read(node: Node) -> str:
         return ctx.runtime.read(node, ctx.places[node.name], launched.spawned[node.name].log, tail_bytes=TAIL_BYTES)
 
     outcomes = ctx.cluster.fan_out(read, [ctx.cluster.nodes[n] for n in launched.spawned], timeout=60)
-    return {n: o.value if o.ok and o.value is not None else f"(log unreadable: {o.error})"
-            for n, o in outcomes.items()}
+    found = {n: o.value if o.ok and o.value is not None else f"(log unreadable: {o.error})"
+             for n, o in outcomes.items()}
+    if launched.router is not None:
+        r = launched.router
+        found[ROUTER] = ctx.runtime.read(ctx.cluster.nodes[r.node], ctx.places[r.node], r.log, tail_bytes=TAIL_BYTES)
+    return found
 
 
 def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
-    """Nodes whose container (any node's: Ray lives there too) or serve process is gone, with what was seen."""
+    """Nodes whose container (any node's: Ray lives there too) or serve process is gone, with what was seen; the
+    router under ROUTER where its process is."""
     def check(node: Node) -> str:
         place = ctx.places[node.name]
         if not ctx.runtime.alive(node, place):
@@ -105,37 +147,48 @@ def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
         return ""
 
     outcomes = ctx.cluster.fan_out(check, [ctx.cluster.nodes[n] for n in ctx.places], timeout=60)
-    return {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
+    dead = {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
             if not o.ok or o.value}
+    r = launched.router
+    if r is not None and r.node not in dead and not ctx.runtime.running(ctx.cluster.nodes[r.node],
+                                                                        ctx.places[r.node], r):
+        dead[ROUTER] = f"the router's process on {r.node} exited"
+    return dead
 
 
 def stop_earlier(ctx: Context, attempts: int) -> None:
-    """End serve processes an earlier run of this stage left in the containers (by their recorded IDs)."""
+    """End serve processes (and routers) an earlier run of this stage left in the containers (by their recorded
+    IDs)."""
     def kill_all(node: Node) -> None:
-        for attempt in range(1, attempts + 1):
-            place = ctx.places[node.name]
-            ctx.runtime.kill(node, place, Spawned(node.name, place.name, log_path(attempt)))
+        place = ctx.places[node.name]
+        logs = [log_path(a) for a in range(1, attempts + 1)]
+        routers = [router_log_path(a) for a in range(1, attempts + 1)] if node.name == ctx.head.name else []
+        for log in routers + logs:
+            ctx.runtime.kill(node, place, Spawned(node.name, place.name, log))
 
     ctx.cluster.fan_out(kill_all, [ctx.cluster.nodes[n] for n in ctx.places])
 
 
 def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
                on_round: Callable[[float, str], None] = lambda s, note: None) -> Readiness:
-    """Poll /health then /v1/models from here; every round also check each node's container and process,
-    so a dead node ends the wait at once with its classified log tail."""
+    """Poll /health then /v1/models from here (with replicas, each replica's /v1/models first, then the
+    router's); every round also check each node's container and process, so a dead node ends the wait at once with
+    its classified log tail."""
     base, model = launched.plan.base_url, launched.plan.model
     health_s = None
+    pending = replica_urls(launched.plan)
 
     def round_(client: httpx.Client) -> Readiness | None:
         """One look: Readiness once ready, dead or past `timeout_s` (counted from the launch); None to go on."""
         nonlocal health_s
         elapsed = time.monotonic() - launched.started_at
-        if health_s is None:
+        for node in [n for n, url in pending.items() if model in listed(client, url)]:
+            del pending[node]
+        if not pending and health_s is None:
             r = get(client, f"{base}/health")
             health_s = elapsed if r is not None and r.status_code == 200 else None
         if health_s is not None:
-            r = get(client, f"{base}/v1/models")
-            models = [m["id"] for m in r.json().get("data", [])] if r is not None and r.status_code == 200 else []
+            models = listed(client, base)
             if model in models:
                 return Readiness(True, time.monotonic() - launched.started_at, health_s, models,
                                  tails(ctx, launched))
@@ -143,13 +196,14 @@ def wait_ready(ctx: Context, launched: Launch, timeout_s: float,
         if dead or elapsed > timeout_s:
             logs = tails(ctx, launched)
             if dead:  # a server the kernel killed shows only there: its OOM-kill line names the process
-                kernel = kernel_lines(ctx, [n for n, why in dead.items() if n in logs
+                kernel = kernel_lines(ctx, [n for n, why in dead.items() if n in logs and n != ROUTER
                                             and not why.startswith("unreachable")], elapsed + 10)
                 logs = {n: t + (f"\n--- kernel (dmesg) ---\n{kernel[n]}" if kernel.get(n) else "")
                         for n, t in logs.items()}
             cause = classify(logs, dead) if dead else not_ready(logs, launched.plan.commands[0].node, elapsed)
             return Readiness(False, elapsed, health_s, [], logs, cause)
-        on_round(elapsed, "health OK, waiting for /v1/models" if health_s else _last_line(ctx, launched))
+        on_round(elapsed, f"waiting for the replicas on {', '.join(pending)}" if pending
+                 else "health OK, waiting for /v1/models" if health_s else _last_line(ctx, launched))
         return None
 
     with httpx.Client(timeout=httpx.Timeout(3.0, connect=2.0), headers=launched.plan.settings.headers()) as client:
@@ -183,6 +237,7 @@ class BringUp:
     reuse: Decision | None = None  # whether a server already running was kept
     reused_from: Kept | None = None  # what its record (reuse.SERVING) says of it when it was
     settles: list[Settle] = field(default_factory=list)  # after each failed attempt: memory back (or not)
+    router_install: RouterInstall | None = None  # serve.layout replicas: the router found or installed on the head
     stopped_at: float | None = None  # monotonic time the servers of earlier runs were stopped (from then none serves)
 
     @property

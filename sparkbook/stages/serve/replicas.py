@@ -8,6 +8,7 @@ import math
 from ...core.evidence import Alternative, Decision
 from ...core.modelinfo import ModelFacts, utilization_floor
 from ...core.params import NodeSpec, Params, ServeSettings
+from . import router
 from .commands import DEFAULT, QUESTION, Platform, ServeCommand, ServePlan, serve_argv, served_model_path
 
 
@@ -49,8 +50,9 @@ STARTUP_CHECK_S = 5  # the router's look at replicas still starting (its default
 def router_argv(params: Params, settings: ServeSettings) -> list[str]:
     """The router on the head, in front of every node's replica, started with them: it waits for them as long as
     05 does (serve.ready_timeout_s; its own default is 600 s) but answers once one is healthy (the lab: `1 out of 2
-    unique hosts are healthy`, then ready), so readiness is each replica's own and then the router's."""
-    return ["vllm-router", "--host", str(settings.host), "--port", str(settings.port),
+    unique hosts are healthy`, then ready), so readiness is each replica's own and then the router's. It runs as a
+    module from its own install (router.site, PYTHONPATH), not the image's packages."""
+    return ["python3", "-m", "vllm_router.launch_router", "--host", str(settings.host), "--port", str(settings.port),
             "--policy", settings.router_policy,
             "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),
             "--worker-startup-check-interval", str(STARTUP_CHECK_S),
@@ -66,8 +68,9 @@ def plan(params: Params, chosen: str, settings: ServeSettings | None = None, mod
                              {**model_env, **settings.env, **settings.node_env.get(spec.name, {})})
                 for spec in params.nodes]
     return ServePlan(chosen, settings, commands, f"http://{params.head.fabric_ip}:{settings.port}",
-                     params.model.served_name, model_dir, router=ServeCommand(params.head.name,
-                                                                              router_argv(params, settings), {}))
+                     params.model.served_name, model_dir,
+                     router=ServeCommand(params.head.name, router_argv(params, settings),
+                                         {"PYTHONPATH": router.site(params)}))
 
 
 def floor(facts: ModelFacts, params: Params, memory_bytes: dict[str, int]) -> float | None:

@@ -16,7 +16,7 @@ from ...core.params import ServeSettings
 from ...core.runtime import Spawned
 from ...core.topology import SERVING
 from .commands import ServeCommand, ServePlan
-from .launch import BringUp, Kept, Launch, Readiness, get, log_path, tails
+from .launch import BringUp, Kept, Launch, Readiness, get, log_path, router_log_path, tails
 from .plandiff import differences
 
 
@@ -25,14 +25,14 @@ def plan_data(p: ServePlan) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(json.dumps({
         "executor": p.executor, "settings": p.settings.model_dump(mode="json"),
         "commands": [dataclasses.asdict(c) for c in p.commands], "base_url": p.base_url, "model": p.model,
-        "model_dir": p.model_dir}))
+        "model_dir": p.model_dir, **({"router": dataclasses.asdict(p.router)} if p.router else {})}))
     return data
 
 
 def _plan_from(data: dict[str, Any]) -> ServePlan:
     return ServePlan(data["executor"], ServeSettings.model_validate(data["settings"]),
                      [ServeCommand(**c) for c in data["commands"]], data["base_url"], data["model"],
-                     data.get("model_dir", ""))
+                     data.get("model_dir", ""), ServeCommand(**data["router"]) if data.get("router") else None)
 
 
 @dataclass(frozen=True)
@@ -104,13 +104,17 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
     dead = [n for n, sp in spawned.items() if not ctx.runtime.running(ctx.cluster.nodes[n], where[n], sp)]
     if dead:
         return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"
+    r = running.router
+    router = Spawned(r.node, where[r.node].name, router_log_path(record.attempt)) if r else None
+    if router is not None and not ctx.runtime.running(ctx.cluster.nodes[router.node], where[router.node], router):
+        return None, f"the earlier router is not running on {router.node}"
     with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0), headers=running.settings.headers()) as client:
         health, listed = get(client, f"{running.base_url}/health"), get(client, f"{running.base_url}/v1/models")
     models = [m["id"] for m in listed.json().get("data", [])] \
         if listed is not None and listed.status_code == 200 else []
     if health is None or health.status_code != 200 or running.model not in models:
         return None, f"the earlier server does not answer /health with {running.model} listed at {running.base_url}"
-    launched = Launch(running, record.attempt, spawned, time.monotonic())
+    launched = Launch(running, record.attempt, spawned, time.monotonic(), router)
     ready = Readiness(True, 0.0, 0.0, models, tails(ctx, launched))
     return BringUp([(launched, ready)], reuse=Decision(
         "Reuse the running server or start a new one?", "reused: the server already running",

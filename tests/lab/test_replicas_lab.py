@@ -1,0 +1,126 @@
+"""serve.layout replicas on the lab (issue 42, item 3): a run of 04, 05 and 06 seeded from the session's full run
+(its image, model and diagnosis), under a cluster name and ports of its own so that the full run's deployment keeps
+serving beside it. vllm-router is installed in the head's container from wheels this machine fetched (the node
+reaches no index), one replica serves on each node, 05 is ready only once both replicas and then the router list
+the model, the smoke and answer checks and 06's sweep go through the router, one endpoint; `status` shows the
+router and both replicas, `logs --router` the router's log; `stop` then `up` brings the replicas and the router
+back. The module's containers are removed after it."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from sparkbook import cli
+from sparkbook.core.evidence import read_events
+from sparkbook.core.params import Params, load_params
+from sparkbook.core.stagelist import RAYCLUSTER
+from sparkbook.core.topology import container_name
+from sparkbook.runbook import driver, operate
+from sparkbook.runbook.manifest import Manifest
+from sparkbook.stages.serve import router
+
+pytestmark = pytest.mark.lab
+# a copy per node of the lab's model: 8 sequences of 2048 tokens fit its KV cache (02's replicas fit); ports of its
+# own beside the full run's 8000; no API key (vllm-router takes it only on its argv: refused by the params)
+REPLICAS = {"layout": "replicas", "max_num_seqs": 8, "port": 8100, "replica_port": 8101, "master_port": 29601,
+            "api_key_env": None}
+SMALL_SWEEP = {"concurrency": [1, 4], "num_prompts": 8, "warmup_requests": 1, "depths": [], "soak_s": 0}
+
+
+@pytest.fixture(scope="module")
+def replicas(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory,
+             ) -> Iterator[tuple[Params, Path, Manifest]]:
+    first_dir, first = full_run
+    data = yaml.safe_load(Path(first.params_file).read_text())
+    data.update(cluster="lab-replicas", secrets=[])
+    data["serve"].update(REPLICAS)
+    data["benchmark"].update(SMALL_SWEEP)
+    path = tmp_path_factory.mktemp("replicas-params") / "lab-replicas.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    params = load_params(path)
+    t0 = time.monotonic()
+    run_dir, manifest = driver.run(path, out_root=tmp_path_factory.mktemp("replicas-outputs"), seed=first_dir,
+                                   start=RAYCLUSTER.id, say=print)
+    print(f"replicas: 04-06 in {time.monotonic() - t0:.0f} s; "
+          + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
+    yield params, run_dir, manifest
+    for spec in params.nodes:
+        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+
+
+def _cmdlines(node_shells, params: Params, node: str) -> list[str]:
+    """Every process's command line in the node's container, read from /proc."""
+    script = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done"
+    _, out, _ = node_shells[node].run(["docker", "exec", container_name(params, node), "sh", "-c", script])
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(replicas, full_run,
+                                                                                node_shells) -> None:
+    params, run_dir, manifest = replicas
+    ran = {nb.name[:2]: nb.status for nb in manifest.notebooks if nb.status != "skipped"}
+    assert ran == {"04": "ok", "05": "ok", "06": "ok"}, manifest.notebooks
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    assert endpoint["base_url"] == f"http://{params.head.fabric_ip}:8100", endpoint
+    assert endpoint["replicas"] == {s.name: f"http://{s.fabric_ip}:8101" for s in params.nodes}, endpoint
+    assert endpoint["router"][:3] == ["python3", "-m", "vllm_router.launch_router"], endpoint
+    (installed,) = read_events(run_dir, "router_installed")
+    print("router install:", installed["data"])
+    assert (installed["data"]["version"], installed["data"]["site"]) == (router.VERSION, router.site(params))
+    (ray,) = [d for nb in manifest.notebooks if nb.name.startswith("04") for d in nb.decisions if d.get("key") == "ray"]
+    assert ray["choice"] == "no Ray" and "serve.layout is replicas" in ray["reason"], ray
+    for spec in params.nodes:  # one `vllm serve` per node on the replica port, no rank following another node's
+        lines = _cmdlines(node_shells, params, spec.name)
+        serves = [ln for ln in lines if "vllm serve" in ln or "vllm.entrypoints" in ln]
+        assert serves and all("--port 8101" in ln for ln in serves if "--port" in ln), (spec.name, lines)
+        assert not [ln for ln in lines if "--nnodes" in ln or "--headless" in ln], (spec.name, lines)
+    assert [ln for ln in _cmdlines(node_shells, params, "lab-0") if "vllm_router.launch_router" in ln]
+    assert not [ln for ln in _cmdlines(node_shells, params, "lab-1") if "vllm_router" in ln], "the router: head only"
+    for url in [*endpoint["replicas"].values(), endpoint["base_url"]]:
+        listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert [m["id"] for m in listed] == [params.model.served_name], (url, listed)
+    bench = json.loads((run_dir / "state.json").read_text())["benchmark"]
+    points = [p for p in bench["points"] if p["failed"] == 0 and p["completed"] > 0]
+    assert {p["max_concurrency"] for p in points} == {1, 4}, bench["points"]
+    first_dir, _ = full_run
+    assert operate.health(json.loads((first_dir / "state.json").read_text())["endpoint"]["base_url"]) is None, \
+        "the full run's deployment serves beside the replicas"
+
+
+def test_status_and_logs_show_the_router_and_both_replicas(replicas, capsys: pytest.CaptureFixture[str]) -> None:
+    params, run_dir, manifest = replicas
+    outputs = str(run_dir.parent.parent)
+    code = cli.main(["status", manifest.params_file, "--outputs", outputs])
+    text = capsys.readouterr().out
+    print(text)
+    assert code == 0 and "router on lab-0: running" in text and "Traceback" not in text, text
+    assert text.count("/health answers 200") == 3, "the router's endpoint and each replica's own"
+    assert cli.main(["logs", manifest.params_file, "--outputs", outputs, "--router"]) == 0
+    log = capsys.readouterr().out
+    assert "healthy" in log.lower() or "router" in log.lower(), log[-2000:]
+
+
+def test_stop_then_up_brings_the_replicas_and_the_router_back(replicas, capsys: pytest.CaptureFixture[str]) -> None:
+    params, run_dir, manifest = replicas
+    outputs = str(run_dir.parent.parent)
+    assert cli.main(["stop", manifest.params_file, "--outputs", outputs]) == 0
+    capsys.readouterr()
+    assert cli.main(["status", manifest.params_file, "--outputs", outputs]) != 0
+    stopped = capsys.readouterr().out
+    assert "NOT serving" in stopped, stopped
+    t0 = time.monotonic()
+    assert cli.main(["up", manifest.params_file, "--outputs", outputs]) == 0
+    print(f"up: {time.monotonic() - t0:.0f} s")
+    capsys.readouterr()
+    assert cli.main(["status", manifest.params_file, "--outputs", outputs]) == 0
+    text = capsys.readouterr().out
+    print(text)
+    assert "router on lab-0: running" in text and text.count("/health answers 200") == 3, text
+    newest = operate.last_good(params, Path(outputs))
+    assert newest.run_id != run_dir.name and newest.endpoint.router_log is not None, "up's own run deployed it"

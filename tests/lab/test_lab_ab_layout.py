@@ -1,13 +1,15 @@
 """benchmark.ab: layout on the lab (issue 42 item 2): the full run's plan as `serve.layout: replicas` (the lab's model
-fits one node; `max_num_seqs` 14 so that a copy's KV holds the load), 05 and 06 first with `serve.layout: tp` (the
-model split over both nodes), then as replicas behind the router on the same endpoint, both arms over the same points
-(c=1 and c=4, 2 repeats of 8 prompts); 06 decides at the highest concurrency and the layout it keeps is what serves
-afterwards. Heavy (two arms of 05 and 06 on the CPU, and the full run's plan served again after it): `slow`.
+fits one node; `max_num_seqs` 8 so that a copy's KV holds the load), seeded from the full run at 04 under a cluster
+name and ports of its own (as test_replicas_lab.py), so the full run's deployment keeps serving beside it. 05 and 06
+run first with `serve.layout: tp` (the model split over both nodes), then as replicas behind the router on the same
+endpoint, both arms over the same points (c=1 and c=4, 2 repeats of 8 prompts); 06 decides at the highest
+concurrency and the layout it keeps is what serves afterwards. Heavy (two arms of 05 and 06 on the CPU): `slow`.
+The module's containers are removed after it.
 """
 from __future__ import annotations
 
 import json
-import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,62 +17,66 @@ import httpx
 import pytest
 import yaml
 
+from sparkbook.core.params import Params, load_params
 from sparkbook.core.rundir import AB_BASELINE
+from sparkbook.core.stagelist import RAYCLUSTER
 from sparkbook.core.sweeppoint import read_points
+from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
-
-
-def _secrets(planted: str) -> None:
-    os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
-
-
-def _driven(planted: str, params: Path, **kwargs: object) -> tuple[Path, Manifest]:
-    _secrets(planted)
-    try:
-        return driver.run(params, say=print, **kwargs)  # type: ignore[arg-type]
-    finally:
-        del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
+# no API key: vllm-router takes it only on its argv, which the params refuse with replicas
+REPLICAS = {"layout": "replicas", "max_num_seqs": 8, "port": 8200, "replica_port": 8201, "master_port": 29701,
+            "api_key_env": None}
+SWEEP = {"concurrency": [1, 4], "num_prompts": 8, "repeats": 2, "warmup_requests": 1, "depths": [], "soak_s": 0,
+         "ab": "layout"}
 
 
 @pytest.fixture(scope="module")
-def layout_run(full_run, planted: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Manifest]]:
+def layout_run(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory,
+               ) -> Iterator[tuple[Params, Path, Manifest]]:
     first_dir, first = full_run
     data = yaml.safe_load(Path(first.params_file).read_text())
-    data["serve"].update(layout="replicas", max_num_seqs=14)
-    data["benchmark"].update(concurrency=[1, 4], num_prompts=8, repeats=2, ab="layout", soak_s=0)
-    params = tmp_path_factory.mktemp("ab-layout-params") / "lab.yaml"
-    params.write_text(yaml.safe_dump(data, sort_keys=False))
-    outputs = tmp_path_factory.mktemp("ab-layout-outputs")
-    # the baseline's tp plan differs from the full run's (max_num_seqs): replacing that server needs the confirmation
-    yield _driven(planted, params, out_root=outputs, seed=first_dir, start="05", parameters={"confirm_replace": True})
-    _, back = _driven(planted, Path(first.params_file), out_root=outputs, seed=first_dir, start="05", upto="05",
-                      parameters={"confirm_replace": True})  # the modules after this one expect the full run's plan
-    assert back.status == "partial" and any(nb.status == "ok" for nb in back.notebooks), back
+    data.update(cluster="lab-ab-layout", secrets=[])
+    data["serve"].update(REPLICAS)
+    data["benchmark"].update(SWEEP)
+    path = tmp_path_factory.mktemp("ab-layout-params") / "lab-ab-layout.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    params = load_params(path)
+    t0 = time.monotonic()
+    run_dir, manifest = driver.run(path, out_root=tmp_path_factory.mktemp("ab-layout-outputs"), seed=first_dir,
+                                   start=RAYCLUSTER.id, say=print)
+    print(f"layout A/B: 04 and both arms in {time.monotonic() - t0:.0f} s; "
+          + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
+    yield params, run_dir, manifest
+    for spec in params.nodes:
+        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
 
 
-def test_both_layouts_ran_in_order_and_the_kept_one_serves_through_one_endpoint(layout_run, planted: str) -> None:
-    run_dir, manifest = layout_run
+def test_both_layouts_ran_in_order_and_the_kept_one_serves_through_one_endpoint(layout_run) -> None:
+    params, run_dir, manifest = layout_run
     state = json.loads((run_dir / "state.json").read_text())
     verdict = state["ab"]
     assert verdict["ab"] == "layout" and verdict["kept"] in ("baseline", "replicas"), verdict
-    ran = [(nb.name, nb.status) for nb in manifest.notebooks if not nb.status.startswith("skipped")]
-    assert ran == [("05-serve.ab-baseline.ipynb", "ok"), ("06-benchmark.ab-baseline.ipynb", "ok"),
-                   ("05-serve.ipynb", "ok"), ("06-benchmark.ipynb", "ok")] \
+    ran = [(nb.name, nb.status) for nb in manifest.notebooks if nb.status != "skipped"]
+    assert ran == [("04-ray-cluster.ipynb", "ok"), ("05-serve.ab-baseline.ipynb", "ok"),
+                   ("06-benchmark.ab-baseline.ipynb", "ok"), ("05-serve.ipynb", "ok"), ("06-benchmark.ipynb", "ok")] \
         + ([("05-serve.ab-kept.ipynb", "ok")] if verdict["kept"] == "baseline" else []), ran
     replaced = {d["key"]: d for d in {nb.name: nb for nb in manifest.notebooks}["05-serve.ipynb"].decisions}
     assert "the A/B's arm before this one serves it" in replaced["replace"]["reason"], replaced["replace"]
-    argv = state["endpoint"]["commands"]["lab-0"]
-    assert ("--nnodes" in argv) == (verdict["kept"] == "baseline"), "tp splits the model over both nodes"
-    served = httpx.get(f"{state['endpoint']['base_url']}/v1/models", timeout=30,
-                       headers={"Authorization": f"Bearer {planted}"})
-    assert served.status_code == 200, served.text  # the one endpoint answers whichever layout serves
+    endpoint = state["endpoint"]
+    assert endpoint["base_url"] == f"http://{params.head.fabric_ip}:8200", "one endpoint, whichever layout serves"
+    if verdict["kept"] == "replicas":
+        assert set(endpoint["replicas"]) == {"lab-0", "lab-1"} and endpoint["router"], endpoint
+    else:
+        assert not endpoint["replicas"] and "--nnodes" in endpoint["commands"]["lab-0"], "tp splits over both nodes"
+    listed = httpx.get(f"{endpoint['base_url']}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in listed] == [params.model.served_name], listed
 
 
 def test_the_verdict_is_decided_at_the_highest_concurrency_with_bands_and_the_crossing(layout_run) -> None:
-    run_dir, manifest = layout_run
+    _, run_dir, manifest = layout_run
     tp, replicas = read_points(run_dir / AB_BASELINE), read_points(run_dir)
     assert [p.max_concurrency for p in tp] == [p.max_concurrency for p in replicas] == [1, 4]
     assert all(p.failed == 0 and p.completed == 16 for p in tp + replicas), "2 repeats x 8 prompts in both arms"

@@ -17,10 +17,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from .abarm import AbKind
 from .evidence import Finding
 from .imageprobes import RegistryProbe
 from .stagelist import BENCH, CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE
@@ -191,26 +192,42 @@ class BenchmarkSummary(Handoff):
 
 
 class AbRatio(_Part):
-    """One concurrency of the A/B: the speculative arm's output tok/s over the baseline's, judged against the noise
-    band of both arms' repeats."""
+    """One concurrency of the A/B: the second arm's output tok/s (the params' own plan) over the baseline's, judged
+    against the noise band of both arms' repeats."""
 
     max_concurrency: int
     baseline_tok_s: float
-    speculative_tok_s: float
+    second_tok_s: float
     ratio: float
     noise_pct: float | None  # None: no repeats to measure the noise with
-    verdict: str  # better | worse | within noise | no noise estimate (speculation against the baseline)
+    verdict: str  # better | worse | within noise | no noise estimate (the second arm against the baseline)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speculative_records(cls, data: Any) -> Any:
+        """Records of the speculative A/B alone named the second arm's figure speculative_tok_s."""
+        if isinstance(data, dict) and "speculative_tok_s" in data and "second_tok_s" not in data:
+            data = {("second_tok_s" if k == "speculative_tok_s" else k): v for k, v in data.items()}
+        return data
 
 
 class AbVerdict(Handoff):
     key = "ab"
     notebook = BENCH.name
 
-    kept: Literal["baseline", "speculative"]
+    ab: AbKind = "speculative"  # what was compared (records before the layout A/B compared speculation only)
+    kept: Literal["baseline", "speculative", "replicas"]  # the arm that stays serving (core.abarm)
     reason: str
     decided_at: int  # the concurrency whose ratio decided
-    crossing: str | None  # where the ratio crosses 1, if it does
+    crossing: str | None  # where the ratio crosses 1, if it does, in its A/B's words
     ratios: list[AbRatio]
+
+    def crossing_words(self) -> str:
+        """Where the arms cross, as the page and the decision say it: "replicas win above c=8" for the layout
+        A/B (its crossing is said so), "the ratio crosses 1 between ..." for speculation."""
+        if self.crossing is None:
+            return "the ratio does not cross 1"
+        return self.crossing if self.ab == "layout" else f"the ratio crosses 1 {self.crossing}"
 
 
 class SoakReport(Handoff):

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from .abarm import AbKind
 from .errors import SparkbookError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -431,12 +432,14 @@ class BenchmarkSettings(SoakSettings):
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
     clock_drop: float = Field(0.10, gt=0, lt=1, description="06 flags a point whose GPU SM clock fell more than "
                               "this fraction below its start (sampled with nvidia-smi where nodes list GPUs)")
-    ab: Literal["speculative"] | None = Field(None, description="speculative: 05 and 06 run twice, the plan without "
-                                              "serve.speculative first, then with it (same prompts, seeds and "
-                                              "concurrency points); 06 records the ratio at each concurrency and "
-                                              "which configuration stays serving")
+    ab: AbKind | None = Field(None, description="speculative: 05 and 06 run twice, the plan without "
+                              "serve.speculative first, then with it; layout: the plan with serve.layout tp (one model "
+                              "split across the nodes) first, then its own serve.layout replicas (a copy per node "
+                              "behind the router); both arms get the same prompts, seeds and concurrency points, and "
+                              "06 records the ratio at each concurrency and which configuration stays serving")
     ab_decide_at: int | None = Field(None, ge=1, description="the concurrency whose ratio decides the A/B (default: "
-                                     "the lowest measured, the single stream speculation is for)")
+                                     "for speculative the lowest measured, the single stream speculation is for; for "
+                                     "layout the highest, the load replicas are for)")
     depths: list[Annotated[int, Field(ge=0)]] = Field([0, DEPTH_LADDER[0]], description="context depths (tokens before "
                                                        "the prompt, llama-benchy's --depth) measured single stream "
                                                        "after the sweep: TTFT and decode tok/s at each; the deepest "
@@ -588,7 +591,7 @@ class Params(Strict):
                 if value in seen:
                     problems.append(f"nodes[{i}].{field}: {value} is already used by nodes[{seen[value]}]")
                 seen.setdefault(value, i)
-        world = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
+        world = self.ranks
         slots = self.total_gpus or len(self.nodes)
         unit = "GPUs listed" if self.total_gpus else "nodes (no GPUs listed: one rank per node)"
         if world > slots:
@@ -630,6 +633,14 @@ class Params(Strict):
         if bench.ab == "speculative" and self.serve.speculative is None:
             problems.append("benchmark.ab: speculative compares the plan with and without serve.speculative; set "
                             "serve.speculative (e.g. method: ngram, num_speculative_tokens: 3) or drop benchmark.ab")
+        if bench.ab == "layout" and self.serve.layout != "replicas":
+            problems.append("benchmark.ab: layout compares serve.layout tp (the baseline) with the params' own "
+                            "serve.layout replicas; set serve.layout: replicas (a copy per node, 2 or more nodes) or "
+                            "drop benchmark.ab")
+        elif bench.ab == "layout" and self._one_node_ranks():
+            problems.append(f"benchmark.ab: layout's baseline serves serve.layout tp on tensor_parallel_size x "
+                            f"pipeline_parallel_size = {self.ranks} ranks, which one node holds: that is one replica, "
+                            "not the model split across the nodes; set them to span the nodes")
         if bench.ab_decide_at is not None and bench.ab_decide_at not in bench.concurrency:
             problems.append(f"benchmark.ab_decide_at: {bench.ab_decide_at} is not one of benchmark.concurrency "
                             f"{bench.concurrency}")
@@ -648,9 +659,22 @@ class Params(Strict):
                 f"{bench.depth_output_len} is longer than serve.max_model_len {limit}; the deepest that fits is "
                 f"{limit - extra if limit > extra else 'none'} (lower benchmark.depths, or raise serve.max_model_len)"]
 
-    def without_speculation(self) -> Params:
-        """The same plan with serve.speculative off: the A/B's baseline arm."""
-        return self.model_copy(update={"serve": self.serve.model_copy(update={"speculative": None})})
+    @property
+    def ranks(self) -> int:
+        """The tp layout's ranks: tensor_parallel_size x pipeline_parallel_size."""
+        return self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
+
+    def _one_node_ranks(self) -> bool:
+        """Whether the tp layout's ranks fit on one node (its GPUs, or one rank where none are listed)."""
+        return self.ranks <= max(max((len(n.gpus) for n in self.nodes), default=0), 1)
+
+    def ab_baseline(self) -> Params:
+        """The A/B's baseline arm (and its kept arm): the same plan without serve.speculative (ab: speculative), or
+        with serve.layout tp, one model split across the nodes (ab: layout)."""
+        if self.benchmark.ab is None:
+            raise ValueError("benchmark.ab is not set: there is no baseline arm")
+        change: dict[str, object] = {"speculative": None} if self.benchmark.ab == "speculative" else {"layout": "tp"}
+        return self.model_copy(update={"serve": self.serve.model_copy(update=change)})
 
     def _soak_problems(self) -> list[str]:
         """A soak request must fit the served context, or every one of them fails and the soak measures nothing."""

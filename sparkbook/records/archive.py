@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from ..core.abarm import BASELINE, serves
 from ..core.benchcompare import fmt, params_of
 from ..core.errors import SparkbookError
 from ..core.evidence import read_events
+from ..core.handoff import AbVerdict
 from ..core.rundir import MANIFEST, STATE, is_run_dir, params_hash
 from ..core.stagelist import BENCH, IMAGES, SERVE, stage_of
 from ..core.sweeppoint import SweepPoint, read_points
@@ -215,14 +218,15 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
                        "ray": image.get("ray_version") or probe.get("ray_version")}
     endpoint = state.get("endpoint") or {}
     record.executor = endpoint.get("executor") or _decision(notebooks, "executor", "Which distributed executor")
-    record.layout = layout_of(run_dir)
+    verdict = ab_verdict(state.get("ab"))
+    record.layout = served_layout(layout_of(run_dir), verdict)
     ready = [a for e in events if e["kind"] == "serve_attempts" for a in e["data"] if a.get("ready")]
     record.ready_s = endpoint.get("ready_s", ready[-1].get("seconds") if ready else None)
     addresses = endpoint.get("addresses")
     record.addresses = [f"{net}: {url}" for net, url in addresses.items()] if isinstance(addresses, dict) else []
     if record.ready_s is None and not state and not events:
         record.ready_s = notebook_field(run_dir, SERVE.notebook, "ready_s")
-    record.ab_kept = _ab_kept(state.get("ab"))
+    record.ab_kept = ab_kept(verdict)
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
@@ -252,13 +256,29 @@ def layout_of(run_dir: Path) -> str | None:
     return str(layout) if layout else "tp"
 
 
-def _ab_kept(verdict: Any) -> str | None:
-    """06's A/B verdict in a line: the configuration that stays serving, why, and where the ratio crosses 1."""
-    if not isinstance(verdict, dict) or "kept" not in verdict:
+def ab_verdict(data: Any) -> AbVerdict | None:
+    """06's A/B verdict as state.json holds it (records of the speculative A/B alone included); None where the run
+    had no A/B, or its record does not read."""
+    try:
+        return AbVerdict.model_validate(data) if isinstance(data, dict) else None
+    except ValidationError:
         return None
-    kept = "with speculation" if verdict["kept"] == "speculative" else "without speculation"
-    cross = verdict.get("crossing")
-    return f"{kept}: {verdict.get('reason')}" + (f"; the ratio crosses 1 {cross}" if cross else "")
+
+
+def served_layout(asked: str | None, verdict: AbVerdict | None) -> str | None:
+    """The layout the run left serving: the params' (`asked`), or the one a layout A/B kept, said as such
+    ("tp (kept by the A/B)": its params ask for replicas, and tp serves)."""
+    if verdict is None or verdict.ab != "layout":
+        return asked
+    return f"{'tp' if verdict.kept == BASELINE else 'replicas'} (kept by the A/B)"
+
+
+def ab_kept(verdict: AbVerdict | None) -> str | None:
+    """06's A/B verdict in a line: the configuration that stays serving, why, and where the arms cross."""
+    if verdict is None:
+        return None
+    kept = serves(verdict.ab, verdict.kept)
+    return f"{kept}: {verdict.reason}" + (f"; {verdict.crossing_words()}" if verdict.crossing else "")
 
 
 def _resolved(findings: list[dict[str, Any]], notebooks: list[dict[str, Any]]) -> list[dict[str, Any]]:

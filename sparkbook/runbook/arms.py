@@ -1,6 +1,7 @@
-"""The A/B's notebooks (benchmark.ab: speculative): 05 and 06 run first as the baseline arm, without
-serve.speculative, then as the params' own plan, on the same nodes one after the other; 06 of the second arm decides
-which configuration stays serving, and where that is the baseline, 05 serves it again as the last notebook.
+"""The A/B's notebooks (benchmark.ab; the arms: core.abarm): 05 and 06 run first as the baseline arm (without
+serve.speculative, or serve.layout tp), then as the params' own plan, the second arm ("speculative", "replicas"), on
+the same nodes one after the other; 06 of the second arm decides which configuration stays serving, and where that
+is the baseline, 05 serves it again as the last notebook.
 
 The baseline and kept arms run under their own output names, `NN-name.ab-<arm>.ipynb`, so their record (decisions,
 events, logs) is filed apart, the baseline's sweep points under ab-baseline/; the params' own plan keeps the
@@ -12,12 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.abarm import BASELINE, KEPT, AbKind, second_arm
 from ..core.handoff import AbVerdict
 from ..core.params import Params
 from ..core.stagelist import BENCH, SERVE
 from ..core.state import load
-
-KEPT = "kept"
 
 
 def arm_name(notebook: str, arm: str) -> str:
@@ -35,13 +35,14 @@ def arm_of(name: str) -> str | None:
     return arm or None
 
 
-def parameters(name: str, run: list[str]) -> dict[str, Any]:
-    """The `ab_arm` of a notebook of the run whose notebooks are `run`: its own arm, "speculative" for 05 and 06 of
-    the params' plan in a run that has the baseline arm, none outside an A/B."""
+def parameters(name: str, run: list[str], ab: AbKind | None) -> dict[str, Any]:
+    """The `ab_arm` of a notebook of the run whose notebooks are `run`, in the params' A/B `ab`: its own arm, the
+    second arm (named by what it serves) for 05 and 06 of the params' plan in a run that has the baseline arm, none
+    outside an A/B."""
     if (arm := arm_of(name)) is not None:
         return {"ab_arm": arm}
-    in_ab = (SERVE.owns(name) or BENCH.owns(name)) and any(arm_of(n) == "baseline" for n in run)
-    return {"ab_arm": "speculative"} if in_ab else {}
+    in_ab = (SERVE.owns(name) or BENCH.owns(name)) and any(arm_of(n) == BASELINE for n in run)
+    return {"ab_arm": second_arm(ab)} if in_ab and ab is not None else {}
 
 
 def with_arms(names: list[str], params: Params) -> list[str]:
@@ -52,14 +53,14 @@ def with_arms(names: list[str], params: Params) -> list[str]:
     if params.benchmark.ab is None or len(serve) != 1 or len(bench) != 1:
         return names
     at = names.index(serve[0])
-    return names[:at] + [arm_name(serve[0], "baseline"), arm_name(bench[0], "baseline")] + names[at:]
+    return names[:at] + [arm_name(serve[0], BASELINE), arm_name(bench[0], BASELINE)] + names[at:]
 
 
-def follow_up(run_dir: Path, name: str, run: list[str], names: list[str]) -> str | None:
+def follow_up(run_dir: Path, name: str, run: list[str], names: list[str], ab: AbKind) -> str | None:
     """After the second arm's 06 (in `run`, the run's notebooks): 05 once more, serving the baseline, where the A/B
-    kept it (None otherwise). `names`: the notebooks of the folder."""
-    if not BENCH.owns(name) or parameters(name, run) != {"ab_arm": "speculative"}:
+    kept it (None otherwise). `names`: the notebooks of the folder; `ab`: the params' benchmark.ab."""
+    if not BENCH.owns(name) or parameters(name, run, ab) != {"ab_arm": second_arm(ab)}:
         return None
-    if load(run_dir, AbVerdict).kept == "speculative":
+    if load(run_dir, AbVerdict).kept != BASELINE:
         return None
     return arm_name(next(n for n in names if SERVE.owns(n)), KEPT)

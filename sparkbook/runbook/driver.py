@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ..core import state
+from ..core import abarm, state
 from ..core.errors import SparkbookError
 from ..core.evidence import now, read_events
 from ..core.nodes import Cluster, HostKeyMismatch
@@ -232,7 +232,8 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
                 papermill.execute_notebook(
                     str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
                     parameters=parameters_for(source, {"params_file": str(own_params), "run_dir": str(run_dir),
-                                                       **parameters, **arms.parameters(name, list(by_name))}),
+                                                       **parameters,
+                                                       **arms.parameters(name, list(by_name), params.benchmark.ab)}),
                     progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False, config=kernel)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:
@@ -250,8 +251,9 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
             + (f": {entry.exception['ename']}: {entry.exception['evalue'][:300]}" if entry.exception else ""))
         if entry.status == "failed":
             break
-        if (more := arms.follow_up(run_dir, name, list(by_name), notebook_names(folder))) is not None:
-            say(f"the A/B keeps the plan without speculation: {more} serves it again")
+        ab = params.benchmark.ab
+        if ab is not None and (more := arms.follow_up(run_dir, name, list(by_name), notebook_names(folder), ab)):
+            say(f"the A/B keeps its baseline ({abarm.serves(ab, abarm.BASELINE)}): {more} serves it again")
             todo.append(more)
             by_name[more] = NotebookRun(more)
             manifest.notebooks.append(by_name[more])

@@ -7,9 +7,10 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core import state
+from ..core.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
 from ..core.context import Context
 from ..core.evidence import Decision, Event, Shown, StageOutcome, markdown_text, now, table_rows, tail, to_data
 from ..core.nodes import Cluster, Result
@@ -58,7 +59,7 @@ class Run:
     def bench_root(self) -> Path:
         """The dir whose bench/ holds this notebook's sweep points: the run dir, or the A/B baseline arm's own
         (so the run's bench/, which comparisons and the archive read, is always the params' own plan)."""
-        return self.run_dir / AB_BASELINE if self.ab_arm == "baseline" else self.run_dir
+        return self.run_dir / AB_BASELINE if self.ab_arm == BASELINE else self.run_dir
 
     def _trusted(self, host: str, fingerprint: str) -> None:
         self.record("host_key_trusted", {"host": host, "fingerprint": fingerprint})
@@ -191,27 +192,30 @@ def _display_table(rows: list[dict[str, Any]]) -> None:
                   "text/plain": frame.to_string(index=False)})
 
 
-# The A/B's arms (benchmark.ab: speculative): "baseline" is 05 and 06 without serve.speculative, "speculative" the
-# params' own plan after it (its 05 replaces the baseline's server, its 06 decides), "kept" is 05 serving the
-# baseline again when the A/B keeps it.
-AbArm = Literal["baseline", "speculative", "kept"]
-AB_ARMS: tuple[AbArm, ...] = get_args(AbArm)
-
-
 def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path = "", stage: str = "",
              ab_arm: str | None = None) -> Run:
     """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/). The A/B's
-    baseline and kept arms (the driver passes them) run the plan without serve.speculative and record under
-    `<stage>.ab-<arm>`."""
+    baseline and kept arms (the driver passes them; core.abarm) run the params' A/B baseline (Params.ab_baseline)
+    and record under `<stage>.ab-<arm>`."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)
-    if ab_arm is not None and ab_arm not in AB_ARMS:
-        raise ValueError(f"ab_arm: {ab_arm!r} is not an A/B arm (one of {', '.join(AB_ARMS)}, or None)")
-    arm = cast(AbArm | None, ab_arm)
-    if arm in ("baseline", "kept"):
-        params, stage = params.without_speculation(), f"{stage}.ab-{arm}"
+    arm = _arm(ab_arm, params)
+    if arm in (BASELINE, KEPT):
+        params, stage = params.ab_baseline(), f"{stage}.ab-{arm}"
     if not run_dir:
         run_dir = params_file.parent.parent / "outputs" / params.cluster / INTERACTIVE
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     return Run(params_file, params, run_dir, stage, arm)
+
+
+def _arm(ab_arm: str | None, params: Params) -> AbArm | None:
+    """`ab_arm` as an arm of the params' A/B: "replicas" is no arm of `benchmark.ab: speculative`."""
+    if ab_arm is None:
+        return None
+    if ab_arm not in AB_ARMS:
+        raise ValueError(f"ab_arm: {ab_arm!r} is not an A/B arm (one of {', '.join(AB_ARMS)}, or None)")
+    if params.benchmark.ab is None or ab_arm not in arms_of(params.benchmark.ab):
+        raise ValueError(f"ab_arm: {ab_arm!r} is no arm of benchmark.ab: {params.benchmark.ab} (its arms: "
+                         + (", ".join(arms_of(params.benchmark.ab)) if params.benchmark.ab else "none") + ")")
+    return cast(AbArm, ab_arm)

@@ -10,6 +10,7 @@ from typing import Any
 
 import nbformat
 import pytest
+import yaml
 
 from sparkbook.core.benchstats import decode_steps_per_s
 from sparkbook.core.handoff import AbVerdict
@@ -22,6 +23,12 @@ from sparkbook.stages.bench import ab
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 SPEC = Speculative.model_validate(NGRAM)
+SPECULATIVE = ab.Contest("speculative", "speculative", ("baseline", "speculative"),
+                         ("without speculation", "with speculation (ngram, 3 tokens)"), "speculation (ngram, 3 tokens)",
+                         "no measured gain for the memory it takes and its failure modes",
+                         "once serve.speculative is removed from the params",
+                         "Which configuration stays serving after the A/B of speculative decoding?",
+                         decide_highest=False)
 
 
 def _problems(write_params: Callable[..., Path], base: dict[str, Any]) -> dict[str, str]:
@@ -40,8 +47,9 @@ def test_an_ab_needs_speculation_and_decides_at_a_measured_concurrency(write_par
     assert "without benchmark.ab" in _problems(write_params, base)["benchmark.ab_decide_at"]
     base["benchmark"] = {"ab": "speculative", "concurrency": [1, 4], "ab_decide_at": 4}
     params = load_params(write_params(base))
-    assert params.serve.speculative == SPEC and params.without_speculation().serve.speculative is None
-    assert params.without_speculation().serve.tensor_parallel_size == params.serve.tensor_parallel_size
+    assert ab.contest(params) == SPECULATIVE
+    assert params.serve.speculative == SPEC and params.ab_baseline().serve.speculative is None
+    assert params.ab_baseline().serve.tensor_parallel_size == params.serve.tensor_parallel_size
 
 
 def test_an_arm_opens_the_run_without_speculation_under_its_own_stage(write_params, base, tmp_path):
@@ -57,6 +65,8 @@ def test_an_arm_opens_the_run_without_speculation_under_its_own_stage(write_para
     assert (second.stage, second.params.serve.speculative) == ("05-serve", SPEC), "the params' own plan"
     with pytest.raises(ValueError, match="not an A/B arm"):
         open_run(path, tmp_path / "run", stage="05-serve", ab_arm="eagle")
+    with pytest.raises(ValueError, match="no arm of benchmark.ab: speculative"):
+        open_run(path, tmp_path / "run", stage="05-serve", ab_arm="replicas")
 
 
 def _point(c: int, *tput: float, accepted: int | None = None, output: int = 1000) -> SweepPoint:
@@ -79,10 +89,10 @@ def test_speculation_faster_at_one_stream_stays_and_the_crossing_is_named():
     assert [(r.max_concurrency, round(r.ratio, 3)) for r in rows] == [(1, 1.4), (4, 1.032), (16, 0.868)]
     assert [r.verdict for r in rows] == ["better", "within noise", "worse"]
     assert rows[1].noise_pct == pytest.approx(100 * 35 / 320), "the wider of the two arms' repeat spreads"
-    verdict = ab.verdict(rows, None, SPEC)
+    verdict = ab.verdict(rows, None, SPECULATIVE)
     assert (verdict.kept, verdict.decided_at) == ("speculative", 1)
     assert verdict.crossing == "between c=4 (1.03x) and c=16 (0.87x)"
-    decided = ab.decision(verdict, SPEC)
+    decided = ab.decision(verdict, SPECULATIVE)
     assert decided.choice == "with speculation (ngram, 3 tokens)" and decided.key == "ab"
     assert decided.evidence[-1] == "the ratio crosses 1 between c=4 (1.03x) and c=16 (0.87x)"
     assert "1.40x" in decided.reason and "without speculation" == decided.alternatives[0].option
@@ -90,22 +100,22 @@ def test_speculation_faster_at_one_stream_stays_and_the_crossing_is_named():
 
 def test_deciding_where_it_only_matches_or_loses_keeps_the_baseline():
     rows = ab.ratios(BASELINE, FASTER_ALONE)
-    at_four = ab.verdict(rows, 4, SPEC)
+    at_four = ab.verdict(rows, 4, SPECULATIVE)
     assert at_four.kept == "baseline" and "within the noise" in at_four.reason
-    at_sixteen = ab.verdict(rows, 16, SPEC)
+    at_sixteen = ab.verdict(rows, 16, SPECULATIVE)
     assert at_sixteen.kept == "baseline" and "slower beyond the noise" in at_sixteen.reason
 
 
 def test_one_repeat_measures_no_noise_so_no_gain_keeps_speculation():
     rows = ab.ratios([_point(1, 100)], [_point(1, 150, accepted=400)])
     assert rows[0].noise_pct is None and rows[0].verdict == "no noise estimate"
-    verdict = ab.verdict(rows, None, SPEC)
+    verdict = ab.verdict(rows, None, SPECULATIVE)
     assert verdict.kept == "baseline" and "benchmark.repeats to 2 or more" in verdict.reason
-    assert verdict.crossing is None and ab.decision(verdict, SPEC).evidence[-1] == "the ratio does not cross 1"
+    assert verdict.crossing is None and ab.decision(verdict, SPECULATIVE).evidence[-1] == "the ratio does not cross 1"
 
 
 def test_both_arms_rows_show_decode_steps_beside_output_tokens():
-    rows = ab.arm_rows(BASELINE, FASTER_ALONE)
+    rows = ab.arm_rows(BASELINE, FASTER_ALONE, SPECULATIVE)
     assert [(r["concurrency"], r["arm"]) for r in rows[:2]] == [(1, "baseline"), (1, "speculative")]
     assert rows[0]["decode steps/s"] == 100 and "mean accepted length" not in rows[0]
     # 1000 output tokens of which 300 were accepted drafts: 700 steps, 140 tok/s -> 98 steps/s
@@ -134,10 +144,12 @@ def ab_notebooks(tmp_path: Path) -> Path:
     serve = opened.format(stage="05-serve") + (
         'spec = run.params.serve.speculative\n'
         'with (run.run_dir / "served.jsonl").open("a") as fh:\n'
-        '    fh.write(json.dumps([run.stage, ab_arm, spec.method if spec else None]) + "\\n")\n')
+        '    fh.write(json.dumps([run.stage, ab_arm, spec.method if spec else None]) + "\\n")\n'
+        'with (run.run_dir / "layouts.jsonl").open("a") as fh:\n'
+        '    fh.write(json.dumps([run.stage, ab_arm, run.params.serve.layout]) + "\\n")\n')
     bench = opened.format(stage="06-benchmark") + (
         'from sparkbook.core.handoff import AbVerdict\n'
-        'if ab_arm == "speculative":\n'
+        'if ab_arm not in (None, "baseline"):\n'
         '    run.remember(AbVerdict(kept=keep, reason="planted", decided_at=1, crossing=None, ratios=[]))\n')
     _notebook(folder, "04-ray.ipynb", opened.format(stage="04-ray"))
     _notebook(folder, "05-serve.ipynb", serve)
@@ -175,6 +187,25 @@ def test_the_driver_runs_both_arms_and_serves_the_kept_one_last(ab_notebooks, ab
     assert any("05-serve.ab-kept.ipynb serves it again" in line for line in said) == (keep == "baseline")
 
 
+@pytest.mark.parametrize("keep", ["replicas", "baseline"])
+def test_the_layout_ab_serves_tp_then_replicas_and_tp_again_where_tp_is_kept(ab_notebooks, ab_params, tmp_path, keep):
+    data = yaml.safe_load(ab_params.read_text())
+    data["serve"] = {**data["serve"], "layout": "replicas", "speculative": None}
+    data["benchmark"] = {"ab": "layout"}
+    ab_params.write_text(yaml.safe_dump(data))
+    said: list[str] = []
+    run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
+                                   parameters={"keep": keep})
+    assert manifest.status == "ok", manifest
+    layouts = [json.loads(line) for line in (run_dir / "layouts.jsonl").read_text().splitlines()]
+    assert layouts == [["05-serve.ab-baseline", "baseline", "tp"], ["05-serve", "replicas", "replicas"]] \
+        + ([["05-serve.ab-kept", "kept", "tp"]] if keep == "baseline" else [])
+    kept_line = [line for line in said if "serves it again" in line]
+    assert kept_line == ([] if keep == "replicas" else [
+        "the A/B keeps its baseline (serve.layout tp: one model split across the nodes): 05-serve.ab-kept.ipynb "
+        "serves it again"])
+
+
 def test_an_ab_run_resumes_at_its_failed_arm(ab_notebooks, ab_params, tmp_path):
     run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
                                    parameters={"keep": "nonsense"})  # the verdict fails its schema in the last 06
@@ -190,13 +221,14 @@ def test_without_both_serve_and_bench_there_is_no_ab(ab_params):
     params = load_params(ab_params)
     names = ["04-ray.ipynb", "05-serve.ipynb", "06-benchmark.ipynb"]
     assert arms.with_arms(names[:2], params) == names[:2]
-    assert arms.with_arms(names, params.without_speculation().model_copy(
+    assert arms.with_arms(names, params.ab_baseline().model_copy(
         update={"benchmark": params.benchmark.model_copy(update={"ab": None})})) == names
     assert arms.source("05-serve.ab-kept.ipynb") == "05-serve.ipynb" and arms.source(names[2]) == names[2]
     run = arms.with_arms(names, params)
-    assert [arms.parameters(n, run) for n in run] == [{}, {"ab_arm": "baseline"}, {"ab_arm": "baseline"},
-                                                      {"ab_arm": "speculative"}, {"ab_arm": "speculative"}]
-    assert arms.parameters(names[2], names) == {}, "06 alone (--only 06) decides no A/B"
+    assert [arms.parameters(n, run, "speculative") for n in run] == [
+        {}, {"ab_arm": "baseline"}, {"ab_arm": "baseline"}, {"ab_arm": "speculative"}, {"ab_arm": "speculative"}]
+    assert [arms.parameters(n, run, "layout") for n in run][3:] == [{"ab_arm": "replicas"}] * 2
+    assert arms.parameters(names[2], names, "speculative") == {}, "06 alone (--only 06) decides no A/B"
     assert AbVerdict.key == "ab"
 
 

@@ -21,9 +21,11 @@ SPEC = Speculative.model_validate({"method": "ngram", "num_speculative_tokens": 
 
 
 def _params(speculative: bool = False) -> Params:
+    """params/lab.yaml, or with ngram speculation and its A/B (benchmark.ab: speculative)."""
     params = load_params(PARAMS)
-    return params.model_copy(update={"serve": params.serve.model_copy(
-        update={"speculative": SPEC if speculative else None})})
+    return params.model_copy(update={
+        "serve": params.serve.model_copy(update={"speculative": SPEC if speculative else None}),
+        "benchmark": params.benchmark.model_copy(update={"ab": "speculative" if speculative else None})})
 
 
 def _context(tmp_path: Path, speculative: bool = False) -> Context:

@@ -244,11 +244,9 @@ def test_a_run_without_02s_hand_offs_stops_naming_them(lab, tmp_path, monkeypatc
     assert isinstance(out.error, SparkbookError) and "diagnosis" in str(out.error) and called == []
 
 
-def test_the_ab_arm_names_what_it_serves() -> None:
-    assert serve.arm_note(None) == "none (no A/B in this run)"
-    assert serve.arm_note("speculative") == "speculative: the params' own plan"
-    assert serve.arm_note("baseline") == "baseline: serve.speculative off"
-    assert [serve.replaces_own_arm(a) for a in (None, "baseline", "speculative", "kept")] == [False, False, True, True]
+def test_the_ab_arms_after_the_baseline_replace_their_own() -> None:
+    arms = (None, "baseline", "speculative", "replicas", "kept")
+    assert [serve.replaces_own_arm(a) for a in arms] == [False, False, True, True, True]
 
 
 def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_from_then(lab, tmp_path, monkeypatch):

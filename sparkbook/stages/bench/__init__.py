@@ -1,6 +1,6 @@
 """06: the benchmark stage: the sweep (sweep), its HTTP load generator (client), the context-depth axis and the
-prefix-cache pair (depth), its tables and its plots (plot), the A/B of speculative decoding (ab); its front door,
-`preview` and `run`, here.
+prefix-cache pair (depth), its tables and its plots (plot), the A/B of speculative decoding or of the layout (ab);
+its front door, `preview` and `run`, here.
 
 `run` measures the served model and sets the evidence around it: the sweep and its stalls, TTFT and decode at each
 context depth and what a cached prefix saves, the server's /metrics
@@ -19,6 +19,7 @@ import aiohttp
 from matplotlib.figure import Figure
 
 from ...core import benchstats, depthsweep, fabric, rundir
+from ...core.abarm import BASELINE
 from ...core.benchcompare import SweepComparison, compare_dirs
 from ...core.benchstats import BatchCeiling, Roofline, StepModel
 from ...core.context import Context
@@ -93,20 +94,20 @@ def preview(ctx: Context) -> BenchPreview:
 
 @dataclass(frozen=True)
 class AbResult:
-    """The A/B's second arm: both arms' points, the verdict and the decision recorded from it."""
+    """The A/B's second arm: both arms' points, what they compare, the verdict and the decision recorded from it."""
 
     baseline: list[SweepPoint]
-    speculative: list[SweepPoint]
+    second: list[SweepPoint]  # the params' own plan (ab.Contest.second names it)
+    contest: ab.Contest
     verdict: AbVerdict
     decision: Decision
 
     def shown(self) -> list[Shown]:
-        crosses = f"the ratio crosses 1 {self.verdict.crossing}" if self.verdict.crossing else \
-            "the ratio does not cross 1"
+        base, second = self.contest.labels
         return [Shown("Both arms at each concurrency (same prompts, seeds, warm-ups)",
-                      ab.arm_rows(self.baseline, self.speculative)),
-                Shown(f"Speculative / baseline output tok/s, against the noise band ({crosses})",
-                      ab.ratio_rows(self.verdict))]
+                      ab.arm_rows(self.baseline, self.second, self.contest)),
+                Shown(f"{second.capitalize()} / {base} output tok/s, against the noise band "
+                      f"({self.verdict.crossing_words()})", ab.ratio_rows(self.verdict, self.contest))]
 
 
 @dataclass(kw_only=True)
@@ -200,7 +201,7 @@ class BenchOutcome(StageOutcome):
     def ab_shown(self) -> list[Shown]:
         if self.ab is not None:
             return self.ab.shown()
-        return [Shown("A/B", AB_BASELINE_ARM if self.ab_arm == "baseline" else NO_AB)]
+        return [Shown("A/B", AB_BASELINE_ARM if self.ab_arm == BASELINE else NO_AB)]
 
 
 def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: Path) -> BenchOutcome:
@@ -297,11 +298,10 @@ def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome) -> bool:
 
 def ab_second_arm(ctx: Context, results: list[SweepPoint], ab_arm: str | None) -> AbResult | None:
     """The A/B, in its second arm only: None without an A/B (ab_arm None) and in the baseline arm, which measures
-    before the params' own plan is known. The params refuse benchmark.ab without serve.speculative, so the second
-    arm always has one."""
-    spec = ctx.params.serve.speculative
-    if ab_arm is None or ab_arm == "baseline" or spec is None:
+    before the params' own plan is known."""
+    if ab_arm is None or ab_arm == BASELINE or ctx.params.benchmark.ab is None:
         return None
+    contest = ab.contest(ctx.params)
     baseline = read_points(ctx.run_dir / rundir.AB_BASELINE)
-    verdict = ab.verdict(ab.ratios(baseline, results), ctx.params.benchmark.ab_decide_at, spec)
-    return AbResult(baseline, results, verdict, ab.decision(verdict, spec))
+    verdict = ab.verdict(ab.ratios(baseline, results), ctx.params.benchmark.ab_decide_at, contest)
+    return AbResult(baseline, results, contest, verdict, ab.decision(verdict, contest))

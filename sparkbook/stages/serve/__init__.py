@@ -37,19 +37,10 @@ from .smoke import Smoke
 LOG_TAIL_LINES = 12
 
 
-def arm_note(ab_arm: str | None) -> str:
-    """What the A/B arm (the driver's ab_arm) means for this run of 05, as the open cell shows it."""
-    if ab_arm is None:
-        return "none (no A/B in this run)"
-    if ab_arm == "speculative":
-        return "speculative: the params' own plan"
-    return f"{ab_arm}: serve.speculative off"
-
-
 def replaces_own_arm(ab_arm: str | None) -> bool:
     """Whether this arm of an A/B replaces what its arm before left serving (the A/B's own doing: no
-    confirm_replace needed; that guards the servers other runs left)."""
-    return ab_arm in ("speculative", "kept")
+    confirm_replace needed; that guards the servers other runs left): the second arm and the kept one."""
+    return ab_arm is not None and ab_arm != "baseline"
 
 
 # --- preview ---------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ fits one node; `max_num_seqs` 8 so that a copy's KV holds the load), seeded from
 name and ports of its own (as test_replicas_lab.py), so the full run's deployment keeps serving beside it. 05 and 06
 run first with `serve.layout: tp` (the model split over both nodes), then as replicas behind the router on the same
 endpoint, both arms over the same points (c=1 and c=4, 2 repeats of 8 prompts); 06 decides at the highest
-concurrency and the layout it keeps is what serves afterwards. Heavy (two arms of 05 and 06 on the CPU): `slow`.
-The module's containers are removed after it.
+concurrency and the layout it keeps is what serves afterwards, `status` saying so (with replicas: the router and
+both replicas). Two arms of 05 and 06 on the CPU, about 5 minutes beyond the full run: in `make test`, as the
+issue's own check. The module's containers are removed after it.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from sparkbook import cli
 from sparkbook.core.params import Params, load_params
 from sparkbook.core.rundir import AB_BASELINE
 from sparkbook.core.stagelist import RAYCLUSTER
@@ -25,7 +27,7 @@ from sparkbook.core.topology import container_name
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
+pytestmark = pytest.mark.lab
 # no API key: vllm-router takes it only on its argv, which the params refuse with replicas
 REPLICAS = {"layout": "replicas", "max_num_seqs": 8, "port": 8200, "replica_port": 8201, "master_port": 29701,
             "api_key_env": None}
@@ -73,6 +75,17 @@ def test_both_layouts_ran_in_order_and_the_kept_one_serves_through_one_endpoint(
         assert not endpoint["replicas"] and "--nnodes" in endpoint["commands"]["lab-0"], "tp splits over both nodes"
     listed = httpx.get(f"{endpoint['base_url']}/v1/models", timeout=10).json()["data"]
     assert [m["id"] for m in listed] == [params.model.served_name], listed
+
+
+def test_status_shows_the_kept_layout(layout_run, capsys: pytest.CaptureFixture[str]) -> None:
+    _, run_dir, manifest = layout_run
+    assert cli.main(["status", manifest.params_file, "--outputs", str(run_dir.parent.parent)]) == 0
+    text = capsys.readouterr().out
+    print(text)
+    if json.loads((run_dir / "state.json").read_text())["ab"]["kept"] == "replicas":
+        assert "router on lab-0: running" in text and text.count("/health answers 200") == 3, text
+    else:
+        assert "router on" not in text and text.count("/health answers 200") == 1, text
 
 
 def test_the_verdict_is_decided_at_the_highest_concurrency_with_bands_and_the_crossing(layout_run) -> None:

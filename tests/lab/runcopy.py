@@ -1,11 +1,23 @@
 """A copy of the session's full run in an outputs root of its own, for the lab tests that act on it (`up`, `watch`,
-05 alone): what they record there leaves the full run its own outputs' deployment, which the tests after them read."""
+05 alone): what they record there leaves the full run its own outputs' deployment, which the tests after them read;
+and a run from 04 on the full run's hand-offs under a cluster of its own (replicas, the layout A/B)."""
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import yaml
+from pytest import TempPathFactory
+
+from sparkbook.core.params import Params, load_params
 from sparkbook.core.rundir import QUALITY
+from sparkbook.core.stagelist import RAYCLUSTER
+from sparkbook.core.topology import container_name
+from sparkbook.runbook import driver
+from sparkbook.runbook.manifest import Manifest
 
 
 def outputs_copy(run_dir: Path, root: Path) -> Path:
@@ -14,3 +26,27 @@ def outputs_copy(run_dir: Path, root: Path) -> Path:
     cluster = root / run_dir.parent.name
     shutil.copytree(run_dir.parent / QUALITY, cluster / QUALITY)
     return Path(shutil.copytree(run_dir, cluster / run_dir.name))
+
+
+def seeded_from_04(full_run: tuple[Path, Manifest], node_shells: dict[str, Any], tmp: TempPathFactory, cluster: str,
+                   serve: dict[str, Any], benchmark: dict[str, Any]) -> Iterator[tuple[Params, Path, Manifest]]:
+    """A module fixture's body: the full run's params under another cluster name (its own containers and ports
+    beside the full run's deployment), `serve` and `benchmark` changed, run from 04 on the full run's hand-offs
+    (image, model, diagnosis); yields the params, the run dir and its manifest, then removes the cluster's
+    containers."""
+    first_dir, first = full_run
+    data = yaml.safe_load(Path(first.params_file).read_text())
+    data.update(cluster=cluster, secrets=[])
+    data["serve"].update(serve)
+    data["benchmark"].update(benchmark)
+    path = tmp.mktemp(f"{cluster}-params") / f"{cluster}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    t0 = time.monotonic()
+    run_dir, manifest = driver.run(path, out_root=tmp.mktemp(f"{cluster}-outputs"), seed=first_dir,
+                                   start=RAYCLUSTER.id, say=print)
+    print(f"{cluster}: from 04 in {time.monotonic() - t0:.0f} s; "
+          + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
+    params = load_params(path)
+    yield params, run_dir, manifest
+    for spec in params.nodes:
+        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)

@@ -10,21 +10,17 @@ issue's own check. The module's containers are removed after it.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
+from runcopy import seeded_from_04
 
 from sparkbook import cli
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.params import Params
 from sparkbook.core.rundir import AB_BASELINE
-from sparkbook.core.stagelist import RAYCLUSTER
 from sparkbook.core.sweeppoint import read_points
-from sparkbook.core.topology import container_name
-from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
@@ -38,22 +34,7 @@ SWEEP = {"concurrency": [1, 4], "num_prompts": 8, "repeats": 2, "warmup_requests
 @pytest.fixture(scope="module")
 def layout_run(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory,
                ) -> Iterator[tuple[Params, Path, Manifest]]:
-    first_dir, first = full_run
-    data = yaml.safe_load(Path(first.params_file).read_text())
-    data.update(cluster="lab-ab-layout", secrets=[])
-    data["serve"].update(REPLICAS)
-    data["benchmark"].update(SWEEP)
-    path = tmp_path_factory.mktemp("ab-layout-params") / "lab-ab-layout.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    params = load_params(path)
-    t0 = time.monotonic()
-    run_dir, manifest = driver.run(path, out_root=tmp_path_factory.mktemp("ab-layout-outputs"), seed=first_dir,
-                                   start=RAYCLUSTER.id, say=print)
-    print(f"layout A/B: 04 and both arms in {time.monotonic() - t0:.0f} s; "
-          + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
-    yield params, run_dir, manifest
-    for spec in params.nodes:
-        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+    yield from seeded_from_04(full_run, node_shells, tmp_path_factory, "lab-ab-layout", REPLICAS, SWEEP)
 
 
 def test_both_layouts_ran_in_order_and_the_kept_one_serves_through_one_endpoint(layout_run) -> None:

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
+from runcopy import seeded_from_04
 
 from sparkbook import cli
 from sparkbook.core.evidence import read_events
-from sparkbook.core.params import Params, load_params
-from sparkbook.core.stagelist import RAYCLUSTER
+from sparkbook.core.params import Params
 from sparkbook.core.topology import container_name
-from sparkbook.runbook import driver, operate
+from sparkbook.runbook import operate
 from sparkbook.runbook.manifest import Manifest
 from sparkbook.stages.serve import router
 
@@ -36,22 +35,7 @@ SMALL_SWEEP = {"concurrency": [1, 4], "num_prompts": 8, "warmup_requests": 1, "d
 @pytest.fixture(scope="module")
 def replicas(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory,
              ) -> Iterator[tuple[Params, Path, Manifest]]:
-    first_dir, first = full_run
-    data = yaml.safe_load(Path(first.params_file).read_text())
-    data.update(cluster="lab-replicas", secrets=[])
-    data["serve"].update(REPLICAS)
-    data["benchmark"].update(SMALL_SWEEP)
-    path = tmp_path_factory.mktemp("replicas-params") / "lab-replicas.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    params = load_params(path)
-    t0 = time.monotonic()
-    run_dir, manifest = driver.run(path, out_root=tmp_path_factory.mktemp("replicas-outputs"), seed=first_dir,
-                                   start=RAYCLUSTER.id, say=print)
-    print(f"replicas: 04-06 in {time.monotonic() - t0:.0f} s; "
-          + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
-    yield params, run_dir, manifest
-    for spec in params.nodes:
-        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+    yield from seeded_from_04(full_run, node_shells, tmp_path_factory, "lab-replicas", REPLICAS, SMALL_SWEEP)
 
 
 def _cmdlines(node_shells, params: Params, node: str) -> list[str]:

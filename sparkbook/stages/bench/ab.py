@@ -81,7 +81,7 @@ def ratios(baseline: list[SweepPoint], second: list[SweepPoint]) -> list[AbRatio
 def crossing(rows: list[AbRatio], c: Contest) -> str | None:
     """Where the arms cross; None where every ratio is on one side of 1. Speculation: the first pair of neighbouring
     concurrencies whose ratios lie on either side of 1 (where it stops, or starts, paying). The layout, in the
-    issue's words: the arm that wins above the last such pair, up to the highest concurrency measured ("replicas win
+    words of the page: the arm that wins above the last such pair, up to the highest concurrency measured ("replicas win
     above c=4"), since above it the same layout wins at every point."""
     pairs = [(a, b) for a, b in zip(rows, rows[1:], strict=False) if (a.ratio > 1) != (b.ratio > 1)]
     if not pairs:

@@ -30,6 +30,7 @@ from .runtime import (
     Ulimit,
     aside,
 )
+from .topology import LOG_DIR
 
 LABEL = "org.sparkbook.run"  # on every container sparkbook starts
 DAEMON_TIMEOUT_S = 20
@@ -225,12 +226,16 @@ class DockerNodes:
         return True
 
     def bring_back(self, node: Node, place: Place) -> bool:
+        """The container kept aside under its name again, started: none of the processes spawned in it runs any
+        more, so their PID files go (a restarted container reuses low PIDs: a stale file would name another process,
+        and 04 would take a dead Ray worker for a live one)."""
         kept = self._ours(node, aside(place.name))
         if kept is None:
             return False
         self.stop(node, place)
         kept.rename(place.name)
         kept.start()
+        kept.exec_run(["find", LOG_DIR, "-name", "*.pid", "-delete"])
         return True
 
     def drop_aside(self, node: Node, place: Place) -> bool:

@@ -266,7 +266,7 @@ def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Callable[[str
                               f"{', '.join(d.endpoint.commands)}", remediation="pass --node with one of those")
     ctx = run.context(d.image.ref)
     node = run.params.head.name if router else node
-    path = d.endpoint.router_log if router and d.endpoint.router_log else server_log(d, node)
+    path = (d.endpoint.router_log or server_log(d, node)) if router else server_log(d, node)
     n, place = ctx.cluster.nodes[node], ctx.places[node]
     if not ctx.runtime.alive(n, place):
         raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",

@@ -133,7 +133,8 @@ def test_the_endpoint_and_the_reuse_record_keep_the_router(lab):
 def test_remedies_replan_in_the_layout_served(lab):
     params = as_replicas(lab)
     plan = replicas.plan(params, "default")
-    fixed = bringup.replanned(ctx(params), plan, plan.settings.model_copy(update={"gpu_memory_utilization": 0.8}))
+    fixed = bringup.layout_plan(ctx(params), plan.executor,
+                                plan.settings.model_copy(update={"gpu_memory_utilization": 0.8}), plan.model_dir)
     assert fixed.router is not None and [c.node for c in fixed.commands] == ["lab-0", "lab-1"]
     assert all(value(c.argv, "--gpu-memory-utilization") == "0.8" for c in fixed.commands)
 

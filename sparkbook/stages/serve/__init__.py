@@ -114,13 +114,12 @@ def preview(ctx: Context) -> ServePreview:
 
 
 def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str, Decision, ServePlan]:
-    """serve.layout picks the commands: tp, one server split over the nodes; replicas, a whole copy on each node
-    behind the router. `model_dir` is 02's snapshot of model.hf_id on the nodes ('' without 02)."""
+    """serve.layout picks the executor (a replica spans one node) and the commands (bringup.layout_plan)."""
     if ctx.params.serve.layout == "replicas":
         executor, decision = replicas.executor(ctx.params, platform)
-        return executor, decision, replicas.plan(ctx.params, executor, model_dir=model_dir)
-    executor, decision = commands.choose_executor(ctx, platform)
-    return executor, decision, commands.plan(ctx, executor, model_dir=model_dir)
+    else:
+        executor, decision = commands.choose_executor(ctx, platform)
+    return executor, decision, bringup.layout_plan(ctx, executor, ctx.params.serve, model_dir)
 
 
 def _floor(ctx: Context, model: ModelFacts | None, diagnosis: Diagnosis | None) -> float | None:

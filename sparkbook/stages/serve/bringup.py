@@ -214,15 +214,17 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
         if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)
-        current = replanned(ctx, current, fix.settings)
+        current = layout_plan(ctx, current.executor, fix.settings, current.model_dir)
     return result
 
 
-def replanned(ctx: Context, current: ServePlan, settings: ServeSettings) -> ServePlan:
-    """The plan again with a remedy's settings, in the layout it serves."""
-    if current.router is not None:
-        return replicas.plan(ctx.params, current.executor, settings, current.model_dir)
-    return plan(ctx, current.executor, settings, current.model_dir)
+def layout_plan(ctx: Context, executor: str, settings: ServeSettings, model_dir: str) -> ServePlan:
+    """The commands of serve.layout: tp, one server split over the nodes; replicas, a whole copy on each node behind
+    the router (the preview's plan, and each remedy's again in the layout it serves). `model_dir` is 02's snapshot
+    of model.hf_id on the nodes ('' without 02)."""
+    if settings.layout == "replicas":
+        return replicas.plan(ctx.params, executor, settings, model_dir)
+    return plan(ctx, executor, settings, model_dir)
 
 
 def log_tails(result: BringUp) -> dict[str, str]:

@@ -16,7 +16,7 @@ from ...core.params import ServeSettings
 from ...core.runtime import Spawned
 from ...core.topology import SERVING
 from .commands import ServeCommand, ServePlan
-from .launch import BringUp, Kept, Launch, Readiness, get, log_path, router_log_path, tails
+from .launch import BringUp, Kept, Launch, Readiness, get, listed, log_path, router_log_path, tails
 from .plandiff import differences
 
 
@@ -109,9 +109,7 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
     if router is not None and not ctx.runtime.running(ctx.cluster.nodes[router.node], where[router.node], router):
         return None, f"the earlier router is not running on {router.node}"
     with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0), headers=running.settings.headers()) as client:
-        health, listed = get(client, f"{running.base_url}/health"), get(client, f"{running.base_url}/v1/models")
-    models = [m["id"] for m in listed.json().get("data", [])] \
-        if listed is not None and listed.status_code == 200 else []
+        health, models = get(client, f"{running.base_url}/health"), listed(client, running.base_url)
     if health is None or health.status_code != 200 or running.model not in models:
         return None, f"the earlier server does not answer /health with {running.model} listed at {running.base_url}"
     launched = Launch(running, record.attempt, spawned, time.monotonic(), router)

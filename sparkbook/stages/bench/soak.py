@@ -350,9 +350,9 @@ def run(ctx: Context, target: CompletionsServer, bench_dir: Path, ab_arm: str | 
         worker.shutdown()
         sampler.shutdown(wait=False, cancel_futures=True)
     out.ended_at = min(time.time(), until)
+    with ThreadPoolExecutor(len(list(ctx.cluster))) as last:  # the series ends with the state at its end: a death
+        _sample(ctx, target, last, serving, before, out)  # a request reported shows in the samples too
     if out.failure is None:
-        with ThreadPoolExecutor(len(list(ctx.cluster))) as last:
-            _sample(ctx, target, last, serving, before, out)
         out.failure = verdict(out.server, out.nodes, out.records, s.soak_max_error_rate, head, final=True)
     if out.failure is None:
         out.failure = _answers_after(ctx, target, endpoint, out)

@@ -46,10 +46,19 @@ class WatchGaveUp(SparkbookError):
 
 
 def check(d: Deployment, timeout_s: float) -> str | None:
-    """None when /health answers 200 and a one-token completion comes back; else what failed (a green /health over
-    a dead engine is caught by the completion)."""
+    """None when /health answers 200, a one-token completion comes back and, behind a router, every replica's own
+    /health answers 200; else what failed (a green /health over a dead engine is caught by the completion, a dead
+    replica the router routes around only by its own /health)."""
     if (health := operate.health(d.endpoint.base_url)) is not None:
         return f"/health: {health}"
+    if (answer := _completion(d, timeout_s)) is not None:
+        return answer
+    down = {n: why for n, url in d.endpoint.replicas.items() if (why := operate.health(url)) is not None}
+    return "; ".join(f"the replica on {n} ({d.endpoint.replicas[n]}) /health: {why}" for n, why in down.items()) or None
+
+
+def _completion(d: Deployment, timeout_s: float) -> str | None:
+    """None when a one-token completion comes back from the endpoint; else what came instead."""
     url = d.endpoint.base_url.removesuffix("/v1") + "/v1/completions"
     body = {"model": d.endpoint.model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
     try:

@@ -3,9 +3,13 @@ facts a failure is classified with, an operator's stop respected; the loop on a 
 endpoint refuses connections (no node is touched). The lab proof is tests/lab/test_watch.py."""
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -146,6 +150,53 @@ def _deployed(tmp_path: Path) -> tuple[Path, Path]:
 def _stop(run_dir: Path, at: str) -> None:
     with (run_dir / "events.jsonl").open("a") as fh:
         fh.write(json.dumps({"at": at, "stage": "operator", "kind": "operator_stop", "data": {"at": at}}) + "\n")
+
+
+@contextmanager
+def _router(answer: bool) -> Iterator[str]:
+    """A router on localhost: /health 200, and a one-token completion where `answer` (vllm-router routes around a
+    dead replica, so its own checks stay green)."""
+
+    class Router(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.dumps({"choices": [{"text": "x"}] if answer else []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def _serving(run_dir: Path, **endpoint: object) -> operate.Deployment:
+    state = json.loads((run_dir / "state.json").read_text())
+    state["endpoint"].update(endpoint)
+    (run_dir / "state.json").write_text(json.dumps(state))
+    return operate.last_good(load_params(LAB), run_dir.parents[1])
+
+
+def test_a_dead_replica_behind_a_green_router_fails_the_check_naming_its_node(tmp_path: Path) -> None:
+    _, run_dir = _deployed(tmp_path)
+    refused = json.loads((run_dir / "state.json").read_text())["endpoint"]["base_url"]
+    with _router(answer=True) as url:
+        failed = watch.check(_serving(run_dir, base_url=url + "/v1", replicas={"lab-0": url, "lab-1": refused}), 5)
+        assert failed and failed.startswith(f"the replica on lab-1 ({refused}) /health: ConnectError"), failed
+        assert "lab-0" not in failed
+        assert watch.check(_serving(run_dir, replicas={"lab-0": url, "lab-1": url}), 5) is None
+    with _router(answer=False) as url:
+        assert watch.check(_serving(run_dir, base_url=url, replicas={}), 5) == "completion: HTTP 200 without a choice"
 
 
 def test_an_operators_stop_is_never_undone_and_the_record_says_so_once(tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ from sparkbook.stages.bench import ab
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 SPEC = Speculative.model_validate(NGRAM)
 SPECULATIVE = ab.Contest("speculative", "speculative", ("baseline", "speculative"),
-                         ("without speculation", "with speculation (ngram, 3 tokens)"), "speculation (ngram, 3 tokens)",
+                         ("without serve.speculative", "with serve.speculative (ngram, 3 tokens)"),
+                         "speculation (ngram, 3 tokens)",
                          "no measured gain for the memory it takes and its failure modes",
                          "once serve.speculative is removed from the params",
                          "Which configuration stays serving after the A/B of speculative decoding?",
@@ -93,9 +94,9 @@ def test_speculation_faster_at_one_stream_stays_and_the_crossing_is_named():
     assert (verdict.kept, verdict.decided_at) == ("speculative", 1)
     assert verdict.crossing == "between c=4 (1.03x) and c=16 (0.87x)"
     decided = ab.decision(verdict, SPECULATIVE)
-    assert decided.choice == "with speculation (ngram, 3 tokens)" and decided.key == "ab"
+    assert decided.choice == "with serve.speculative (ngram, 3 tokens)" and decided.key == "ab"
     assert decided.evidence[-1] == "the ratio crosses 1 between c=4 (1.03x) and c=16 (0.87x)"
-    assert "1.40x" in decided.reason and "without speculation" == decided.alternatives[0].option
+    assert "1.40x" in decided.reason and "without serve.speculative" == decided.alternatives[0].option
 
 
 def test_deciding_where_it_only_matches_or_loses_keeps_the_baseline():

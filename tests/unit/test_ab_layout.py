@@ -89,8 +89,8 @@ def test_replicas_that_win_under_load_stay_decided_at_the_highest_concurrency(la
     assert verdict.crossing == "replicas win above c=1 (replicas / tp 0.84x at c=1, 1.09x at c=8)"
     assert "at c=32 replicas (a copy per node behind the router) gives 600.0 against 472.0" in verdict.reason
     decided = ab.decision(verdict, c)
-    assert decided.choice == "serve.layout replicas (a whole copy on each node behind the router)"
-    assert decided.alternatives[0].option == "serve.layout tp (one model split across the nodes)"
+    assert decided.choice == "serve.layout replicas: a whole copy on each node behind the router"
+    assert decided.alternatives[0].option == "serve.layout tp: one model split across the nodes"
     assert decided.evidence[0] == "c=1: replicas / tp 0.84x (worse)"
     assert decided.evidence[-1].startswith("replicas win above c=1")
     assert archive.served_layout("replicas", verdict) == "replicas (kept by the A/B)"

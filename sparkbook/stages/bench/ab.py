@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.abarm import BASELINE, AbArm, AbKind, second_arm
+from ...core.abarm import BASELINE, AbArm, AbKind, second_arm, serves
 from ...core.benchstats import compare, decode_steps_per_s, repeat_spread
 from ...core.evidence import Alternative, Decision
 from ...core.handoff import AbRatio, AbVerdict
@@ -40,7 +40,7 @@ class Contest:
     ab: AbKind  # benchmark.ab
     second: AbArm  # the second arm's name (core.abarm)
     labels: tuple[str, str]  # (baseline, second)
-    serves: tuple[str, str]
+    serves: tuple[str, str]  # (baseline, second) in core.abarm's words, the second with its settings
     subject: str  # the second arm as the reason's subject: "speculation (ngram, 3 tokens)"
     cost: str
     later: str
@@ -53,8 +53,7 @@ def contest(params: Params) -> Contest:
     serve.layout replicas for layout)."""
     if params.benchmark.ab == "layout":
         return Contest("layout", second_arm("layout"), ("tp", "replicas"),
-                       ("serve.layout tp (one model split across the nodes)",
-                        "serve.layout replicas (a whole copy on each node behind the router)"),
+                       (serves("layout", BASELINE), serves("layout", "replicas")),
                        "replicas (a copy per node behind the router)",
                        "no measured gain for each node holding the whole model and its own KV cache, and a router "
                        "in the path", "once serve.layout is set to tp in the params",
@@ -64,7 +63,8 @@ def contest(params: Params) -> Contest:
         raise ValueError("benchmark.ab: the params ask for no A/B this stage can judge")
     what = f"{spec.method}, {spec.num_speculative_tokens} tokens"
     return Contest("speculative", second_arm("speculative"), ("baseline", "speculative"),
-                   ("without speculation", f"with speculation ({what})"), f"speculation ({what})",
+                   (serves("speculative", BASELINE), f"{serves('speculative', 'speculative')} ({what})"),
+                   f"speculation ({what})",
                    "no measured gain for the memory it takes and its failure modes",
                    "once serve.speculative is removed from the params",
                    "Which configuration stays serving after the A/B of speculative decoding?", decide_highest=False)

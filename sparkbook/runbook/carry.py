@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ..core import handoff, modelinfo, state  # noqa: F401  (handoff, modelinfo: where the Handoff classes live)
 from ..core.errors import SparkbookError
 from ..core.rundir import is_run_dir
 from ..core.stagelist import Stage, stage_of
 from ..core.state import Handoff
+
+H = TypeVar("H", bound=Handoff)
 
 
 class NothingToCarry(SparkbookError):
@@ -57,10 +60,9 @@ def wanted(notebooks: list[str]) -> list[tuple[str, Stage]]:
 def carry(cluster_dir: Path, notebooks: list[str]) -> Carried:
     """Each wanted hand-off from the newest run under `cluster_dir` that recorded it; NothingToCarry naming the
     first one a notebook needs and no run has."""
-    runs = sorted((d for d in cluster_dir.iterdir() if is_run_dir(d)), reverse=True) if cluster_dir.is_dir() else []
     by_name, values, missing = kinds(), [], []
     for name, stage in wanted(notebooks):
-        found = next(((v, d.name) for d in runs if (v := _recorded(d, by_name[name])) is not None), None)
+        found = newest(cluster_dir, by_name[name])
         if found is not None:
             values.append(found)
         elif name in stage.needs:
@@ -73,7 +75,13 @@ def carry(cluster_dir: Path, notebooks: list[str]) -> Carried:
     return Carried(values, missing)
 
 
-def _recorded(run_dir: Path, kind: type[Handoff]) -> Handoff | None:
+def newest(cluster_dir: Path, kind: type[H]) -> tuple[H, str] | None:
+    """The hand-off of this kind from the newest run under `cluster_dir` that recorded it, with that run's id."""
+    runs = sorted((d for d in cluster_dir.iterdir() if is_run_dir(d)), reverse=True) if cluster_dir.is_dir() else []
+    return next(((v, d.name) for d in runs if (v := _recorded(d, kind)) is not None), None)
+
+
+def _recorded(run_dir: Path, kind: type[H]) -> H | None:
     try:
         return state.load(run_dir, kind)
     except state.StateError:  # MissingState, or another schema version: not a run to start from

@@ -17,7 +17,8 @@ from ..core.abarm import BASELINE, KEPT, AbKind, second_arm
 from ..core.handoff import AbVerdict
 from ..core.params import Params
 from ..core.stagelist import BENCH, SERVE
-from ..core.state import load
+from ..core.state import StateError, load
+from .manifest import Manifest
 
 
 def arm_name(notebook: str, arm: str) -> str:
@@ -36,9 +37,9 @@ def arm_of(name: str) -> str | None:
 
 
 def parameters(name: str, run: list[str], ab: AbKind | None) -> dict[str, Any]:
-    """The `ab_arm` of a notebook of the run whose notebooks are `run`, in the params' A/B `ab`: its own arm, the
-    second arm (named by what it serves) for 05 and 06 of the params' plan in a run that has the baseline arm, none
-    outside an A/B."""
+    """The `ab_arm` of a notebook of the run whose notebooks are `run` (those it runs or ran, not those it skips), in
+    the params' A/B `ab`: its own arm, the second arm (named by what it serves) for 05 and 06 of the params' plan in a
+    run that has the baseline arm, none outside an A/B (`sparkbook up`'s 05: no arm before it to replace)."""
     if (arm := arm_of(name)) is not None:
         return {"ab_arm": arm}
     in_ab = (SERVE.owns(name) or BENCH.owns(name)) and any(arm_of(n) == BASELINE for n in run)
@@ -64,3 +65,16 @@ def follow_up(run_dir: Path, name: str, run: list[str], names: list[str], ab: Ab
     if load(run_dir, AbVerdict).kept != BASELINE:
         return None
     return arm_name(next(n for n in names if SERVE.owns(n)), KEPT)
+
+
+def serving_again(seed: Path, params: Params) -> str | None:
+    """The output name 05 runs under in a run that brings the deployment of run `seed` back (`sparkbook up`, a
+    rollback): the kept arm's, where the seed's last 05 served the A/B's baseline again and the params still ask for
+    that A/B (so it serves the baseline's plan, not the arm the A/B rejected); None: 05 serves the params' own plan."""
+    served = [nb.name for nb in Manifest.read(seed).notebooks if SERVE.owns(nb.name) and nb.status == "ok"]
+    if not served or arm_of(served[-1]) != KEPT or params.benchmark.ab is None:
+        return None
+    try:
+        return served[-1] if load(seed, AbVerdict).ab == params.benchmark.ab else None
+    except StateError:  # no verdict recorded: no A/B to follow
+        return None

@@ -120,12 +120,16 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     else:
         run_id = new_run_id()
         run_dir = (out_root / params.cluster / run_id).resolve()
-        todo = arms.with_arms(select(names, start, only, upto), params)
+        chosen = select(names, start, only, upto)
+        todo, listed = arms.with_arms(chosen, params), arms.with_arms(names, params)
+        if (kept := _kept_again(seed, chosen, todo, params)) is not None and seed is not None:
+            todo, listed = [kept if SERVE.owns(n) else n for n in todo], [*listed, kept]
+            say(f"run {seed.name} serves the baseline its A/B kept: {kept} serves it again")
         carried = carry(out_root / params.cluster, todo) if (start or only) and not seed else None
         manifest = Manifest(params.cluster, run_id, str(params_file), parameters, now(),
                             params_source=params_source(params_file, out_root),
                             notebooks=[NotebookRun(n, "pending" if n in todo or not seed else "skipped")
-                                       for n in arms.with_arms(names, params)])
+                                       for n in listed])
     with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
         run_dir.mkdir(parents=True, exist_ok=resume is not None)
         if seed:
@@ -144,6 +148,14 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         write_index(run_dir, Manifest.read(run_dir))
         pages.write_cluster_index(run_dir.parent)
     return run_dir, Manifest.read(run_dir)
+
+
+def _kept_again(seed: Path | None, chosen: list[str], todo: list[str], params: Params) -> str | None:
+    """05's output name where a run seeded from a deployment and serving without an A/B of its own (`up`, a
+    rollback) brings back the baseline that deployment's A/B kept (arms.serving_again); None: its own name."""
+    if seed is None or todo != chosen or not any(SERVE.owns(n) for n in todo):
+        return None
+    return arms.serving_again(seed, params)
 
 
 def _resumed(run_dir: Path) -> Manifest:
@@ -221,6 +233,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
     while i < len(todo):
         name, i = todo[i], i + 1
         entry = by_name[name]
+        ran = [n for n, e in by_name.items() if not e.status.startswith("skipped")]  # an A/B's arms: this run's
         entry.cell_limit_s, entry.cell_limit_reason = cell_limit(params, name)
         say(f"[{i}/{len(todo)}] {name} … (a cell may run {entry.cell_limit_s} s: {entry.cell_limit_reason})")
         entry.started, t0 = now(), time.monotonic()
@@ -233,7 +246,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
                     str(source), str(run_dir / name), kernel_name="python3", cwd=str(folder),
                     parameters=parameters_for(source, {"params_file": str(own_params), "run_dir": str(run_dir),
                                                        **parameters,
-                                                       **arms.parameters(name, list(by_name), params.benchmark.ab)}),
+                                                       **arms.parameters(name, ran, params.benchmark.ab)}),
                     progress_bar=False, execution_timeout=entry.cell_limit_s, report_mode=False, config=kernel)
             entry.status = "ok"
         except papermill.PapermillExecutionError as exc:
@@ -252,7 +265,7 @@ def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str],
         if entry.status == "failed":
             break
         ab = params.benchmark.ab
-        if ab is not None and (more := arms.follow_up(run_dir, name, list(by_name), notebook_names(folder), ab)):
+        if ab is not None and (more := arms.follow_up(run_dir, name, ran, notebook_names(folder), ab)):
             say(f"the A/B keeps its baseline ({abarm.serves(ab, abarm.BASELINE)}): {more} serves it again")
             todo.append(more)
             by_name[more] = NotebookRun(more)

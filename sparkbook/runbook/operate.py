@@ -315,7 +315,8 @@ def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[Stopped]:
 # up
 def up(params_file: Path, outputs: Path, *, say: Callable[[str], None] = print) -> tuple[Path, Manifest, Deployment]:
     """The cluster's last good deployment again (after a reboot, or `sparkbook stop`): a new run of 04 and 05 that
-    starts from that run's hand-offs (image, model, diagnosis), so 01-03 are skipped: nothing cleaned up or copied."""
+    starts from that run's hand-offs (image, model, diagnosis), so 01-03 are skipped: nothing cleaned up or copied.
+    Where that run's A/B kept its baseline, 05 serves the baseline again (the driver: arms.serving_again)."""
     params = load_params(params_file)
     d = last_good(params, outputs)
     say(f"up: the deployment of run {d.run_id} (image {d.image.ref}, model {d.endpoint.model}, plan {d.plan_hash})")

@@ -27,7 +27,7 @@ SPECULATIVE = ab.Contest("speculative", "speculative", ("baseline", "speculative
                          ("without serve.speculative", "with serve.speculative (ngram, 3 tokens)"),
                          "speculation (ngram, 3 tokens)",
                          "no measured gain for the memory it takes and its failure modes",
-                         "once serve.speculative is removed from the params",
+                         "until the params drop serve.speculative and benchmark.ab",
                          "Which configuration stays serving after the A/B of speculative decoding?",
                          decide_highest=False)
 
@@ -151,7 +151,8 @@ def ab_notebooks(tmp_path: Path) -> Path:
     bench = opened.format(stage="06-benchmark") + (
         'from sparkbook.core.handoff import AbVerdict\n'
         'if ab_arm not in (None, "baseline"):\n'
-        '    run.remember(AbVerdict(kept=keep, reason="planted", decided_at=1, crossing=None, ratios=[]))\n')
+        '    run.remember(AbVerdict(ab=run.params.benchmark.ab, kept=keep, reason="planted", decided_at=1, '
+        'crossing=None, ratios=[]))\n')
     _notebook(folder, "04-ray.ipynb", opened.format(stage="04-ray"))
     _notebook(folder, "05-serve.ipynb", serve)
     _notebook(folder, "06-benchmark.ipynb", bench)
@@ -205,6 +206,37 @@ def test_the_layout_ab_serves_tp_then_replicas_and_tp_again_where_tp_is_kept(ab_
     assert kept_line == ([] if keep == "replicas" else [
         "the A/B keeps its baseline (serve.layout tp: one model split across the nodes): 05-serve.ab-kept.ipynb "
         "serves it again"])
+
+
+@pytest.mark.parametrize("keep", ["replicas", "baseline"])
+def test_up_after_the_layout_ab_serves_the_layout_it_kept(ab_notebooks, ab_params, tmp_path, keep):
+    """`sparkbook up` and a rollback start from the deployment's run (seed, 04 and 05): where its A/B kept tp, 05
+    runs as the kept arm and serves tp again, not the replicas the A/B rejected; once the params no longer ask for
+    the A/B, they rule."""
+    data = yaml.safe_load(ab_params.read_text())
+    data["serve"] = {**data["serve"], "layout": "replicas", "speculative": None}
+    data["benchmark"] = {"ab": "layout"}
+    ab_params.write_text(yaml.safe_dump(data))
+    run_dir, _ = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
+                            parameters={"keep": keep})
+    said: list[str] = []
+    up_dir, up = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
+                            seed=run_dir, start="04", upto="05")
+    kept = keep == "baseline"
+    assert up.status == "partial" and [nb.name for nb in up.notebooks if nb.status == "ok"] == \
+        ["04-ray.ipynb", "05-serve.ab-kept.ipynb" if kept else "05-serve.ipynb"]
+    assert [json.loads(line) for line in (up_dir / "layouts.jsonl").read_text().splitlines()] == \
+        [["05-serve.ab-kept", "kept", "tp"] if kept else ["05-serve", None, "replicas"]]
+    assert any("serves the baseline its A/B kept" in line for line in said) == kept
+    again, _ = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
+                          seed=up_dir, start="04", upto="05")
+    assert (again / "layouts.jsonl").read_text() == (up_dir / "layouts.jsonl").read_text(), "up after up: the same"
+    data["serve"]["layout"], data["benchmark"] = "tp", {}
+    ab_params.write_text(yaml.safe_dump(data))
+    ruled, _ = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
+                          seed=up_dir, start="04", upto="05")
+    assert [json.loads(line) for line in (ruled / "layouts.jsonl").read_text().splitlines()] == \
+        [["05-serve", None, "tp"]], "the params changed as the decision said: they rule"
 
 
 def test_an_ab_run_resumes_at_its_failed_arm(ab_notebooks, ab_params, tmp_path):

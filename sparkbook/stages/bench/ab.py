@@ -35,7 +35,8 @@ THROUGHPUT = "output_throughput"
 class Contest:
     """What one A/B compares, in its own words: the arms' short labels (tables, the crossing), what each serves
     (the decision's options), who gives the second arm's figure, what keeping it costs where its gain is not shown,
-    how later runs serve the baseline, and whether the lowest or the highest concurrency decides by default."""
+    until when later runs measure both arms again, and whether the lowest or the highest concurrency decides by
+    default."""
 
     ab: AbKind  # benchmark.ab
     second: AbArm  # the second arm's name (core.abarm)
@@ -56,7 +57,7 @@ def contest(params: Params) -> Contest:
                        (serves("layout", BASELINE), serves("layout", "replicas")),
                        "replicas (a copy per node behind the router)",
                        "no measured gain for each node holding the whole model and its own KV cache, and a router "
-                       "in the path", "once serve.layout is set to tp in the params",
+                       "in the path", "until the params say serve.layout: tp without benchmark.ab",
                        "Which layout stays serving after the A/B of tp against replicas?", decide_highest=True)
     spec = params.serve.speculative
     if params.benchmark.ab != "speculative" or spec is None:
@@ -66,7 +67,7 @@ def contest(params: Params) -> Contest:
                    (serves("speculative", BASELINE), f"{serves('speculative', 'speculative')} ({what})"),
                    f"speculation ({what})",
                    "no measured gain for the memory it takes and its failure modes",
-                   "once serve.speculative is removed from the params",
+                   "until the params drop serve.speculative and benchmark.ab",
                    "Which configuration stays serving after the A/B of speculative decoding?", decide_highest=False)
 
 
@@ -114,8 +115,8 @@ def verdict(rows: list[AbRatio], decide_at: int | None, c: Contest) -> AbVerdict
                                     "benchmark.repeats to 2 or more)"}
     kept = c.second if at.verdict == "better" else BASELINE
     reason = f"{figures}: " + ("faster beyond the noise" if kept != BASELINE else why_not[at.verdict]
-                               + f"; the runbook serves the {c.labels[0]} arm again, and later runs and `sparkbook "
-                               f"up` serve it {c.later}")
+                               + f"; the runbook serves the {c.labels[0]} arm again, as `sparkbook up` and a rollback "
+                               f"do, and a later run measures both arms again {c.later}")
     return AbVerdict.model_validate({"ab": c.ab, "kept": kept, "reason": reason, "decided_at": at.max_concurrency,
                                      "crossing": crossing(rows, c), "ratios": rows})
 

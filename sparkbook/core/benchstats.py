@@ -29,7 +29,8 @@ HIGHER_IS_BETTER = ("output_throughput", "request_throughput", "total_token_thro
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One streamed request as the client saw it; times in seconds, `sent_at` on the wall clock."""
+    """One streamed request as the client saw it; times in seconds, `sent_at` on the wall clock; a failed one's
+    `e2el_s` is when it failed (the soak names an engine's death by the first request that reported it)."""
 
     ok: bool
     sent_at: float

@@ -111,11 +111,14 @@ def test_a_dead_engine_is_two_unanswered_samples_or_a_serving_process_gone_twice
 def test_a_request_answered_with_vllms_engine_dead_error_is_the_engine_s_death_not_an_error_rate() -> None:
     """Lab: the engine core killed mid-soak, 2 of 16 requests answered it while /health still answered."""
     up = [ServerSample(t, True) for t in (0.0, 5.0)]
-    died = RequestRecord(False, 4.0, error='HTTP 500: {"error":{"message":"EngineCore encountered an issue. See stack '
-                                          'trace (above) for the root cause.","type":"InternalServerError"}}')
-    found = soak.verdict(up, [], [*_ok(14), died], 0.01, "spark-a")
-    assert found and (found.rule, found.node, found.at) == ("engine dead", "spark-a", 5.0), found
-    assert "EngineDeadError" in found.message and found.lines == [died.error]
+    died = RequestRecord(False, 4.0, e2el_s=0.5, error='HTTP 500: {"error":{"message":"EngineCore encountered an '
+                                                      'issue. See stack trace (above) for the root cause.",'
+                                                      '"type":"InternalServerError"}}')
+    later = RequestRecord(False, 1.0, e2el_s=4.0, error=died.error)
+    found = soak.verdict(up, [], [*_ok(14), later, died], 0.01, "spark-a")
+    assert found and (found.rule, found.node, found.at) == ("engine dead", "spark-a", 4.5), \
+        "at the first request that answered it (found at the sample after it)"
+    assert "2 request(s)" in found.message and "EngineDeadError" in found.message and found.lines == [died.error]
     assert soak.verdict(up, [], [*_ok(1), died], 0.01, "spark-a") is not None, "judged at once, however few ended"
 
 

@@ -144,7 +144,8 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
         async with session.post(target.url("/v1/completions"), json=request_body(target, prompt, output_len),
                                 timeout=target.timeout()) as resp:
             if resp.status != 200:
-                return RequestRecord(False, sent_at, error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0,
+                                     error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -166,9 +167,10 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
                 if data.get("usage"):
                     usage = data["usage"]
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
-        return RequestRecord(False, sent_at, error=f"{type(exc).__name__}: {exc}"[:200])
+        return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0,
+                             error=f"{type(exc).__name__}: {exc}"[:200])
     if ttft is None or last is None:
-        return RequestRecord(False, sent_at, error="no tokens streamed")
+        return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0, error="no tokens streamed")
     return RequestRecord(True, sent_at, ttft, last - t0, gaps, counts, usage.get("prompt_tokens"),
                          output_tokens(streamed, usage, len(gaps) + 1))
 

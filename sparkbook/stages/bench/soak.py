@@ -157,11 +157,12 @@ def engine_failure(server: list[ServerSample], nodes: list[NodeSample], head: st
     return None
 
 
-def engine_error(records: list[RequestRecord], at: float, head: str) -> Failure | None:
-    """A request answered with vLLM's EngineDeadError: the engine core behind the head's API server died."""
-    died = [r.error for r in records if not r.ok and ENGINE_DEAD_ERROR in r.error]
-    return Failure("engine dead", head, at, f"its engine core died: {len(died)} request(s) answered vLLM's "
-                   "EngineDeadError", died[:1]) if died else None
+def engine_error(records: list[RequestRecord], head: str) -> Failure | None:
+    """A request answered with vLLM's EngineDeadError: the engine core behind the head's API server died, by the
+    time the first such answer came."""
+    died = sorted((r for r in records if not r.ok and ENGINE_DEAD_ERROR in r.error), key=lambda r: r.done_at)
+    return Failure("engine dead", head, died[0].done_at, f"its engine core died: {len(died)} request(s) answered "
+                   "vLLM's EngineDeadError", [died[0].error]) if died else None
 
 
 def error_failure(records: list[RequestRecord], max_rate: float, at: float, head: str, *,
@@ -181,7 +182,7 @@ def verdict(server: list[ServerSample], nodes: list[NodeSample], records: list[R
     """The first rule broken: the kernel's word first (it names the cause), then a dead engine or node, then the
     error rate, judged only while the server answers (requests failing against a dead one are the engine's death)."""
     at = server[-1].at if server else time.time()
-    found = kernel_failure(nodes) or engine_failure(server, nodes, head) or engine_error(records, at, head)
+    found = kernel_failure(nodes) or engine_failure(server, nodes, head) or engine_error(records, head)
     if found or (server and not server[-1].answered):
         return found
     return error_failure(records, max_rate, at, head, final=final)

@@ -101,7 +101,8 @@ def test_tp_stays_where_replicas_do_not_win_beyond_the_noise_at_the_deciding_poi
     c = ab.contest(load_params(layout_params))
     at_one = ab.verdict(ab.ratios(TP, REPLICAS), 1, c)  # benchmark.ab_decide_at: 1
     assert at_one.kept == "baseline" and "slower beyond the noise" in at_one.reason
-    assert "serves the tp arm again" in at_one.reason and "serve.layout is set to tp" in at_one.reason
+    assert "serves the tp arm again" in at_one.reason and "`sparkbook up` and a rollback do" in at_one.reason \
+        and "until the params say serve.layout: tp without benchmark.ab" in at_one.reason
     assert archive.served_layout("replicas", at_one) == "tp (kept by the A/B)"
     assert archive.ab_kept(at_one).startswith("serve.layout tp: one model split across the nodes: at c=1")
     # replicas ahead single stream, tp ahead under load: tp wins above the last crossing, the highest decides

@@ -122,7 +122,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
         run_dir = (out_root / params.cluster / run_id).resolve()
         chosen = select(names, start, only, upto)
         todo, listed = arms.with_arms(chosen, params), arms.with_arms(names, params)
-        if (kept := _kept_again(seed, chosen, todo, params)) is not None and seed is not None:
+        if seed is not None and (kept := _kept_again(seed, chosen, todo, params)) is not None:
             todo, listed = [kept if SERVE.owns(n) else n for n in todo], [*listed, kept]
             say(f"run {seed.name} serves the baseline its A/B kept: {kept} serves it again")
         carried = carry(out_root / params.cluster, todo) if (start or only) and not seed else None
@@ -150,10 +150,10 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
     return run_dir, Manifest.read(run_dir)
 
 
-def _kept_again(seed: Path | None, chosen: list[str], todo: list[str], params: Params) -> str | None:
+def _kept_again(seed: Path, chosen: list[str], todo: list[str], params: Params) -> str | None:
     """05's output name where a run seeded from a deployment and serving without an A/B of its own (`up`, a
     rollback) brings back the baseline that deployment's A/B kept (arms.serving_again); None: its own name."""
-    if seed is None or todo != chosen or not any(SERVE.owns(n) for n in todo):
+    if todo != chosen or not any(SERVE.owns(n) for n in todo):
         return None
     return arms.serving_again(seed, params)
 

@@ -53,8 +53,9 @@ def check(d: Deployment, timeout_s: float) -> str | None:
         return f"/health: {health}"
     if (answer := _completion(d, timeout_s)) is not None:
         return answer
-    down = {n: why for n, url in d.endpoint.replicas.items() if (why := operate.health(url)) is not None}
-    return "; ".join(f"the replica on {n} ({d.endpoint.replicas[n]}) /health: {why}" for n, why in down.items()) or None
+    down = [f"the replica on {n} ({url}) /health: {why}" for n, url in d.endpoint.replicas.items()
+            if (why := operate.health(url)) is not None]
+    return "; ".join(down) or None
 
 
 def _completion(d: Deployment, timeout_s: float) -> str | None:

@@ -140,12 +140,15 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
     counts: list[int] = []
     streamed: int | None = None  # token ids the chunks carried (None: the server sends none)
     usage: dict[str, Any] = {}
+
+    def failed(error: str) -> RequestRecord:  # timed to its failure: the soak dates an engine's death by it
+        return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0, error=error)
+
     try:
         async with session.post(target.url("/v1/completions"), json=request_body(target, prompt, output_len),
                                 timeout=target.timeout()) as resp:
             if resp.status != 200:
-                return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0,
-                                     error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                return failed(f"HTTP {resp.status}: {(await resp.text())[:200]}")
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -167,10 +170,9 @@ async def one_request(session: aiohttp.ClientSession, target: CompletionsServer,
                 if data.get("usage"):
                     usage = data["usage"]
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
-        return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0,
-                             error=f"{type(exc).__name__}: {exc}"[:200])
+        return failed(f"{type(exc).__name__}: {exc}"[:200])
     if ttft is None or last is None:
-        return RequestRecord(False, sent_at, e2el_s=time.perf_counter() - t0, error="no tokens streamed")
+        return failed("no tokens streamed")
     return RequestRecord(True, sent_at, ttft, last - t0, gaps, counts, usage.get("prompt_tokens"),
                          output_tokens(streamed, usage, len(gaps) + 1))
 

@@ -1,7 +1,20 @@
-"""sparkbook: a notebook runbook from an old GPU deployment to vLLM over Ray, benchmarked."""
-from .core.evidence import Alternative, Decision
-from .core.nodes import Result, shell
-from .core.params import ParamsError, load_params
-from .runbook.session import Run, open_run
+"""sparkbook: a notebook runbook from an old GPU deployment to vLLM over Ray, benchmarked.
 
-__all__ = ["Alternative", "Decision", "ParamsError", "Result", "Run", "load_params", "open_run", "shell"]
+`open_run` is what a notebook calls; `sparkbook.api` is the library contract, one typed function per operation.
+Both load lazily, so importing a value module (the state schema, the archive) loads neither SSH nor Docker."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .runbook.session import Run, open_run
+
+__all__ = ["Run", "open_run"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from .runbook import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'sparkbook' has no attribute {name!r}")

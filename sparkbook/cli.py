@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .core.errors import SparkbookError
-from .core.nodes import CommandFailed, NodeError
-from .core.params import ParamsError, load_params
-from .core.rundir import INDEX, MANIFEST, PARAMS_COPY, RESTORE_PLAN
-from .core.stagelist import CLEANUP
+from .core.cluster.nodes import CommandFailed, NodeError
+from .core.values.errors import SparkbookError
+from .core.values.params import ParamsError, load_params
+from .core.values.rundir import INDEX, MANIFEST, PARAMS_COPY, RESTORE_PLAN
+from .core.values.stagelist import CLEANUP
 from .runbook import driver, lock, operate, watch
 from .runbook.manifest import Manifest
 from .stages.cleanup.restore import RestorePlanError, SecretUnset
@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from .core.nodes import Cluster
+    from .core.cluster.nodes import Cluster
 
     params = load_params(args.params)
     cluster = Cluster(params)
@@ -142,7 +142,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from .core.evidence import read_events
+    from .core.values.evidence import read_events
     from .runbook.session import open_run
     from .stages.cleanup import restore
     from .stages.cleanup.act import CleanupError
@@ -289,11 +289,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .core.context import Context
-    from .core.evidence import table_rows, to_data
-    from .core.nodes import Cluster
-    from .core.redact import Redactor
-    from .core.runtimes import runtime_for
+    from .core.cluster.context import Context
+    from .core.cluster.nodes import Cluster
+    from .core.cluster.runtimes import runtime_for
+    from .core.values.evidence import table_rows, to_data
+    from .core.values.redact import Redactor
     from .runbook.previews import preview
 
     params = load_params(args.params)

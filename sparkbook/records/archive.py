@@ -16,14 +16,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ..core.abarm import BASELINE, serves
-from ..core.benchcompare import fmt, params_of
-from ..core.errors import SparkbookError
-from ..core.evidence import read_events
-from ..core.handoff import AbVerdict
-from ..core.rundir import MANIFEST, STATE, is_run_dir, params_hash
-from ..core.stagelist import BENCH, IMAGES, SERVE, stage_of
-from ..core.sweeppoint import SweepPoint, read_points
+from ..core.analysis.benchcompare import fmt, params_of
+from ..core.values.abarm import BASELINE, serves
+from ..core.values.errors import SparkbookError
+from ..core.values.evidence import read_events
+from ..core.values.handoff import AbVerdict
+from ..core.values.rundir import MANIFEST, STATE, is_run_dir, params_hash
+from ..core.values.stagelist import BENCH, IMAGES, SERVE, stage_of
+from ..core.values.sweeppoint import SweepPoint, read_points
 from .failure import LogExcerpt, excerpts
 from .timeline import Step, steps
 
@@ -355,7 +355,7 @@ def cluster_dirs(target: str | None, outputs: Path) -> list[Path]:
         return found
     path = Path(target)
     if path.is_file():
-        from ..core.params import load_params
+        from ..core.values.params import load_params
 
         return [outputs_tree(outputs / load_params(path).cluster, RUNS_REMEDIATION)]
     dirs = [d for d in (path, outputs / target) if d.is_dir()]

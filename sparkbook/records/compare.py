@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import depthsweep
-from ..core.benchcompare import (
+from ..core.analysis import depthsweep
+from ..core.analysis.benchcompare import (
     CLOCK_DIFF,
     POINT_METRICS,
     Change,
@@ -28,10 +28,10 @@ from ..core.benchcompare import (
     params_of,
     points_of,
 )
-from ..core.benchstats import SINGLE_STREAM, Delta, compare
-from ..core.depthsweep import DepthDelta
-from ..core.rundir import PARAMS_COPY, is_run_dir
-from ..core.sweeppoint import SweepPoint
+from ..core.analysis.benchstats import SINGLE_STREAM, Delta, compare
+from ..core.analysis.depthsweep import DepthDelta
+from ..core.values.rundir import PARAMS_COPY, is_run_dir
+from ..core.values.sweeppoint import SweepPoint
 from .archive import RunRecord, fmt, outputs_tree, read_run
 
 __all__ = ["CLOCK_DIFF", "POINT_METRICS", "Change", "Comparison", "FigurePair", "band", "clock_causes",

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.rundir import LOGS
+from ..core.values.rundir import LOGS
 
 # A line that reports an error (argparse's "prog: error:", Python's traceback, vLLM/Ray's ERROR level, the kernel's
 # OOM killer); warnings and the words inside identifiers (error_handler) do not count.

@@ -7,10 +7,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
-from ..core.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
-from ..core.depthsweep import ratio_text
-from ..core.rundir import BENCH, INDEX, MANIFEST, PARAMS_COPY, SOAK_FIGURE, SOAK_SERIES, STATE, WATCH
-from ..core.stagelist import DIAGNOSE
+from ..core.analysis.benchstats import SINGLE_STREAM, TPOT_DECODE, decode_tok_s
+from ..core.analysis.depthsweep import ratio_text
+from ..core.values.rundir import BENCH, INDEX, MANIFEST, PARAMS_COPY, SOAK_FIGURE, SOAK_SERIES, STATE, WATCH
+from ..core.values.stagelist import DIAGNOSE
 from . import watchlog
 from .archive import RUNS_REMEDIATION, STATUSES, RunRecord, fmt, outputs_tree, row, runs
 from .compare import Comparison, band

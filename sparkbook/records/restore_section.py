@@ -5,7 +5,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from ..core.evidence import read_events
+from ..core.values.evidence import read_events
 
 
 def _lines(out: dict[str, Any]) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..core.rundir import WATCH
+from ..core.values.rundir import WATCH
 
 WatchKind = Literal["started", "check_failed", "cause", "restart", "restart_failed", "back", "deferred", "paused",
                     "gave_up", "ended"]

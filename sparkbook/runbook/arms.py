@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.abarm import BASELINE, KEPT, AbKind, second_arm
-from ..core.handoff import AbVerdict
-from ..core.params import Params
-from ..core.stagelist import BENCH, SERVE
-from ..core.state import StateError, load
+from ..core.values.abarm import BASELINE, KEPT, AbKind, second_arm
+from ..core.values.handoff import AbVerdict
+from ..core.values.params import Params
+from ..core.values.stagelist import BENCH, SERVE
+from ..core.values.state import StateError, load
 from .manifest import Manifest
 
 

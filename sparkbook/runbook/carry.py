@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ..core import handoff, modelinfo, state  # noqa: F401  (handoff, modelinfo: where the Handoff classes live)
-from ..core.errors import SparkbookError
-from ..core.rundir import is_run_dir
-from ..core.stagelist import Stage, stage_of
-from ..core.state import Handoff
+from ..core.values import handoff, modelinfo, state  # noqa: F401  (handoff, modelinfo: where the Handoff classes live)
+from ..core.values.errors import SparkbookError
+from ..core.values.rundir import is_run_dir
+from ..core.values.stagelist import Stage, stage_of
+from ..core.values.state import Handoff
 
 H = TypeVar("H", bound=Handoff)
 

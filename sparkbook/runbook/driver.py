@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ..core import abarm, state
-from ..core.errors import SparkbookError
-from ..core.evidence import now, read_events
-from ..core.nodes import Cluster, HostKeyMismatch
-from ..core.params import Params, ParamsError, load_params
-from ..core.progress import Progress
-from ..core.redact import Redactor, text_files
-from ..core.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
-from ..core.stagelist import RAYCLUSTER, SERVE, STAGES
+from ..core.cluster.nodes import Cluster, HostKeyMismatch
+from ..core.cluster.progress import Progress
+from ..core.values import abarm, state
+from ..core.values.errors import SparkbookError
+from ..core.values.evidence import now, read_events
+from ..core.values.params import Params, ParamsError, load_params
+from ..core.values.redact import Redactor, text_files
+from ..core.values.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
+from ..core.values.stagelist import RAYCLUSTER, SERVE, STAGES
 from ..records import pages
 from ..records.archive import read_run
 from ..records.restore_section import restore_section

@@ -5,8 +5,8 @@ sparkbook's own timeout (named, with a remediation) and never by papermill's.
 """
 from __future__ import annotations
 
-from ..core.params import Params
-from ..core.stagelist import stage_of
+from ..core.values.params import Params
+from ..core.values.stagelist import stage_of
 
 BASE_CELL_S = 1800  # a cell without a long wait of its own
 CELL_SLACK_S = 600  # what a waiting cell does besides its waits (launches, log tails, smoke test)

@@ -24,9 +24,9 @@ from pathlib import Path
 from pydantic import TypeAdapter
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
-from ..core.errors import SparkbookError
-from ..core.nodes import Node, NodeError, shell
-from ..core.params import Params
+from ..core.cluster.nodes import Node, NodeError, shell
+from ..core.values.errors import SparkbookError
+from ..core.values.params import Params
 
 HOLDER = "holder.json"
 MARK = "sparkbook_lock"  # in every holder.json sparkbook writes, and nowhere else: what makes a directory a lock

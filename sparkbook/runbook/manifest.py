@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..core.rundir import MANIFEST
+from ..core.values.rundir import MANIFEST
 
 # A notebook's status: pending (not reached yet) and running while the run goes on; ok | failed | not run (after a
 # failure) | skipped (--only NN) | skipped (--from NN) once it ended.

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import httpx
 
-from ..core import state
-from ..core.errors import SparkbookError
-from ..core.evidence import now, read_events
-from ..core.handoff import Endpoint, ImageChoice
-from ..core.nodes import Node, NodeError
-from ..core.params import Params, load_params
-from ..core.rundir import is_run_dir
-from ..core.runtime import Place, Runtime, Spawned
-from ..core.stagelist import RAYCLUSTER, SERVE
-from ..core.topology import LOG_DIR, lost, without_ray
+from ..core.cluster.nodes import Node, NodeError
+from ..core.cluster.runtime import Place, Runtime, Spawned
+from ..core.cluster.topology import LOG_DIR, lost, without_ray
+from ..core.values import state
+from ..core.values.errors import SparkbookError
+from ..core.values.evidence import now, read_events
+from ..core.values.handoff import Endpoint, ImageChoice
+from ..core.values.params import Params, load_params
+from ..core.values.rundir import is_run_dir
+from ..core.values.stagelist import RAYCLUSTER, SERVE
 from ..stages.serve.endpoints import ClientAddress, client_addresses
 from . import driver
 from .manifest import Manifest

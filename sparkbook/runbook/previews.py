@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
-from ..core.context import Context
-from ..core.errors import SparkbookError
-from ..core.evidence import Preview, Shown
-from ..core.handoff import ImageChoice
-from ..core.params import Params
-from ..core.stagelist import IMAGES, STAGES, Stage
+from ..core.cluster.context import Context
+from ..core.values.errors import SparkbookError
+from ..core.values.evidence import Preview, Shown
+from ..core.values.handoff import ImageChoice
+from ..core.values.params import Params
+from ..core.values.stagelist import IMAGES, STAGES, Stage
 from .carry import newest
 from .operate import NothingDeployed, last_good
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.params import WatchSettings
+from ..core.values.params import WatchSettings
 
 
 def backoff_s(settings: WatchSettings, earlier: int) -> float:

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..core.evidence import read_events
-from ..core.params import load_params
-from ..core.rundir import PARAMS_COPY
-from ..core.stagelist import SERVE
-from ..core.topology import places
+from ..core.cluster.topology import places
+from ..core.values.evidence import read_events
+from ..core.values.params import load_params
+from ..core.values.rundir import PARAMS_COPY
+from ..core.values.stagelist import SERVE
 from .manifest import Manifest
 from .session import Run
 

@@ -9,17 +9,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..core import state
-from ..core.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
-from ..core.context import Context
-from ..core.evidence import Decision, Event, Shown, StageOutcome, markdown_text, now, table_rows, tail, to_data
-from ..core.nodes import Cluster, Result
-from ..core.params import Params, load_params
-from ..core.progress import Progress
-from ..core.redact import Redactor
-from ..core.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
-from ..core.runtimes import runtime_for
-from ..core.state import H, Handoffs
+from ..core.cluster.context import Context
+from ..core.cluster.nodes import Cluster, Result
+from ..core.cluster.progress import Progress
+from ..core.cluster.runtimes import runtime_for
+from ..core.values import state
+from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
+from ..core.values.evidence import Decision, Event, Shown, StageOutcome, markdown_text, now, table_rows, tail, to_data
+from ..core.values.params import Params, load_params
+from ..core.values.redact import Redactor
+from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
+from ..core.values.state import H, Handoffs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -21,11 +21,11 @@ from types import FrameType
 
 import httpx
 
-from ..core.errors import SparkbookError
-from ..core.evidence import now, read_events
-from ..core.nodes import Node, NodeError
-from ..core.params import bearer, load_params
-from ..core.redact import Redactor
+from ..core.cluster.nodes import Node, NodeError
+from ..core.values.errors import SparkbookError
+from ..core.values.evidence import now, read_events
+from ..core.values.params import bearer, load_params
+from ..core.values.redact import Redactor
 from ..records import pages, watchlog
 from ..records.watchlog import WatchEvent, WatchKind
 from ..stages.serve.failures import SIGNATURES, FailureCause, classify

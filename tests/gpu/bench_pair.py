@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from sparkbook.core.params import BenchmarkSettings
+from sparkbook.core.values.params import BenchmarkSettings
 from sparkbook.stages.bench.client import TEMPERATURE, CompletionsServer
 from sparkbook.stages.bench.sweep import local_runner, sweep
 

@@ -29,7 +29,7 @@ def _requests(records: list) -> list[dict]:
 
 
 def one(kind: str, base_url: str, model: str, out: str) -> None:
-    from sparkbook.core.params import BenchmarkSettings
+    from sparkbook.core.values.params import BenchmarkSettings
     from sparkbook.stages.bench.client import CompletionsServer
     from sparkbook.stages.bench.sweep import local_runner, sweep
 

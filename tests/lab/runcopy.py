@@ -12,10 +12,10 @@ from typing import Any
 import yaml
 from pytest import TempPathFactory
 
-from sparkbook.core.params import Params, load_params
-from sparkbook.core.rundir import QUALITY
-from sparkbook.core.stagelist import RAYCLUSTER
-from sparkbook.core.topology import container_name
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.params import Params, load_params
+from sparkbook.core.values.rundir import QUALITY
+from sparkbook.core.values.stagelist import RAYCLUSTER
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 

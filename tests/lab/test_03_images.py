@@ -14,8 +14,8 @@ import pytest
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core.imageprobes import probe_registry
-from sparkbook.core.runtimes import image_source_for
+from sparkbook.core.cluster.imageprobes import probe_registry
+from sparkbook.core.cluster.runtimes import image_source_for
 from sparkbook.lab.images import NO_RAY
 from sparkbook.stages.images import choice, distribute
 

@@ -13,7 +13,7 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core.topology import cache_dir
+from sparkbook.core.cluster.topology import cache_dir
 from sparkbook.stages.images import distribute
 from sparkbook.stages.raycluster import containers as node_containers
 from sparkbook.stages.raycluster import formation

@@ -19,7 +19,7 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core.topology import places
+from sparkbook.core.cluster.topology import places
 from sparkbook.lab import cluster as labcluster
 from sparkbook.stages.images import distribute
 from sparkbook.stages.raycluster import allreduce, formation

@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from sparkbook import open_run
-from sparkbook.core.handoff import BenchmarkSummary, Endpoint
-from sparkbook.core.modelinfo import ModelFacts, model_facts
-from sparkbook.core.sweeppoint import SweepPoint, read_points
+from sparkbook.core.values.handoff import BenchmarkSummary, Endpoint
+from sparkbook.core.values.modelinfo import ModelFacts, model_facts
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points
 from sparkbook.lab.builder import builder_docker_host
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer

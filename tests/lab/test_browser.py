@@ -18,8 +18,8 @@ import pytest
 from lab_browser import CHROMEDRIVER, CHROMIUM, chromium, start_lab, widgets_extension_active
 
 import sparkbook.lab as sblab
-from sparkbook.core.params import load_params
-from sparkbook.core.progress import WIDGET_CLASS
+from sparkbook.core.cluster.progress import WIDGET_CLASS
+from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab

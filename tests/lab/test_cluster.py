@@ -17,7 +17,7 @@ import yaml
 
 import sparkbook.lab as sblab
 from sparkbook import cli
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 from sparkbook.lab import cluster, deployment
 
 pytestmark = pytest.mark.lab

@@ -22,7 +22,8 @@ import yaml
 from faults import Row
 
 import sparkbook.lab as sblab
-from sparkbook.core import evidence, topology
+from sparkbook.core.cluster import topology
+from sparkbook.core.values import evidence
 from sparkbook.runbook.session import open_run
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer

@@ -15,10 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from sparkbook.core.evidence import read_events
-from sparkbook.core.params import load_params
-from sparkbook.core.rundir import QUALITY
-from sparkbook.core.topology import container_name
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.evidence import read_events
+from sparkbook.core.values.params import load_params
+from sparkbook.core.values.rundir import QUALITY
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook.core.nodes import Cluster, NodeError
-from sparkbook.core.params import load_params
-from sparkbook.core.runtime import Place
-from sparkbook.core.runtimes import runtime_for
+from sparkbook.core.cluster.nodes import Cluster, NodeError
+from sparkbook.core.cluster.runtime import Place
+from sparkbook.core.cluster.runtimes import runtime_for
+from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from sparkbook.core.rundir import AB_BASELINE
-from sparkbook.core.sweeppoint import read_points
+from sparkbook.core.values.rundir import AB_BASELINE
+from sparkbook.core.values.sweeppoint import read_points
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 

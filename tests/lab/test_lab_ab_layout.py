@@ -18,9 +18,9 @@ import pytest
 from runcopy import seeded_from_04
 
 from sparkbook import cli
-from sparkbook.core.params import Params
-from sparkbook.core.rundir import AB_BASELINE
-from sparkbook.core.sweeppoint import read_points
+from sparkbook.core.values.params import Params
+from sparkbook.core.values.rundir import AB_BASELINE
+from sparkbook.core.values.sweeppoint import read_points
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab

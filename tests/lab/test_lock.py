@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 
 pytestmark = pytest.mark.lab
 CLI = [sys.executable, "-m", "sparkbook.cli"]

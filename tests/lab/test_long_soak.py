@@ -21,9 +21,9 @@ import pytest
 import yaml
 from runcopy import outputs_copy
 
-from sparkbook.core import topology
-from sparkbook.core.params import load_params
-from sparkbook.core.stagelist import BENCH
+from sparkbook.core.cluster import topology
+from sparkbook.core.values.params import load_params
+from sparkbook.core.values.stagelist import BENCH
 from sparkbook.runbook import driver, operate
 
 pytestmark = pytest.mark.lab

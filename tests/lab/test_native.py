@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from sparkbook import cli
-from sparkbook.core.evidence import read_events
-from sparkbook.core.params import Params, load_params
-from sparkbook.core.topology import container_name
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.evidence import read_events
+from sparkbook.core.values.params import Params, load_params
 from sparkbook.lab.images import NO_RAY
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.nodes import Cluster, Node, shell
-from sparkbook.core.params import load_params
+from sparkbook.core.cluster.nodes import Cluster, Node, shell
+from sparkbook.core.values.params import load_params
 
 pytestmark = pytest.mark.lab
 # the lab beside the suite's own (SPARKBOOK_LAB_ID, default 0): by default the next id

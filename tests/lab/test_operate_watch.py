@@ -19,8 +19,8 @@ import pytest
 import yaml
 from runcopy import outputs_copy
 
-from sparkbook.core.params import load_params
-from sparkbook.core.topology import container_name
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.params import load_params
 from sparkbook.records import watchlog
 from sparkbook.runbook import operate, watch
 from sparkbook.runbook.manifest import Manifest

@@ -18,12 +18,12 @@ import pytest
 import yaml
 from runcopy import outputs_copy
 
-from sparkbook.core.evidence import read_events
-from sparkbook.core.params import load_params
-from sparkbook.core.rundir import QUALITY
-from sparkbook.core.runtime import KILL_SH
-from sparkbook.core.stagelist import BENCH
-from sparkbook.core.topology import container_name
+from sparkbook.core.cluster.runtime import KILL_SH
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.evidence import read_events
+from sparkbook.core.values.params import load_params
+from sparkbook.core.values.rundir import QUALITY
+from sparkbook.core.values.stagelist import BENCH
 from sparkbook.runbook import driver
 from sparkbook.stages.serve.launch import log_path
 

@@ -17,9 +17,9 @@ import pytest
 from runcopy import seeded_from_04
 
 from sparkbook import cli
-from sparkbook.core.evidence import read_events
-from sparkbook.core.params import Params
-from sparkbook.core.topology import container_name
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.evidence import read_events
+from sparkbook.core.values.params import Params
 from sparkbook.runbook import operate
 from sparkbook.runbook.manifest import Manifest
 from sparkbook.stages.serve import router

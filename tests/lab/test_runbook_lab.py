@@ -11,11 +11,11 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook import cli
-from sparkbook.core import depthsweep
-from sparkbook.core.evidence import read_events
-from sparkbook.core.params import load_params
-from sparkbook.core.rundir import PARAMS_COPY
-from sparkbook.core.topology import container_name
+from sparkbook.core.analysis import depthsweep
+from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.values.evidence import read_events
+from sparkbook.core.values.params import load_params
+from sparkbook.core.values.rundir import PARAMS_COPY
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from sparkbook.core.evidence import read_events
+from sparkbook.core.values.evidence import read_events
 from sparkbook.runbook import driver
 
 pytestmark = pytest.mark.lab

@@ -9,8 +9,8 @@ import paramiko
 import pytest
 import yaml
 
-from sparkbook.core.nodes import Cluster, HostKeyMismatch
-from sparkbook.core.params import load_params
+from sparkbook.core.cluster.nodes import Cluster, HostKeyMismatch
+from sparkbook.core.values.params import load_params
 
 pytestmark = pytest.mark.lab
 

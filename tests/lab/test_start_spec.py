@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from sparkbook import cli
-from sparkbook.core.context import Context
-from sparkbook.core.docker_ssh import docker_client
-from sparkbook.core.handoff import ImageChoice
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import load_params
-from sparkbook.core.runtimes import runtime_for
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.docker_ssh import docker_client
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.runtimes import runtime_for
+from sparkbook.core.values.handoff import ImageChoice
+from sparkbook.core.values.params import load_params
 from sparkbook.stages import raycluster
 from sparkbook.stages.raycluster import containers
 

@@ -23,7 +23,7 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
-from sparkbook.core.runtimes import image_source_for
+from sparkbook.core.cluster.runtimes import image_source_for
 from sparkbook.lab.models import hf_cache
 from sparkbook.stages.diagnose import checks
 from sparkbook.stages.images import choice, distribute, modelcopy

@@ -12,7 +12,7 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook import cli
-from sparkbook.core.evidence import read_events
+from sparkbook.core.values.evidence import read_events
 from sparkbook.lab import cluster, deployment
 from sparkbook.runbook import driver
 

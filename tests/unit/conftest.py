@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.values.params import Params, load_params
 
 BASE: dict[str, Any] = {
     "cluster": "unit",

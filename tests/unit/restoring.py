@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 

@@ -12,11 +12,11 @@ import nbformat
 import pytest
 import yaml
 
-from sparkbook.core.benchstats import decode_steps_per_s
-from sparkbook.core.handoff import AbVerdict
-from sparkbook.core.params import ParamsError, Speculative, load_params
-from sparkbook.core.rundir import AB_BASELINE
-from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.core.analysis.benchstats import decode_steps_per_s
+from sparkbook.core.values.handoff import AbVerdict
+from sparkbook.core.values.params import ParamsError, Speculative, load_params
+from sparkbook.core.values.rundir import AB_BASELINE
+from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.runbook import arms, driver
 from sparkbook.runbook.session import open_run
 from sparkbook.stages.bench import ab
@@ -149,7 +149,7 @@ def ab_notebooks(tmp_path: Path) -> Path:
         'with (run.run_dir / "layouts.jsonl").open("a") as fh:\n'
         '    fh.write(json.dumps([run.stage, ab_arm, run.params.serve.layout]) + "\\n")\n')
     bench = opened.format(stage="06-benchmark") + (
-        'from sparkbook.core.handoff import AbVerdict\n'
+        'from sparkbook.core.values.handoff import AbVerdict\n'
         'if ab_arm not in (None, "baseline"):\n'
         '    run.remember(AbVerdict(ab=run.params.benchmark.ab, kept=keep, reason="planted", decided_at=1, '
         'crossing=None, ratios=[]))\n')
@@ -268,7 +268,7 @@ def test_without_both_serve_and_bench_there_is_no_ab(ab_params):
 def test_the_ceilings_bound_decode_steps_not_the_tokens_speculation_emits():
     """On one H200 (outputs/examples/h200-one-ab) ngram speculation made 1798.6 output tok/s at c=8 against a ceiling
     of 1442.7: a step verifies ~4 drafted tokens and reads the weights once, so the ceiling bounds its steps."""
-    from sparkbook.core.benchstats import StepModel, batch_ceilings, decode_steps_from_tpot
+    from sparkbook.core.analysis.benchstats import StepModel, batch_ceilings, decode_steps_from_tpot
     model = StepModel(dense_params=10**9, experts=0, experts_per_token=0, moe_layers=0, expert_params=0,
                       bytes_per_param=2.0, kv_bytes_per_token=0.0, context_tokens=0.0, kv_replicated=False,
                       tensor_parallel=1, node_bandwidth_gbs=4000.0)  # 0.5 ms a step: 2000 steps/s per sequence

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core import abarm
-from sparkbook.core.handoff import AbVerdict
-from sparkbook.core.params import ParamsError, load_params
-from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.core.values import abarm
+from sparkbook.core.values.handoff import AbVerdict
+from sparkbook.core.values.params import ParamsError, load_params
+from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.records import archive
 from sparkbook.runbook.session import open_run
 from sparkbook.stages.bench import ab

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import load_params
-from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.values.params import load_params
+from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.records.compare import clock_causes
 from sparkbook.stages.bench import tables
 from sparkbook.stages.bench.clocks import Sampler, gpu_nodes, parse, summarize

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from rundirs import make_run, point
 
-from sparkbook.core import benchcompare
-from sparkbook.core.context import Context
-from sparkbook.core.handoff import Endpoint
-from sparkbook.core.params import Params, Speculative, load_params
-from sparkbook.core.rundir import AB_BASELINE
-from sparkbook.core.sweeppoint import SweepPoint, write_point
+from sparkbook.core.analysis import benchcompare
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.handoff import Endpoint
+from sparkbook.core.values.params import Params, Speculative, load_params
+from sparkbook.core.values.rundir import AB_BASELINE
+from sparkbook.core.values.sweeppoint import SweepPoint, write_point
 from sparkbook.records import compare
 from sparkbook.stages import bench
 

@@ -16,21 +16,20 @@ import pytest
 from aiohttp import web
 from committed import examples
 
-from sparkbook.core.benchstats import (
+from sparkbook.core.analysis.benchstats import (
     RequestRecord,
     aggregate_repeats,
     compare,
     find_stall,
     median_ttft_ms,
-    point_timeout_s,
     prefill_groups,
     prompt_seed,
     repeat_spread,
     spread,
-    warmup_count,
 )
-from sparkbook.core.params import BenchmarkSettings, Params
-from sparkbook.core.sweeppoint import SweepPoint, read_points
+from sparkbook.core.values.benchbudget import point_timeout_s, warmup_count
+from sparkbook.core.values.params import BenchmarkSettings, Params
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points
 from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
 from sparkbook.stages.bench.sweep import local_runner, save, sweep

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.benchstats import (
+from sparkbook.core.analysis.benchstats import (
     RequestRecord,
     client_load,
     compare,
     cross_check,
     describe_ms,
     known_bandwidth_gbs,
-    point_timeout_s,
     prometheus_totals,
     roofline,
     served_bytes_per_param,
@@ -18,9 +17,10 @@ from sparkbook.core.benchstats import (
     token_gaps,
     tpot_s,
 )
-from sparkbook.core.params import BenchmarkSettings
-from sparkbook.core.rundir import earlier_run
-from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.core.values.benchbudget import point_timeout_s
+from sparkbook.core.values.params import BenchmarkSettings
+from sparkbook.core.values.rundir import earlier_run
+from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.stages.bench.sweep import split
 
 

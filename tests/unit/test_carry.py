@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core import state
-from sparkbook.core.handoff import Endpoint, ImageChoice, RayCluster
-from sparkbook.core.rundir import MANIFEST
+from sparkbook.core.values import state
+from sparkbook.core.values.handoff import Endpoint, ImageChoice, RayCluster
+from sparkbook.core.values.rundir import MANIFEST
 from sparkbook.runbook.carry import NothingToCarry, carry, wanted
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.params import CleanupTargets
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.values.params import CleanupTargets
 from sparkbook.stages.cleanup import boot
 from sparkbook.stages.cleanup.inventory import Inventory, Unit
 from sparkbook.stages.cleanup.ownership import SHOW_PROPERTIES, parse_show

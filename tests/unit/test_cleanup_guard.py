@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.params import CleanupTargets
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.values.params import CleanupTargets
 from sparkbook.stages.cleanup import guard, inventory
 from sparkbook.stages.cleanup.inventory import Inventory, Process, Unit
 from sparkbook.stages.cleanup.ownership import tree

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.core.runtimes import runtime_for
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.runtimes import runtime_for
+from sparkbook.core.values.params import CleanupTargets, load_params
 from sparkbook.stages.cleanup import inventory, planning
 from sparkbook.stages.cleanup.act import verify
 from sparkbook.stages.cleanup.guard import table

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 
-from sparkbook.core.context import Context
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.core.runtimes import runtime_for
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.runtimes import runtime_for
+from sparkbook.core.values.params import CleanupTargets, load_params
 from sparkbook.stages.cleanup.act import verify
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
 from sparkbook.stages.cleanup.planning import Plan, plan

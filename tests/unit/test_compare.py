@@ -11,7 +11,7 @@ from committed import examples
 from rundirs import make_run, point
 
 from sparkbook import cli
-from sparkbook.core.benchstats import SINGLE_STREAM
+from sparkbook.core.analysis.benchstats import SINGLE_STREAM
 from sparkbook.records import archive, compare, pages
 
 REPO = Path(__file__).resolve().parents[2]

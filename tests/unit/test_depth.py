@@ -11,13 +11,13 @@ from pydantic import ValidationError
 from rundirs import make_run, point
 from test_html_injection import Tags, assert_links_stay_inside
 
-from sparkbook.core import depthsweep
-from sparkbook.core.benchcompare import compare_dirs
-from sparkbook.core.benchstats import RequestRecord, Roofline
-from sparkbook.core.depthsweep import DepthSweep, depth_point, prefix_pair, prefix_setting
-from sparkbook.core.handoff import BenchmarkSummary
-from sparkbook.core.params import Params
-from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.core.analysis import depthsweep
+from sparkbook.core.analysis.benchcompare import compare_dirs
+from sparkbook.core.analysis.benchstats import RequestRecord, Roofline
+from sparkbook.core.analysis.depthsweep import DepthSweep, depth_point, prefix_pair, prefix_setting
+from sparkbook.core.values.handoff import BenchmarkSummary
+from sparkbook.core.values.params import Params
+from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.records import compare, pages
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.evidence import Finding
-from sparkbook.core.hostfacts import meminfo, memory_from, sections
-from sparkbook.core.modelinfo import GIB, SEED_SHARE, memory_fit, model_facts
-from sparkbook.core.params import load_params
+from sparkbook.core.analysis.hostfacts import meminfo, memory_from, sections
+from sparkbook.core.values.evidence import Finding
+from sparkbook.core.values.modelinfo import GIB, SEED_SHARE, memory_fit, model_facts
+from sparkbook.core.values.params import load_params
 from sparkbook.stages.diagnose import checks
 
 DATA = Path(__file__).parent / "data"

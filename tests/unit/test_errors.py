@@ -15,10 +15,10 @@ import pytest
 
 import sparkbook
 from sparkbook import cli
-from sparkbook.core.errors import SparkbookError
-from sparkbook.core.nodes import Cluster, Unreachable
-from sparkbook.core.params import load_params
-from sparkbook.core.state import MissingState
+from sparkbook.core.cluster.nodes import Cluster, Unreachable
+from sparkbook.core.values.errors import SparkbookError
+from sparkbook.core.values.params import load_params
+from sparkbook.core.values.state import MissingState
 from sparkbook.runbook import lock
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.params import load_params
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.params import load_params
 from sparkbook.stages.serve.commands import DEFAULT, Platform, ServeError, choose_executor
 
 LAB = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"

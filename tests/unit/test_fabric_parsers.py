@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core import fabric, state
-from sparkbook.core.params import Params
+from sparkbook.core.analysis import fabric
+from sparkbook.core.values import state
+from sparkbook.core.values.params import Params
 from sparkbook.stages.raycluster import allreduce
 
 DATA = Path(__file__).parent / "data"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.params import ServeSettings
+from sparkbook.core.values.params import ServeSettings
 from sparkbook.stages.serve.failures import TIMEOUT, UNKNOWN, classify, not_ready, remedy
 
 SAMPLES = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core import probes
+from sparkbook.core.cluster import probes
 from sparkbook.stages.images.choice import ImageVerdict, with_gpu_op
 from sparkbook.stages.images.gpuop import GpuOp, kernel_mismatch
 

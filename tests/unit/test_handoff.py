@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from sparkbook import open_run
-from sparkbook.core.errors import SparkbookError
-from sparkbook.core.evidence import Finding
-from sparkbook.core.handoff import (
+from sparkbook.core.values.errors import SparkbookError
+from sparkbook.core.values.evidence import Finding
+from sparkbook.core.values.handoff import (
     Action,
     BenchmarkSummary,
     BenchPoint,
@@ -21,10 +21,10 @@ from sparkbook.core.handoff import (
     RayCluster,
     Stopped,
 )
-from sparkbook.core.imageprobes import RegistryProbe
-from sparkbook.core.modelinfo import ModelFacts
-from sparkbook.core.rundir import STATE
-from sparkbook.core.state import VERSION, VERSION_KEY, Handoff, MissingState, StateError
+from sparkbook.core.values.imagefacts import RegistryProbe
+from sparkbook.core.values.modelinfo import ModelFacts
+from sparkbook.core.values.rundir import STATE
+from sparkbook.core.values.state import VERSION, VERSION_KEY, Handoff, MissingState, StateError
 from sparkbook.runbook.session import Run
 
 IMAGE_ID = "sha256:fcd98530b53b"

@@ -16,8 +16,8 @@ import pytest
 from rundirs import NAMES, make_run
 
 from sparkbook import cli
-from sparkbook.core.evidence import Alternative, Decision
-from sparkbook.core.nodes import Result
+from sparkbook.core.cluster.nodes import Result
+from sparkbook.core.values.evidence import Alternative, Decision
 from sparkbook.records import pages
 from sparkbook.runbook import driver, session
 from sparkbook.runbook.manifest import Manifest

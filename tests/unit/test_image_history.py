@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.runtime_docker import LABEL
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.cluster.runtime_docker import LABEL
 from sparkbook.stages.cleanup.inventory import Container, Inventory, old_deployment
 from sparkbook.stages.images.tags import TagHistory, tag_history
 

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkbook.core import probes
-from sparkbook.core.imageprobes import RegistryProbe
-from sparkbook.core.nodes import Result
+from sparkbook.core.cluster import probes
+from sparkbook.core.cluster.nodes import Result
+from sparkbook.core.values.imagefacts import RegistryProbe
 from sparkbook.stages.images import choice, distribute
 from sparkbook.stages.images.choice import (
     FAILS_INSPECTION,
@@ -317,7 +317,7 @@ def test_an_image_of_another_cpu_than_the_head_is_not_run() -> None:
 
 
 def test_probes_get_the_gpus_params_list_for_their_node() -> None:
-    from sparkbook.core import imageprobes
+    from sparkbook.core.cluster import imageprobes
     seen: list[tuple[str, bool]] = []
 
     class Runtime:

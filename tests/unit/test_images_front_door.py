@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core import rundir
-from sparkbook.core.context import Context
-from sparkbook.core.evidence import Decision, Event
-from sparkbook.core.handoff import ImageChoice
-from sparkbook.core.imageprobes import RegistryProbe
-from sparkbook.core.params import Params
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values import rundir
+from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.handoff import ImageChoice
+from sparkbook.core.values.imagefacts import RegistryProbe
+from sparkbook.core.values.params import Params
 from sparkbook.stages import images
 from sparkbook.stages.images import choice, distribute, modelcopy
 from sparkbook.stages.images.choice import Candidate, ImageFacts, InspectionProbe, ModelTarget

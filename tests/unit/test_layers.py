@@ -1,6 +1,7 @@
 """The package's layers, read from its own imports (issue 28): cli on top; runbook and records beside each other
-above the stages; stages that never import one another; a core that imports nothing above it; the lab only for
-cli (and tests). A test fails naming the import that points the wrong way."""
+above the stages; stages that never import one another; a core that imports nothing above it, itself three floors
+(values, then analysis, then cluster), each importing only those below; the lab only for cli (and tests). A test
+fails naming the import that points the wrong way, and another any circle of modules."""
 from __future__ import annotations
 
 import ast
@@ -10,19 +11,26 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkbook"
 # what each layer may import from the package, besides itself
+CORE = {"core.values", "core.analysis", "core.cluster"}
 ALLOWED = {
-    "cli": {"runbook", "records", "stages", "core", "lab"},
-    "runbook": {"records", "stages", "core"},
-    "records": {"core"},
-    "stages": {"core"},
-    "core": set(),
+    "cli": {"api", "runbook", "records", "stages", "lab"} | CORE,
+    "api": {"runbook", "records", "stages"} | CORE,
+    "runbook": {"records", "stages"} | CORE,
+    "records": CORE,
+    "stages": CORE,
+    "core.cluster": {"core.values", "core.analysis"},
+    "core.analysis": {"core.values"},
+    "core.values": set(),
     "lab": set(),
 }
 
 
 def layer(module: str) -> str:
-    """'sparkbook.stages.serve.launch' -> 'stages'; the package's __init__ counts as cli (its public face)."""
+    """'sparkbook.stages.serve.launch' -> 'stages', 'sparkbook.core.values.params' -> 'core.values'; the package's
+    __init__ and the cli package count as cli (the public face); the bare `sparkbook.core` as its lowest floor."""
     parts = module.split(".")
+    if len(parts) > 1 and parts[1] == "core":
+        return f"core.{parts[2]}" if len(parts) > 2 else "core.values"
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else "cli"
 
 
@@ -57,7 +65,7 @@ def imports(path: Path) -> list[str]:
 
 
 # programs that run inside images or node containers, not modules of the package
-OUTSIDE = (PACKAGE / "core" / "probes", PACKAGE / "lab" / "images")
+OUTSIDE = (PACKAGE / "core" / "cluster" / "probes", PACKAGE / "lab" / "images")
 FILES = sorted(p for p in PACKAGE.rglob("*.py") if not any(p.is_relative_to(o) for o in OUTSIDE))
 
 
@@ -78,17 +86,73 @@ def test_no_import_points_up_or_across_stages(path: Path) -> None:
 
 def test_the_rule_catches_an_arrow_up_and_across(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "sparkbook"
-    for rel, text in {"core/x.py": "from ..stages.serve import launch\n",
+    for rel, text in {"core/values/x.py": "from ...stages.serve import launch\n",
+                      "core/values/y.py": "from ..cluster import nodes\nfrom . import params\n",
+                      "core/analysis/z.py": "from ..values import params\nfrom ..cluster.nodes import Node\n",
                       "stages/serve/launch.py": "from ...stages.images import choice\nfrom ...core import x\n",
                       "records/pages.py": "from sparkbook.stages.bench import sweep\n",
-                      "stages/bench/sweep.py": "from . import client\nfrom ...core.x import y\n"}.items():
+                      "stages/bench/sweep.py": "from . import client\nfrom ...core.values.x import y\n"}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", root)
-    assert wrong_way(root / "core/x.py") == [
-        "sparkbook.core.x imports sparkbook.stages.serve: core may import []"]
+    assert wrong_way(root / "core/values/x.py") == [
+        "sparkbook.core.values.x imports sparkbook.stages.serve: core.values may import []"]
+    assert wrong_way(root / "core/values/y.py") == [
+        "sparkbook.core.values.y imports sparkbook.core.cluster: core.values may import []"]
+    assert wrong_way(root / "core/analysis/z.py") == [
+        "sparkbook.core.analysis.z imports sparkbook.core.cluster.nodes: core.analysis may import ['core.values']"]
     assert wrong_way(root / "stages/serve/launch.py") == [
         "sparkbook.stages.serve.launch imports sparkbook.stages.images: a stage never imports another stage"]
     assert wrong_way(root / "records/pages.py") == [
-        "sparkbook.records.pages imports sparkbook.stages.bench: records may import ['core']"]
+        "sparkbook.records.pages imports sparkbook.stages.bench: records may import ['core.analysis', 'core.cluster', 'core.values']"]
     assert wrong_way(root / "stages/bench/sweep.py") == []
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of two or more modules (Tarjan), each sorted: every import counts, a
+    function-level one too, since an import moved into a function hides a circle without breaking it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph(files: list[Path]) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a name imported from a module counts as that module)."""
+    names = {module_name(p) for p in files}
+
+    def resolve(target: str) -> str:
+        while target and target not in names:
+            target = target.rpartition(".")[0]
+        return target
+
+    return {module_name(p): {resolve(t) for t in imports(p)} - {module_name(p), ""} for p in files}
+
+
+def test_no_circle_of_imports() -> None:
+    assert circles(import_graph(FILES)) == []
+
+
+def test_a_circle_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]

@@ -7,8 +7,8 @@ import pytest
 from test_diagnose_gate import QWEN35_122B, recorded
 from test_modelinfo import LLAMA3_8B
 
-from sparkbook.core.modelinfo import GIB, model_facts
-from sparkbook.core.params import ParamsError, load_params
+from sparkbook.core.values.modelinfo import GIB, model_facts
+from sparkbook.core.values.params import ParamsError, load_params
 from sparkbook.stages.diagnose import checks, layoutfit
 from sparkbook.stages.diagnose.layoutfit import EXPERT_PARALLEL, REPLICAS, TP
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.params import ServeSettings
+from sparkbook.core.values.params import ServeSettings
 from sparkbook.stages.serve.failures import FREE_MEMORY, GRAPH_OOM, OOM_KILL, REG_MR, classify, remedy
 
 # pytorch/pytorch#175666 (vLLM's start-up check, vllm/v1/worker/utils.py), verbatim.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.modelinfo import (
+from sparkbook.core.values.modelinfo import (
     GIB,
     RESERVE_BYTES,
     NodeMemory,
@@ -14,7 +14,7 @@ from sparkbook.core.modelinfo import (
     quantization,
     ranks_per_node,
 )
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 
 QWEN3_30B_A3B = {  # published: 30.5B total, 3.3B active
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "torch_dtype": "bfloat16",

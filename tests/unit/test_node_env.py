@@ -9,10 +9,10 @@ import types
 
 import pytest
 
-from sparkbook.core import probes, topology
-from sparkbook.core.params import load_params
-from sparkbook.core.runtime import Place
-from sparkbook.core.runtime_docker import DockerNodes
+from sparkbook.core.cluster import probes, topology
+from sparkbook.core.cluster.runtime import Place
+from sparkbook.core.cluster.runtime_docker import DockerNodes
+from sparkbook.core.values.params import load_params
 from sparkbook.stages.serve import environ
 from sparkbook.stages.serve.commands import ServeError
 
@@ -130,8 +130,8 @@ def test_a_spawn_s_secrets_travel_as_a_0600_file_the_shell_exports_and_removes()
     import subprocess
     import tarfile
 
-    from sparkbook.core.runtime import SECRETS_SH
-    from sparkbook.core.runtime_docker import _secrets_archive
+    from sparkbook.core.cluster.runtime import SECRETS_SH
+    from sparkbook.core.cluster.runtime_docker import _secrets_archive
 
     value = "sk-it's a \"quoted\" $value; with `backticks`"
     data = _secrets_archive("s.env", {"VLLM_API_KEY": value, "HF_TOKEN": "hf_x"})

@@ -12,9 +12,9 @@ from typing import get_type_hints
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.evidence import StageOutcome
-from sparkbook.core.stagelist import STAGES
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.evidence import StageOutcome
+from sparkbook.core.values.stagelist import STAGES
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CONTROL = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.comprehension, ast.Match)

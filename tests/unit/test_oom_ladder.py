@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.modelinfo import GIB, RESERVE_BYTES, ModelFacts, utilization_floor
-from sparkbook.core.params import ServeSettings, Speculative, load_params
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.modelinfo import GIB, RESERVE_BYTES, ModelFacts, utilization_floor
+from sparkbook.core.values.params import ServeSettings, Speculative, load_params
 from sparkbook.stages.serve import bringup, commands, launch
 from sparkbook.stages.serve.failures import GRAPH_CRASH, GRAPH_OOM, ILLEGAL_ACCESS, UNKNOWN, classify, remedy
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkbook import cli
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver, operate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "outputs" / "examples"
@@ -51,8 +51,8 @@ def test_no_deployment_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Cap
 
 def _deployed_run(cluster: Path, run_id: str, serve_status: str, ref: str, rollback: dict | None = None) -> Path:
     """A run dir whose 05 ended `serve_status`, its state holding what 03 and 05 hand on (05's only where ok)."""
-    from sparkbook.core import state
-    from sparkbook.core.handoff import Endpoint, ImageChoice
+    from sparkbook.core.values import state
+    from sparkbook.core.values.handoff import Endpoint, ImageChoice
 
     d = cluster / run_id
     d.mkdir(parents=True)

@@ -17,11 +17,11 @@ import pytest
 from restoring import Launcher, local_params, restorable_run
 
 from sparkbook import cli
-from sparkbook.core import state
-from sparkbook.core.handoff import Endpoint, ImageChoice
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import CleanupTargets, load_params
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.values import state
+from sparkbook.core.values.handoff import Endpoint, ImageChoice
+from sparkbook.core.values.params import CleanupTargets, load_params
 from sparkbook.runbook import driver, lock, operate
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.stages.cleanup import act, restore

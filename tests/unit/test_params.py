@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core.params import ParamsError, load_params
+from sparkbook.core.values.params import ParamsError, load_params
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:

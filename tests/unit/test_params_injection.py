@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from sparkbook.core.params import Params, ParamsError, load_params
+from sparkbook.core.values.params import Params, ParamsError, load_params
 
 HOSTILE = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "| touch /tmp/pwned",
            "&& touch /tmp/pwned", "x\ntouch /tmp/pwned", "ok\n", "> /tmp/pwned"]

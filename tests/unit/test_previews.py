@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 from sparkbook.runbook.previews import shown_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sparkbook.core import probes
-from sparkbook.core.errors import ProbeOutputError
-from sparkbook.core.nodes import Result
+from sparkbook.core.cluster import probes
+from sparkbook.core.cluster.nodes import Result
+from sparkbook.core.values.errors import ProbeOutputError
 
 WHOLE = 'ray: a warning on stdout\nSPARKBOOK-JSON {"nodes": [], "placement_groups": []}\nSPARKBOOK-END\n'
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core.errors import ProbeOutputError
-from sparkbook.core.nodes import LocalNode, shell
-from sparkbook.core.params import Params, load_params
+from sparkbook.core.cluster.nodes import LocalNode, shell
+from sparkbook.core.values.errors import ProbeOutputError
+from sparkbook.core.values.params import Params, load_params
 from sparkbook.stages.cleanup import inventory
 from sparkbook.stages.diagnose import checks
 

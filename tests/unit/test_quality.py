@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core import quality, qualityapi
-from sparkbook.core.params import ParamsError, ServeSettings, load_params
-from sparkbook.core.quality import Agreement, Answer, Forced, Reference, Trace
+from sparkbook.core.analysis import quality
+from sparkbook.core.analysis.quality import Agreement, Answer, Forced, Reference, Trace
+from sparkbook.core.cluster import qualityapi
+from sparkbook.core.values.params import ParamsError, ServeSettings, load_params
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core import probes
-from sparkbook.core.context import Context
-from sparkbook.core.evidence import Decision, Event
-from sparkbook.core.handoff import FabricProof, ImageChoice, RayCluster
-from sparkbook.core.nodes import Cluster, FanOut, Node, Outcome, Result
-from sparkbook.core.params import Params
-from sparkbook.core.runtime import Place, StartSpec
-from sparkbook.core.state import Handoffs
+from sparkbook.core.cluster import probes
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster, Node, Result
+from sparkbook.core.cluster.runtime import Place, StartSpec
+from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.fanout import FanOut, Outcome
+from sparkbook.core.values.handoff import FabricProof, ImageChoice, RayCluster
+from sparkbook.core.values.params import Params
+from sparkbook.core.values.state import Handoffs
 from sparkbook.stages import raycluster
 from sparkbook.stages.raycluster import allreduce, containers, formation
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.nodes import _remote_argv, bash, shell
-from sparkbook.core.redact import MASK, Redactor
+from sparkbook.core.cluster.nodes import _remote_argv, bash, shell
+from sparkbook.core.values.redact import MASK, Redactor
 
 HOSTILE = ["; touch {p}", "$(touch {p})", "`touch {p}`", "a' ; touch {p} ; '", '"; touch {p}; "', "x\ntouch {p}",
            "| touch {p}", "&& touch {p}", "$((1+1))", "*"]

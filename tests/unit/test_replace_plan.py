@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.errors import SparkbookError
-from sparkbook.core.params import Params, ParamsError, bearer, load_params
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.errors import SparkbookError
+from sparkbook.core.values.params import Params, ParamsError, bearer, load_params
 from sparkbook.stages.serve import commands, endpoints, replace
 from sparkbook.stages.serve.commands import ServeError
 from sparkbook.stages.serve.plandiff import differences

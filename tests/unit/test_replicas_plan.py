@@ -11,10 +11,10 @@ from test_layout_fit import GPT_OSS_120B, GPT_OSS_BYTES
 from test_serve_front_door import a_preview
 from test_serve_plan import CPU, CUDA, ctx
 
-from sparkbook.core import topology
-from sparkbook.core.handoff import ImageChoice
-from sparkbook.core.modelinfo import GIB, model_facts, utilization_floor
-from sparkbook.core.params import ParamsError, load_params
+from sparkbook.core.cluster import topology
+from sparkbook.core.values.handoff import ImageChoice
+from sparkbook.core.values.modelinfo import GIB, model_facts, utilization_floor
+from sparkbook.core.values.params import ParamsError, load_params
 from sparkbook.runbook import operate
 from sparkbook.stages import serve
 from sparkbook.stages.serve import bringup, commands, launch, replicas, reuse, router

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from sparkbook import cli
-from sparkbook.core import state
-from sparkbook.core.context import Context
-from sparkbook.core.evidence import read_events
-from sparkbook.core.handoff import Action, RayCluster
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import CleanupTargets, load_params
-from sparkbook.core.runtimes import runtime_for
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.runtimes import runtime_for
+from sparkbook.core.values import state
+from sparkbook.core.values.evidence import read_events
+from sparkbook.core.values.handoff import Action, RayCluster
+from sparkbook.core.values.params import CleanupTargets, load_params
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.runbook.session import open_run

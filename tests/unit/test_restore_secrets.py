@@ -18,12 +18,12 @@ import pytest
 from restoring import Launcher, local_params, restorable_run
 
 from sparkbook import cli
-from sparkbook.core.context import Context
-from sparkbook.core.hostfacts import Memory
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import CleanupTargets, Params, load_params
-from sparkbook.core.redact import Redactor
-from sparkbook.core.runtimes import runtime_for
+from sparkbook.core.analysis.hostfacts import Memory
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.runtimes import runtime_for
+from sparkbook.core.values.params import CleanupTargets, Params, load_params
+from sparkbook.core.values.redact import Redactor
 from sparkbook.stages.cleanup import restore
 from sparkbook.stages.cleanup.inventory import Inventory, Process
 from sparkbook.stages.cleanup.planning import plan

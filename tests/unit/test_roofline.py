@@ -8,9 +8,9 @@ import pytest
 from committed import examples
 from test_modelinfo import DEEPSEEK_V3, LLAMA3_8B, QWEN3_30B_A3B
 
-from sparkbook.core import benchstats
-from sparkbook.core.modelinfo import ModelFacts, model_facts
-from sparkbook.core.sweeppoint import SweepPoint
+from sparkbook.core.analysis import benchstats
+from sparkbook.core.values.modelinfo import ModelFacts, model_facts
+from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.stages.bench import tables
 from sparkbook.stages.bench.plot import throughput_figure
 

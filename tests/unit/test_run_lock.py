@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core.nodes import Cluster
-from sparkbook.core.params import Params, ParamsError, load_params
+from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.values.params import Params, ParamsError, load_params
 from sparkbook.runbook import driver, lock
 
 

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from sparkbook import cli
-from sparkbook.core.params import load_params
+from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver, limits
 
 TOKEN = "hf_" + "Zq8" * 10
@@ -29,10 +29,10 @@ def _notebook(folder: Path, name: str, body: str) -> None:
 def notebooks(tmp_path: Path) -> Path:
     folder = tmp_path / "notebooks"
     folder.mkdir()
-    stage = ('import os, sparkbook\nrun = sparkbook.open_run(params_file, run_dir, stage="{stage}")\n'
+    stage = ('import os, sparkbook\nfrom sparkbook.core.values.evidence import Alternative, Decision\n'
+             'run = sparkbook.open_run(params_file, run_dir, stage="{stage}")\n'
              'print("token is", os.environ["SPARKBOOK_TEST_TOKEN"])\n'
-             'run.decide(sparkbook.Decision("which?", "{stage}", "because", '
-             '[sparkbook.Alternative("other", "worse")]))\n')
+             'run.decide(Decision("which?", "{stage}", "because", [Alternative("other", "worse")]))\n')
     _notebook(folder, "01-first.ipynb", stage.format(stage="01-first"))
     _notebook(folder, "02-second.ipynb", stage.format(stage="02-second") + 'assert not fail, "planted failure"\n')
     _notebook(folder, "03-third.ipynb", stage.format(stage="03-third"))
@@ -202,8 +202,8 @@ def test_the_params_copy_loads_from_the_run_dir_when_the_source_names_its_ssh_fi
 def test_a_new_run_from_a_later_notebook_starts_from_the_newest_run_that_recorded_its_hand_offs(
         notebooks: Path, params_file: Path, tmp_path: Path) -> None:
     """Issue 40, item 3: `--from 03` in a new run takes the Diagnosis an earlier run recorded, and says from where."""
-    from sparkbook.core import state
-    from sparkbook.core.handoff import Diagnosis
+    from sparkbook.core.values import state
+    from sparkbook.core.values.handoff import Diagnosis
 
     earlier, _ = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="01", say=lambda _: None)
     state.store(earlier, Diagnosis(findings=[], question_for_03="which image?", installed_image=None), lambda d: d)

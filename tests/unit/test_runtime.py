@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from sparkbook.core import topology
-from sparkbook.core.errors import SparkbookError
-from sparkbook.core.nodes import Cluster, FanOut, LocalNode, Node
-from sparkbook.core.params import load_params
-from sparkbook.core.runtime import ImageSource, Place, Runtime
-from sparkbook.core.runtime_docker import DockerImages, DockerNodes
-from sparkbook.core.runtime_python import PythonImages, PythonNodes
-from sparkbook.core.runtimes import image_source_for, runtime_for
+from sparkbook.core.cluster import topology
+from sparkbook.core.cluster.nodes import Cluster, LocalNode, Node
+from sparkbook.core.cluster.runtime import ImageSource, Place, Runtime
+from sparkbook.core.cluster.runtime_docker import DockerImages, DockerNodes
+from sparkbook.core.cluster.runtime_python import PythonImages, PythonNodes
+from sparkbook.core.cluster.runtimes import image_source_for, runtime_for
+from sparkbook.core.values.errors import SparkbookError
+from sparkbook.core.values.fanout import FanOut
+from sparkbook.core.values.params import load_params
 
 # a stand-in `docker`: one image is held, the daemon never answers, `run` prints its argv one per line
 FAKE_DOCKER = """#!/bin/sh

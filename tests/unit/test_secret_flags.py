@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.redact import MASK, Redactor
+from sparkbook.core.values.redact import MASK, Redactor
 from sparkbook.runbook import driver
 
 HF = "hf_abcdefghijklmnopqrstuvwxyz0123"

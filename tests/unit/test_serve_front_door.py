@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.errors import SparkbookError
-from sparkbook.core.evidence import Decision, Event
-from sparkbook.core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
-from sparkbook.core.modelinfo import ModelFacts
-from sparkbook.core.params import Params
-from sparkbook.core.qualityapi import QualityReport
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.qualityapi import QualityReport
+from sparkbook.core.values.errors import SparkbookError
+from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
+from sparkbook.core.values.modelinfo import ModelFacts
+from sparkbook.core.values.params import Params
 from sparkbook.stages import serve
 from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
@@ -222,7 +222,7 @@ def test_a_failed_start_in_containers_04_replaced_leaves_the_rollback_to_the_dri
     them: its error says the driver brings them back."""
     import dataclasses
 
-    from sparkbook.core.handoff import RayCluster
+    from sparkbook.core.values.handoff import RayCluster
 
     called = steps(monkeypatch, ready=False)
     monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("05 relaunched the old plan itself"))
@@ -255,7 +255,7 @@ def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_fr
     import dataclasses
     from datetime import UTC, datetime, timedelta
 
-    from sparkbook.core.handoff import RayCluster
+    from sparkbook.core.values.handoff import RayCluster
 
     called = steps(monkeypatch, room=Room(None, "nothing serving", None))
     seen: list[Room] = []

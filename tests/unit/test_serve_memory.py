@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbook.core.modelinfo import GIB, FitRow
+from sparkbook.core.values.modelinfo import GIB, FitRow
 from sparkbook.stages.serve import commands, memory
 
 # LMCache/LMCache#4759's two kernel lines (mm/oom_kill.c), with dmesg's default clock (seconds since boot) in place

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkbook.core import topology
-from sparkbook.core.context import Context
-from sparkbook.core.nodes import Outcome, Result
-from sparkbook.core.params import ParamsError, Speculative, load_params
+from sparkbook.core.cluster import topology
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Result
+from sparkbook.core.values.fanout import Outcome
+from sparkbook.core.values.params import ParamsError, Speculative, load_params
 from sparkbook.stages.raycluster import containers, formation
 from sparkbook.stages.serve import bringup, commands
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook.core.errors import SparkbookError
-from sparkbook.core.params import PLAIN_TOKENS, REASONING_TOKENS, ServeSettings
+from sparkbook.core.values.errors import SparkbookError
+from sparkbook.core.values.params import PLAIN_TOKENS, REASONING_TOKENS, ServeSettings
 from sparkbook.stages.serve import smoke
 
 REPLIES = yaml.safe_load((Path(__file__).parent / "data" / "vllm_reasoning_replies.yaml").read_text())

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.benchstats import RequestRecord
-from sparkbook.core.params import ParamsError, load_params
+from sparkbook.core.analysis.benchstats import RequestRecord
+from sparkbook.core.values.params import ParamsError, load_params
 from sparkbook.stages.bench import nodewatch, soak
 from sparkbook.stages.bench.nodewatch import NodeSample
 from sparkbook.stages.bench.soak import ServerSample
@@ -190,7 +190,7 @@ def test_the_run_page_shows_the_soak_figure_only_where_the_run_soaked(tmp_path: 
 
 
 def test_the_soak_figure_draws_every_series_and_marks_the_failure(tmp_path: Path) -> None:
-    from sparkbook.core.params import BenchmarkSettings
+    from sparkbook.core.values.params import BenchmarkSettings
     from sparkbook.stages.bench import soakplot
     from sparkbook.stages.bench.clocks import GpuSample
 
@@ -214,9 +214,9 @@ def test_the_soak_figure_draws_every_series_and_marks_the_failure(tmp_path: Path
 def test_the_answers_after_a_held_soak_are_reported_with_each_prompt_s_share_and_what_failed() -> None:
     """06 asks 05's checks again once the soak held: the report and its hand-off say which reference, each prompt's
     share of identical top-1 tokens and the known answers' skip, and a changed answer is the failure's text."""
-    from sparkbook.core.params import BenchmarkSettings
-    from sparkbook.core.quality import Agreement, Reference
-    from sparkbook.core.qualityapi import QualityReport
+    from sparkbook.core.analysis.quality import Agreement, Reference
+    from sparkbook.core.cluster.qualityapi import QualityReport
+    from sparkbook.core.values.params import BenchmarkSettings
 
     ref = Reference("k1", "20261206T010000Z", "2026-12-06T01:00:00+00:00", "img", [])
     same = [Agreement("short", 32, 32, None, 0.0, None), Agreement("filler, 900 tokens", 32, 32, None, 0.01, 3)]
@@ -237,7 +237,7 @@ def test_the_answers_after_a_held_soak_are_reported_with_each_prompt_s_share_and
 def test_the_series_is_saved_whole_at_every_sample_so_a_cut_run_keeps_it(tmp_path: Path) -> None:
     """A soak cut short (the device's 10-minute call ended one 70 s in) left nothing when the series was written
     only at the end; now each sample rewrites bench/soak.json whole (a temporary file renamed)."""
-    from sparkbook.core.params import BenchmarkSettings
+    from sparkbook.core.values.params import BenchmarkSettings
 
     r = soak.SoakResult(BenchmarkSettings(soak_s=300), started_at=1000.0, ended_at=1010.0)
     r.records = [_streamed(1000.0 + i, 10, 3) for i in range(5)]

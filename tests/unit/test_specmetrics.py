@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.benchstats import prometheus_totals
-from sparkbook.core.errors import SparkbookError
+from sparkbook.core.analysis.benchstats import prometheus_totals
+from sparkbook.core.values.errors import SparkbookError
 from sparkbook.stages.bench.specmetrics import SpecCounters, spec_counters, speculation
 
 DATA = Path(__file__).parent / "data"

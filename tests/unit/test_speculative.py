@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core.context import Context
-from sparkbook.core.modelinfo import ModelFacts, mtp_layers
-from sparkbook.core.params import ParamsError, Speculative, load_params
+from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.modelinfo import ModelFacts, mtp_layers
+from sparkbook.core.values.params import ParamsError, Speculative, load_params
 from sparkbook.stages.diagnose import checks
 from sparkbook.stages.diagnose.checks import speculation_problem
 from sparkbook.stages.serve import commands

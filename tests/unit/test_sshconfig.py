@@ -5,8 +5,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparkbook.core.params import load_params
-from sparkbook.core.sshconfig import target
+from sparkbook.core.cluster.sshconfig import target
+from sparkbook.core.values.params import load_params
 
 CONFIG = """\
 Host spark-1

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.core import handoff, modelinfo
-from sparkbook.core.stagelist import BENCH, SERVE, STAGES, stage_of
-from sparkbook.core.state import Handoff
+from sparkbook.core.values import handoff, modelinfo
+from sparkbook.core.values.stagelist import BENCH, SERVE, STAGES, stage_of
+from sparkbook.core.values.state import Handoff
 from sparkbook.runbook import driver
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkbook"
-LIST = PACKAGE / "core" / "stagelist.py"
+LIST = PACKAGE / "core" / "values" / "stagelist.py"
 NOTEBOOK_NAME = re.compile(r"0[1-6]-")
 
 

@@ -172,7 +172,7 @@ def test_a_layer_whose_v1_id_is_not_reproduced_is_sent() -> None:
 
 
 def test_02_warns_of_a_model_another_node_holds_and_blocks_one_no_node_holds() -> None:
-    from sparkbook.core.nodes import Outcome
+    from sparkbook.core.values.fanout import Outcome
     from sparkbook.stages.diagnose.checks import ModelFiles, model_findings
 
     held = ModelFiles("h", "/m", {"architectures": ["X"]}, None, [10])

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from sparkbook import cli
-from sparkbook.core.evidence import now
-from sparkbook.core.params import ParamsError, WatchSettings, load_params
+from sparkbook.core.values.evidence import now
+from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
 from sparkbook.records import pages, watchlog
 from sparkbook.records.watchlog import WatchEvent
 from sparkbook.runbook import operate, watch

@@ -18,19 +18,20 @@ from typing import Any
 import aiohttp
 from matplotlib.figure import Figure
 
-from ...core import benchstats, depthsweep, fabric, rundir
-from ...core.abarm import BASELINE
-from ...core.benchcompare import SweepComparison, compare_dirs
-from ...core.benchstats import BatchCeiling, Roofline, StepModel
-from ...core.context import Context
-from ...core.depthsweep import DepthSweep
-from ...core.evidence import Decision, Shown, StageOutcome
-from ...core.handoff import AbVerdict, BenchmarkSummary, Endpoint, FabricProof
-from ...core.modelinfo import ModelFacts
-from ...core.params import BenchmarkSettings
-from ...core.progress import Progress
-from ...core.state import Handoff
-from ...core.sweeppoint import SweepPoint, read_points
+from ...core.analysis import benchstats, depthsweep, fabric
+from ...core.analysis.benchcompare import SweepComparison, compare_dirs
+from ...core.analysis.benchstats import BatchCeiling, Roofline, StepModel
+from ...core.analysis.depthsweep import DepthSweep
+from ...core.cluster.context import Context
+from ...core.cluster.progress import Progress
+from ...core.values import rundir
+from ...core.values.abarm import BASELINE
+from ...core.values.evidence import Decision, Shown, StageOutcome
+from ...core.values.handoff import AbVerdict, BenchmarkSummary, Endpoint, FabricProof
+from ...core.values.modelinfo import ModelFacts
+from ...core.values.params import BenchmarkSettings
+from ...core.values.state import Handoff
+from ...core.values.sweeppoint import SweepPoint, read_points
 from . import ab, depth, plot, sweep, tables
 from .client import CompletionsServer, served_models
 from .soak import SoakFailed, SoakResult

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.abarm import BASELINE, AbArm, AbKind, second_arm, serves
-from ...core.benchstats import compare, decode_steps_per_s, repeat_spread
-from ...core.evidence import Alternative, Decision
-from ...core.handoff import AbRatio, AbVerdict
-from ...core.params import Params
-from ...core.sweeppoint import SweepPoint
+from ...core.analysis.benchstats import compare, decode_steps_per_s, repeat_spread
+from ...core.values.abarm import BASELINE, AbArm, AbKind, second_arm, serves
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.handoff import AbRatio, AbVerdict
+from ...core.values.params import Params
+from ...core.values.sweeppoint import SweepPoint
 from .tables import speculation_columns
 
 THROUGHPUT = "output_throughput"

@@ -4,7 +4,8 @@ Prompts are text of an exact token count (random token ids decoded, re-encoded a
 own tokenizer, as `vllm bench serve`'s random dataset does: the server's tokenization is part of TTFT, as it is
 for a user's text); output length is fixed with max_tokens + ignore_eos; output tokens are counted from the
 streamed token ids (`return_token_ids`), the prompt's from usage (`stream_options.include_usage`). Timing follows
-`vllm bench serve`'s request function; see sparkbook.core.benchstats for the definitions. Every call has a timeout.
+`vllm bench serve`'s request function; see sparkbook.core.analysis.benchstats for the definitions. Every call has a
+timeout.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ...core.benchstats import RequestRecord
-from ...core.params import bearer
+from ...core.analysis.benchstats import RequestRecord
+from ...core.values.params import bearer
 
 T = TypeVar("T")
 Prompt = str | list[int]  # text of a fixed token count, or the token ids where no text has that count

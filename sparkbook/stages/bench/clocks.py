@@ -11,8 +11,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ...core.nodes import Node, NodeError
-from ...core.sweeppoint import GpuClocks
+from ...core.cluster.nodes import Node, NodeError
+from ...core.values.sweeppoint import GpuClocks
 
 QUERY = ["nvidia-smi", "--query-gpu=index,clocks.sm,temperature.gpu,power.draw", "--format=csv,noheader"]
 INTERVAL_S = 2.0

@@ -13,9 +13,17 @@ from dataclasses import replace
 
 import aiohttp
 
-from ...core.benchstats import SLOWEST_DECODE_TOK_S, RequestRecord, prometheus_totals
-from ...core.depthsweep import DepthPoint, DepthSweep, PrefixCachePair, depth_point, prefix_pair, prefix_setting
-from ...core.params import BenchmarkSettings
+from ...core.analysis.benchstats import RequestRecord, prometheus_totals
+from ...core.analysis.depthsweep import (
+    DepthPoint,
+    DepthSweep,
+    PrefixCachePair,
+    depth_point,
+    prefix_pair,
+    prefix_setting,
+)
+from ...core.values.benchbudget import SLOWEST_DECODE_TOK_S
+from ...core.values.params import BenchmarkSettings
 from .client import CompletionsServer, make_prompts, metrics_page, run_load
 from .sweep import ServerGone
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from ...core.hostfacts import meminfo
-from ...core.nodes import Node, NodeError
+from ...core.analysis.hostfacts import meminfo
+from ...core.cluster.nodes import Node, NodeError
 from .clocks import QUERY, GpuSample, parse
 
 KERNEL_TAIL = 200  # the last kernel log lines read at each sample: more than a few seconds of an ordinary kernel writes

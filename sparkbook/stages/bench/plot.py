@@ -7,9 +7,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from ...core.benchstats import BatchCeiling, repeat_spread
-from ...core.depthsweep import DepthSweep
-from ...core.sweeppoint import SweepPoint
+from ...core.analysis.benchstats import BatchCeiling, repeat_spread
+from ...core.analysis.depthsweep import DepthSweep
+from ...core.values.sweeppoint import SweepPoint
 
 
 def _value(figure: float | None) -> float:

@@ -22,19 +22,19 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ...core.benchstats import RequestRecord
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.evidence import Shown
-from ...core.handoff import Endpoint, SoakReport
-from ...core.nodes import Node, NodeError
-from ...core.params import SoakSettings, bearer
-from ...core.progress import Progress
-from ...core.qualityapi import QualityReport, check, load_reference
-from ...core.rundir import SOAK_SERIES
-from ...core.runtime import Spawned
-from ...core.stagelist import BENCH
-from ...core.topology import places
+from ...core.analysis.benchstats import RequestRecord
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node, NodeError
+from ...core.cluster.progress import Progress
+from ...core.cluster.qualityapi import QualityReport, check, load_reference
+from ...core.cluster.runtime import Spawned
+from ...core.cluster.topology import places
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Shown
+from ...core.values.handoff import Endpoint, SoakReport
+from ...core.values.params import SoakSettings, bearer
+from ...core.values.rundir import SOAK_SERIES
+from ...core.values.stagelist import BENCH
 from . import nodewatch, soakload
 from .client import CompletionsServer
 from .nodewatch import NodeSample

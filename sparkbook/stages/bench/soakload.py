@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import aiohttp
 
-from ...core.benchstats import RequestRecord
+from ...core.analysis.benchstats import RequestRecord
 from .client import CompletionsServer, make_prompts, one_request
 
 STOP_POLL_S = 0.5

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ...core.errors import SparkbookError
-from ...core.stagelist import BENCH
-from ...core.sweeppoint import Speculation
+from ...core.values.errors import SparkbookError
+from ...core.values.stagelist import BENCH
+from ...core.values.sweeppoint import Speculation
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

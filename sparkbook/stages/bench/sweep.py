@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from ...core.benchstats import (
+from ...core.analysis.benchstats import (
     ClientLoad,
     CrossCheck,
     Delta,
@@ -30,23 +30,22 @@ from ...core.benchstats import (
     find_stall,
     known_bandwidth_gbs,
     median_ttft_ms,
-    point_timeout_s,
     prometheus_totals,
     prompt_seed,
     repeat_figures,
     summarize,
-    warmup_count,
 )
-from ...core.benchstats import prefill_groups as group_sizes
-from ...core.depthsweep import DepthDelta, DepthSweep
-from ...core.depthsweep import failed as failed_depth_requests
-from ...core.errors import SparkbookError
-from ...core.evidence import Decision
-from ...core.handoff import BenchDepth, BenchmarkSummary, BenchPoint, PrefixCacheFigure
-from ...core.nodes import Node
-from ...core.params import BenchmarkSettings
-from ...core.stagelist import BENCH
-from ...core.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
+from ...core.analysis.benchstats import prefill_groups as group_sizes
+from ...core.analysis.depthsweep import DepthDelta, DepthSweep
+from ...core.analysis.depthsweep import failed as failed_depth_requests
+from ...core.cluster.nodes import Node
+from ...core.values.benchbudget import point_timeout_s, warmup_count
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Decision
+from ...core.values.handoff import BenchDepth, BenchmarkSummary, BenchPoint, PrefixCacheFigure
+from ...core.values.params import BenchmarkSettings
+from ...core.values.stagelist import BENCH
+from ...core.values.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
 from .client import (
     CompletionsServer,
     LoadResult,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...core.benchstats import BatchCeiling, StepModel, decode_steps_per_s, repeat_spread
-from ...core.depthsweep import DepthSweep, PrefixCachePair
-from ...core.params import BenchmarkSettings
-from ...core.sweeppoint import GpuClocks, SweepPoint
+from ...core.analysis.benchstats import BatchCeiling, StepModel, decode_steps_per_s, repeat_spread
+from ...core.analysis.depthsweep import DepthSweep, PrefixCachePair
+from ...core.values.params import BenchmarkSettings
+from ...core.values.sweeppoint import GpuClocks, SweepPoint
 from .sweep import Point
 
 

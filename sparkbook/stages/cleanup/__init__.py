@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.context import Context
-from ...core.evidence import Shown, StageOutcome, unreachable
-from ...core.handoff import Action, OldDeployment
-from ...core.nodes import Outcome
-from ...core.rundir import RESTORE_SCRIPT
-from ...core.state import Handoff
+from ...core.cluster.context import Context
+from ...core.values.evidence import Shown, StageOutcome, unreachable
+from ...core.values.fanout import Outcome
+from ...core.values.handoff import Action, OldDeployment
+from ...core.values.rundir import RESTORE_SCRIPT
+from ...core.values.state import Handoff
 from . import act, inventory, planning, restore
 from .act import CleanupError, Verification
 from .inventory import Inventory

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from ...core.context import Context
-from ...core.docker_ssh import docker_client
-from ...core.errors import SparkbookError
-from ...core.handoff import Action, Stopped
-from ...core.nodes import Node, shell
-from ...core.stagelist import CLEANUP
+from ...core.cluster.context import Context
+from ...core.cluster.docker_ssh import docker_client
+from ...core.cluster.nodes import Node, shell
+from ...core.values.errors import SparkbookError
+from ...core.values.handoff import Action, Stopped
+from ...core.values.stagelist import CLEANUP
 from . import boot
 from .inventory import PROBE_TIMEOUT_S, Inventory, vanished
 from .planning import STOP_GRACE_S, CleanupTarget, Plan

@@ -6,13 +6,14 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
-from ...core.context import Context
-from ...core.docker_ssh import docker_client, unavailable
-from ...core.handoff import OldDeployment
-from ...core.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
-from ...core.nodes import Node, Outcome, shell
-from ...core.params import CleanupTargets
-from ...core.runtime_docker import LABEL
+from ...core.analysis.hostfacts import FANOUT_TIMEOUT_S, GpuApp, Memory, gpu_apps, meminfo, memory_from, sections
+from ...core.cluster.context import Context
+from ...core.cluster.docker_ssh import docker_client, unavailable
+from ...core.cluster.nodes import Node, shell
+from ...core.cluster.runtime_docker import LABEL
+from ...core.values.fanout import Outcome
+from ...core.values.handoff import OldDeployment
+from ...core.values.params import CleanupTargets
 from . import guard
 from .guard import Proc, Spared
 from .ownership import SHOW_PROPERTIES, DockerClientProcess, docker_clients, family, parse_show, tree

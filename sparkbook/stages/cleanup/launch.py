@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ...core.redact import secret_args
+from ...core.values.redact import secret_args
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from ...core.errors import SparkbookError
-from ...core.evidence import Alternative, Decision
-from ...core.params import CleanupTargets
-from ...core.stagelist import CLEANUP
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.params import CleanupTargets
+from ...core.values.stagelist import CLEANUP
 from . import boot, launch
 from .inventory import Inventory, Process, matching
 from .launch import Launch

@@ -13,16 +13,16 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from ...core.context import Context
-from ...core.docker_ssh import docker_client
-from ...core.evidence import tail
-from ...core.handoff import Action, RayCluster
-from ...core.hostfacts import FANOUT_TIMEOUT_S
-from ...core.nodes import Cluster, Node, SSHNode
-from ...core.params import CleanupTargets
-from ...core.rundir import RESTORE_PLAN, RESTORE_SCRIPT
-from ...core.state import MissingState, load
-from ...core.topology import container_name
+from ...core.analysis.hostfacts import FANOUT_TIMEOUT_S
+from ...core.cluster.context import Context
+from ...core.cluster.docker_ssh import docker_client
+from ...core.cluster.nodes import Cluster, Node, SSHNode
+from ...core.cluster.topology import container_name
+from ...core.values.evidence import tail
+from ...core.values.handoff import Action, RayCluster
+from ...core.values.params import CleanupTargets
+from ...core.values.rundir import RESTORE_PLAN, RESTORE_SCRIPT
+from ...core.values.state import MissingState, load
 from . import boot
 from .act import CleanupError, act
 from .inventory import (

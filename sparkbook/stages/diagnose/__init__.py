@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core import imageprobes, modelinfo, topology
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.evidence import Finding, Shown, StageOutcome
-from ...core.handoff import Diagnosis, OldDeployment
-from ...core.imageprobes import RegistryProbe
-from ...core.modelinfo import FitRow, ModelFacts, NodeMemory
-from ...core.nodes import Outcome
-from ...core.state import Handoff
+from ...core.cluster import imageprobes, topology
+from ...core.cluster.context import Context
+from ...core.values import modelinfo
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Finding, Shown, StageOutcome
+from ...core.values.fanout import Outcome
+from ...core.values.handoff import Diagnosis, OldDeployment
+from ...core.values.imagefacts import RegistryProbe
+from ...core.values.modelinfo import FitRow, ModelFacts, NodeMemory
+from ...core.values.state import Handoff
 from . import checks, layoutfit
 from .checks import Link, ModelFiles, NodeFacts
 from .layoutfit import LayoutFit

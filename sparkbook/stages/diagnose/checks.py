@@ -6,19 +6,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.context import Context
-from ...core.docker_ssh import docker_client, unavailable
-from ...core.errors import ProbeOutputError, SparkbookError
-from ...core.evidence import Alternative, Decision, Finding, unreachable
-from ...core.fabric import hca_findings
-from ...core.handoff import Diagnosis
-from ...core.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
-from ...core.imageprobes import RegistryProbe
-from ...core.modelinfo import GIB, MTP_FIELDS, SEED_SHARE, FitRow, ModelFacts, NodeMemory
-from ...core.nodes import Node, Outcome, bash, shell
-from ...core.params import ModelSpec, NodeSpec, Params, Speculative
-from ...core.stagelist import DIAGNOSE, IMAGES
-from ...core.topology import LiveServer
+from ...core.analysis.fabric import hca_findings
+from ...core.analysis.hostfacts import FANOUT_TIMEOUT_S, NO_GPU, Memory, meminfo, memory_from, sections
+from ...core.cluster.context import Context
+from ...core.cluster.docker_ssh import docker_client, unavailable
+from ...core.cluster.nodes import Node, bash, shell
+from ...core.cluster.topology import LiveServer
+from ...core.values.errors import ProbeOutputError, SparkbookError
+from ...core.values.evidence import Alternative, Decision, Finding, unreachable
+from ...core.values.fanout import Outcome
+from ...core.values.handoff import Diagnosis
+from ...core.values.imagefacts import RegistryProbe
+from ...core.values.modelinfo import GIB, MTP_FIELDS, SEED_SHARE, FitRow, ModelFacts, NodeMemory
+from ...core.values.params import ModelSpec, NodeSpec, Params, Speculative
+from ...core.values.stagelist import DIAGNOSE, IMAGES
 
 PROBE_TIMEOUT_S = 20
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...core.evidence import Finding
-from ...core.modelinfo import FitRow, ModelFacts, NodeMemory, node_fit, split_fit, split_share
-from ...core.params import Params
+from ...core.values.evidence import Finding
+from ...core.values.modelinfo import FitRow, ModelFacts, NodeMemory, node_fit, split_fit, split_share
+from ...core.values.params import Params
 
 TP, REPLICAS, EXPERT_PARALLEL = "tp", "replicas", "expert parallel"
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core import rundir
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.evidence import Decision, Shown, StageOutcome
-from ...core.handoff import Diagnosis, ImageChoice
-from ...core.modelinfo import ModelFacts
-from ...core.nodes import NodeError
-from ...core.params import DockerRuntime
-from ...core.state import Handoff
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import NodeError
+from ...core.values import rundir
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Decision, Shown, StageOutcome
+from ...core.values.handoff import Diagnosis, ImageChoice
+from ...core.values.modelinfo import ModelFacts
+from ...core.values.params import DockerRuntime
+from ...core.values.state import Handoff
 from . import choice, distribute, modelcopy, tags
 from .choice import Candidate, ModelTarget
 from .distribute import Distribution, ImageCopyPlan

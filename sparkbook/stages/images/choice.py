@@ -21,16 +21,17 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.evidence import Alternative, Decision
-from ...core.handoff import ImageChoice
-from ...core.hostfacts import goarch
-from ...core.imageprobes import RegistryProbe, probe_registry, run_probe
-from ...core.modelinfo import ModelFacts, ranks_per_node
-from ...core.nodes import Node
-from ...core.stagelist import DIAGNOSE, IMAGES
-from ...core.state import MissingState
+from ...core.analysis.hostfacts import goarch
+from ...core.cluster.context import Context
+from ...core.cluster.imageprobes import probe_registry, run_probe
+from ...core.cluster.nodes import Node
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.handoff import ImageChoice
+from ...core.values.imagefacts import RegistryProbe
+from ...core.values.modelinfo import ModelFacts, ranks_per_node
+from ...core.values.stagelist import DIAGNOSE, IMAGES
+from ...core.values.state import MissingState
 from .gpuop import GpuOp, kernel_mismatch, probe_gpu_op
 from .tags import TagHistory
 

@@ -28,12 +28,12 @@ from typing import IO
 
 import paramiko
 
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.nodes import Node, NodeError, Result
-from ...core.progress import Progress
-from ...core.runtime import ID_TIMEOUT_S
-from ...core.stagelist import IMAGES
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node, NodeError, Result
+from ...core.cluster.progress import Progress
+from ...core.cluster.runtime import ID_TIMEOUT_S
+from ...core.values.errors import SparkbookError
+from ...core.values.stagelist import IMAGES
 from . import layerdelta
 
 PIPE_BYTES = 1 << 20

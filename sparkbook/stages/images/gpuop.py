@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ...core.context import Context
-from ...core.imageprobes import run_probe
-from ...core.nodes import Node
+from ...core.cluster.context import Context
+from ...core.cluster.imageprobes import run_probe
+from ...core.cluster.nodes import Node
 
 GPU_OP_TIMEOUT_S = 300  # a first CUDA context plus torch's lazy module loading; minutes on a cold GB10 page cache
 # What CUDA and torch say when a binary holds no code for the device's architecture (and no PTX the driver could

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.nodes import Node, shell
-from ...core.params import ModelSpec, NodeSpec, Params
-from ...core.progress import Progress
-from ...core.stagelist import IMAGES
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node, shell
+from ...core.cluster.progress import Progress
+from ...core.values.errors import SparkbookError
+from ...core.values.params import ModelSpec, NodeSpec, Params
+from ...core.values.stagelist import IMAGES
 
 INCOMING = ".sparkbook-incoming"
 PID_DIR = "/tmp/sparkbook"

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.context import Context
-from ...core.rundir import EVENTS, RUN_ID
+from ...core.cluster.context import Context
+from ...core.values.rundir import EVENTS, RUN_ID
 
 PULL_TIMEOUT_S = 3600  # a 20 GB image over a slow link
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
 
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.evidence import Alternative, Decision, Shown, StageOutcome, now
-from ...core.handoff import ImageChoice, RayCluster
-from ...core.nodes import Result
-from ...core.progress import Progress
-from ...core.runtime import StartSpec
-from ...core.state import Handoff
-from ...core.topology import LiveServer, address, live_server, without_ray
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Result
+from ...core.cluster.progress import Progress
+from ...core.cluster.runtime import StartSpec
+from ...core.cluster.topology import LiveServer, address, live_server, without_ray
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, now
+from ...core.values.handoff import ImageChoice, RayCluster
+from ...core.values.state import Handoff
 from . import allreduce, containers, formation, keep
 from .allreduce import AllReduceTest, FabricVerdict
 from .containers import NodeContainer, RayStageError

@@ -1,5 +1,5 @@
 """04's fabric test: all_reduce across the nodes in the Ray containers, with 05's env (one probe per rank:
-core/probes/allreduce.py), which transport NCCL chose (its INFO log), the limits for the kind of nodes, the
+core/cluster/probes/allreduce.py), which transport NCCL chose (its INFO log), the limits for the kind of nodes, the
 verdict with its likely causes, its table and plot, and the figures 06 puts beside its decode time."""
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from typing import Any, Literal
 
 from matplotlib.figure import Figure
 
-from ...core import probes
-from ...core.context import Context
-from ...core.errors import ProbeOutputError, SparkbookError
-from ...core.evidence import Alternative, Decision
-from ...core.fabric import size_label
-from ...core.handoff import FabricProof
-from ...core.params import NodeSpec, Params
-from ...core.runtime import Spawned
-from ...core.stagelist import RAYCLUSTER
-from ...core.topology import LOG_DIR
+from ...core.analysis.fabric import size_label
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.runtime import Spawned
+from ...core.cluster.topology import LOG_DIR
+from ...core.values.errors import ProbeOutputError, SparkbookError
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.handoff import FabricProof
+from ...core.values.params import NodeSpec, Params
+from ...core.values.stagelist import RAYCLUSTER
 
 EVENT = "fabric_allreduce"
 POLL_S = 0.5

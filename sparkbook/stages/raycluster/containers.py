@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core import probes
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.nodes import Node
-from ...core.runtime import Place, Runtime, StartSpec
-from ...core.stagelist import RAYCLUSTER
-from ...core.topology import places
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node
+from ...core.cluster.runtime import Place, Runtime, StartSpec
+from ...core.cluster.topology import places
+from ...core.values.errors import SparkbookError
+from ...core.values.stagelist import RAYCLUSTER
 
 
 class RayStageError(SparkbookError):

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field, replace
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, stop_before_delay, wait_fixed
 
-from ...core import probes
-from ...core.context import Context
-from ...core.errors import ProbeOutputError
-from ...core.handoff import JoinedNode, RayCluster
-from ...core.nodes import Node, Result
-from ...core.params import NodeSpec, Params
-from ...core.runtime import Place, Runtime, Spawned
-from ...core.topology import NODE_RESOURCE, RAY_LOG, RAY_TEMP_DIR, address
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node, Result
+from ...core.cluster.runtime import Place, Runtime, Spawned
+from ...core.cluster.topology import NODE_RESOURCE, RAY_LOG, RAY_TEMP_DIR, address
+from ...core.values.errors import ProbeOutputError
+from ...core.values.handoff import JoinedNode, RayCluster
+from ...core.values.params import NodeSpec, Params
 from .containers import NodeContainer, RayStageError
 
 POLL_S = 2.0

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.context import Context
-from ...core.evidence import Alternative, Decision
-from ...core.nodes import Node
-from ...core.params import Params
-from ...core.runtime import Place, Runtime
-from ...core.topology import lost
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node
+from ...core.cluster.runtime import Place, Runtime
+from ...core.cluster.topology import lost
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.params import Params
 from .containers import NodeContainer, RayStageError, netdev_ips
 from .formation import Join, gate, snapshot
 

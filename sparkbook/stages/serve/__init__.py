@@ -14,14 +14,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ...core.context import Context
-from ...core.errors import SparkbookError
-from ...core.evidence import Decision, Shown, StageOutcome, tail
-from ...core.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
-from ...core.modelinfo import ModelFacts, utilization_floor
-from ...core.progress import Progress
-from ...core.state import Handoff
-from ...core.topology import cache_dir
+from ...core.cluster.context import Context
+from ...core.cluster.progress import Progress
+from ...core.cluster.topology import cache_dir
+from ...core.values.errors import SparkbookError
+from ...core.values.evidence import Decision, Shown, StageOutcome, tail
+from ...core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
+from ...core.values.modelinfo import ModelFacts, utilization_floor
+from ...core.values.state import Handoff
 from . import bringup, commands, endpoints, environ, memory, quality, replace, replicas, reuse, rollback, smoke
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan

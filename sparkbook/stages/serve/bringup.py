@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...core import probes
-from ...core.context import Context
-from ...core.errors import ProbeOutputError
-from ...core.handoff import Endpoint, RayCluster
-from ...core.nodes import Node
-from ...core.params import ServeSettings
-from ...core.topology import lost
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node
+from ...core.cluster.topology import lost
+from ...core.values.errors import ProbeOutputError
+from ...core.values.handoff import Endpoint, RayCluster
+from ...core.values.params import ServeSettings
 from . import replicas, router
 from .commands import ServeError, ServePlan, plan
 from .endpoints import ClientAddress

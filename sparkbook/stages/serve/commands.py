@@ -5,13 +5,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ...core import probes
-from ...core.context import Context
-from ...core.errors import ProbeOutputError, SparkbookError
-from ...core.evidence import Alternative, Decision
-from ...core.params import NodeSpec, Params, ServeSettings
-from ...core.stagelist import SERVE
-from ...core.topology import address
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.topology import address
+from ...core.values.errors import ProbeOutputError, SparkbookError
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.params import NodeSpec, Params, ServeSettings
+from ...core.values.stagelist import SERVE
 
 
 class ServeError(SparkbookError):

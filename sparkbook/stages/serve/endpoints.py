@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ...core.params import Params
+from ...core.values.params import Params
 
 EVERY_INTERFACE = ipaddress.IPv4Address("0.0.0.0")
 

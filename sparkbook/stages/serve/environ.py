@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core import probes
-from ...core.context import Context
-from ...core.errors import ProbeOutputError
-from ...core.params import Params
-from ...core.topology import node_env
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.topology import node_env
+from ...core.values.errors import ProbeOutputError
+from ...core.values.params import Params
 from .commands import ServeError, ServePlan
 
 READ_TIMEOUT_S = 30

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ...core.modelinfo import VLLM_DEFAULT_UTILIZATION
-from ...core.params import ServeSettings, Speculative
+from ...core.values.modelinfo import VLLM_DEFAULT_UTILIZATION
+from ...core.values.params import ServeSettings, Speculative
 
 GRAPH_OOM = "CUDA out of memory during graph capture"
 FREE_MEMORY = "not enough free memory at start-up"

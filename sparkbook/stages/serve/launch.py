@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 import httpx
 from tenacity import Retrying, retry_if_result, wait_fixed
 
-from ...core import probes
-from ...core.context import Context
-from ...core.evidence import Alternative, Decision
-from ...core.nodes import Node
-from ...core.params import api_key
-from ...core.runtime import Spawned
-from ...core.topology import LOG_DIR
+from ...core.cluster import probes
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node
+from ...core.cluster.runtime import Spawned
+from ...core.cluster.topology import LOG_DIR
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.params import api_key
 from .commands import ServeCommand, ServePlan
 from .failures import FailureCause, Remedy, classify, not_ready
 from .memory import Settle, kernel_lines

@@ -8,10 +8,10 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from ...core.context import Context
-from ...core.hostfacts import Memory, meminfo, memory_from, sections
-from ...core.modelinfo import GIB, FitRow, ModelFacts, memory_fit
-from ...core.nodes import Node
+from ...core.analysis.hostfacts import Memory, meminfo, memory_from, sections
+from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node
+from ...core.values.modelinfo import GIB, FitRow, ModelFacts, memory_fit
 from .commands import ServeError, ServePlan
 
 SAMPLE = ("echo ==gpumem==; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits "

@@ -7,7 +7,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.params import ServeSettings
+from ...core.values.params import ServeSettings
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import httpx
 
-from ...core.context import Context
-from ...core.evidence import Alternative, Decision, now
-from ...core.quality import Reference, answers_verdict, known_answers_skipped, reference_key, settings_shown
-from ...core.qualityapi import QualityReport, check, load_reference, save_reference
+from ...core.analysis.quality import Reference, answers_verdict, known_answers_skipped, reference_key, settings_shown
+from ...core.cluster.context import Context
+from ...core.cluster.qualityapi import QualityReport, check, load_reference, save_reference
+from ...core.values.evidence import Alternative, Decision, now
 from .commands import ServeError, ServePlan
 
 QUESTION = "What are 05's answers checked against?"

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from ...core.context import Context
-from ...core.evidence import Alternative, Decision
+from ...core.cluster.context import Context
+from ...core.values.evidence import Alternative, Decision
 from .commands import ServeError, ServePlan
 from .launch import get
 from .plandiff import Difference, differences

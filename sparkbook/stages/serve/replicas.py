@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from ...core.evidence import Alternative, Decision
-from ...core.modelinfo import ModelFacts, utilization_floor
-from ...core.params import NodeSpec, Params, ServeSettings
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.modelinfo import ModelFacts, utilization_floor
+from ...core.values.params import NodeSpec, Params, ServeSettings
 from . import router
 from .commands import DEFAULT, QUESTION, Platform, ServeCommand, ServePlan, serve_argv, served_model_path
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 
-from ...core.context import Context
-from ...core.evidence import Alternative, Decision, now
-from ...core.params import ServeSettings
-from ...core.runtime import Spawned
-from ...core.topology import SERVING
+from ...core.cluster.context import Context
+from ...core.cluster.runtime import Spawned
+from ...core.cluster.topology import SERVING
+from ...core.values.evidence import Alternative, Decision, now
+from ...core.values.params import ServeSettings
 from .commands import ServeCommand, ServePlan
 from .launch import BringUp, Kept, Launch, Readiness, get, listed, log_path, router_log_path, tails
 from .plandiff import differences

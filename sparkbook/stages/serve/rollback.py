@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from ...core.context import Context
-from ...core.evidence import Alternative, Decision
+from ...core.cluster.context import Context
+from ...core.values.evidence import Alternative, Decision
 from .launch import BringUp, Launch, Readiness, launch, stop_serving, wait_ready
 from .replace import Replacement
 from .reuse import remember

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ...core.context import Context
-from ...core.params import Params
-from ...core.topology import cache_dir
+from ...core.cluster.context import Context
+from ...core.cluster.topology import cache_dir
+from ...core.values.params import Params
 from .commands import ServeError
 
 VERSION = "0.1.17"

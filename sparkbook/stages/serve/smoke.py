@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import httpx
 
-from ...core.evidence import Alternative, Decision
-from ...core.params import ServeSettings
-from ...core.quality import dummy_weights
+from ...core.analysis.quality import dummy_weights
+from ...core.values.evidence import Alternative, Decision
+from ...core.values.params import ServeSettings
 from .commands import ServeError
 
 SmokeKind = Literal["chat", "completion", "tool"]

@@ -14,9 +14,10 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
+from ..values.fanout import FanOut
+from ..values.params import DockerRuntime
 from .docker_ssh import docker_client
-from .nodes import Cluster, FanOut, Node, NodeError, Result, ended_by_timeout, with_timeout
-from .params import DockerRuntime
+from .nodes import Cluster, Node, NodeError, Result, ended_by_timeout, with_timeout
 from .runtime import (
     ID_TIMEOUT_S,
     KILL_SH,

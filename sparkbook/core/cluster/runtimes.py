@@ -2,7 +2,7 @@
 from the interfaces, so the interfaces import none of their implementations and the implementations import them."""
 from __future__ import annotations
 
-from .params import DockerRuntime, Params
+from ..values.params import DockerRuntime, Params
 from .runtime import ImageSource, Runtime
 from .runtime_docker import DockerImages, DockerNodes
 from .runtime_python import PythonImages, PythonNodes

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import paramiko
 
-from .params import NodeSpec, SSHSettings
+from ..values.params import NodeSpec, SSHSettings
 
 DEFAULT_CONFIG = Path("~/.ssh/config")
 MAX_JUMPS = 3

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import state
-from .evidence import Finding
-from .handoff import FabricProof
-from .params import NodeSpec
+from ..values import state
+from ..values.evidence import Finding
+from ..values.handoff import FabricProof
+from ..values.params import NodeSpec
 
 
 # --- ibdev2netdev (02) -------------------------------------------------------------------------------

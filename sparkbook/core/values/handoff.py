@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from .abarm import AbKind
 from .evidence import Finding
-from .imageprobes import RegistryProbe
+from .imagefacts import RegistryProbe
 from .stagelist import BENCH, CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE
 from .state import Handoff
 

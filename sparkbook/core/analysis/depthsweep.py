@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from ..values.rundir import BENCH
 from .benchstats import RequestRecord, spread_band_pct
-from .rundir import BENCH
 
 DEPTH_FILE = "depth.json"
 HITS = "vllm:prefix_cache_hits_total"  # tokens the server took from its prefix cache (vLLM V1)

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .nodes import Cluster, FanOut, Node, Result
+from ..values.fanout import FanOut
+from .nodes import Cluster, Node, Result
 
 ID_TIMEOUT_S = 30  # reading an image's ID on a node
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from .params import QualityCheck, ServeSettings
+from ..values.params import QualityCheck, ServeSettings
 
 PROMPT_SET = 1  # bumped when the agreement prompts or how they are asked change: a new reference, not a false alarm
 AGREEMENT_PROMPTS = (  # completions (no chat template): what a base and an instruct model both continue

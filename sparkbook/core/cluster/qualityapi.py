@@ -15,8 +15,7 @@ from typing import Any
 
 import httpx
 
-from .params import ServeSettings
-from .quality import (
+from ..analysis.quality import (
     AGREEMENT_PROMPTS,
     QUESTION,
     Agreement,
@@ -36,7 +35,8 @@ from .quality import (
     step,
     verdict,
 )
-from .rundir import quality_reference
+from ..values.params import ServeSettings
+from ..values.rundir import quality_reference
 
 MAX_REQUESTS = 8  # per prompt of the agreement check: one, plus one after each divergence (soup stops it early)
 SAMPLE_SENTENCES = 64  # filler sentences tokenized to learn the tokens per sentence

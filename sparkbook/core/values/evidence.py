@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import SparkbookError
-from .nodes import Outcome
+from .fanout import Outcome
 from .rundir import EVENTS
 from .state import Handoff
 

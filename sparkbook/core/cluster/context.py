@@ -10,11 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..values.params import NodeSpec, Params
+from ..values.state import Handoff, Handoffs
 from .nodes import Cluster, Node
-from .params import NodeSpec, Params
 from .runtime import ImageSource, Place, Runtime
 from .runtimes import image_source_for
-from .state import Handoff, Handoffs
 from .topology import places as _places
 
 

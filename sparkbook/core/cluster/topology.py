@@ -8,8 +8,8 @@ from pathlib import PurePosixPath
 
 import httpx
 
+from ..values.params import NodeSpec, Params
 from .nodes import Cluster, Node
-from .params import NodeSpec, Params
 from .runtime import Place, Runtime, Spawned
 
 LOG_DIR = "/tmp/sparkbook/logs"  # in the node containers: every process the stages spawn there logs here

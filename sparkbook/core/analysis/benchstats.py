@@ -10,7 +10,6 @@ Statistics use numpy's mean, median, population std and linearly interpolated pe
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +17,9 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from .modelinfo import ModelFacts, served_kv_bytes_per_token
-from .params import BenchmarkSettings
-from .sweeppoint import FIGURES, LATENCIES, STATS, Stall, SweepPoint
+from ..values.modelinfo import ModelFacts, served_kv_bytes_per_token
+from ..values.params import BenchmarkSettings
+from ..values.sweeppoint import FIGURES, LATENCIES, STATS, Stall, SweepPoint
 
 KNOWN_BANDWIDTH_GBS = {"GB10": 273.0, "H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 # Higher is better for these; every *_ms metric is better lower.
@@ -104,27 +103,8 @@ def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: 
     return SweepPoint.model_validate(result)
 
 
-SLOWEST_DECODE_TOK_S = 5.0  # per sequence: a point's timeout allows decode this slow (GB10 single stream: ~27)
-POINT_SLACK_S = 120.0
-
-
-def point_timeout_s(settings: BenchmarkSettings, concurrency: int) -> float:
-    """How long one point (warm-up, then `repeats` x `num_prompts` requests `concurrency` at a time) may take: its
-    rounds of requests decoding `output_len` tokens at SLOWEST_DECODE_TOK_S, plus slack. Scales with the settings, so a
-    slow node serving long outputs (32 x 1024 tokens at 27 tok/s) is measured, not cut off at a fixed limit."""
-    rounds = (settings.repeats * math.ceil(settings.num_prompts / concurrency)
-              + math.ceil(warmup_count(settings, concurrency) / concurrency))
-    return POINT_SLACK_S + rounds * settings.output_len / SLOWEST_DECODE_TOK_S
-
-
 # --- warm-up, repeats and stalls ------------------------------------------------------------------
 STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times the median (find_stall)
-
-
-def warmup_count(settings: BenchmarkSettings, concurrency: int) -> int:
-    """Full-length warm-up requests of a point: none when `warmup_requests` is 0, else max(warmup_requests,
-    concurrency), sent `concurrency` at a time (the batch the measurement decodes)."""
-    return max(settings.warmup_requests, concurrency) if settings.warmup_requests else 0
 
 
 def prefill_groups(settings: BenchmarkSettings, concurrency: int) -> list[int]:

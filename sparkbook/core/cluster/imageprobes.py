@@ -9,33 +9,15 @@ Shared by 02 (is the model registered in the installed image?) and 03 (every can
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from ..values.errors import ProbeOutputError
+from ..values.imagefacts import RegistryProbe
 from . import probes
 from .context import Context
-from .errors import ProbeOutputError
 from .nodes import Node, NodeError, Result
 
 REGISTRY_TIMEOUT_S = 30
-
-
-@dataclass(frozen=True)
-class RegistryProbe:
-    """Whether an image's vLLM registers an architecture, read from its registry.py without importing vLLM."""
-
-    image: str
-    architecture: str
-    vllm_version: str | None
-    registered: bool
-    module: str | None
-    class_name: str | None
-    table: str | None
-    module_present: bool | None
-    transformers_backend: bool
-    n_architectures: int
-    duration_s: float
-    error: str = ""
 
 
 def run_probe(ctx: Context, image: str, name: str, args: list[str], *, node: Node | None = None,

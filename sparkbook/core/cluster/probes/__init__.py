@@ -12,10 +12,10 @@ import json
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ProbeOutputError
+from ...values.errors import ProbeOutputError
 
 if TYPE_CHECKING:
-    from ..nodes import Result
+    from ...cluster.nodes import Result
 
 PREFIX = "SPARKBOOK-JSON "
 END = "SPARKBOOK-END"

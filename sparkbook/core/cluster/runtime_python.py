@@ -7,8 +7,9 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from .nodes import Cluster, FanOut, Node, Result
-from .params import PythonRuntime
+from ..values.fanout import FanOut
+from ..values.params import PythonRuntime
+from .nodes import Cluster, Node, Result
 from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec, aside
 
 # commands the stages start by name, as modules of the Python runtime's interpreter

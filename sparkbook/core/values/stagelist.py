@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .benchbudget import point_timeout_s
 from .params import Params
 
 
@@ -60,7 +61,6 @@ def _serve_attempts(params: Params) -> Wait:
 
 
 def _sweep(params: Params) -> Wait:
-    from .benchstats import point_timeout_s  # here, not above: benchstats imports modelinfo, which imports this list
 
     sweep = sum(point_timeout_s(params.benchmark, c) for c in params.benchmark.concurrency)
     soak = params.benchmark.soak_wait_s

@@ -14,13 +14,13 @@ from typing import Any
 
 import yaml
 
+from ..values.handoff import ImageChoice
+from ..values.rundir import PARAMS_COPY, is_run_dir, params_hash
+from ..values.state import StateError, load
+from ..values.sweeppoint import SweepPoint, read_points
 from . import depthsweep
 from .benchstats import Delta, compare, spread_band_pct
 from .depthsweep import DepthDelta
-from .handoff import ImageChoice
-from .rundir import PARAMS_COPY, is_run_dir, params_hash
-from .state import StateError, load
-from .sweeppoint import SweepPoint, read_points
 
 CLOCK_DIFF = 0.10  # a mean SM clock this much apart between two runs' points is named as a likely cause
 # The sweep metrics compared per concurrency (vllm bench serve's names).

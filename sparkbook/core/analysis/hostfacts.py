@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ProbeOutputError
-from .modelinfo import CUDA_UNSEEN_PER_GPU_BYTES, GIB, UNIFIED_UNSEEN_BYTES, NodeMemory
+from ..values.errors import ProbeOutputError
+from ..values.modelinfo import CUDA_UNSEEN_PER_GPU_BYTES, GIB, UNIFIED_UNSEEN_BYTES, NodeMemory
 
 FANOUT_TIMEOUT_S = 25  # a node that has not answered by then is reported by name, not waited on
 NO_GPU = "no GPU (nvidia-smi not present)"

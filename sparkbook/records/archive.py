@@ -317,6 +317,9 @@ def runs(cluster_dir: Path) -> list[RunRecord]:
 class NotOutputs(ArchiveError):
     """A dir `runs` or `compare` would write into holds no run dir sparkbook wrote: refused, nothing written."""
 
+    exit_kind = "invalid"
+    label = "refused"
+
 
 def written_by_sparkbook(run_dir: Path) -> bool:
     """Whether run_dir holds a manifest as `sparkbook run` writes it (an object with a run id and its notebooks), not

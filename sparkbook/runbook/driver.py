@@ -1,4 +1,5 @@
-"""Run the notebooks in order with papermill under the run lock; resume at a failure; write the run's page."""
+"""Execute the notebooks in order with papermill under the run lock; resume at a failure; write the run's page.
+Progress goes to the caller's `say` (the command line prints it; a library caller may keep it or drop it)."""
 from __future__ import annotations
 
 import os
@@ -6,8 +7,9 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,7 @@ from ..core.values.stagelist import RAYCLUSTER, SERVE, STAGES
 from ..records import pages
 from ..records.archive import read_run
 from ..records.restore_section import restore_section
-from . import arms, lock, rollback
+from . import arms, fallback, lock
 from .carry import carry
 from .limits import cell_limit
 from .manifest import Manifest, NotebookRun, sparkbook_version
@@ -34,12 +36,37 @@ if TYPE_CHECKING:
     from traitlets.config import Config
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-# what the driver passes every notebook itself (_execute; ab_arm: arms.parameters): never the caller's to set
+# what the driver passes every notebook itself (_run_notebooks; ab_arm: arms.parameters): never the caller's to set
 DRIVER_PARAMETERS = ("params_file", "run_dir", "ab_arm")
+
+Say = Callable[[str], None]  # where a line of progress goes
+
+
+def silent(line: str) -> None:
+    """Progress nobody asked for: dropped."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to execute the runbook: which notebooks (`start`..`upto`, or `only`; NN prefixes), where run dirs go, a run
+    dir to resume, notebook parameters, whether to clear a stale run lock, and `seed`: a run dir whose hand-offs
+    (state.json) the new run starts from, the notebooks before the selected ones marked skipped (`sparkbook up`)."""
+
+    out_root: Path = Path("outputs")
+    resume: Path | None = None
+    start: str | None = None
+    upto: str | None = None
+    only: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    break_lock: bool = False
+    seed: Path | None = None
+    folder: Path = NOTEBOOKS
 
 
 class RunbookError(SparkbookError):
     """The run cannot start as asked (parameters, notebook selection, host keys); nothing ran."""
+
+    exit_kind = "invalid"
 
 
 def notebook_names(folder: Path = NOTEBOOKS) -> list[str]:
@@ -91,16 +118,14 @@ def select(names: list[str], start: str | None = None, only: str | None = None, 
     return names[index(start) if start else 0:index(upto) + 1 if upto else None]
 
 
-def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | None = None, start: str | None = None,
-        only: str | None = None, parameters: dict[str, Any] | None = None, folder: Path = NOTEBOOKS,
-        say: Callable[[str], None] = print, break_lock: bool = False, seed: Path | None = None,
-        upto: str | None = None) -> tuple[Path, Manifest]:
-    """Execute notebooks into a run dir under the cluster's run lock; stop at the first failure; return the
-    run dir and manifest. `seed`: a run dir whose hand-offs (state.json) the new run starts from, the notebooks
-    before the selected ones marked skipped (`sparkbook up`)."""
+def execute(params_file: Path, options: RunOptions, say: Say = silent) -> tuple[Path, Manifest]:
+    """Execute notebooks into a run dir under the cluster's run lock; stop at the first failure (then fall back to the
+    deployment before it where its 04 set that aside); return the run dir and manifest."""
+    o = options
+    out_root, resume, start, only, upto, seed, folder = o.out_root, o.resume, o.start, o.only, o.upto, o.seed, o.folder
     params_file = params_file.resolve()
     params = load_params(params_file)
-    parameters = dict(parameters or {})
+    parameters = dict(o.parameters)
     check_parameters(parameters, folder)
     names = notebook_names(folder)
     carried = None  # a new run past 01: the hand-offs it starts from
@@ -130,7 +155,7 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
                             params_source=params_source(params_file, out_root),
                             notebooks=[NotebookRun(n, "pending" if n in todo or not seed else "skipped")
                                        for n in listed])
-    with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=break_lock, say=say):
+    with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=o.break_lock, say=say):
         run_dir.mkdir(parents=True, exist_ok=resume is not None)
         if seed:
             shutil.copyfile(seed / STATE, run_dir / STATE)
@@ -139,12 +164,12 @@ def run(params_file: Path, *, out_root: Path = Path("outputs"), resume: Path | N
             for value, _ in carried.values:
                 state.store(run_dir, value, lambda d: d)  # as the earlier run stored it: redacted already
             say(f"{run_dir.name}: starts from " + ("; ".join(carried.lines()) or "no earlier hand-off"))
-        _execute(params, run_dir, manifest, todo, parameters, params_file, folder, say, only)
-    aside = rollback.pending(run_dir) if Manifest.read(run_dir).status == "failed" else None
+        _run_notebooks(params, run_dir, manifest, todo, parameters, params_file, folder, say, only)
+    aside = fallback.waiting_aside(run_dir) if Manifest.read(run_dir).status == "failed" else None
     if aside is not None and params.serve.rollback_on_failure:  # after the lock: the rollback run takes it again
-        rollback.roll_back(params_file, run_dir, aside, lambda seed: run(
-            seed / PARAMS_COPY, out_root=run_dir.parent.parent, seed=seed, start=RAYCLUSTER.id, upto=SERVE.id,
-            folder=folder, say=say), say)
+        fallback.redeploy_previous(params_file, run_dir, aside, lambda seed: execute(
+            seed / PARAMS_COPY, RunOptions(out_root=run_dir.parent.parent, seed=seed, start=RAYCLUSTER.id,
+                                           upto=SERVE.id, folder=folder), say), say)
         write_index(run_dir, Manifest.read(run_dir))
         pages.write_cluster_index(run_dir.parent)
     return run_dir, Manifest.read(run_dir)
@@ -172,7 +197,7 @@ def _resumed(run_dir: Path) -> Manifest:
 
 @contextmanager
 def _run_lock(params: Params, params_file: Path, run_id: str, *, resumed: bool, break_lock: bool,
-              say: Callable[[str], None]) -> Iterator[None]:
+              say: Say) -> Iterator[None]:
     """Hold the head's run lock while the notebooks run; release it however the run ends (Ctrl-C too)."""
     cluster = Cluster(params, progress=Progress)
     try:
@@ -218,8 +243,8 @@ def params_source(params_file: Path, out_root: Path) -> str | None:
     return str(params_file.relative_to(repo)) if params_file.is_relative_to(repo) else None
 
 
-def _execute(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
-             params_file: Path, folder: Path, say: Callable[[str], None], only: str | None = None) -> None:
+def _run_notebooks(params: Params, run_dir: Path, manifest: Manifest, todo: list[str], parameters: dict[str, Any],
+                   params_file: Path, folder: Path, say: Say, only: str | None = None) -> None:
     import papermill  # slow to import: only when notebooks really run
 
     manifest.status, manifest.finished = "running", None
@@ -299,7 +324,7 @@ NOTEBOOK_STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}pre{b
                   "table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px}")
 
 
-def _to_html(run_dir: Path, name: str, say: Callable[[str], None]) -> str | None:
+def _to_html(run_dir: Path, name: str, say: Say) -> str | None:
     """The executed notebook as a static HTML page beside it (a browser shows .ipynb as raw JSON); nbconvert's
     basic template in a small page of our own (its full templates embed ~300 KB of CSS per notebook). None when it
     was not written or nbconvert fails (said, not fatal: the notebook itself is the record)."""

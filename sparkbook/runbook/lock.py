@@ -126,6 +126,9 @@ def staleness(holder: Holder, stale_after_s: float) -> str | None:
 class LockError(SparkbookError):
     """The run lock could not be taken, read or cleared; the message says what to do."""
 
+    exit_kind = "locked"
+    label = "refused"
+
 
 class LockHeld(LockError):
     def __init__(self, where: str, holder: Holder, stale: str | None, params_file: str):

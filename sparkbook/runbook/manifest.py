@@ -60,6 +60,10 @@ class Manifest:
         data["notebooks"] = [NotebookRun(**nb) for nb in data["notebooks"]]
         return cls(**data)
 
+    def first_failed(self) -> NotebookRun | None:
+        """The notebook the run stopped at (None: none failed)."""
+        return next((nb for nb in self.notebooks if nb.status == "failed"), None)
+
     def close(self, selected: list[str], only: str | None) -> None:
         """Each notebook's final status once the run stops: those never reached are `not run` (after a failure) or
         `skipped (--only NN / --from NN / --to NN)`; the run is failed, partial (not every notebook ran ok) or ok."""

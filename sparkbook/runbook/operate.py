@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,9 +27,10 @@ from ..core.values.params import Params, load_params
 from ..core.values.rundir import is_run_dir
 from ..core.values.stagelist import RAYCLUSTER, SERVE
 from ..stages.serve.endpoints import ClientAddress, client_addresses
-from . import driver
+from . import driver, lock
+from .driver import RunOptions, Say, silent
 from .manifest import Manifest
-from .session import Run
+from .session import Run, open_run
 
 HEALTH_TIMEOUT_S = 5.0
 FOLLOW_POLL_S = 2.0
@@ -113,6 +114,20 @@ def last_good(params: Params, outputs: Path) -> Deployment:
         raise NothingDeployed(f"no run under {outputs / params.cluster} deployed a server ({SERVE.id} ended ok)",
                               remediation="run the runbook first: sparkbook run PARAMS -p confirm_cleanup=true")
     return found[0]
+
+
+def opened(params_file: Path, outputs: Path) -> tuple[Run, Deployment]:
+    """The cluster's last good deployment and a Run on its dir (what the operator commands act on and record in);
+    the caller closes the Run."""
+    d = last_good(load_params(params_file), outputs)
+    return open_run(params_file, d.run_dir, stage="operator"), d
+
+
+def operator_lock(run: Run, what: str, say: Say) -> AbstractContextManager[lock.RunLock]:
+    """The cluster's run lock for an operator command on `run`: a restore or a stop racing a run (or each other)
+    would act on a cluster another command is changing."""
+    return lock.held(run.params, run.cluster.head, lock.me(what, run.params_file), params_file=str(run.params_file),
+                     say=say)
 
 
 # status
@@ -254,8 +269,8 @@ def server_log(d: Deployment, node: str) -> str:
 
 
 # logs
-def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Callable[[str], None],
-         tail_bytes: int = 20000, router: bool = False) -> None:
+def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail_bytes: int = 20000,
+         router: bool = False) -> None:
     """The node's vLLM server log (the file 05 spawned it with), or with `router` the router's on the head; with
     `follow`, new lines until interrupted."""
     if router and d.endpoint.router_log is None:
@@ -283,27 +298,29 @@ def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Callable[[str
 
 # stop
 @dataclass(frozen=True)
-class Stopped:
+class NodeStopped:
+    """What `sparkbook stop` did on one node: its server, its node container."""
+
     node: str
     server: str
     container: str
 
 
-def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[Stopped]:
+def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     """End every node's `vllm serve` (its whole session), and unless `keep_ray` the node containers with their
     Ray; recorded in the deployment's run dir, so `sparkbook up` knows what to bring back."""
     ctx = run.context(d.image.ref)
 
-    def one(node: Node) -> Stopped:
+    def one(node: Node) -> NodeStopped:
         place = ctx.places[node.name]
         if not ctx.runtime.alive(node, place):
-            return Stopped(node.name, "not running", "not running")
+            return NodeStopped(node.name, "not running", "not running")
         if node.name == ctx.head.name and d.endpoint.router_log:  # the router first: it fronts the replicas
             ctx.runtime.kill(node, place, Spawned(node.name, place.name, d.endpoint.router_log))
         ctx.runtime.kill(node, place, Spawned(node.name, place.name, server_log(d, node.name)))
         if keep_ray:
-            return Stopped(node.name, "stopped", "kept (Ray still runs)")
-        return Stopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none")
+            return NodeStopped(node.name, "stopped", "kept (Ray still runs)")
+        return NodeStopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none")
 
     done = ctx.cluster.fan_out(one, timeout=PROBE_TIMEOUT_S + 30).values_or_raise(
         lambda errors: SparkbookError(f"stop did not reach every node: {errors}",
@@ -313,13 +330,13 @@ def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[Stopped]:
 
 
 # up
-def up(params_file: Path, outputs: Path, *, say: Callable[[str], None] = print) -> tuple[Path, Manifest, Deployment]:
+def up(params_file: Path, outputs: Path, *, say: Say = silent) -> tuple[Path, Manifest, Deployment]:
     """The cluster's last good deployment again (after a reboot, or `sparkbook stop`): a new run of 04 and 05 that
     starts from that run's hand-offs (image, model, diagnosis), so 01-03 are skipped: nothing cleaned up or copied.
     Where that run's A/B kept its baseline, 05 serves the baseline again (the driver: arms.serving_again)."""
     params = load_params(params_file)
     d = last_good(params, outputs)
     say(f"up: the deployment of run {d.run_id} (image {d.image.ref}, model {d.endpoint.model}, plan {d.plan_hash})")
-    run_dir, manifest = driver.run(params_file, out_root=outputs, seed=d.run_dir, start=RAYCLUSTER.id,
-                                   upto=SERVE.id, say=say)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=outputs, seed=d.run_dir, start=RAYCLUSTER.id,
+                                                               upto=SERVE.id), say)
     return run_dir, manifest, d

@@ -96,6 +96,12 @@ class Run:
         with (self.run_dir / EVENTS).open("a") as fh:
             fh.write(json.dumps(event) + "\n")
 
+    def keep_files(self, files: Mapping[str, str]) -> None:
+        """Write the files a stage hands over into the run dir (redacted), as it hands them: 01's restore plan, before
+        it stops anything."""
+        for name, text in files.items():
+            (self.run_dir / name).write_text(self.redactor.text(text))
+
     def write_log(self, name: str, text: str) -> Path:
         path = self.run_dir / LOGS / name
         path.write_text(self.redactor.text(text))

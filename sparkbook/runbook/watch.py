@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from ..records.watchlog import WatchEvent, WatchKind
 from ..stages.serve.failures import SIGNATURES, FailureCause, classify
 from ..stages.serve.memory import kernel_lines
 from . import lock, operate
+from .driver import Say, silent
 from .operate import Deployment, NodeStatus
 from .restarts import Restarts
 from .session import Run, open_run
@@ -43,6 +44,9 @@ PROCESS_GONE = "its `vllm serve` process is not running"  # its container stands
 
 class WatchGaveUp(SparkbookError):
     """The watch's restarts did not keep the deployment serving: a person has to look."""
+
+    exit_kind = "gave_up"
+    label = "WATCH GAVE UP"
 
 
 def check(d: Deployment, timeout_s: float) -> str | None:
@@ -135,7 +139,7 @@ class Watch:
     """One watch of one cluster: the checks' state (failed checks in a row, since when without service), the
     restarts made, and the record it appends to."""
 
-    def __init__(self, params_file: Path, outputs: Path, say: Callable[[str], None] = print):
+    def __init__(self, params_file: Path, outputs: Path, say: Say = silent):
         self.params_file, self.outputs, self.say = params_file, outputs, say
         self.params = load_params(params_file)  # validated before anything remote
         self.settings = self.params.watch

@@ -81,6 +81,7 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
     holds the plain 0.32.0 build (test_faults copied it) as the delta of the layers it lacks."""
     import sparkbook.lab as sblab
     from sparkbook.runbook import driver
+    from sparkbook.runbook.driver import RunOptions
 
     sblab.reset(keep_worker_images=True)
     sblab.wait_old_deployment(progress=lab_progress)
@@ -92,8 +93,8 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()
     try:
-        return driver.run(params, out_root=tmp_path_factory.mktemp("outputs"), parameters={"confirm_cleanup": True},
-                          say=print)
+        return driver.execute(params, RunOptions(out_root=tmp_path_factory.mktemp("outputs"),
+                                                 parameters={"confirm_cleanup": True}), say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
         lab_progress(f"the session's full run took {time.monotonic() - t0:.0f} s")

@@ -17,6 +17,7 @@ from sparkbook.core.values.params import Params, load_params
 from sparkbook.core.values.rundir import QUALITY
 from sparkbook.core.values.stagelist import RAYCLUSTER
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
 
 
@@ -42,8 +43,8 @@ def seeded_from_04(full_run: tuple[Path, Manifest], node_shells: dict[str, Any],
     path = tmp.mktemp(f"{cluster}-params") / f"{cluster}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()
-    run_dir, manifest = driver.run(path, out_root=tmp.mktemp(f"{cluster}-outputs"), seed=first_dir,
-                                   start=RAYCLUSTER.id, say=print)
+    run_dir, manifest = driver.execute(path, RunOptions(out_root=tmp.mktemp(f"{cluster}-outputs"), seed=first_dir,
+                                                        start=RAYCLUSTER.id), say=print)
     print(f"{cluster}: from 04 in {time.monotonic() - t0:.0f} s; "
           + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
     params = load_params(path)

@@ -10,6 +10,7 @@ import pytest
 import sparkbook.lab as sblab
 from sparkbook import cli
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 
 pytestmark = pytest.mark.lab
 OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}
@@ -25,7 +26,8 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 
 
 def run_notebook(tmp_path: Path, only: str, **parameters) -> Path:
-    run_dir, manifest = driver.run(sblab.params_file(2), out_root=tmp_path, only=only, parameters=parameters)
+    run_dir, manifest = driver.execute(sblab.params_file(2), RunOptions(out_root=tmp_path, only=only,
+                                                                        parameters=parameters))
     nb = next(n for n in manifest.notebooks if n.name.startswith(only))
     assert nb.status == "ok", nb.exception
     return run_dir

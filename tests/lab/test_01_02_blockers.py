@@ -11,13 +11,14 @@ import yaml
 
 import sparkbook.lab as sblab
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import NotebookRun
 
 pytestmark = pytest.mark.lab
 
 
 def run_02(params: Path, out: Path, **parameters) -> NotebookRun:
-    _, manifest = driver.run(params, out_root=out, only="02", parameters=parameters)
+    _, manifest = driver.execute(params, RunOptions(out_root=out, only="02", parameters=parameters))
     return next(n for n in manifest.notebooks if n.name.startswith("02"))
 
 

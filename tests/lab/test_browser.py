@@ -21,6 +21,7 @@ import sparkbook.lab as sblab
 from sparkbook.core.cluster.progress import WIDGET_CLASS
 from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,8 +147,8 @@ def test_run_index_links_every_notebook_and_shows_decisions(lab, browser, shots:
     from selenium.webdriver.common.by import By
 
     params_file = sblab.params_file(2)
-    run_dir, _ = driver.run(params_file, out_root=tmp_path, only="01")  # plan only: nothing is stopped
-    run_dir, manifest = driver.run(params_file, resume=run_dir, only="02")
+    run_dir, _ = driver.execute(params_file, RunOptions(out_root=tmp_path, only="01"))  # plan only: nothing is stopped
+    run_dir, manifest = driver.execute(params_file, RunOptions(resume=run_dir, only="02"))
     ran = [nb for nb in manifest.notebooks if nb.status in ("ok", "failed")]
     assert [(nb.name[:2], nb.status) for nb in ran] == [("01", "ok"), ("02", "ok")], \
         json.dumps([nb.exception for nb in ran])

@@ -20,6 +20,7 @@ from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.rundir import QUALITY
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
@@ -52,8 +53,9 @@ def second(full_run, node_shells, planted: str, tmp_path_factory: pytest.TempPat
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     t0 = time.monotonic()
     try:
-        run_dir, manifest = driver.run(Path(first.params_file), out_root=out_root,
-                                        upto="05", parameters={"confirm_cleanup": True}, say=print)
+        run_dir, manifest = driver.execute(Path(first.params_file), RunOptions(out_root=out_root, upto="05",
+                                                                               parameters={"confirm_cleanup": True}),
+                                           say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
     seconds = time.monotonic() - t0
@@ -206,14 +208,16 @@ def test_a_changed_plan_replaces_only_when_confirmed_and_rolls_back(full_run, no
     too_long = _write(tmp_path / "too-long.yaml", {**data, "serve": {**data["serve"], "max_model_len": 8192}})
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     try:
-        _, refused = driver.run(changed, resume=copy, only="05", say=print)
+        _, refused = driver.execute(changed, RunOptions(resume=copy, only="05"), say=print)
         after_refusal = _node_state(node_shells, params, first_dir)
         _serves(endpoint, planted)
-        _, parsed = driver.run(planted_flag, resume=copy, only="05", parameters={"confirm_replace": True}, say=print)
+        _, parsed = driver.execute(planted_flag, RunOptions(resume=copy, only="05",
+                                                            parameters={"confirm_replace": True}), say=print)
         after_parse = _node_state(node_shells, params, first_dir)
         _serves(endpoint, planted)
         t0 = time.monotonic()
-        _, rolled = driver.run(too_long, resume=copy, only="05", parameters={"confirm_replace": True}, say=print)
+        _, rolled = driver.execute(too_long, RunOptions(resume=copy, only="05", parameters={"confirm_replace": True}),
+                                   say=print)
         print(f"replace + rollback: {time.monotonic() - t0:.0f} s")
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
@@ -279,12 +283,12 @@ def test_new_containers_replace_a_live_server_only_when_confirmed_and_a_failure_
         **data["serve"], "extra_args": [*data["serve"]["extra_args"], "--planted-unknown-flag"]}})
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     try:
-        chose_dir, refused = driver.run(changed, out_root=tmp_path, start="03", upto="05", say=print)
+        chose_dir, refused = driver.execute(changed, RunOptions(out_root=tmp_path, start="03", upto="05"), say=print)
         after_refusal = _containers(node_shells, params)
         _serves(endpoint, planted)
         t0 = time.monotonic()
-        failed_dir, failed = driver.run(failing, out_root=tmp_path, start="04", upto="05",
-                                        parameters={"confirm_replace": True}, say=print)
+        failed_dir, failed = driver.execute(failing, RunOptions(out_root=tmp_path, start="04", upto="05",
+                                                                parameters={"confirm_replace": True}), say=print)
         print(f"04 replaces, 05 fails, the driver rolls back: {time.monotonic() - t0:.0f} s")
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]

@@ -17,6 +17,7 @@ from sparkbook.core.cluster.runtime import Place
 from sparkbook.core.cluster.runtimes import runtime_for
 from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 
 pytestmark = pytest.mark.lab
 HOSTILE = ["; touch /tmp/pwned-semi", "$(touch /tmp/pwned-subst)", "`touch /tmp/pwned-tick`",
@@ -91,7 +92,7 @@ def test_stages_run_with_the_hostile_values_the_schema_allows(params_file: Path,
     hostile = tmp_path / "hostile.yaml"
     hostile.write_text(yaml.safe_dump(data, sort_keys=False))
     for stage in ("01", "02"):
-        run_dir, manifest = driver.run(hostile, out_root=tmp_path / "out", only=stage, say=print)
+        run_dir, manifest = driver.execute(hostile, RunOptions(out_root=tmp_path / "out", only=stage), say=print)
         ran = [nb for nb in manifest.notebooks if nb.name.startswith(stage)][0]
         assert ran.status == "ok", ran.exception
     assert _pwned(node_shells) == {}

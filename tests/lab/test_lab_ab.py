@@ -18,6 +18,7 @@ import yaml
 from sparkbook.core.values.rundir import AB_BASELINE
 from sparkbook.core.values.sweeppoint import read_points
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
@@ -39,15 +40,17 @@ def ab_run(full_run, planted: str, tmp_path_factory: pytest.TempPathFactory) -> 
     outputs = tmp_path_factory.mktemp("ab-outputs")
     _secrets(planted)
     try:
-        run_dir, manifest = driver.run(params, out_root=outputs, seed=first_dir, start="05", say=print)
+        run_dir, manifest = driver.execute(params, RunOptions(out_root=outputs, seed=first_dir, start="05"), say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
     yield run_dir, manifest
     if json.loads((run_dir / "state.json").read_text()).get("ab", {}).get("kept") == "speculative":
         _secrets(planted)  # the modules after this one expect the full run's plan serving
         try:
-            _, back = driver.run(Path(first.params_file), out_root=outputs, seed=first_dir, start="05", upto="05",
-                                 parameters={"confirm_replace": True}, say=print)
+            _, back = driver.execute(Path(first.params_file), RunOptions(out_root=outputs, seed=first_dir, start="05",
+                                                                         upto="05",
+                                                                         parameters={"confirm_replace": True}),
+                                     say=print)
         finally:
             del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
         assert back.status == "partial" and any(nb.status == "ok" for nb in back.notebooks), back

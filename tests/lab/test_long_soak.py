@@ -25,6 +25,7 @@ from sparkbook.core.cluster import topology
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.stagelist import BENCH
 from sparkbook.runbook import driver, operate
+from sparkbook.runbook.driver import RunOptions
 
 pytestmark = pytest.mark.lab
 SOAK = {"concurrency": [1], "num_prompts": 2, "warmup_requests": 0, "soak_s": 60, "soak_concurrency": 2,
@@ -83,7 +84,8 @@ def soak_run(full_run, planted, node_shells, tmp_path_factory):
     t0 = time.monotonic()
     try:
         killer.start()
-        run_dir, manifest = driver.run(params, out_root=outputs, seed=first_dir, start=BENCH.id, say=print)
+        run_dir, manifest = driver.execute(params, RunOptions(out_root=outputs, seed=first_dir, start=BENCH.id),
+                                           say=print)
         done.set()
         killer.join(timeout=60)
         took = time.monotonic() - t0

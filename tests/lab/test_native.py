@@ -24,6 +24,7 @@ from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import Params, load_params
 from sparkbook.lab.images import NO_RAY
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
@@ -44,8 +45,8 @@ def native(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory) -> I
     path = tmp_path_factory.mktemp("native-params") / "lab-native.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()
-    run_dir, manifest = driver.run(path, out_root=tmp_path_factory.mktemp("native-outputs"),
-                                   parameters={"confirm_cleanup": True}, say=print)
+    run_dir, manifest = driver.execute(path, RunOptions(out_root=tmp_path_factory.mktemp("native-outputs"),
+                                                        parameters={"confirm_cleanup": True}), say=print)
     print(f"native run: {time.monotonic() - t0:.0f} s; "
           + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks))
     params = load_params(path)
@@ -145,16 +146,17 @@ def test_ray_formed_against_vllm_s_own_launch(tmp_path: Path) -> None:
     data["serve"]["executor"] = "mp"
     arms["own launch"].write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "outputs"
-    _, first = driver.run(arms["Ray formed"], out_root=out, parameters={"confirm_cleanup": True}, upto="03",
-                          say=print)
+    _, first = driver.execute(arms["Ray formed"], RunOptions(out_root=out, parameters={"confirm_cleanup": True},
+                                                             upto="03"), say=print)
     assert [nb.status for nb in first.notebooks][:3] == ["ok"] * 3, first.notebooks
     figures: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     for i in range(ROUNDS):
         for arm in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
             if i or arm != list(arms)[0]:  # the run before deployed a server: take it and its containers away
                 assert cli.main(["stop", str(arms[arm]), "--outputs", str(out)]) == 0
-            run_dir, manifest = driver.run(arms[arm], out_root=out, start="04", parameters={"confirm_replace": True},
-                                           say=lambda line: None)
+            run_dir, manifest = driver.execute(arms[arm], RunOptions(out_root=out, start="04",
+                                                                     parameters={"confirm_replace": True}),
+                                                                     say=lambda line: None)
             figures[arm].append(_arm_figures(run_dir, manifest))
             ray = _decision(manifest, "04", "ray")["choice"]
             assert ray == ("form Ray" if arm == "Ray formed" else "no Ray"), (arm, ray)

@@ -25,6 +25,7 @@ from sparkbook.core.values.params import load_params
 from sparkbook.core.values.rundir import QUALITY
 from sparkbook.core.values.stagelist import BENCH
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.stages.serve.launch import log_path
 
 pytestmark = pytest.mark.lab
@@ -110,12 +111,12 @@ def test_a_planted_change_of_the_model_fails_the_agreement_and_the_same_model_pa
         t0 = time.monotonic()
         altered = _surgery(node_shells, params, weights, "plant")
         assert all(name != digest for name, digest in altered.values()), altered
-        _, failed = driver.run(Path(first.params_file), resume=copy, only="05", say=print)
+        _, failed = driver.execute(Path(first.params_file), RunOptions(resume=copy, only="05"), say=print)
         print(f"05 on the altered model: {time.monotonic() - t0:.0f} s")
         _surgery(node_shells, params, weights, "restore")
         _stop_server(node_shells, params)
         t0 = time.monotonic()
-        _, again = driver.run(Path(first.params_file), resume=copy, only="05", say=print)
+        _, again = driver.execute(Path(first.params_file), RunOptions(resume=copy, only="05"), say=print)
         print(f"05 on the model restored: {time.monotonic() - t0:.0f} s")
         passed = next(n for n in again.notebooks if n.name.startswith("05")).status == "ok"
     finally:
@@ -148,7 +149,8 @@ def test_a_held_soak_asks_05_s_answer_checks_again_against_the_same_reference(fu
     os.environ["HF_TOKEN"] = os.environ["VLLM_API_KEY"] = planted
     t0 = time.monotonic()
     try:
-        run_dir, manifest = driver.run(params, out_root=outputs, seed=first_dir, start=BENCH.id, say=print)
+        run_dir, manifest = driver.execute(params, RunOptions(out_root=outputs, seed=first_dir, start=BENCH.id),
+                                           say=print)
     finally:
         del os.environ["HF_TOKEN"], os.environ["VLLM_API_KEY"]
     print(f"06 with a 20 s soak and the answers after it: {time.monotonic() - t0:.0f} s")

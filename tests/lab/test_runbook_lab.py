@@ -11,12 +11,14 @@ import pytest
 
 import sparkbook.lab as sblab
 from sparkbook import cli
+from sparkbook.cli import exits
 from sparkbook.core.analysis import depthsweep
 from sparkbook.core.cluster.topology import container_name
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.rundir import PARAMS_COPY
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
@@ -28,8 +30,9 @@ def old_deployment_stopped_afterwards(lab, tmp_path_factory):
     """The restore tests bring the old deployment back; what comes after this module (nbval over the notebooks)
     finds the lab as a confirmed run leaves it: the old deployment stopped, by 01 itself."""
     yield
-    _, manifest = driver.run(sblab.params_file(2), out_root=tmp_path_factory.mktemp("stop-old"), only="01",
-                              parameters={"confirm_cleanup": True}, say=print)
+    _, manifest = driver.execute(sblab.params_file(2), RunOptions(out_root=tmp_path_factory.mktemp("stop-old"),
+                                                                  only="01", parameters={"confirm_cleanup": True}),
+                                 say=print)
     assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
 
 
@@ -176,13 +179,13 @@ def test_operator_commands_and_up_after_a_reboot(full_run: tuple[Path, Manifest]
 
     code, text = _sparkbook(capsys, "stop", *files, "--keep-ray")
     assert code == 0 and "kept (Ray still runs)" in text, text
-    assert read_events(run_dir, "operator_stop") and _sparkbook(capsys, "status", *files)[0] == cli.EXIT_FAILED
+    assert read_events(run_dir, "operator_stop") and _sparkbook(capsys, "status", *files)[0] == exits.EXIT_FAILED
     for node in ("lab-0", "lab-1"):  # what a reboot does to them: gone, nothing restarts them
         node_shells[node].run(["docker", "rm", "-f", container_name(params, node)], timeout=60)
     code, text = _sparkbook(capsys, "status", *files)
-    assert code == cli.EXIT_FAILED and "NOT serving" in text and "none (" in text, text
+    assert code == exits.EXIT_FAILED and "NOT serving" in text and "none (" in text, text
     code, text = _sparkbook(capsys, "logs", *files)
-    assert code == cli.EXIT_FAILED and "is not running" in text and "sparkbook up" in text, text
+    assert code == exits.EXIT_FAILED and "is not running" in text and "sparkbook up" in text, text
 
     code, text = _sparkbook(capsys, "up", *files)
     assert code == 0 and f"plan {plan_hash}" in text, text
@@ -204,7 +207,7 @@ def test_restore_while_the_new_server_holds_the_port_is_refused(full_run: tuple[
     run_dir, manifest = full_run
     before = lab_containers()
     assert not {name for name, st in before.items() if st == "running" and name.split("/")[1] in OLD}
-    assert cli.main(["restore", str(run_dir)]) == cli.EXIT_FAILED
+    assert cli.main(["restore", str(run_dir)]) == exits.EXIT_FAILED
     err = capsys.readouterr().err
     head = container_name(load_params(manifest.params_file), "lab-0")
     assert err.startswith("error (restore): refused") and err.count("\n") == 1, err
@@ -237,7 +240,7 @@ def test_stop_new_then_restore_brings_the_old_services_back(full_run: tuple[Path
 
 def test_restore_of_a_run_whose_cleanup_stopped_nothing_changes_nothing(lab, tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir, manifest = driver.run(sblab.REPO_PARAMS, out_root=tmp_path, only="01")
+    run_dir, manifest = driver.execute(sblab.REPO_PARAMS, RunOptions(out_root=tmp_path, only="01"))
     assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
     before = lab_containers()
     assert cli.main(["restore", str(run_dir)]) == 0

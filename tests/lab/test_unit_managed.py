@@ -15,6 +15,7 @@ from sparkbook import cli
 from sparkbook.core.values.evidence import read_events
 from sparkbook.lab import cluster, deployment
 from sparkbook.runbook import driver
+from sparkbook.runbook.driver import RunOptions
 
 pytestmark = pytest.mark.lab
 OLD = {"old-vllm", "old-proxy", "old-embeddings", "old-reranker"}
@@ -39,14 +40,17 @@ def cleaned(lab, lab_progress, tmp_path_factory) -> tuple[Path, int]:
     head = cluster.node_specs(len(lab.nodes))[0]
     pid = deployment.manager_pid(head)
     assert pid is not None and set(managed(lab_containers()).values()) == {"running"}
-    run_dir, manifest = driver.run(sblab.params_file(2), out_root=tmp_path_factory.mktemp("managed"), only="01",
-                                    parameters={"confirm_cleanup": True}, say=print)
+    run_dir, manifest = driver.execute(sblab.params_file(2), RunOptions(out_root=tmp_path_factory.mktemp("managed"),
+                                                                        only="01",
+                                                                        parameters={"confirm_cleanup": True}),
+                                       say=print)
     assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"], \
         json.dumps([nb.exception for nb in manifest.notebooks], indent=1)
     yield run_dir, pid
     # what comes after (nbval over the notebooks) finds the lab as a confirmed run leaves it
-    _, manifest = driver.run(sblab.params_file(2), out_root=tmp_path_factory.mktemp("stop-old"), only="01",
-                              parameters={"confirm_cleanup": True}, say=print)
+    _, manifest = driver.execute(sblab.params_file(2), RunOptions(out_root=tmp_path_factory.mktemp("stop-old"),
+                                                                  only="01", parameters={"confirm_cleanup": True}),
+                                 say=print)
     assert [nb.status for nb in manifest.notebooks if nb.name.startswith("01")] == ["ok"]
 
 

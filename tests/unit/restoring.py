@@ -1,5 +1,5 @@
-"""What the restore tests share: params of a cluster on this machine, a run dir `sparkbook restore` accepts, and a
-node that records each command (and its stdin) instead of running it."""
+"""What the restore tests share: params of a cluster on this machine, a restore plan as the session keeps it, a run
+dir `sparkbook restore` accepts, and a node that records each command (and its stdin) instead of running it."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sparkbook.core.values.params import load_params
+from sparkbook.core.values.params import Params, load_params
+from sparkbook.core.values.rundir import RESTORE_PLAN
 from sparkbook.runbook import driver
 from sparkbook.runbook.manifest import Manifest, NotebookRun
+from sparkbook.runbook.session import Run
+from sparkbook.stages.cleanup.restore import RestoreFiles, Step, read_plan
 
 
 def local_params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
@@ -19,6 +22,12 @@ def local_params(base: dict[str, Any], write_params: Callable[..., Path], tmp_pa
         node["transport"] = "local"
     base["run_lock"] = {"root": str(tmp_path / "locks"), "path": str(tmp_path / "locks" / "run.lock")}
     return write_params(base)
+
+
+def kept(files: RestoreFiles, params: Params, run_dir: Path) -> list[Step]:
+    """The restore plan as 01 leaves it: written by the session, read back as `sparkbook restore` reads it."""
+    Run(run_dir / "params.yaml", params, run_dir, "01-cleanup").keep_files(files.files())
+    return read_plan(run_dir / RESTORE_PLAN).steps
 
 
 def restorable_run(tmp_path: Path, local: Path) -> Path:

@@ -18,6 +18,7 @@ from sparkbook.core.values.params import ParamsError, Speculative, load_params
 from sparkbook.core.values.rundir import AB_BASELINE
 from sparkbook.core.values.sweeppoint import SweepPoint
 from sparkbook.runbook import arms, driver
+from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.session import open_run
 from sparkbook.stages.bench import ab
 
@@ -176,8 +177,8 @@ def _served(run_dir: Path) -> list[list[str | None]]:
 @pytest.mark.parametrize("keep", ["speculative", "baseline"])
 def test_the_driver_runs_both_arms_and_serves_the_kept_one_last(ab_notebooks, ab_params, tmp_path, keep, capfd):
     said: list[str] = []
-    run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
-                                   parameters={"keep": keep})
+    run_dir, manifest = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks,
+                                                             parameters={"keep": keep}), say=said.append)
     assert "without encryption" not in capfd.readouterr().err  # no kernel's TCP warning amid the driver's lines
     expected = ["04-ray.ipynb", "05-serve.ab-baseline.ipynb", "06-benchmark.ab-baseline.ipynb", "05-serve.ipynb",
                 "06-benchmark.ipynb"] + (["05-serve.ab-kept.ipynb"] if keep == "baseline" else [])
@@ -196,8 +197,8 @@ def test_the_layout_ab_serves_tp_then_replicas_and_tp_again_where_tp_is_kept(ab_
     data["benchmark"] = {"ab": "layout"}
     ab_params.write_text(yaml.safe_dump(data))
     said: list[str] = []
-    run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
-                                   parameters={"keep": keep})
+    run_dir, manifest = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks,
+                                                             parameters={"keep": keep}), say=said.append)
     assert manifest.status == "ok", manifest
     layouts = [json.loads(line) for line in (run_dir / "layouts.jsonl").read_text().splitlines()]
     assert layouts == [["05-serve.ab-baseline", "baseline", "tp"], ["05-serve", "replicas", "replicas"]] \
@@ -217,34 +218,34 @@ def test_up_after_the_layout_ab_serves_the_layout_it_kept(ab_notebooks, ab_param
     data["serve"] = {**data["serve"], "layout": "replicas", "speculative": None}
     data["benchmark"] = {"ab": "layout"}
     ab_params.write_text(yaml.safe_dump(data))
-    run_dir, _ = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
-                            parameters={"keep": keep})
+    run_dir, _ = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks,
+                                                      parameters={"keep": keep}))
     said: list[str] = []
-    up_dir, up = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=said.append,
-                            seed=run_dir, start="04", upto="05")
+    up_dir, up = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks, seed=run_dir,
+                                                      start="04", upto="05"), say=said.append)
     kept = keep == "baseline"
     assert up.status == "partial" and [nb.name for nb in up.notebooks if nb.status == "ok"] == \
         ["04-ray.ipynb", "05-serve.ab-kept.ipynb" if kept else "05-serve.ipynb"]
     assert [json.loads(line) for line in (up_dir / "layouts.jsonl").read_text().splitlines()] == \
         [["05-serve.ab-kept", "kept", "tp"] if kept else ["05-serve", None, "replicas"]]
     assert any("serves the baseline its A/B kept" in line for line in said) == kept
-    again, _ = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
-                          seed=up_dir, start="04", upto="05")
+    again, _ = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks, seed=up_dir,
+                                                    start="04", upto="05"))
     assert (again / "layouts.jsonl").read_text() == (up_dir / "layouts.jsonl").read_text(), "up after up: the same"
     data["serve"]["layout"], data["benchmark"] = "tp", {}
     ab_params.write_text(yaml.safe_dump(data))
-    ruled, _ = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
-                          seed=up_dir, start="04", upto="05")
+    ruled, _ = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks, seed=up_dir,
+                                                    start="04", upto="05"))
     assert [json.loads(line) for line in (ruled / "layouts.jsonl").read_text().splitlines()] == \
         [["05-serve", None, "tp"]], "the params changed as the decision said: they rule"
 
 
 def test_an_ab_run_resumes_at_its_failed_arm(ab_notebooks, ab_params, tmp_path):
-    run_dir, manifest = driver.run(ab_params, out_root=tmp_path / "out", folder=ab_notebooks, say=lambda _: None,
-                                   parameters={"keep": "nonsense"})  # the verdict fails its schema in the last 06
+    run_dir, manifest = driver.execute(ab_params, RunOptions(out_root=tmp_path / "out", folder=ab_notebooks,
+                                                             parameters={"keep": "nonsense"}))  # the verdict fails its schema in the last 06
     assert [nb.status for nb in manifest.notebooks][-2:] == ["ok", "failed"]
-    _, manifest = driver.run(ab_params, resume=run_dir, folder=ab_notebooks, say=lambda _: None,
-                             parameters={"keep": "baseline"})
+    _, manifest = driver.execute(ab_params, RunOptions(resume=run_dir, folder=ab_notebooks,
+                                                       parameters={"keep": "baseline"}))
     assert [nb.name for nb in manifest.notebooks][-2:] == ["06-benchmark.ipynb", "05-serve.ab-kept.ipynb"]
     assert manifest.status == "ok"
     assert [stage for stage, _, _ in _served(run_dir)] == ["05-serve.ab-baseline", "05-serve", "05-serve.ab-kept"]

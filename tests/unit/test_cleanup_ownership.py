@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from restoring import kept
 
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.context import Context
@@ -30,7 +31,7 @@ from sparkbook.stages.cleanup.ownership import (
     tree,
 )
 from sparkbook.stages.cleanup.planning import plan
-from sparkbook.stages.cleanup.restore import Seen, bring_back, judge, restore_steps, write_restore_plan
+from sparkbook.stages.cleanup.restore import Seen, bring_back, judge, restore_files
 
 DATA = Path(__file__).parent / "data"
 MEM = Memory(100 << 30, 10 << 30)
@@ -210,8 +211,9 @@ def lab_context(write_params: Callable[[dict[str, Any]], Path], base: dict[str, 
 def test_restore_plan_is_written_for_every_target_before_acting_and_reaches_nodes_by_address(
         write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], tmp_path: Path) -> None:
     p = plan(lab_inventories(), LAB)
-    path = write_restore_plan(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p)
-    steps = restore_steps(path)
+    ctx = lab_context(write_params, base, tmp_path)
+    files = restore_files(ctx, tmp_path / "lab.yaml", p)
+    steps = kept(files, ctx.params, tmp_path)
     assert {(s.node, s.name) for s in steps} == {(t.node, t.name) for t in p.targets}
     assert [s.name for s in steps] == ["python3[40]", "vllm_node", "vllm_node", "old-vllm"], \
         "reverse plan order, owned containers after their owner"
@@ -221,14 +223,14 @@ def test_restore_plan_is_written_for_every_target_before_acting_and_reaches_node
     assert f"{ssh} 22 root@10.77.1.10 'cd / && {{ setsid python3 " in script
     assert "# lab-1 vllm_node: comes back with lab-0/python3[40]" in script
     assert "ssh lab-" not in script, "a node's name is not an SSH address"
-    assert json.loads(path.read_text())["steps"][2]["ssh"] == f"{ssh} 2222 root@10.77.1.11"
+    assert json.loads((tmp_path / "restore-plan.json").read_text())["steps"][2]["ssh"] == f"{ssh} 2222 root@10.77.1.11"
 
 
 def test_restore_brings_back_owners_only_and_judges_owned_containers(
         write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     p = plan(lab_inventories(), LAB)
-    steps = restore_steps(write_restore_plan(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p))
+    steps = restore_files(lab_context(write_params, base, tmp_path), tmp_path / "lab.yaml", p).plan.steps
     ran: list[str] = []
     monkeypatch.setattr("sparkbook.stages.cleanup.restore._restore_one", lambda n, s, secrets: ran.append(s.name) or "ok")
     actions = bring_back(lab_cluster(write_params, base), steps, [], {})

@@ -11,7 +11,7 @@ from sparkbook.core.values.params import CleanupTargets, load_params
 from sparkbook.stages.cleanup.act import verify
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
 from sparkbook.stages.cleanup.planning import Plan, plan
-from sparkbook.stages.cleanup.restore import write_restore_plan
+from sparkbook.stages.cleanup.restore import restore_files
 
 MEM = Memory(100 << 30, 10 << 30)
 
@@ -100,11 +100,11 @@ def test_restore_plan_has_every_planned_target_in_reverse_order(tmp_path, write_
     base["nodes"][1].update(name="lab-1", host="10.77.0.11")
     cluster = Cluster(load_params(write_params(base)))
     ctx = Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path)
-    path = write_restore_plan(ctx, tmp_path / "lab.yaml", Plan(p.targets))
-    steps = json.loads(path.read_text())["steps"]
+    files = restore_files(ctx, tmp_path / "lab.yaml", Plan(p.targets))
+    steps = json.loads(files.plan.json())["steps"]
     assert [s["name"] for s in steps] == [t.name for t in reversed(p.targets)]
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
-    script = (tmp_path / "restore.sh").read_text()
+    script = files.script
     stop_new = f"{ssh} 'docker stop sparkbook-{ctx.params.cluster}-lab-0 || true'"
     assert stop_new in script and script.index(stop_new) < script.index(f"{ssh} 'docker start old-vllm'"), \
         "the new deployment is stopped before the old one starts, as --stop-new does"

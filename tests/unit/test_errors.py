@@ -1,4 +1,4 @@
-"""One exception root: every exception class of the package is a SparkbookError, and `cli.main` maps each kind
+"""One exception root: every exception class of the package is a SparkbookError, and `cli.main` maps each exit kind
 to its exit code and one line on stderr, without a traceback."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import sparkbook
-from sparkbook import cli
+from sparkbook import api, cli
+from sparkbook.cli import exits
 from sparkbook.core.cluster.nodes import Cluster, Unreachable
 from sparkbook.core.values.errors import SparkbookError
 from sparkbook.core.values.params import load_params
@@ -62,10 +63,10 @@ def test_invalid_params_exit_2_naming_every_problem(tmp_path: Path, capsys: pyte
     bad = tmp_path / "bad.yaml"
     bad.write_text("- not\n- a mapping\n")
     assert main(["check", str(bad)], capsys) == (
-        cli.EXIT_INVALID, f"invalid params (1 problem(s)):\n  {bad}:1: (file): expected a mapping of settings at "
+        exits.EXIT_INVALID, f"invalid params (1 problem(s)):\n  {bad}:1: (file): expected a mapping of settings at "
                           "the top level\n")
     code, err = main(["run", str(tmp_path / "missing.yaml"), "--outputs", str(tmp_path / "o")], capsys)
-    assert code == cli.EXIT_INVALID and "missing.yaml: (file): file not found" in err
+    assert code == exits.EXIT_INVALID and "missing.yaml: (file): file not found" in err
     assert not (tmp_path / "o").exists()
 
 
@@ -73,10 +74,10 @@ def test_invalid_run_request_exit_2_in_one_line(base: dict[str, Any], write_para
                                                 tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = main(["run", str(write_params(base)), "-p", "confirm_cleanpu=true", "--outputs",
                       str(tmp_path / "o")], capsys)
-    assert code == cli.EXIT_INVALID and err.startswith("error: unknown parameter(s) ['confirm_cleanpu']")
+    assert code == exits.EXIT_INVALID and err.startswith("error: unknown parameter(s) ['confirm_cleanpu']")
     assert err.count("\n") == 1
     code, err = main(["restore", str(tmp_path / "no-run")], capsys)
-    assert (code, err) == (cli.EXIT_INVALID,
+    assert (code, err) == (exits.EXIT_INVALID,
                            f"error: {tmp_path / 'no-run' / 'restore-plan.json'} not found: 01-cleanup "
                            "writes it after it stops something\n")
 
@@ -99,16 +100,16 @@ def test_a_held_lock_exits_3_with_its_remediation(base: dict[str, Any], write_pa
         sleeper.kill()
         sleeper.wait()
         cluster.close()
-    assert code == cli.EXIT_LOCKED and err.startswith("refused: ") and err.count("\n") == 1
+    assert code == exits.EXIT_LOCKED and err.startswith("refused: ") and err.count("\n") == 1
     assert err.endswith(f"still running on this host: stop it first (kill {sleeper.pid}), or pass --force\n")
 
 
 @pytest.mark.parametrize("raised, code, line", [
-    (Unreachable("b", "cannot reach root@127.0.0.1:22 within 10 s: timed out"), cli.EXIT_NODE,
+    (Unreachable("b", "cannot reach root@127.0.0.1:22 within 10 s: timed out"), exits.EXIT_NODE,
      "node unusable: b: cannot reach root@127.0.0.1:22 within 10 s: timed out"),
     (SparkbookError("no node has the model's config.json", stage="02-diagnosis", remediation="set model.path"),
-     cli.EXIT_FAILED, "error (02-diagnosis): no node has the model's config.json: set model.path"),
-    (KeyboardInterrupt(), cli.EXIT_INTERRUPTED, "interrupted"),
+     exits.EXIT_FAILED, "error (02-diagnosis): no node has the model's config.json: set model.path"),
+    (KeyboardInterrupt(), exits.EXIT_INTERRUPTED, "interrupted"),
 ])
 def test_each_other_kind_has_its_exit_code_and_one_line(raised: BaseException, code: int, line: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
@@ -116,5 +117,5 @@ def test_each_other_kind_has_its_exit_code_and_one_line(raised: BaseException, c
     def fail(args: object) -> int:
         raise raised
 
-    monkeypatch.setattr(cli, "cmd_check", fail)
+    monkeypatch.setattr(api, "check", fail)
     assert main(["check", str(tmp_path / "any.yaml")], capsys) == (code, line + "\n")

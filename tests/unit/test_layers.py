@@ -1,5 +1,5 @@
-"""The package's layers, read from its own imports (issue 28): cli on top; runbook and records beside each other
-above the stages; stages that never import one another; a core that imports nothing above it, itself three floors
+"""The package's layers, read from its own imports (issue 28): cli on top, which only parses and renders what api
+returns (issue 54); api over runbook and records, beside each other above the stages; stages that never import one another; a core that imports nothing above it, itself three floors
 (values, then analysis, then cluster), each importing only those below; the lab only for cli (and tests). A test
 fails naming the import that points the wrong way, and another any circle of modules."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sparkbook"
 # what each layer may import from the package, besides itself
 CORE = {"core.values", "core.analysis", "core.cluster"}
 ALLOWED = {
-    "cli": {"api", "runbook", "records", "stages", "lab"} | CORE,
+    "cli": {"api", "lab", "core.values"},  # core.values: the errors' kinds and the values it renders
+    "sparkbook": {"runbook"},  # the package's own __init__: the session a notebook opens
     "api": {"runbook", "records", "stages"} | CORE,
     "runbook": {"records", "stages"} | CORE,
     "records": CORE,
@@ -27,11 +28,13 @@ ALLOWED = {
 
 def layer(module: str) -> str:
     """'sparkbook.stages.serve.launch' -> 'stages', 'sparkbook.core.values.params' -> 'core.values'; the package's
-    __init__ and the cli package count as cli (the public face); the bare `sparkbook.core` as its lowest floor."""
+    __init__ is its own; the bare `sparkbook.core` counts as its lowest floor."""
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] == "core":
+    if len(parts) == 1:
+        return "sparkbook"
+    if parts[1] == "core":
         return f"core.{parts[2]}" if len(parts) > 2 else "core.values"
-    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else "cli"
+    return parts[1]
 
 
 def stage(module: str) -> str | None:
@@ -91,7 +94,9 @@ def test_the_rule_catches_an_arrow_up_and_across(tmp_path: Path, monkeypatch: py
                       "core/analysis/z.py": "from ..values import params\nfrom ..cluster.nodes import Node\n",
                       "stages/serve/launch.py": "from ...stages.images import choice\nfrom ...core import x\n",
                       "records/pages.py": "from sparkbook.stages.bench import sweep\n",
-                      "stages/bench/sweep.py": "from . import client\nfrom ...core.values.x import y\n"}.items():
+                      "stages/bench/sweep.py": "from . import client\nfrom ...core.values.x import y\n",
+                      "cli/run.py": "from .. import api\nfrom ..runbook import driver\nfrom ..core.cluster import nodes\n"
+                      }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", root)
@@ -106,6 +111,9 @@ def test_the_rule_catches_an_arrow_up_and_across(tmp_path: Path, monkeypatch: py
     assert wrong_way(root / "records/pages.py") == [
         "sparkbook.records.pages imports sparkbook.stages.bench: records may import ['core.analysis', 'core.cluster', 'core.values']"]
     assert wrong_way(root / "stages/bench/sweep.py") == []
+    assert wrong_way(root / "cli/run.py") == [
+        "sparkbook.cli.run imports sparkbook.runbook: cli may import ['api', 'core.values', 'lab']",
+        "sparkbook.cli.run imports sparkbook.core.cluster: cli may import ['api', 'core.values', 'lab']"]
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:

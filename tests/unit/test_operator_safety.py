@@ -17,6 +17,7 @@ import pytest
 from restoring import Launcher, local_params, restorable_run
 
 from sparkbook import cli
+from sparkbook.cli import exits
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.nodes import Cluster
 from sparkbook.core.values import state
@@ -26,8 +27,8 @@ from sparkbook.runbook import driver, lock, operate
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.stages.cleanup import act, restore
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Process, Unit
-from sparkbook.stages.cleanup.launch import Launch
 from sparkbook.stages.cleanup.planning import Plan, plan
+from sparkbook.stages.cleanup.relaunch import Relaunch
 from sparkbook.stages.cleanup.restore import Step
 
 TOKEN = "hf_" + "Q" * 30  # token-shaped: what a careless paste puts where a name belongs
@@ -47,7 +48,7 @@ def no_remote(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a node was contacted")
 
     monkeypatch.setattr(driver, "Cluster", connect)
-    monkeypatch.setattr(cli.lock, "acquire", connect)
+    monkeypatch.setattr(lock, "acquire", connect)
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def unreachable(base: dict[str, Any], write_params: Callable[..., Path]) -> Path
 def test_the_drivers_own_parameters_are_refused_before_anything_is_touched(
         given: str, unreachable: Path, no_remote: None, capsys: pytest.CaptureFixture[str]) -> None:
     t0 = time.monotonic()
-    assert cli.main(["run", str(unreachable), "-p", given]) == cli.EXIT_INVALID
+    assert cli.main(["run", str(unreachable), "-p", given]) == exits.EXIT_INVALID
     err = _one_line(capsys.readouterr().err)
     assert f"-p {given.split('=')[0]}: set by the driver itself" in err and time.monotonic() - t0 < 5
 
@@ -78,7 +79,7 @@ def test_a_binary_params_file_is_one_problem_and_exit_2(tmp_path: Path, capsys: 
     binary = tmp_path / "params.yaml"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
     for command in (["check", str(binary)], ["run", str(binary)], ["plan", str(binary)]):
-        assert cli.main(command) == cli.EXIT_INVALID
+        assert cli.main(command) == exits.EXIT_INVALID
         err = capsys.readouterr().err
         assert "Traceback" not in err and f"{binary}: (file): not UTF-8 text" in err, err
 
@@ -86,11 +87,11 @@ def test_a_binary_params_file_is_one_problem_and_exit_2(tmp_path: Path, capsys: 
 def test_resume_of_a_dir_that_is_no_run_dir_is_one_line(unreachable: Path, tmp_path: Path, no_remote: None,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "notes").mkdir()
-    assert cli.main(["run", str(unreachable), "--resume", str(tmp_path / "notes")]) == cli.EXIT_INVALID
+    assert cli.main(["run", str(unreachable), "--resume", str(tmp_path / "notes")]) == exits.EXIT_INVALID
     assert "--resume" in (err := _one_line(capsys.readouterr().err)) and "no run dir (it holds no manifest.json)" in err
     (tmp_path / "torn").mkdir()
     (tmp_path / "torn" / "manifest.json").write_text('{"cluster": "unit"}')
-    assert cli.main(["run", str(unreachable), "--resume", str(tmp_path / "torn")]) == cli.EXIT_INVALID
+    assert cli.main(["run", str(unreachable), "--resume", str(tmp_path / "torn")]) == exits.EXIT_INVALID
     assert "manifest.json cannot be read (KeyError)" in _one_line(capsys.readouterr().err)
 
 
@@ -104,7 +105,7 @@ def test_resume_of_a_dir_that_is_no_run_dir_is_one_line(unreachable: Path, tmp_p
 def test_a_malformed_restore_plan_is_one_line_and_exit_2(text: str, where: str, tmp_path: Path, no_remote: None,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "restore-plan.json").write_text(text.replace("x", f"x --hf-token {TOKEN}"))
-    assert cli.main(["restore", str(tmp_path)]) == cli.EXIT_INVALID
+    assert cli.main(["restore", str(tmp_path)]) == exits.EXIT_INVALID
     err = _one_line(capsys.readouterr().err)
     assert err.startswith("invalid restore plan (restore): ") and where in err and "restore.sh" in err
     assert TOKEN not in err
@@ -117,7 +118,7 @@ def test_a_rejected_secrets_entry_is_named_by_index_never_echoed(
         entry: str, said: str, base: dict[str, Any], write_params: Callable[..., Path],
         capsys: pytest.CaptureFixture[str]) -> None:
     base["secrets"] = ["SPARKBOOK_TEST_TOKEN", entry]
-    assert cli.main(["check", str(write_params(base))]) == cli.EXIT_INVALID
+    assert cli.main(["check", str(write_params(base))]) == exits.EXIT_INVALID
     err = capsys.readouterr().err
     assert "secrets[1]" in err and said in err and "Traceback" not in err
     assert TOKEN not in err and "hunter2" not in err and entry not in err
@@ -126,7 +127,7 @@ def test_a_rejected_secrets_entry_is_named_by_index_never_echoed(
 def test_a_token_shaped_value_is_not_echoed_by_any_field_check(base: dict[str, Any], write_params: Callable[..., Path],
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     base["ray"] = {"env": {"HF_TOKEN": f"{TOKEN};"}}
-    assert cli.main(["check", str(write_params(base))]) == cli.EXIT_INVALID
+    assert cli.main(["check", str(write_params(base))]) == exits.EXIT_INVALID
     err = capsys.readouterr().err
     assert "ray.env.HF_TOKEN" in err and "not shown: it looks like a token" in err and TOKEN not in err
 
@@ -164,7 +165,7 @@ def test_restore_refuses_while_a_run_holds_the_lock(stop_new: list[str], held_by
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     acted: list[str] = []
     monkeypatch.setattr(restore, "restore_deployment", lambda *a: acted.append("restore") or iter([]))
-    assert cli.main(["restore", str(restorable_run(tmp_path, local)), *stop_new]) == cli.EXIT_LOCKED
+    assert cli.main(["restore", str(restorable_run(tmp_path, local)), *stop_new]) == exits.EXIT_LOCKED
     _refused_naming(held_by_another, _one_line(capsys.readouterr().err))
     assert acted == [], "nothing was restored"
 
@@ -203,15 +204,15 @@ def test_stop_and_up_refuse_while_a_run_holds_the_lock(command: list[str], held_
     _deployed(tmp_path / "outputs")
     acted: list[str] = []
     monkeypatch.setattr(operate, "stop", lambda *a, **k: acted.append("stop") or [])
-    monkeypatch.setattr(driver, "_execute", lambda *a, **k: acted.append("up"))
-    assert cli.main([command[0], str(local), "--outputs", str(tmp_path / "outputs"), *command[1:]]) == cli.EXIT_LOCKED
+    monkeypatch.setattr(driver, "_run_notebooks", lambda *a, **k: acted.append("up"))
+    assert cli.main([command[0], str(local), "--outputs", str(tmp_path / "outputs"), *command[1:]]) == exits.EXIT_LOCKED
     _refused_naming(held_by_another, _one_line(capsys.readouterr().err))
     assert acted == []
 
 
 # restore is idempotent: what runs already is verified, never launched again
 def test_a_second_restore_verifies_the_running_process_and_launches_only_what_is_gone() -> None:
-    old, other = Launch("/", ["python3", "/srv/old.py"]), Launch("/", ["python3", "/srv/other.py"])
+    old, other = Relaunch("/", ["python3", "/srv/old.py"]), Relaunch("/", ["python3", "/srv/other.py"])
     steps = [Step("a", "process", "python3[40]", old.command(), launch=old),
              Step("a", "process", "python3[41]", other.command(), launch=other)]
     now = {"a": Inventory("a", [], "Docker 28", [], "systemd", [Process(90, "python3", "python3 /srv/old.py")],
@@ -250,7 +251,7 @@ def test_an_escaped_unit_name_reaches_systemctl_whole_on_stop_restore_and_in_res
     # restore.sh: `ssh ... 'COMMAND'` (a local node: `sh -c 'COMMAND'`), whose COMMAND the node's shell parses again
     ctx = SimpleNamespace(cluster=SimpleNamespace(nodes={"a": node}), run_dir=tmp_path,
                           params=SimpleNamespace(runtime=SimpleNamespace(kind="python")))
-    restore.write_restore_plan(ctx, tmp_path / "p.yaml", Plan([target]))  # type: ignore[arg-type]
-    line = (tmp_path / "restore.sh").read_text().splitlines()[-1]
+    files = restore.restore_files(ctx, tmp_path / "p.yaml", Plan([target]))  # type: ignore[arg-type]
+    line = files.script.splitlines()[-1]
     assert shlex.split(shlex.split(line)[-1]) == ["systemctl", "enable", "--now", UNIT], line
-    assert restore.read_plan(tmp_path / "restore-plan.json").steps[0].restore == target.restore
+    assert files.plan.steps[0].restore == target.restore

@@ -9,6 +9,7 @@ import pytest
 from rundirs import make_run
 
 from sparkbook import cli
+from sparkbook.cli import exits
 from sparkbook.records import archive, pages
 
 A, B = "20261201T100000Z", "20261201T110000Z"
@@ -26,7 +27,7 @@ def users_dir(tmp_path: Path) -> Path:
 
 def test_runs_refuses_a_dir_that_holds_no_run_and_leaves_its_index(users_dir: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["runs", str(users_dir)]) == cli.EXIT_INVALID
+    assert cli.main(["runs", str(users_dir)]) == exits.EXIT_INVALID
     err = capsys.readouterr().err
     assert err.startswith("refused: ") and err.count("\n") == 1 and "no cluster's outputs" in err
     assert (users_dir / "index.html").read_text() == "my own page"
@@ -42,7 +43,7 @@ def test_the_cluster_index_is_written_only_into_a_clusters_outputs(users_dir: Pa
 
 def test_runs_by_cluster_name_refuses_one_without_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "lab" / "interactive").mkdir(parents=True)
-    assert cli.main(["runs", "lab", "--outputs", str(tmp_path)]) == cli.EXIT_INVALID
+    assert cli.main(["runs", "lab", "--outputs", str(tmp_path)]) == exits.EXIT_INVALID
     assert not (tmp_path / "lab" / "index.html").exists() and "refused" in capsys.readouterr().err
 
 
@@ -63,7 +64,7 @@ def test_compare_refuses_a_run_outside_any_outputs_unless_the_page_is_named(
     make_run(tmp_path / "lab", A)
     loose = tmp_path / "loose" / B  # named like a run, no manifest: no cluster's outputs holds it
     loose.mkdir(parents=True)
-    assert cli.main(["compare", str(tmp_path / "lab" / A), str(loose)]) == cli.EXIT_INVALID
+    assert cli.main(["compare", str(tmp_path / "lab" / A), str(loose)]) == exits.EXIT_INVALID
     assert "--html" in capsys.readouterr().err and list(tmp_path.rglob("*.html")) == []
     named = tmp_path / "mine.html"
     assert cli.main(["compare", str(tmp_path / "lab" / A), str(loose), "--html", str(named)]) == 0

@@ -27,7 +27,7 @@ from sparkbook.runbook.session import open_run
 from sparkbook.stages.cleanup import restore
 from sparkbook.stages.cleanup.inventory import Container, Inventory, Listener, answering, listeners
 from sparkbook.stages.cleanup.planning import Plan, plan
-from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, restore_steps, write_restore_plan
+from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, restore_files
 
 MEM = Memory(100 << 30, 10 << 30)
 RUN = Path("/runs/lab/1")
@@ -74,7 +74,7 @@ def test_the_plan_and_the_restore_plan_carry_what_each_target_held(
     base["nodes"][0].update(name="lab-0", host="10.77.0.10")
     cluster = Cluster(load_params(write_params(base)))
     ctx = Context(cluster.params, cluster, runtime_for(cluster.params), tmp_path)
-    steps = restore_steps(write_restore_plan(ctx, tmp_path / "lab.yaml", Plan(p.targets)))
+    steps = restore_files(ctx, tmp_path / "lab.yaml", Plan(p.targets)).plan.steps
     ssh = f"ssh -i {tmp_path}/id_test -o UserKnownHostsFile={tmp_path}/known_hosts -p 22 root@10.77.0.10"
     assert steps == [Step("lab-0", "container", "old-vllm", "docker start old-vllm", "", [8000],
                           "http://10.77.0.10:8000/health", 1200.0, 0, ssh=ssh),

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from restoring import Launcher, local_params, restorable_run
+from restoring import Launcher, kept, local_params, restorable_run
 
 from sparkbook import cli
+from sparkbook.cli import exits
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.cluster.nodes import Cluster
@@ -27,7 +28,7 @@ from sparkbook.core.values.redact import Redactor
 from sparkbook.stages.cleanup import restore
 from sparkbook.stages.cleanup.inventory import Inventory, Process
 from sparkbook.stages.cleanup.planning import plan
-from sparkbook.stages.cleanup.restore import Seen, judge, restore_steps, write_restore_plan
+from sparkbook.stages.cleanup.restore import Seen, judge, restore_files
 
 TOKEN = "hf_abcdefghijklmnopqrstuvwxyz"
 UNKNOWN = "sk-abcdefghijklmnopqrstuvwxyz0123"
@@ -60,12 +61,11 @@ def written(params_file: Path, run_dir: Path, *processes: Process) -> tuple[Para
     params = load_params(params_file)
     cluster = Cluster(params)
     ctx = Context(params, cluster, runtime_for(params), run_dir)
-    write_restore_plan(ctx, Path("params.yaml"), plan([node_a(*processes)], TARGETS, params.secret_values()))
+    files = restore_files(ctx, Path("params.yaml"), plan([node_a(*processes)], TARGETS, params.secret_values()))
     scrub = Redactor.from_env(params.secrets)
-    for name in ("restore-plan.json", "restore.sh"):
-        text = (run_dir / name).read_text()
+    for name, text in files.files().items():
         assert scrub.text(text) == text, f"the run dir's scrub would change {name}"
-    return params, restore_steps(run_dir / "restore-plan.json")
+    return params, kept(files, params, run_dir)
 
 
 def test_the_plan_and_restore_sh_hold_the_secrets_name_never_its_value(local: Path, tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_restore_refuses_in_one_line_naming_the_variable_where_it_is_not_set(
     acted: list[str] = []
     monkeypatch.setattr(restore, "_inventories", lambda cluster, targets: {"a": node_a(), "b": node_a()})
     monkeypatch.setattr(restore, "bring_back", lambda *a: acted.append("restore") or [])
-    assert cli.main(["restore", str(run_dir)]) == cli.EXIT_INVALID
+    assert cli.main(["restore", str(run_dir)]) == exits.EXIT_INVALID
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("refused (restore): nothing was restored: a/python3[40] needs HF_TOKEN, which is not set")
     assert "export each variable" in line and acted == []
@@ -140,6 +140,6 @@ def test_a_secret_sparkbook_does_not_know_is_a_warning_and_restore_skips_its_tar
     monkeypatch.setattr(restore, "_restore_one", lambda *a: launched.append("launch") or "launched")
     monkeypatch.setattr(restore, "verify_restore", lambda cluster, steps: [
         judge(s, Seen("not running", False, None, "", 0.0)) for s in steps])
-    assert cli.main(["restore", str(run_dir)]) == cli.EXIT_FAILED
+    assert cli.main(["restore", str(run_dir)]) == exits.EXIT_FAILED
     out = capsys.readouterr().out
     assert f"FAILED  -  skipped: {why}" in out and f"not restored: {why}" in out and launched == []

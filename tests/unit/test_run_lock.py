@@ -17,6 +17,7 @@ import pytest
 from sparkbook.core.cluster.nodes import Cluster
 from sparkbook.core.values.params import Params, ParamsError, load_params
 from sparkbook.runbook import driver, lock
+from sparkbook.runbook.driver import RunOptions
 
 
 @pytest.fixture
@@ -172,7 +173,7 @@ def test_cli_run_refuses_and_unlock_clears(params: Params, head, live_pid: int, 
 
 
 def lock_exit() -> int:
-    from sparkbook.cli import EXIT_LOCKED
+    from sparkbook.cli.exits import EXIT_LOCKED
     return EXIT_LOCKED
 
 
@@ -187,7 +188,7 @@ def test_interrupted_run_releases_the_lock(params: Params, tmp_path: Path) -> No
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        driver.run(params_file, out_root=tmp_path / "out", say=interrupt)
+        driver.execute(params_file, RunOptions(out_root=tmp_path / "out"), say=interrupt)
     assert seen == [True], "the lock is held while notebooks run"
     assert not Path(params.run_lock.path).exists()
 

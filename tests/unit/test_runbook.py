@@ -12,6 +12,7 @@ import pytest
 from sparkbook import cli
 from sparkbook.core.values.params import load_params
 from sparkbook.runbook import driver, limits
+from sparkbook.runbook.driver import RunOptions
 
 TOKEN = "hf_" + "Zq8" * 10
 
@@ -59,7 +60,7 @@ def _all_text(folder: Path) -> str:
 
 def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: Path, tmp_path: Path,
                                                  capfd: pytest.CaptureFixture[str]) -> None:
-    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks))
     assert manifest.status == "ok"
     assert "without encryption" not in capfd.readouterr().err  # the kernels talk over IPC: no TCP warning each
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
@@ -80,8 +81,8 @@ def test_run_writes_manifest_index_and_decisions(notebooks: Path, params_file: P
 
 
 def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
-    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks,
-                                    parameters={"fail": True}, say=lambda _: None)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks,
+                                                               parameters={"fail": True}))
     assert [nb.status for nb in manifest.notebooks] == ["ok", "failed", "not run"]
     failed = manifest.notebooks[1]
     assert failed.exception["ename"] == "AssertionError" and "planted failure" in failed.exception["evalue"]
@@ -91,8 +92,8 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
     assert load_params(run_dir / "params.yaml") == load_params(params_file)  # its ssh files resolved, loadable there
 
     seen: list[str] = []
-    run_dir2, manifest = driver.run(params_file, resume=run_dir, folder=notebooks, parameters={"fail": False},
-                                     say=seen.append)
+    run_dir2, manifest = driver.execute(params_file, RunOptions(resume=run_dir, folder=notebooks,
+                                                                parameters={"fail": False}), say=seen.append)
     assert run_dir2 == run_dir
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "ok"]
     assert not any("01-first" in line for line in seen), "resume must not rerun what succeeded"
@@ -100,8 +101,7 @@ def test_failure_stops_the_run_and_resume_continues(notebooks: Path, params_file
 
 def test_an_only_run_is_partial_in_its_manifest(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
     """Issue 31: an --only 02 run said "ok" in its manifest with the other notebooks "pending"."""
-    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="02",
-                                   say=lambda _: None)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks, only="02"))
     assert manifest.status == "partial"
     assert [nb.status for nb in manifest.notebooks] == ["skipped (--only 02)", "ok", "skipped (--only 02)"]
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "partial"
@@ -111,7 +111,7 @@ def test_an_only_run_is_partial_in_its_manifest(notebooks: Path, params_file: Pa
 def test_a_run_to_nn_stops_after_it_and_says_so(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
     """`sparkbook run --to NN` (the H200 sessions needed four --only runs to get 01 to 04): the notebooks after NN are
     skipped (--to NN), not "not run" as after a failure, and the run is partial."""
-    _, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, upto="02", say=lambda _: None)
+    _, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks, upto="02"))
     assert [nb.status for nb in manifest.notebooks] == ["ok", "ok", "skipped (--to 02)"]
     assert manifest.status == "partial"
     assert cli.parser().parse_args(["run", "p.yaml", "--from", "02", "--to", "02"]).upto == "02"
@@ -127,7 +127,8 @@ def test_only_and_from_select_notebooks() -> None:
 
 def test_unknown_parameter_is_an_error(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
     with pytest.raises(driver.RunbookError, match="confirm_cleanpu"):
-        driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, parameters={"confirm_cleanpu": True})
+        driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks,
+                                               parameters={"confirm_cleanpu": True}))
     assert not (tmp_path / "out").exists()
 
 
@@ -159,7 +160,7 @@ def test_a_ready_wait_longer_than_30_minutes_gets_a_cell_limit_above_it(base: di
 
 
 def test_the_cell_limit_is_in_the_manifest_and_the_index(notebooks: Path, params_file: Path, tmp_path: Path) -> None:
-    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, say=lambda _: None)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks))
     written = json.loads((run_dir / "manifest.json").read_text())["notebooks"][0]
     assert written["cell_limit_s"] == limits.BASE_CELL_S and written["cell_limit_reason"]
     assert f"cell limit {limits.BASE_CELL_S} s" in (run_dir / "index.html").read_text()
@@ -169,8 +170,7 @@ def test_the_notebooks_load_the_run_dirs_own_params_and_the_page_names_it(notebo
                                                                            tmp_path: Path) -> None:
     """Issue 39: the injected parameters cell and the run page name the run dir's params.yaml, not a temporary
     source path; the source is named only where it lies inside the repo that holds the outputs."""
-    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="01",
-                                   say=lambda _: None)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks, only="01"))
     executed = json.loads((run_dir / "01-first.ipynb").read_text())
     injected = "".join(next(c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", []))
                        ["source"])
@@ -205,11 +205,11 @@ def test_a_new_run_from_a_later_notebook_starts_from_the_newest_run_that_recorde
     from sparkbook.core.values import state
     from sparkbook.core.values.handoff import Diagnosis
 
-    earlier, _ = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, only="01", say=lambda _: None)
+    earlier, _ = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks, only="01"))
     state.store(earlier, Diagnosis(findings=[], question_for_03="which image?", installed_image=None), lambda d: d)
     seen: list[str] = []
-    run_dir, manifest = driver.run(params_file, out_root=tmp_path / "out", folder=notebooks, start="03",
-                                   say=seen.append)
+    run_dir, manifest = driver.execute(params_file, RunOptions(out_root=tmp_path / "out", folder=notebooks,
+                                                               start="03"), say=seen.append)
     assert run_dir != earlier and [nb.status for nb in manifest.notebooks][-1] == "ok"
     assert state.load(run_dir, Diagnosis).question_for_03 == "which image?"
     assert any(f"Diagnosis (diagnosis) from run {earlier.name}" in line and "ModelFacts: no run recorded it" in line

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from sparkbook import cli
+from sparkbook.cli import exits
 from sparkbook.core.values.evidence import now
 from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
 from sparkbook.records import pages, watchlog
@@ -228,8 +229,8 @@ def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_p
     cause = classify({"lab-0": "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."}, {})
     with pytest.raises(watch.WatchGaveUp) as err:
         w._give_up(d, cause)
-    code, text = cli.failure(err.value)
-    assert code == cli.EXIT_GAVE_UP and "\n" not in text, text
+    code, text = exits.failure(err.value)
+    assert code == exits.EXIT_GAVE_UP and "\n" not in text, text
     assert text.startswith("WATCH GAVE UP: cluster lab: the deployment of run " + RUN)
     assert "worker died on lab-0" in text and "sparkbook up" in text and "watch.jsonl" in text
     assert watchlog.read(w.cluster_dir)[-1].kind == "gave_up"
@@ -237,7 +238,7 @@ def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_p
 
 def test_watch_with_nothing_deployed_is_one_line_and_exit_1(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["watch", str(LAB), "--outputs", str(tmp_path), "--checks", "1"]) == cli.EXIT_FAILED
+    assert cli.main(["watch", str(LAB), "--outputs", str(tmp_path), "--checks", "1"]) == exits.EXIT_FAILED
     err = capsys.readouterr().err
     assert "no run under" in err and "Traceback" not in err and not watchlog.read(tmp_path / "lab"), err
 

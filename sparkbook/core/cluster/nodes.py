@@ -16,12 +16,12 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, ClassVar, Protocol, TypeVar
 
 import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
 
-from ..values.errors import SparkbookError
+from ..values.errors import ExitKind, SparkbookError
 from ..values.fanout import FanOut, Outcome
 from ..values.params import NodeSpec, Params, SSHSettings
 from . import sshconfig
@@ -63,6 +63,9 @@ class Result:
 class NodeError(SparkbookError):
     """A node could not be used; the message names it and says what to do."""
 
+    exit_kind: ClassVar[ExitKind] = "node"
+    label = "node unusable"
+
     def __init__(self, node: str, reason: str, *, remediation: str | None = None):
         self.reason = reason
         super().__init__(f"{node}: {reason}", node=node, remediation=remediation)
@@ -81,6 +84,11 @@ class HostKeyMismatch(NodeError):
 
 
 class CommandFailed(NodeError):
+    """A command ran on a reachable node and failed: the step failed, the node is usable."""
+
+    exit_kind = "failed"
+    label = "error"
+
     def __init__(self, result: Result):
         self.result = result
         what = "timed out" if result.timed_out else f"exited {result.exit_code}"

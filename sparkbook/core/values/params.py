@@ -715,6 +715,9 @@ class Problem:
 class ParamsError(SparkbookError):
     """Every problem found in a params file; raised before anything touches a node."""
 
+    exit_kind = "invalid"
+    label = "invalid params"
+
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))

@@ -1,11 +1,13 @@
 """01: inventory what the old deployment holds (inventory.py), plan its stop, dependents first, with what a unit
-or managed process owns under its owner (planning.py, ownership.py), write the restore plan (restore.py; a process's
-relaunch with its secrets by name: launch.py), act and verify (act.py); `sparkbook restore` brings it back (restore.py).
+or managed process owns under its owner (planning.py, ownership.py), hand the restore plan to the session to write
+(restore.py; a process's relaunch with its secrets by name: relaunch.py), act and verify (act.py); `sparkbook restore`
+brings it back (restore.py).
 
 The front door: `preview(ctx)` (every node's inventory and the stop plan: read-only) and `run(ctx, preview, ...)`,
 which decides, stops in plan order only with confirm_cleanup, and verifies."""
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,12 +15,16 @@ from ...core.cluster.context import Context
 from ...core.values.evidence import Shown, StageOutcome, unreachable
 from ...core.values.fanout import Outcome
 from ...core.values.handoff import Action, OldDeployment
-from ...core.values.rundir import RESTORE_SCRIPT
+from ...core.values.rundir import RESTORE_PLAN
 from ...core.values.state import Handoff
 from . import act, inventory, planning, restore
 from .act import CleanupError, Verification
 from .inventory import Inventory
 from .planning import Plan
+from .restore import RestoreFiles
+
+# The session's writer of files into the run dir (`Run.keep_files`): name -> text
+Keep = Callable[[Mapping[str, str]], object]
 
 
 @dataclass(frozen=True)
@@ -61,13 +67,13 @@ def preview(ctx: Context) -> CleanupPreview:
 
 @dataclass(kw_only=True)
 class CleanupOutcome(StageOutcome):
-    """What 01 did: whether it acted, the stops in plan order, the restore script, the verification (None where
-    nothing was stopped)."""
+    """What 01 did: whether it acted, the stops in plan order, the restore plan and script, the verification (None
+    where nothing was stopped)."""
 
     acted: bool
     preview: CleanupPreview
     actions: list[Action]
-    restore_script: str | None = None
+    restore: RestoreFiles | None = None
     check: Verification | None = None
 
     def actions_shown(self) -> list[Shown]:
@@ -84,7 +90,8 @@ class CleanupOutcome(StageOutcome):
                                                                         c.memory), Shown("Verification", c.summary())]
 
     def restore_shown(self, run_dir: Path) -> list[Shown]:
-        return [Shown(f"sparkbook restore {run_dir}", self.restore_script or "nothing was stopped: nothing to restore")]
+        return [Shown(f"sparkbook restore {run_dir}",
+                      self.restore.script if self.restore else "nothing was stopped: nothing to restore")]
 
     def summary_shown(self) -> list[Shown]:
         p = self.preview
@@ -94,19 +101,20 @@ class CleanupOutcome(StageOutcome):
             "verification": self.check.summary() if self.check else "not acted: plan only"})]
 
 
-def run(ctx: Context, preview: CleanupPreview, *, confirm_cleanup: bool, params_file: Path) -> CleanupOutcome:
-    """Record the plan and the decision; with confirm_cleanup, write the restore plan, stop in plan order,
-    inventory again and verify (a target still running, or anything outside the allow-lists touched, is the
-    error)."""
+def run(ctx: Context, preview: CleanupPreview, *, confirm_cleanup: bool, params_file: Path,
+        keep: Keep) -> CleanupOutcome:
+    """Record the plan and the decision; with confirm_cleanup, hand the restore plan to `keep` (the session writes
+    it into the run dir before anything is stopped), stop in plan order, inventory again and verify (a target still
+    running, or anything outside the allow-lists touched, is the error)."""
     out = CleanupOutcome(acted=confirm_cleanup, preview=preview, actions=[], handoffs=[preview.old])
     out.event("cleanup_plan", preview.plan)
     out.decide(planning.decision(preview.plan, confirm_cleanup, preview.unreached))
     if not confirm_cleanup:
         return out
-    restore_file = restore.write_restore_plan(ctx, params_file, preview.plan)
-    out.restore_script = (ctx.run_dir / RESTORE_SCRIPT).read_text()
+    out.restore = restore.restore_files(ctx, params_file, preview.plan)
+    keep(out.restore.files())
     out.actions = act.stop(ctx, preview.plan)
-    out.handoffs.append(act.outcome(out.actions, restore_file))
+    out.handoffs.append(act.outcome(out.actions, ctx.run_dir / RESTORE_PLAN))
     after = _reached(inventory.inventory_all(ctx))
     out.check = act.verify(preview.plan, preview.reached, after)
     out.event("cleanup_verification", out.check)

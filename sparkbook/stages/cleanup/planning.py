@@ -12,9 +12,9 @@ from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Alternative, Decision
 from ...core.values.params import CleanupTargets
 from ...core.values.stagelist import CLEANUP
-from . import boot, launch
+from . import boot
 from .inventory import Inventory, Process, matching
-from .launch import Launch
+from .relaunch import Relaunch, recorded, unknown_secret
 
 STOP_GRACE_S = 10
 TargetKind = Literal["container", "unit", "process"]
@@ -48,7 +48,7 @@ class CleanupTarget:
     gpu_mib: int = 0
     owner: str = ""  # NODE/TARGET of the unit or managed process that owns this container (stopping it stops this)
     stop_timeout_s: float = STOP_GRACE_S
-    launch: Launch | None = None  # a process's relaunch (secrets by name); restore finds it again by its argv
+    launch: Relaunch | None = None  # a process's relaunch (secrets by name); restore finds it again by its argv
     cannot_restore: str | None = None  # why restore cannot bring it back (None: it can, or its owner does)
 
     def holds(self) -> str:
@@ -73,10 +73,10 @@ class Plan:
 LIVE = ("running", "restarting", "paused")
 
 
-def relaunch(pr: Process, secrets: Mapping[str, str]) -> Launch:
+def relaunch(pr: Process, secrets: Mapping[str, str]) -> Relaunch:
     """How a stopped process is launched again: its exact argv, from its working directory, detached, each known
     secret by its variable's name (its environment is not recorded: it may hold secrets)."""
-    return launch.recorded(pr.cwd, pr.argv, secrets)
+    return recorded(pr.cwd, pr.argv, secrets)
 
 
 def cannot_relaunch(pr: Process, secrets: Mapping[str, str]) -> str | None:
@@ -84,7 +84,7 @@ def cannot_relaunch(pr: Process, secrets: Mapping[str, str]) -> str | None:
     secret the controller does not know (names -> values: `secrets`). None where it can."""
     if not pr.argv:
         return f"started as `{pr.args[:120]}`; /proc did not show how: restart it by hand"
-    return launch.unknown_secret(pr.argv, secrets)
+    return unknown_secret(pr.argv, secrets)
 
 
 def _process(inv: Inventory, pr: Process, t: CleanupTargets, secrets: Mapping[str, str]) -> CleanupTarget:

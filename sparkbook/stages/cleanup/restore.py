@@ -35,8 +35,8 @@ from .inventory import (
     probe_health,
     vanished,
 )
-from .launch import Launch
 from .planning import STOP_GRACE_S, CleanupTarget, Plan, TargetKind
+from .relaunch import Relaunch
 
 READY_TIMEOUT_S = 600  # a restored target has this long to answer its health check (a model loads)
 GRACE_S = 15  # then it must still run and answer this much later (the issue's old vLLM died after 11 s)
@@ -59,7 +59,7 @@ class Step:
     gpu_mib: int = 0
     owner: str = ""  # an owned container comes back with its owner: no command of its own, checked after it
     ssh: str = ""  # how restore.sh reaches the node: ssh with its SSH address, user and port
-    launch: Launch | None = None  # a process's relaunch (secrets by name), which also finds it again
+    launch: Relaunch | None = None  # a process's relaunch (secrets by name), which also finds it again
     cannot_restore: str | None = None  # why restore skips it (None: it has a restore command, or its owner)
 
     def secrets(self) -> list[str]:
@@ -73,10 +73,26 @@ class Step:
 
 @dataclass(frozen=True)
 class RestorePlan:
-    """restore-plan.json as 01 writes it: the params file of the run and the steps in restore order."""
+    """restore-plan.json as 01 leaves it: the params file of the run and the steps in restore order."""
 
     params_file: str
     steps: list[Step]
+
+    def json(self) -> str:
+        return json.dumps({"params_file": self.params_file, "steps": [asdict(s) for s in self.steps]}, indent=2)
+
+
+@dataclass(frozen=True)
+class RestoreFiles:
+    """What 01 hands the session to write into the run dir before it acts (a stop that fails half way still leaves
+    them): the plan `sparkbook restore` reads and the same steps as a script for a controller without sparkbook."""
+
+    plan: RestorePlan
+    script: str
+
+    def files(self) -> dict[str, str]:
+        """Each file's name in the run dir and its text."""
+        return {RESTORE_PLAN: self.plan.json(), RESTORE_SCRIPT: self.script}
 
 
 _PLAN = TypeAdapter(RestorePlan)
@@ -100,23 +116,20 @@ def restore_order(targets: list[CleanupTarget]) -> list[CleanupTarget]:
     return [x for t in back for x in [t, *[o for o in targets if o.owner == f"{t.node}/{t.name}"]]]
 
 
-def write_restore_plan(ctx: Context, params_file: Path, p: Plan) -> Path:
-    """Before acting: a restore step for every planned target (a stop that fails or times out may still have
-    stopped it), in reverse order, with what each held (ports, health URL, memory), as JSON beside a readable
+def restore_files(ctx: Context, params_file: Path, p: Plan) -> RestoreFiles:
+    """What to leave before acting: a restore step for every planned target (a stop that fails or times out may still
+    have stopped it), in reverse order, with what each held (ports, health URL, memory), as JSON beside a readable
     script that reaches each node by its SSH address."""
     steps = [Step(t.node, t.kind, t.name, t.restore, t.restore_note, t.ports, t.health_url, t.memory_mib, t.gpu_mib,
                   t.owner, ssh_command(ctx.cluster.nodes[t.node]), t.launch, t.cannot_restore)
              for t in restore_order(p.targets)]
-    path = ctx.run_dir / RESTORE_PLAN
-    path.write_text(json.dumps({"params_file": str(params_file), "steps": [asdict(s) for s in steps]}, indent=2))
     script = ["#!/bin/sh", "# Brings back what 01-cleanup planned to stop (reverse order), by each node's SSH address.",
               "# It FIRST STOPS THE NEW DEPLOYMENT (this runbook's node containers: their Ray and vLLM server), as",
               "# `sparkbook restore RUN_DIR --stop-new` does: they hold the ports, memory and GPUs the old services",
               "# need.",
               "# Or: sparkbook restore RUN_DIR (refuses while the new deployment runs; --stop-new stops it first)",
               "set -e", *_secret_checks(steps), *_stop_new_lines(ctx), *map(_script_line, steps)]
-    (ctx.run_dir / RESTORE_SCRIPT).write_text("\n".join(script) + "\n")
-    return path
+    return RestoreFiles(RestorePlan(str(params_file), steps), "\n".join(script) + "\n")
 
 
 def _secret_checks(steps: list[Step]) -> list[str]:
@@ -201,9 +214,23 @@ class RestoreOutcome:
 
 
 class RestoreRefused(CleanupError):
-    """Something stands in the way of the restore; nothing was restored."""
+    """Something stands in the way of the restore; nothing was restored. `outcome` names each conflict."""
 
     stage = "restore"
+
+    def __init__(self, message: str, outcome: RestoreOutcome, *, remediation: str):
+        self.outcome = outcome
+        super().__init__(message, remediation=remediation)
+
+
+class RestoreFailed(CleanupError):
+    """A restore step failed or a restored target did not come back; `outcome` holds each step and verdict."""
+
+    stage = "restore"
+
+    def __init__(self, message: str, outcome: RestoreOutcome, *, remediation: str):
+        self.outcome = outcome
+        super().__init__(message, remediation=remediation)
 
 
 class SecretUnset(CleanupError):
@@ -211,6 +238,8 @@ class SecretUnset(CleanupError):
     nothing is restored, for it would run without its secret."""
 
     stage = "restore"
+    exit_kind = "invalid"
+    label = "refused"
 
 
 class RestorePlanError(CleanupError):
@@ -218,6 +247,8 @@ class RestorePlanError(CleanupError):
     restored, for a step read wrong could start the wrong thing."""
 
     stage = "restore"
+    exit_kind = "invalid"
+    label = "invalid restore plan"
 
 
 def read_plan(plan_file: Path) -> RestorePlan:
@@ -234,10 +265,6 @@ def read_plan(plan_file: Path) -> RestorePlan:
         raise RestorePlanError(f"{plan_file}: {where}: {first['msg']} ({exc.error_count()} problem(s)); it is not the "
                                "plan 01 wrote", remediation="bring the targets back by hand: restore.sh beside it "
                                "lists each one's command") from None
-
-
-def restore_steps(plan_file: Path) -> list[Step]:
-    return read_plan(plan_file).steps
 
 
 def new_deployment(ctx: Context) -> dict[str, tuple[str, str]]:
@@ -379,7 +406,7 @@ def already_running(steps: list[Step], now: dict[str, Inventory]) -> list[Step]:
 
 
 def bring_back(cluster: Cluster, steps: list[Step], running: list[Step], secrets: Mapping[str, str]) -> list[Action]:
-    """Run the restore plan written by `write_restore_plan`, step by step, but for the targets `running` already
+    """Run the restore plan `restore_files` made, step by step, but for the targets `running` already
     (each an Action saying so) and those it cannot bring back (skipped, saying why); an owned container has no step
     of its own (its owner brings it back; verify_restore checks it). `secrets`: the values the steps read, by name."""
     def restoring(step: Step) -> Callable[[Node], str]:

@@ -1,7 +1,8 @@
-"""The rollback of a run whose 04 replaced the containers of a live server and whose 04 or 05 then failed (issue 40):
-the containers 04 kept aside come back under their names, and a run of 04 and 05 from the hand-offs of the run that
-deployed them (as `sparkbook up` starts one) brings its plan up again in them. The failed run records it as its
-`serve_rollback`, so status, logs, stop and up find the deployment that serves."""
+"""A failed run's fall-back to the deployment before it, where its 04 replaced the containers of a live server and its
+04 or 05 then failed (issue 40): the containers 04 kept aside come back under their names, and a run of 04 and 05 from
+the hand-offs of the run that deployed them (as `sparkbook up` starts one) redeploys its plan in them. The failed run
+records it as its `serve_rollback`, so status, logs, stop and up find the deployment that serves. (05's own rollback
+within one run is stages.serve.rollback.)"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,7 +31,7 @@ class SetAside:
     nodes: list[str]
 
 
-def pending(run_dir: Path) -> SetAside | None:
+def waiting_aside(run_dir: Path) -> SetAside | None:
     """The containers the run's 04 set aside and its 05 did not drop (they are dropped once the new server
     answers); None where nothing waits aside."""
     aside = read_events(run_dir, "containers_set_aside")
@@ -40,8 +41,8 @@ def pending(run_dir: Path) -> SetAside | None:
     return SetAside(data["run"], data["at"], list(data["nodes"]))
 
 
-def roll_back(params_file: Path, run_dir: Path, aside: SetAside, up_from: UpFrom,
-              say: Callable[[str], None]) -> bool:
+def redeploy_previous(params_file: Path, run_dir: Path, aside: SetAside, up_from: UpFrom,
+                      say: Callable[[str], None]) -> bool:
     """Bring the containers back, then the plan they served (`up_from` the run that deployed it); record it in the
     failed run as `serve_rollback` with its seconds without service (from 04's stop of the old containers until the
     rollback run's 05 ended ok). Whether the old plan serves again."""

@@ -27,7 +27,7 @@ class SecretRef:
 
 
 @dataclass(frozen=True)
-class Launch:
+class Relaunch:
     """A stopped process's relaunch: its working directory and argv, each secret a reference to its variable."""
 
     cwd: str
@@ -66,9 +66,9 @@ def _reference(arg: str, known: Mapping[str, str]) -> SecretRef | None:
     return None
 
 
-def recorded(cwd: str, argv: list[str], known: Mapping[str, str]) -> Launch:
+def recorded(cwd: str, argv: list[str], known: Mapping[str, str]) -> Relaunch:
     """The relaunch with each element that carries a known secret (name -> value) recorded by the name."""
-    return Launch(cwd, [_reference(a, known) or a for a in argv])
+    return Relaunch(cwd, [_reference(a, known) or a for a in argv])
 
 
 def unknown_secret(argv: list[str], known: Mapping[str, str]) -> str | None:

@@ -40,6 +40,8 @@ __all__ = [
     "RestoreRefused", "RestoreFailed", "Say", "RunOptions", "LogsOptions", "WatchOptions",
     "Checked", "RunResult", "StagePreview", "PlanResult", "Status", "StopResult", "UpResult", "WatchEnd",
     "RestoreOutcome", "UnlockResult", "ClusterRuns", "Compared",
+    "Manifest", "NotebookRun", "Shown", "Deployment", "NodeStopped", "Unlocked", "RunRecord", "Comparison",
+    "WatchEvent",
     "check", "run", "plan", "status", "logs", "stop", "up", "watch", "restore", "unlock", "runs", "compare",
 ]
 

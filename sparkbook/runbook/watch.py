@@ -169,7 +169,7 @@ class Watch:
             signal.signal(signal.SIGTERM, previous)
 
     def record(self, kind: WatchKind, d: Deployment | None, text: str, **fields: str | float | int | None) -> None:
-        """Append one event to the cluster's record (redacted), print its line, refresh the cluster's page."""
+        """Append one event to the cluster's record (redacted), hand its line to `say`, refresh the cluster's page."""
         clean = {k: self.redactor.text(v) if isinstance(v, str) else v for k, v in fields.items()}
         event = WatchEvent.model_validate({"at": now(), "kind": kind, "run": d.run_id if d else None,
                                            "text": self.redactor.text(text), **clean})

@@ -1,6 +1,6 @@
-"""The restore plan 01 hands the session to write before it acts, and `sparkbook restore`: bring back what 01 stopped, after finding
-what stands in the way of each target (the new deployment holding its ports, memory or GPUs), and verify what came
-back (running after a grace period, its health check answering, its memory back in use)."""
+"""The restore plan 01 hands the session to write before it acts, and `sparkbook restore`: bring back what 01
+stopped, after finding what stands in the way of each target (the new deployment holding its ports, memory or GPUs),
+and verify what came back (running after a grace period, its health check answering, its memory back in use)."""
 from __future__ import annotations
 
 import json

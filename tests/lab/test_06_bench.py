@@ -29,7 +29,7 @@ from sparkbook import open_run
 from sparkbook.core.values.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.values.modelinfo import ModelFacts, model_facts
 from sparkbook.core.values.sweeppoint import SweepPoint, read_points
-from sparkbook.lab.builder import builder_docker_host
+from sparkbook.lab.builder import docker_cmd, ensure_builder
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.bench.tables import client_rows
@@ -78,8 +78,8 @@ EXTRA_ROUNDS = 2
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "-H", builder_docker_host(), *args], capture_output=True, text=True,
-                          timeout=timeout, check=check)
+    ensure_builder()
+    return subprocess.run(docker_cmd(*args), capture_output=True, text=True, timeout=timeout, check=check)
 
 
 def healthy(url: str) -> bool:

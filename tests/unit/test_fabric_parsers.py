@@ -12,6 +12,7 @@ import pytest
 
 from sparkbook.core.analysis import fabric
 from sparkbook.core.values import state
+from sparkbook.core.values.handoff import FabricProof
 from sparkbook.core.values.params import Params
 from sparkbook.stages.raycluster import allreduce
 
@@ -203,12 +204,13 @@ def test_a_rank_without_its_document_is_an_error_naming_its_node():
 
 
 def test_06_shows_04s_figures_beside_the_decode_time(tmp_path):
-    assert fabric.beside_decode(fabric.recorded_proof(tmp_path), None)[0]["value"].startswith("not recorded")
+    before = state.Handoffs(tmp_path).get(FabricProof)  # as 06's context reads it, before 04 stored one
+    assert fabric.beside_decode(before, None)[0]["value"].startswith("not recorded")
     params = _params()
     docs = {0: _doc(0, 40, 160, 170, 1), 1: _doc(1, 40, 160, 165, 0)}
     test = allreduce.collect(params, allreduce.ranks(params), docs, 9)
     state.store(tmp_path, allreduce.proof(test), lambda data: data, "04-ray-cluster")  # as 04's run.remember does
-    rows = fabric.beside_decode(fabric.recorded_proof(tmp_path), 37.0)
+    rows = fabric.beside_decode(state.Handoffs(tmp_path).get(FabricProof), 37.0)
     assert [r["value"] for r in rows] == ["40.0 us", "160.00 Gb/s", "37.00 ms", "925"]
 
 

@@ -134,11 +134,6 @@ class Spread:
     stdev_pct: float  # sample standard deviation of the repeats, % of the median (0 with one repeat)
     values: list[float]
 
-    @property
-    def range_pct(self) -> float:
-        """(max - min) / median, in %."""
-        return 100.0 * (self.high - self.low) / abs(self.median) if self.median else 0.0
-
 
 def spread(values: list[float]) -> Spread:
     """Median, min, max and the sample standard deviation (% of the median) of a metric's repeat values."""

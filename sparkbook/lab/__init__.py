@@ -74,7 +74,7 @@ class LabStatus:
     def healthy(self) -> bool:
         return self.up and all(n.sshd and n.dockerd and n.hostname == n.name for n in self.nodes)
 
-    def render(self) -> str:
+    def __str__(self) -> str:
         if not self.nodes:
             return f"lab: down (LAB_HOME {self.lab_home})"
         lines = [f"lab: {'up' if self.up else 'DOWN/BROKEN'}, {len(self.nodes)} nodes on bridge {self.bridge} "
@@ -97,8 +97,6 @@ class LabStatus:
         if self.seconds is not None:
             lines.append(f"took {self.seconds:.1f}s")
         return "\n".join(lines)
-
-    __str__ = render
 
 
 def _say(progress: Progress, msg: str) -> None:

@@ -198,11 +198,11 @@ def test_models_on_every_node(lab, node_shells):
 
 def test_status(initial, lab):
     st = sblab.status()
-    print(st.render())
+    print(st)
     assert st.up and st.healthy and [n.name for n in st.nodes] == ["lab-0", "lab-1"]
     for n in st.nodes:
         assert n.sshd and n.dockerd and n.hostname == n.name and n.images and n.containers
-    text = st.render()
+    text = str(st)
     for word in ("lab-0", st.nodes[0].ip, "lab-1", st.nodes[1].ip, "sshd=up", "dockerd=up", "old-vllm"):
         assert word in text
 
@@ -278,7 +278,7 @@ def _leftovers(before: dict, during: dict, after: dict) -> dict:
 
 
 def _check_nodes(st, n: int, connect, shell_cls):
-    assert st.healthy and len(st.nodes) == n, st.render()
+    assert st.healthy and len(st.nodes) == n, str(st)
     for node in st.nodes:
         c = connect(node.ip, known_hosts=st.known_hosts, key_file=st.key_file)
         try:
@@ -322,7 +322,7 @@ def test_more_nodes(n, lab, lab_progress, lab_connect, node_shell_cls):
         t0 = time.monotonic()
         st = sblab.up(n, lab_progress)
         lab_progress(f"lab up --nodes {n}: {time.monotonic() - t0:.1f}s")
-        print(st.render())
+        print(st)
         _check_nodes(st, n, lab_connect, node_shell_cls)
         assert {c["name"] for c in st.nodes[1].containers} == {"old-embeddings", "old-reranker",
                                                                 deployment.MANAGED_NAME}

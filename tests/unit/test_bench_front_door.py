@@ -74,7 +74,7 @@ def test_the_comparison_with_the_earlier_run_names_params_image_and_each_point(t
                  params_yaml="cluster: lab\nserve:\n  max_num_seqs: 32\n")
     c = benchcompare.compare_dirs(a, b)
     assert [(x.what, x.a, x.b) for x in c.params] == [("params.serve.max_num_seqs", 16, 32)] and not c.params_note
-    assert [(x.what, x.a, x.b) for x in c.image] == [("image", "img:1", "img:2")]
+    assert [(x.what, x.a, x.b) for x in c.image_differences] == [("image", "img:1", "img:2")]
     assert "params:\n  params.serve.max_num_seqs: 16 -> 32" in c.text()
     # the same deltas as `sparkbook compare`, which judges them by the same code
     assert c.deltas == compare.compare_runs(a, b).deltas and c.rows() == compare.delta_rows(c.deltas)

@@ -180,7 +180,7 @@ class SweepComparison:
     b: Path
     params: list[Change]  # params keys that differ (none where a run kept no params: see params_note)
     params_note: str | None
-    image: list[Change]  # the image 03 chose, its ID and versions, where they differ
+    image_differences: list[Change]  # the image 03 chose, its ID and versions, where they differ
     deltas: list[Delta]
     clock_causes: list[str]
     depth_deltas: list[DepthDelta] = field(default_factory=list)  # per depth and figure, B against A
@@ -190,7 +190,7 @@ class SweepComparison:
         """What changed between the runs, in plain text (the sweep and depth points are `rows`, tables)."""
         lines = [f"A: {self.a}", f"B: {self.b}", ""]
         lines += change_lines("params", self.params, self.params_note or "the same")
-        lines += ["", *change_lines("image and versions", self.image, "the same (or not recorded)"), ""]
+        lines += ["", *change_lines("image and versions", self.image_differences, "the same (or not recorded)"), ""]
         lines += [f"prefix cache, second TTFT / first: {depthsweep.ratio_text(self.prefix_ratios)}", ""]
         return "\n".join(lines + clock_lines(self.clock_causes))
 
@@ -201,8 +201,8 @@ class SweepComparison:
         return depthsweep.delta_rows(self.depth_deltas)
 
 
-def image_changes(a: ImageChoice | None, b: ImageChoice | None) -> list[Change]:
-    """The image and its versions where both runs name them and they differ."""
+def image_differences(a: ImageChoice | None, b: ImageChoice | None) -> list[Change]:
+    """The image and its versions where both runs name them and they differ (the same ones left out)."""
     def facts(i: ImageChoice | None) -> dict[str, Any]:
         return {} if i is None else {"image": i.ref, "image id": i.id, "vllm": i.vllm_version, "ray": i.ray_version}
     return [c for c in changes(facts(a), facts(b)) if c.differs]
@@ -216,6 +216,6 @@ def compare_dirs(a_dir: Path, b_dir: Path) -> SweepComparison:
     found = [] if missing else changes(flatten({"params": pa}), flatten({"params": pb}))
     a, b = points_of(a_dir), points_of(b_dir)
     da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
-    return SweepComparison(a_dir, b_dir, found, note, image_changes(image_of(a_dir), image_of(b_dir)),
+    return SweepComparison(a_dir, b_dir, found, note, image_differences(image_of(a_dir), image_of(b_dir)),
                            compare(b, a, POINT_METRICS, history_bands(same_setup_runs(a_dir, b_dir))),
                            clock_causes(a, b), depthsweep.compare(da, db), depthsweep.ratios(da, db))

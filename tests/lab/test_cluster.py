@@ -42,7 +42,7 @@ def test_layout_matches_params():
     if cluster.LAB_ID != 0:
         pytest.skip("SPARKBOOK_LAB_ID set: a second lab, described by params_file(), not params/lab.yaml")
     p = yaml.safe_load(sblab.REPO_PARAMS.read_text())
-    specs = cluster.node_specs(len(p["nodes"]))
+    specs = cluster.lab_nodes(len(p["nodes"]))
     assert [(n["name"], n["role"], n["host"], n["fabric_ip"], n["fabric_netdev"]) for n in p["nodes"]] == \
         [(s.name, s.role, s.ip, s.ip, cluster.NODE_NETDEV) for s in specs]
     if cluster.lab_home() == sblab.DEFAULT_LAB_HOME:
@@ -131,7 +131,7 @@ def test_docker_per_node(initial, lab, node_shells):
     assert work_ctrs == {"old-embeddings", "old-reranker", deployment.MANAGED_NAME}
     # the same daemons as the host sees them through each node's socket
     for n in lab.nodes:
-        spec = next(s for s in cluster.node_specs(len(lab.nodes)) if s.name == n.name)
+        spec = next(s for s in cluster.lab_nodes(len(lab.nodes)) if s.name == n.name)
         assert set(sblab.node_images(spec)) == got[n.name][0]
 
 

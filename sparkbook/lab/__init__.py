@@ -224,10 +224,10 @@ def status() -> LabStatus:
 
 def _head_lacks(n: int) -> list[str]:
     """The lab images the head of an N-node lab that is up does not hold."""
-    from . import images
+    from . import imagebuild
     head = next(s for s in cluster.lab_nodes(n) if s.role == "head")
     held = set(node_images(head))
-    return [tag for tag in images.LAB_IMAGES if tag not in held]
+    return [tag for tag in imagebuild.LAB_IMAGES if tag not in held]
 
 
 def _lab_is_up(n: int) -> bool:
@@ -300,18 +300,18 @@ def _reset_worker_images(s: LabNode, keep: set[str], progress: Progress) -> list
 
 def _build_while_loading(specs: list[LabNode], worker_tags: list[str],
                          progress: Progress) -> tuple[dict[str, str], dict[str, Path]]:
-    """images.ensure_images + models.ensure_models in a thread; meanwhile each lab image that the
+    """imagebuild.ensure_images + models.ensure_models in a thread; meanwhile each lab image that the
     builder already has is copied to the head (and the worker tags to the workers), so a cold `up`
     overlaps building and loading. Returns (tag -> image ID, model name -> dir)."""
     import threading
 
-    from . import builder, images, models
+    from . import builder, imagebuild, models
     result: dict[str, Any] = {}  # what the thread hands back: built, models or error
 
     def work() -> None:
         try:
             _say(progress, "images: ensuring the lab images on the builder (built only when missing)")
-            result["built"] = images.ensure_images(progress)
+            result["built"] = imagebuild.ensure_images(progress)
             _say(progress, "models: ensuring the lab models")
             made = models.ensure_models(progress)
             result["models"] = {**{f"models/{name}": path for name, path in made.items()},
@@ -327,10 +327,10 @@ def _build_while_loading(specs: list[LabNode], worker_tags: list[str],
         if not t.is_alive():
             break
         for s in specs:
-            for tag in (images.LAB_IMAGES if s.role == "head" else worker_tags):
+            for tag in (imagebuild.LAB_IMAGES if s.role == "head" else worker_tags):
                 if (s.name, tag) in done or not builder.image_id(tag):
                     continue
-                images.load_images(s.docker_host, [tag], progress)
+                imagebuild.load_images(s.docker_host, [tag], progress)
                 done.add((s.name, tag))
                 break  # one image per round: look at the build thread again
     if "error" in result:
@@ -344,10 +344,10 @@ def _initial_state(specs: list[LabNode], progress: Progress, *, wait: bool = Fal
                    keep_worker_images: bool = False) -> list[str]:
     """Images, models and the old deployment as a freshly-up lab has them (the images a worker holds beyond its
     initial ones kept with `keep_worker_images`). Idempotent."""
-    from . import deployment, images
+    from . import deployment, imagebuild
     params = _load_yaml(REPO_PARAMS)
     actions: list[str] = []
-    base = images.BASE
+    base = imagebuild.BASE
     worker_tags = [base]                    # workers: only what the old deployment runs
     built, mdirs = _build_while_loading(specs, worker_tags, progress)
     head_tags = list(built)                 # every lab image on the head
@@ -359,7 +359,7 @@ def _initial_state(specs: list[LabNode], progress: Progress, *, wait: bool = Fal
         if s.role != "head" and not keep_worker_images:
             actions += [f"rmi {s.name}/{r}" for r in _reset_worker_images(s, set(want), progress)]
         before = set(node_images(s))
-        images.load_images(s.docker_host, want, progress)
+        imagebuild.load_images(s.docker_host, want, progress)
         added = set(node_images(s)) - before
         actions += [f"load {s.name}/{t}" for t in sorted(added)]
     actions += [f"model {m}" for m in _sync_models(specs, mdirs, progress)]
@@ -418,13 +418,13 @@ def reset(progress: Progress = None, *, keep_worker_images: bool = False) -> Lab
 def wait_old_deployment(timeout: float = OLD_VLLM_TIMEOUT_S, progress: Progress = None) -> dict[str, float]:
     """Until every old-deployment service (old-vllm and the manager's containers included) answers, the old
     cluster manager started first where it does not run; returns seconds waited for each."""
-    from . import deployment, images
+    from . import deployment, imagebuild
     n = cluster.load_state().get("n")
     if not n:
         raise LabError("the lab is not up; run `sparkbook lab up`")
     specs = cluster.lab_nodes(n)
-    deployment.start_manager(specs, images.BASE, progress)
-    return deployment.wait_ready(specs, _load_yaml(REPO_PARAMS), images.BASE, timeout=timeout, progress=progress)
+    deployment.start_manager(specs, imagebuild.BASE, progress)
+    return deployment.wait_ready(specs, _load_yaml(REPO_PARAMS), imagebuild.BASE, timeout=timeout, progress=progress)
 
 
 def _stop_builder(progress: Progress) -> None:

@@ -221,12 +221,12 @@ def test_up_on_up_lab_changes_nothing(lab):
 def test_lab_reset_on_the_command_line_takes_a_workers_extra_image_away(lab, node_shells):
     """`sparkbook lab reset` leaves a worker with its initial images only: an extra tag there goes (a runbook's
     copy would be one; Ray across the nodes in containers is what 04's tests form, test_04_05 and test_04_fabric)."""
-    from sparkbook.lab import images
+    from sparkbook.lab import imagebuild
     extra = "sparkbook-lab/extra:reset-test"
-    node_shells["lab-1"].run(["docker", "tag", images.BASE, extra])
+    node_shells["lab-1"].run(["docker", "tag", imagebuild.BASE, extra])
     assert extra in sblab.status().nodes[1].images
     assert cli.main(["lab", "reset"]) == 0
-    assert extra not in sblab.status().nodes[1].images and images.BASE in sblab.status().nodes[1].images
+    assert extra not in sblab.status().nodes[1].images and imagebuild.BASE in sblab.status().nodes[1].images
 
 
 # --------------------------------------------------------------------------------------------------

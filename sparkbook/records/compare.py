@@ -40,7 +40,7 @@ __all__ = ["CLOCK_DIFF", "POINT_METRICS", "Change", "Comparison", "FigurePair", 
 COMPARE_DIR = "compare"  # under outputs/<cluster>/: the comparison pages, never beside the run dirs
 COMMITTED = "examples"  # outputs/examples/: the records git tracks
 
-FIGURES = (("time to ready s", "ready_s"), (SINGLE_STREAM, "single_tok_s"), ("peak tok/s", "peak_tok_s"),
+RECORD_FIGURES = (("time to ready s", "ready_s"), (SINGLE_STREAM, "single_tok_s"), ("peak tok/s", "peak_tok_s"),
            ("peak at concurrency", "peak_concurrency"), ("% of roofline", "roofline_pct"))
 
 
@@ -147,7 +147,7 @@ def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
     a, b = read_run(a_dir), read_run(b_dir)
     da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
     params, note = params_changes(a, b)
-    figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in FIGURES]
+    figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in RECORD_FIGURES]
     return Comparison(a, b, params, note, setup_side_by_side(a, b), decision_changes(a, b),
                       [f for f in figures if f.a is not None or f.b is not None],
                       compare(_points(b), _points(a), POINT_METRICS, history(a, b)),

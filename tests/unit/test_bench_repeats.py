@@ -22,7 +22,7 @@ from sparkbook.core.analysis.benchstats import (
     compare,
     find_stall,
     median_ttft_ms,
-    prefill_groups,
+    prefill_group_sizes,
     prompt_seed,
     repeat_spread,
     spread,
@@ -133,11 +133,11 @@ def rec(ttft: float, sent: float = 0.0) -> RequestRecord:
 
 def test_warmup_holds_every_prefill_group_and_a_full_batch():
     plan = BenchmarkSettings(output_len=256, warmup_requests=2)
-    assert prefill_groups(plan, 16) == list(range(1, 17)) and prefill_groups(plan, 1) == [1]
+    assert prefill_group_sizes(plan, 16) == list(range(1, 17)) and prefill_group_sizes(plan, 1) == [1]
     assert (warmup_count(plan, 16), warmup_count(plan, 1)) == (16, 2)
     assert warmup_count(BenchmarkSettings(warmup_requests=50), 4) == 50
     none = BenchmarkSettings(warmup_requests=0)
-    assert prefill_groups(none, 16) == [] and warmup_count(none, 16) == 0
+    assert prefill_group_sizes(none, 16) == [] and warmup_count(none, 16) == 0
 
 
 def test_prompt_seeds_and_prompts_are_distinct_across_points_repeats_and_warmups():

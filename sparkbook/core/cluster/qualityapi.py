@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from ..analysis.quality import (
+    ACCESS_CODE_QUESTION,
     AGREEMENT_PROMPTS,
-    QUESTION,
     Agreement,
     Answer,
     Forced,
@@ -89,7 +89,7 @@ def messages_tokens(api: Api, text: str) -> int:
 def fitted(api: Api, depth: float, position: float, window: int, reserve: int, per: float) -> tuple[Needle, int]:
     """The needle at `depth`, measured through the chat template and shrunk once where it would pass the window
     less the answer's `reserve`; with its prompt tokens."""
-    overhead = messages_tokens(api, fact("0000") + "\n\n" + QUESTION)
+    overhead = messages_tokens(api, fact("0000") + "\n\n" + ACCESS_CODE_QUESTION)
     n = needle(depth, position, window, reserve, per, overhead)
     measured = messages_tokens(api, n.text)
     n2 = shrunk(n, measured, window - reserve, per)

@@ -30,12 +30,12 @@ from ...core.analysis.benchstats import (
     find_stall,
     known_bandwidth_gbs,
     median_ttft_ms,
+    prefill_group_sizes,
     prometheus_totals,
     prompt_seed,
     repeat_figures,
     summarize,
 )
-from ...core.analysis.benchstats import prefill_groups as group_sizes
 from ...core.analysis.depthsweep import DepthDelta, DepthSweep
 from ...core.analysis.depthsweep import failed as failed_depth_requests
 from ...core.cluster.nodes import Node
@@ -146,10 +146,10 @@ def prompt_pool(target: CompletionsServer) -> list[int]:
 def warm_up(target: CompletionsServer, settings: BenchmarkSettings, pool: list[int], concurrency: int,
             timeout_s: float) -> None:
     """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
-    than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
+    than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_group_sizes), then
     of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
     warmup_count full-length requests `concurrency` at a time."""
-    alone = group_sizes(settings, concurrency)
+    alone = prefill_group_sizes(settings, concurrency)
     if not alone:
         return
     beside = [k for k in alone if k < concurrency]

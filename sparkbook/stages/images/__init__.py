@@ -3,7 +3,8 @@ layerdelta), and put the model on every node (modelcopy); a moving tag and the p
 
 The front door: `preview(ctx)` (the model target, the nodes' facts, the candidates in the order 03 probes them, the
 policy and the installed image, the copy plan and the facts of the candidate tried first: read-only probes and one
-throwaway container of that candidate, as 03 probes each) and `run(ctx, preview)`, which probes, decides, distributes and copies the model, and returns its evidence."""
+throwaway container of that candidate, as 03 probes each) and `run(ctx, preview)`, which probes, decides,
+distributes and copies the model, and returns its evidence."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

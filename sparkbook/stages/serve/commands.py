@@ -15,7 +15,7 @@ from ...core.values.evidence import Alternative, Decision, NotKnownYet
 from ...core.values.params import NodeSpec, Params, ServeSettings
 from ...core.values.stagelist import SERVE
 
-PLATFORM_TIMEOUT_S = 120  # as 04's and the runbook's other in-place probes
+PLATFORM_TIMEOUT_S = 120
 
 
 class ServeError(SparkbookError):

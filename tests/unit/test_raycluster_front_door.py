@@ -253,7 +253,7 @@ def test_an_image_03_has_not_probed_shows_its_versions_as_not_known_never_nan(la
     image = raycluster.preview(context(lab, tmp_path, InProcess(), UNPROBED)).shown()[0]
     assert image.title == "Image (03)" and "NaN" not in rendered(image)
     assert image.value == {"image": UNPROBED.ref, "id": "not known: 03 puts it on the nodes",
-                           "vLLM": "not known: 03 probes it", "Ray": "not known: 03 probes it"}
+                           "vLLM": "not known: 03's probe of it tells", "Ray": "not known: 03's probe of it tells"}
     probed = raycluster.preview(context(lab, tmp_path, InProcess(), IMAGE.model_copy(update={"ray_version": None})))
     assert probed.shown()[0].value["Ray"] == "none", "a probed image without Ray has none"  # type: ignore[index]
 

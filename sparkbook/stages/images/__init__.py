@@ -82,8 +82,9 @@ class ImagesPreview:
         title = f"What {self.first} holds (a throwaway container of it on {self.head}, as 03 probes it)"
         if f is None:
             return Shown(title, f"not known: {self.facts_unknown}")
-        return Shown(title, {"vLLM": f.vllm_version or "none", "torch (CUDA)": f"{f.torch_version} "
-                             f"({f.torch_cuda or 'cpu'})", "Ray": f.ray or "none (the module and the ray CLI)"})
+        torch = f"{f.torch_version} ({f.torch_cuda or 'cpu'})" if f.torch_version else "none"
+        return Shown(title, {"vLLM": f.vllm_version or "none: 03 finds it unusable", "torch (CUDA)": torch,
+                             "Ray": f.ray or "none (the module and the ray CLI)"})
 
     def assumed_text(self) -> str:
         held = f"the head holds it as {self.copy.image_id[:19]}" if self.copy else "its ID is not known yet"

@@ -76,7 +76,7 @@ class RayPreview:
 
     def image_row(self) -> dict[str, str]:
         """03's image; what is not known before 03 probes it says so (a plan before a first run)."""
-        c, unknown = self.image, "not known: 03 probes it"
+        c, unknown = self.image, "not known: 03's probe of it tells"
         return {"image": c.ref, "id": c.id or "not known: 03 puts it on the nodes",
                 "vLLM": c.vllm_version if c.probed and c.vllm_version else unknown,
                 "Ray": (c.ray_version or "none") if c.probed else unknown}

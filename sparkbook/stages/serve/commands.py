@@ -55,8 +55,8 @@ def detect_platform(ctx: Context) -> Platform:
     try:
         data = probes.parse(out, node=node.name, probe="the image's platform")
     except ProbeOutputError as exc:
-        raise ServeError(f"{node.name}: cannot tell the image's platform (the probe's output has no {exc.missing}, "
-                         f"{exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
+        raise ServeError(f"{node.name}: cannot tell the image's platform, asked {asked} (the probe's output has no "
+                         f"{exc.missing}, {exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
                          node=node.name) from exc
     cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
     return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"], data.get("ray"), asked)

@@ -63,7 +63,6 @@ def preview(ctx: Context, outputs: Path) -> list[StagePlan]:
     return plans
 
 
-
 def showed_what_it_could(plans: list[StagePlan]) -> bool:
     """Whether no stage's preview failed (`sparkbook plan` exits 0): what is not known before a run acts is shown
     as unknown and fails nothing."""

@@ -32,7 +32,7 @@ class ImagesPreview:
     the candidates in the order it probes them (pulled first where runtime.pull), the policy and the installed
     image it decides by, and the copy plan and facts of the candidate it tries first; `assumed` is that candidate
     as an ImageChoice (03 chooses by probing: `sparkbook plan` shows the stages after it for this one), its vLLM and
-    Ray as its facts read them, unknown (None) where its probe did not answer."""
+    Ray as its facts read them, unknown (None) where it was not probed (first_facts says why)."""
 
     target: ModelTarget
     capabilities: dict[str, list[str]]

@@ -73,12 +73,11 @@ class RayPreview:
                   if self.live and not self.kept.ok else []),
                 Shown("Fabric test", f"skipped: {self.skip}" if self.skip else "all_reduce across the nodes")]
 
-
     def image_row(self) -> dict[str, str]:
         """03's image; what is not known before 03 probes it says so (a plan before a first run)."""
         c, unknown = self.image, "not known: 03's probe of it tells"
         return {"image": c.ref, "id": c.id or "not known: 03 puts it on the nodes",
-                "vLLM": c.vllm_version if c.probed and c.vllm_version else unknown,
+                "vLLM": c.vllm_version or unknown,
                 "Ray": (c.ray_version or "none") if c.probed else unknown}
 
     def starts_title(self) -> str:

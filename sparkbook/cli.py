@@ -294,7 +294,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .core.cluster.runtimes import runtime_for
     from .core.values.evidence import table_rows, to_data
     from .core.values.redact import Redactor
-    from .runbook.previews import preview
+    from .runbook.previews import preview, showed_what_it_could
 
     params = load_params(args.params)
     cluster, redactor = Cluster(params), Redactor.from_env(params.secrets)
@@ -305,8 +305,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cluster.close()
     for p in parts:
         print(f"\n== {p.stage.name}")
-        if p.unknown:
-            print(f"   {redactor.text(p.unknown)}")
+        if p.why:
+            print(f"   {redactor.text(p.why)}")
         for shown in p.shown:
             data = redactor.data(to_data(shown.value))
             rows = table_rows(data)
@@ -314,7 +314,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             with pd.option_context("display.max_colwidth", 2000, "display.width", 10000):
                 print(pd.DataFrame(rows).to_string(index=False) if rows is not None else
                       data if isinstance(data, str) else json.dumps(data, indent=2, default=str))
-    return 0 if all(p.unknown is None for p in parts) else EXIT_FAILED
+    return 0 if showed_what_it_could(parts) else EXIT_FAILED
 
 
 def _refused(exc: SparkbookError) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster
 from sparkbook.core.values import rundir
 from sparkbook.core.values.evidence import Decision, Event
 from sparkbook.core.values.handoff import ImageChoice
@@ -36,7 +37,7 @@ def candidate(image: str, vllm: str, loads: bool) -> Candidate:
 def a_preview(refs: list[str], pull: bool = False) -> images.ImagesPreview:
     first = ImageChoice(ref=refs[0], id=None, vllm_version=None, ray_version=None, nodes={})
     return images.ImagesPreview(TARGET, {}, {"lab-0": "x86_64"}, refs, pull, "newest", None, "not set", None,
-                                "the head does not hold it", "lab-0", (first,))
+                                "the head does not hold it", "lab-0", None, f"lab-0 holds no {refs[0]}", (first,))
 
 
 def steps(monkeypatch: pytest.MonkeyPatch, loads: dict[str, bool], same_ids: bool = True,
@@ -113,3 +114,41 @@ def test_the_preview_says_it_assumes_the_first_candidate() -> None:
     assert "chooses by probing" in text and "old is the candidate it tries first" in text
     assert [r["image"] for r in seen.candidate_rows()] == ["old", "new"]
     assert "not known before a run" in str(seen.copy_shown()[0].value)
+
+
+class Holds:
+    """The runtime's one verb 03's first-candidate facts ask before probing: does the head hold the image."""
+
+    def __init__(self, held: bool) -> None:
+        self.held = held
+
+    def lacks(self, node: object, ref: str, image_id: str | None = None) -> str | None:
+        return None if self.held else f"holds no {ref} (absent; expected any)"
+
+
+def test_the_first_candidate_is_probed_as_03_probes_it_and_handed_on_with_its_facts(monkeypatch, lab, tmp_path):
+    """Issue 54, item 6: `sparkbook plan` before a first run learns the first candidate's vLLM and Ray from a
+    throwaway container of it (03's own facts probe), so 04 and 05 are previewed for what it holds."""
+    probed: list[str] = []
+
+    def probe_facts(ctx, image, node=None):
+        probed.append(image)
+        return candidate(image, "0.28.0", True).facts
+
+    monkeypatch.setattr(choice, "probe_facts", probe_facts)
+    ctx = Context(lab, Cluster(lab), Holds(True), tmp_path)  # type: ignore[arg-type]
+    facts, unknown = images.first_facts(ctx, "old")
+    assert probed == ["old"] and facts is not None and unknown is None
+    first = images.first_choice("old", facts, None)
+    assert first.probed and (first.vllm_version, first.ray_version) == ("0.28.0", "2.60.0") and first.id is None
+
+
+def test_a_first_candidate_the_head_lacks_is_not_probed_and_its_facts_are_not_known(monkeypatch, lab, tmp_path):
+    monkeypatch.setattr(choice, "probe_facts", lambda *a, **k: pytest.fail("no probe of an image the head lacks"))
+    ctx = Context(lab, Cluster(lab), Holds(False), tmp_path)  # type: ignore[arg-type]
+    facts, unknown = images.first_facts(ctx, "new")
+    assert facts is None and unknown == "lab-0 holds no new (absent; expected any)"
+    first = images.first_choice("new", facts, None)
+    assert not first.probed and first.ray_version is None
+    shown = a_preview(["new"]).facts_shown()
+    assert shown.value == "not known: lab-0 holds no new" and shown.title.startswith("What new holds")

@@ -9,13 +9,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sparkbook.core.cluster import probes
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.cluster.nodes import Cluster, Node, Result
 from sparkbook.core.cluster.runtime import Place, StartSpec
-from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.evidence import Decision, Event, Shown, table_rows, to_data
 from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.handoff import FabricProof, ImageChoice, RayCluster
 from sparkbook.core.values.params import Params
@@ -235,3 +236,42 @@ def test_containers_that_hold_a_live_server_are_replaced_only_when_confirmed(lab
     assert raycluster.preview(context(lab, tmp_path, InProcess(json.dumps(
         {"running": {"base_url": "http://127.0.0.1:9", "model": "m"}})))).live is None, "a server that does not answer"
 
+
+
+UNPROBED = ImageChoice(ref="sparkbook-lab/vllm:absent", id=None, vllm_version=None, ray_version=None, nodes={})
+
+
+def rendered(shown: Shown) -> str:
+    """A shown value as `sparkbook plan` and the notebooks render it (a pandas table where it is table-like)."""
+    rows = table_rows(to_data(shown.value))
+    return pd.DataFrame(rows).to_string(index=False) if rows is not None else str(shown.value)
+
+
+def test_an_image_03_has_not_probed_shows_its_versions_as_not_known_never_nan(lab: Params, tmp_path: Path) -> None:
+    """Issue 54, item 6: before a first run whose probe of 03's first candidate did not answer, its vLLM and Ray are
+    unknown: the table says so, where pandas rendered a None as NaN."""
+    image = raycluster.preview(context(lab, tmp_path, InProcess(), UNPROBED)).shown()[0]
+    assert image.title == "Image (03)" and "NaN" not in rendered(image)
+    assert image.value == {"image": UNPROBED.ref, "id": "not known: 03 puts it on the nodes",
+                           "vLLM": "not known: 03's probe of it tells", "Ray": "not known: 03's probe of it tells"}
+    probed = raycluster.preview(context(lab, tmp_path, InProcess(), IMAGE.model_copy(update={"ray_version": None})))
+    assert probed.shown()[0].value["Ray"] == "none", "a probed image without Ray has none"  # type: ignore[index]
+
+
+def test_the_heading_does_not_guess_no_ray_for_an_image_not_probed(lab: Params, tmp_path: Path) -> None:
+    """Executor unset (the lab's): whether Ray forms turns on the image; not probed, the preview says it is not known,
+    starts no guess (`ray start` shown, as it would run with Ray) and hands 05 no RayCluster."""
+    seen = raycluster.preview(context(lab, tmp_path, InProcess(), UNPROBED))
+    title = seen.shown()[1].title
+    assert "no Ray" not in title and title.startswith("Node containers, Ray not known yet") and UNPROBED.ref in title
+    assert seen.no_ray is None and seen.address is None and seen.assumed == ()
+    assert all(s.ray[:2] == ["ray", "start"] for s in seen.starts)
+
+
+def test_where_the_params_decide_ray_an_image_not_probed_changes_nothing(lab: Params, tmp_path: Path) -> None:
+    mp = lab.model_copy(update={"serve": lab.serve.model_copy(update={"executor": "mp"})})
+    seen = raycluster.preview(context(mp, tmp_path, InProcess(), UNPROBED))
+    assert seen.ray_unknown is None and seen.shown()[1].title.startswith("Node containers, no Ray: serve.executor is mp")
+    ray = lab.model_copy(update={"serve": lab.serve.model_copy(update={"executor": "ray"})})
+    seen = raycluster.preview(context(ray, tmp_path, InProcess(), UNPROBED))
+    assert seen.ray_unknown is None and seen.shown()[1].title.startswith("Node containers and Ray (Ray address")

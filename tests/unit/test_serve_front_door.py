@@ -3,18 +3,23 @@ of the evidence `serve.run` returns, with the stage's own steps replaced by valu
 room made once for both the memory measure and the bring-up (issue 39)."""
 from __future__ import annotations
 
+import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from sparkbook.core.cluster import probes
 from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster, Result
 from sparkbook.core.cluster.qualityapi import QualityReport
 from sparkbook.core.values.errors import SparkbookError
-from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.evidence import Decision, Event, NotKnownYet
 from sparkbook.core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.params import Params
+from sparkbook.core.values.stagelist import SERVE
 from sparkbook.stages import serve
 from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
@@ -275,3 +280,53 @@ def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_fr
     serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert seen[0].stopped_at is None, "nothing was serving: no dark seconds"
     assert "drop_aside" not in called, "04 set nothing aside"
+
+
+class Asked:
+    """The runtime's verbs detect_platform uses, answered in-process: the head's place runs or not, the head holds
+    the image or not; each call named in `calls`."""
+
+    def __init__(self, alive: bool, held: bool = True) -> None:
+        self.is_alive, self.held = alive, held
+        self.calls: list[str] = []
+
+    def alive(self, node, place) -> bool:
+        return self.is_alive
+
+    def lacks(self, node, ref, image_id=None) -> str | None:
+        return None if self.held else f"holds no {ref} (absent; expected any)"
+
+    def _reply(self, node, argv, verb: str) -> Result:
+        self.calls.append(verb)
+        doc = json.dumps({"vllm": "0.28.0+cpu", "ray": "2.60.0", "torch": "2.13.0+cpu", "cuda": False, "gpus": 0})
+        return Result(node.name, tuple(argv), 0, f"{probes.PREFIX}{doc}\n{probes.END}\n", "", datetime.now(UTC), 0.1)
+
+    def exec(self, node, place, argv, *, timeout=120, env=None) -> Result:
+        return self._reply(node, argv, f"exec in {place.name}")
+
+    def one_off(self, node, image, argv, *, env=None, timeout=120, gpus=False) -> Result:
+        return self._reply(node, argv, f"one_off of {image}")
+
+
+def asked(lab: Params, tmp_path: Path, runtime: Asked) -> Context:
+    return Context(lab, Cluster(lab), runtime, tmp_path).with_image("sparkbook-lab/vllm-cpu:0.28.0")  # type: ignore[arg-type]
+
+
+def test_the_platform_is_asked_in_04s_place_else_in_a_throwaway_container_of_the_image(lab, tmp_path) -> None:
+    """Issue 54, item 6: `sparkbook plan` before a first run (04's place does not run) learns the platform as 03's
+    probes do, in a fresh container of the image, so 05's commands are shown; in a run, in 04's place."""
+    runtime = Asked(alive=True)
+    platform = commands.detect_platform(asked(lab, tmp_path, runtime))
+    assert runtime.calls == ["exec in sparkbook-lab-lab-0"] and platform.device == "cpu" and platform.ray == "2.60.0"
+    assert platform.asked == "in sparkbook-lab-lab-0"
+    runtime = Asked(alive=False)
+    platform = commands.detect_platform(asked(lab, tmp_path, runtime))
+    assert runtime.calls == ["one_off of sparkbook-lab/vllm-cpu:0.28.0"] and platform.device == "cpu"
+    assert platform.asked is not None and platform.asked.startswith("in a throwaway container of sparkbook-lab/")
+
+
+def test_an_image_the_head_lacks_leaves_the_platform_not_known_yet(lab, tmp_path) -> None:
+    runtime = Asked(alive=False, held=False)
+    with pytest.raises(NotKnownYet, match="lab-0 holds no sparkbook-lab/vllm-cpu:0.28.0") as raised:
+        commands.detect_platform(asked(lab, tmp_path, runtime))
+    assert runtime.calls == [] and raised.value.stage == SERVE.name

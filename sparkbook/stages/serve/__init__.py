@@ -76,9 +76,9 @@ class ServePreview:
                 "compile caches (vLLM, Triton, Inductor, FlashInfer)": self.caches}
 
     def executor_row(self) -> dict[str, object]:
-        return {"platform": self.platform.device, "vllm": self.platform.vllm, "torch": self.platform.torch,
-                "visible GPUs": self.platform.gpus, "executor": self.executor_decision.choice,
-                "why": self.executor_decision.reason}
+        p = self.platform
+        return {"platform": p.device, **({"asked": p.asked} if p.asked else {}), "vllm": p.vllm, "torch": p.torch,
+                "visible GPUs": p.gpus, "executor": self.executor_decision.choice, "why": self.executor_decision.reason}
 
     def commands_title(self) -> str:
         model = "" if self.model else (f" (model dir: params' own, no ModelFacts of {ModelFacts.notebook} in this "

@@ -241,17 +241,17 @@ def test_admission_never_above_the_concurrency():
         assert server.max_in_flight == 1
 
 
-def test_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
+def test_send_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
     groups = [[f"g{k}-{i}" for i in range(k)] for k in (1, 2, 3)]
     # each group request's prefill takes 0.3 s, as a real server's takes longer than opening three connections: with
     # 2 ms a group request could end before the next of its group arrived on a loaded machine (CI saw 3 in flight)
     with FakeServer(step_s=0.002, slow_first_chunk=dict.fromkeys(range(1, 7), 0.3)) as server:
         # the companion outlasts the groups (cancelled after the last), so the group of 3 has it beside it
-        records = client.prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
+        records = client.send_prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
         assert [r.output_tokens for r in records] == [1] * 6 and server.max_in_flight == 4
         assert "companion" in server.prompts
     with FakeServer(refuse="refused") as server:
-        records = client.prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
+        records = client.send_prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
         assert all(r.ok for r in records) and server.prompts.count("refused") == 1, "no flood of refused requests"
 
 

@@ -16,7 +16,7 @@ from sparkbook.core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayC
 from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.params import Params
 from sparkbook.stages import serve
-from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
+from sparkbook.stages.serve import answers, bringup, commands, environ, launch, memory, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
 from sparkbook.stages.serve.failures import classify
 from sparkbook.stages.serve.plandiff import differences
@@ -76,8 +76,8 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
     monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
     monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
     monkeypatch.setattr(bringup, "drop_aside", lambda ctx: called.append("drop_aside") or {"nodes": ["lab-0"]})
-    monkeypatch.setattr(quality, "run_checks", lambda ctx, plan, image, key, reference: quality.Quality(
-        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None))
+    monkeypatch.setattr(answers, "run_checks", lambda ctx, plan, image, key, reference: answers.AnswerChecks(
+        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None, None))
     return called
 
 
@@ -193,12 +193,12 @@ def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summar
     p = a_preview(ctx, replacing=True)
     assert p.replacing is not None
 
-    def roll_back(ctx, replaced, failed, failure):
+    def relaunch_replaced(ctx, replaced, failed, failure):
         relaunch = launch.Launch(replaced.serving.running, 1, {}, 0.0)
         ready = launch.Readiness(True, 4.0, 1.0, [p.plan.model], {"lab-0": "old plan up"})
         return rollback.Rollback(replaced.serving.run, failure, relaunch, ready, [], 9.0, None)
 
-    monkeypatch.setattr(rollback, "roll_back", roll_back)
+    monkeypatch.setattr(rollback, "relaunch_replaced", relaunch_replaced)
     out = serve.run(ctx, p, confirm_replace=True, ab_arm=None)
     assert isinstance(out.error, commands.ServeError) and out.rolled_back is not None
     assert out.error.message == out.rolled_back.summary() and "rolled back to run 20261201T195946Z" in str(out.error)
@@ -209,7 +209,7 @@ def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summar
 
 def test_a_failed_start_without_a_replacement_names_the_cause(lab, tmp_path, monkeypatch):
     steps(monkeypatch, ready=False)
-    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("rolled back with nothing replaced"))
+    monkeypatch.setattr(rollback, "relaunch_replaced", lambda *a: pytest.fail("rolled back with nothing replaced"))
     ctx = context(lab, tmp_path)
     out = serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert isinstance(out.error, commands.ServeError)
@@ -225,7 +225,7 @@ def test_a_failed_start_in_containers_04_replaced_leaves_the_rollback_to_the_dri
     from sparkbook.core.values.handoff import RayCluster
 
     called = steps(monkeypatch, ready=False)
-    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("05 relaunched the old plan itself"))
+    monkeypatch.setattr(rollback, "relaunch_replaced", lambda *a: pytest.fail("05 relaunched the old plan itself"))
     ctx = context(lab, tmp_path)
     ray = RayCluster(address="10.0.0.1:6379", containers={}, reused=False, container_ids={}, nodes=[],
                      stopped_server_at="2026-12-04T10:00:00+00:00")

@@ -34,8 +34,7 @@ from ...core.values.state import Handoff
 from ...core.values.sweeppoint import SweepPoint, read_points
 from . import ab, depth, plot, sweep, tables
 from .client import CompletionsServer, served_models
-from .soak import SoakFailed, SoakResult
-from .soak import run as run_soak
+from .soak import SoakFailed, SoakResult, run_soak
 from .soakplot import soak_figure
 from .sweep import BenchmarkError, Point
 

@@ -30,12 +30,12 @@ from ...core.analysis.benchstats import (
     find_stall,
     known_bandwidth_gbs,
     median_ttft_ms,
+    prefill_groups,
     prometheus_totals,
     prompt_seed,
     repeat_figures,
     summarize,
 )
-from ...core.analysis.benchstats import prefill_groups as group_sizes
 from ...core.analysis.depthsweep import DepthDelta, DepthSweep
 from ...core.analysis.depthsweep import failed as failed_depth_requests
 from ...core.cluster.nodes import Node
@@ -52,9 +52,9 @@ from .client import (
     Prompt,
     make_prompts,
     metrics_page,
-    prefill_groups,
     run_load,
     run_load_on_engine,
+    send_prefill_groups,
     text_prompts,
     tokenize,
 )
@@ -149,15 +149,15 @@ def warm_up(target: CompletionsServer, settings: BenchmarkSettings, pool: list[i
     than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
     of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
     warmup_count full-length requests `concurrency` at a time."""
-    alone = group_sizes(settings, concurrency)
+    alone = prefill_groups(settings, concurrency)
     if not alone:
         return
     beside = [k for k in alone if k < concurrency]
     ids = iter(make_prompts(pool, sum(alone) + sum(beside) + 1, settings.input_len, prompt_seed(concurrency, -2)))
     companion = next(ids)
-    prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
+    send_prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
     if beside:
-        prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
+        send_prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
                        companion_len=settings.output_len)
     prompts = text_prompts(target, pool, warmup_count(settings, concurrency), settings.input_len,
                            seed=prompt_seed(concurrency, -1))

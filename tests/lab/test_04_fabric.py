@@ -22,8 +22,8 @@ import sparkbook.lab as sblab
 from sparkbook.core.cluster.topology import places
 from sparkbook.lab import cluster as labcluster
 from sparkbook.stages.images import distribute
-from sparkbook.stages.raycluster import fabrictest, formation
 from sparkbook.stages.raycluster import containers as node_containers
+from sparkbook.stages.raycluster import fabrictest, formation
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"

@@ -21,7 +21,7 @@ from sparkbook.core.values.handoff import FabricProof, ImageChoice, RayCluster
 from sparkbook.core.values.params import Params
 from sparkbook.core.values.state import Handoffs
 from sparkbook.stages import raycluster
-from sparkbook.stages.raycluster import fabrictest, containers, formation
+from sparkbook.stages.raycluster import containers, fabrictest, formation
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 IMAGE = ImageChoice(ref="sparkbook-lab/vllm:new", id="sha256:" + "ab" * 32, vllm_version="0.17.1",

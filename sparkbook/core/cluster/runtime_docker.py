@@ -267,6 +267,7 @@ class DockerImages:
     def __init__(self, spec: DockerRuntime):
         self.spec = spec
         self.policy: str = spec.image_policy
+        self.pulls: bool = spec.pull
 
     def candidates(self) -> list[str]:
         return list(self.spec.images)

@@ -193,6 +193,7 @@ class PythonImages:
 
     copies_images = False
     policy = "newest"  # one candidate: there is nothing to keep or choose
+    pulls = False  # no image to pull
 
     def __init__(self, spec: PythonRuntime):
         self.spec, self.nodes = spec, PythonNodes(spec)

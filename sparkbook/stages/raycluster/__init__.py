@@ -22,9 +22,9 @@ from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, now
 from ...core.values.handoff import ImageChoice, RayCluster
 from ...core.values.state import Handoff
-from . import fabrictest, containers, formation, keep
-from .fabrictest import AllReduceTest, FabricVerdict
+from . import containers, fabrictest, formation, keep
 from .containers import NodeContainer, RayStageError
+from .fabrictest import AllReduceTest, FabricVerdict
 from .formation import Gate, Join, RayStart
 from .keep import Reuse
 

@@ -110,8 +110,8 @@ def preview(ctx: Context) -> ServePreview:
     floor = _floor(ctx, model, diagnosis)
     endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
     return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
-                        serve_plan, floor, replace.server_to_replace(ctx, serve_plan), cache_dir(ctx.params), (endpoint,),
-                        answers.planned(ctx, serve_plan))
+                        serve_plan, floor, replace.server_to_replace(ctx, serve_plan), cache_dir(ctx.params),
+                        (endpoint,), answers.planned(ctx, serve_plan))
 
 
 def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str, Decision, ServePlan]:

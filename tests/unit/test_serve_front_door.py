@@ -275,3 +275,27 @@ def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_fr
     serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert seen[0].stopped_at is None, "nothing was serving: no dark seconds"
     assert "drop_aside" not in called, "04 set nothing aside"
+
+
+def test_the_answer_checks_return_the_reference_they_make_and_the_session_keeps_it(lab, tmp_path, monkeypatch):
+    from sparkbook.core.analysis.quality import Trace
+    from sparkbook.core.cluster import qualityapi
+    from sparkbook.runbook.session import Run
+
+    trace = Trace("story", [1, 2, 3], [10, 11], [-0.1, -0.2])
+    monkeypatch.setattr(answers, "check", lambda url, model, settings, key, reference, tokens: QualityReport(
+        key, 2048, "serve.smoke.expect is null", [], reference, [], [] if reference else [trace], 1.0))
+    run_dir = tmp_path / "lab" / "20261207T000000Z"
+    ctx = context(lab, run_dir)
+    plan = a_preview(ctx).plan
+    made = answers.run_checks(ctx, plan, "img:1", "abc", None)
+    assert made.problem is None and made.new_reference is not None and made.new_reference.traces == [trace]
+    assert made.recorded == tmp_path / "lab" / "quality" / "abc.json" and not made.recorded.exists(), \
+        "the stage writes nothing: it returns the reference"
+    run = Run(tmp_path / "lab.yaml", lab, run_dir, "05-serve")
+    assert run.keep_reference(serve.ServeOutcome(answers=made).new_reference) == made.recorded
+    assert qualityapi.load_reference(run_dir.parent / "20261208T000000Z", "abc") == made.new_reference, \
+        "a later run of the cluster finds it"
+    again = answers.run_checks(ctx, plan, "img:1", "abc", made.new_reference)
+    assert (again.new_reference, again.recorded) == (None, None), "one exists: none is made"
+    assert run.keep_reference(serve.ServeOutcome(answers=again).new_reference) is None

@@ -29,10 +29,10 @@ from sparkbook.core.analysis.benchstats import (
 )
 from sparkbook.core.values.benchbudget import point_timeout_s, warmup_count
 from sparkbook.core.values.params import BenchmarkSettings, Params
-from sparkbook.core.values.sweeppoint import SweepPoint, read_points
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points, write_point
 from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
-from sparkbook.stages.bench.sweep import local_runner, save, sweep
+from sparkbook.stages.bench.sweep import local_runner, saved_points, sweep
 from sparkbook.stages.bench.tables import stall_rows, table
 
 
@@ -275,7 +275,8 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     assert all(c.agrees for c in one.cross_checks + four.cross_checks), "the /metrics window: repeats, no warm-up"
     assert [(s.repeat, [q["index"] for q in s.requests]) for s in one.stalls] == [(2, [3])]
     assert four.stalls == [] and four.result.max_concurrency == 4
-    save(tmp_path, points, server.target, plan, 1)
+    for point in saved_points(points, server.target, plan, 1):  # as the session keeps them (run.keep_sweep)
+        write_point(tmp_path, point)
     saved = read_points(tmp_path)
     files = [p.to_json() for p in saved]
     assert files[0]["num_warmups"] == 2 and files[1]["num_warmups"] == 4
@@ -301,7 +302,8 @@ def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp
         assert point.speculation is not None
         assert point.speculation.drafts == 2 * 4 * 3, "2 repeats x 4 prompts x 3 steps of 2 tokens, no warm-up"
         assert (point.speculation.draft_tokens, point.speculation.accepted_per_position) == (48, (24, 0))
-    save(tmp_path, points, server.target, plan, 1)
+    for point in saved_points(points, server.target, plan, 1):  # as the session keeps them (run.keep_sweep)
+        write_point(tmp_path, point)
     saved = read_points(tmp_path)
     assert saved[0].sparkbook.speculation == points[0].speculation
     row = table(saved)[0]

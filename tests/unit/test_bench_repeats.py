@@ -29,10 +29,10 @@ from sparkbook.core.analysis.benchstats import (
 )
 from sparkbook.core.values.benchbudget import point_timeout_s, warmup_count
 from sparkbook.core.values.params import BenchmarkSettings, Params
-from sparkbook.core.values.sweeppoint import SweepPoint, read_points
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points, write_point
 from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
-from sparkbook.stages.bench.sweep import local_runner, save, sweep
+from sparkbook.stages.bench.sweep import local_runner, saved_points, sweep
 from sparkbook.stages.bench.tables import stall_rows, table
 
 
@@ -240,17 +240,17 @@ def test_admission_never_above_the_concurrency():
         assert server.max_in_flight == 1
 
 
-def test_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
+def test_send_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
     groups = [[f"g{k}-{i}" for i in range(k)] for k in (1, 2, 3)]
     # each group request's prefill takes 0.3 s, as a real server's takes longer than opening three connections: with
     # 2 ms a group request could end before the next of its group arrived on a loaded machine (CI saw 3 in flight)
     with FakeServer(step_s=0.002, slow_first_chunk=dict.fromkeys(range(1, 7), 0.3)) as server:
         # the companion outlasts the groups (cancelled after the last), so the group of 3 has it beside it
-        records = client.prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
+        records = client.send_prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
         assert [r.output_tokens for r in records] == [1] * 6 and server.max_in_flight == 4
         assert "companion" in server.prompts
     with FakeServer(refuse="refused") as server:
-        records = client.prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
+        records = client.send_prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
         assert all(r.ok for r in records) and server.prompts.count("refused") == 1, "no flood of refused requests"
 
 
@@ -274,7 +274,8 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     assert all(c.agrees for c in one.cross_checks + four.cross_checks), "the /metrics window: repeats, no warm-up"
     assert [(s.repeat, [q["index"] for q in s.requests]) for s in one.stalls] == [(2, [3])]
     assert four.stalls == [] and four.result.max_concurrency == 4
-    save(tmp_path, points, server.target, plan, 1)
+    for point in saved_points(points, server.target, plan, 1):  # as the session keeps them (run.keep_sweep)
+        write_point(tmp_path, point)
     saved = read_points(tmp_path)
     files = [p.to_json() for p in saved]
     assert files[0]["num_warmups"] == 2 and files[1]["num_warmups"] == 4
@@ -300,7 +301,8 @@ def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp
         assert point.speculation is not None
         assert point.speculation.drafts == 2 * 4 * 3, "2 repeats x 4 prompts x 3 steps of 2 tokens, no warm-up"
         assert (point.speculation.draft_tokens, point.speculation.accepted_per_position) == (48, (24, 0))
-    save(tmp_path, points, server.target, plan, 1)
+    for point in saved_points(points, server.target, plan, 1):  # as the session keeps them (run.keep_sweep)
+        write_point(tmp_path, point)
     saved = read_points(tmp_path)
     assert saved[0].sparkbook.speculation == points[0].speculation
     row = table(saved)[0]

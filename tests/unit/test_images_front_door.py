@@ -10,7 +10,7 @@ import pytest
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.cluster.nodes import Cluster
 from sparkbook.core.values import rundir
-from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.evidence import Decision, Event, ProbedBefore
 from sparkbook.core.values.handoff import ImageChoice
 from sparkbook.core.values.imagefacts import RegistryProbe
 from sparkbook.core.values.params import Params
@@ -77,7 +77,7 @@ def context(params: Params, tmp_path: Path) -> Context:
 
 def test_run_probes_decides_copies_and_hands_on_the_choice(monkeypatch, lab, tmp_path) -> None:
     called = steps(monkeypatch, {"old": False, "new": True})
-    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]))
+    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]), probed_before={})
     assert out.error is None and called == ["evaluate old", "evaluate new", "distribute new", "copy_model"]
     assert kinds(out) == ["image_probe", "image_probe", "decision: new", "distribution", "model_copy"]
     assert out.handoffs == [ImageChoice(ref="new", id=ID, vllm_version="0.32.0", ray_version="2.60.0",
@@ -86,9 +86,20 @@ def test_run_probes_decides_copies_and_hands_on_the_choice(monkeypatch, lab, tmp
     assert "03-inspect-old.txt" in out.logs and out.decision is not None and log in out.decision.evidence
 
 
+def test_a_tag_an_earlier_run_probed_as_another_image_warns_in_the_decisions_evidence(monkeypatch, lab, tmp_path):
+    steps(monkeypatch, {"old": False, "new": True})
+    before = {"new": ProbedBefore("sha256:0170", "20261125T100000Z"), "old": ProbedBefore(ID, "20261125T100000Z")}
+    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]), probed_before=before)
+    assert out.history["new"].moved and out.history["old"].cell() == "same ID as run 20261125T100000Z"
+    assert len(out.moved) == 1 and "new names another image than in run 20261125T100000Z" in out.moved[0]
+    assert out.decision is not None and out.moved[0] in out.decision.evidence
+    fresh = images.run(context(lab, tmp_path), a_preview(["old", "new"]), probed_before={})
+    assert fresh.moved == [] and fresh.history["new"].cell() == "first probe"
+
+
 def test_no_usable_image_is_the_outcomes_error_after_the_probes(monkeypatch, lab, tmp_path) -> None:
     called = steps(monkeypatch, {"old": False, "new": False})
-    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]))
+    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]), probed_before={})
     assert isinstance(out.error, choice.NoUsableImage) and called == ["evaluate old", "evaluate new"]
     assert kinds(out) == ["image_probe", "image_probe"] and out.handoffs == []
     assert "03 stopped" in str(out.decision_shown()[0].value)
@@ -96,14 +107,14 @@ def test_no_usable_image_is_the_outcomes_error_after_the_probes(monkeypatch, lab
 
 def test_a_node_without_the_images_id_stops_before_the_model_copy(monkeypatch, lab, tmp_path) -> None:
     called = steps(monkeypatch, {"old": False, "new": True}, same_ids=False)
-    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]))
+    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]), probed_before={})
     assert isinstance(out.error, distribute.NotDistributed) and "IMAGE IDS DIFFER" in str(out.error)
     assert "copy_model" not in called and kinds(out)[-1] == "distribution" and out.handoffs == []
 
 
 def test_a_model_copy_that_does_not_verify_is_the_outcomes_error(monkeypatch, lab, tmp_path) -> None:
     steps(monkeypatch, {"old": False, "new": True}, model_ok=False)
-    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]))
+    out = images.run(context(lab, tmp_path), a_preview(["old", "new"]), probed_before={})
     assert isinstance(out.error, modelcopy.ModelCopyError) and "COPIES DIFFER" in str(out.error)
     assert kinds(out)[-1] == "model_copy" and out.handoffs == []
 

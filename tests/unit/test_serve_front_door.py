@@ -21,7 +21,7 @@ from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.params import Params
 from sparkbook.core.values.stagelist import SERVE
 from sparkbook.stages import serve
-from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
+from sparkbook.stages.serve import answers, bringup, commands, environ, launch, memory, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
 from sparkbook.stages.serve.failures import classify
 from sparkbook.stages.serve.plandiff import differences
@@ -81,8 +81,8 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
     monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
     monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
     monkeypatch.setattr(bringup, "drop_aside", lambda ctx: called.append("drop_aside") or {"nodes": ["lab-0"]})
-    monkeypatch.setattr(quality, "run_checks", lambda ctx, plan, image, key, reference: quality.Quality(
-        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None))
+    monkeypatch.setattr(answers, "run_checks", lambda ctx, plan, image, key, reference: answers.AnswerChecks(
+        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None, None))
     return called
 
 
@@ -198,12 +198,12 @@ def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summar
     p = a_preview(ctx, replacing=True)
     assert p.replacing is not None
 
-    def roll_back(ctx, replaced, failed, failure):
+    def relaunch_replaced(ctx, replaced, failed, failure):
         relaunch = launch.Launch(replaced.serving.running, 1, {}, 0.0)
         ready = launch.Readiness(True, 4.0, 1.0, [p.plan.model], {"lab-0": "old plan up"})
         return rollback.Rollback(replaced.serving.run, failure, relaunch, ready, [], 9.0, None)
 
-    monkeypatch.setattr(rollback, "roll_back", roll_back)
+    monkeypatch.setattr(rollback, "relaunch_replaced", relaunch_replaced)
     out = serve.run(ctx, p, confirm_replace=True, ab_arm=None)
     assert isinstance(out.error, commands.ServeError) and out.rolled_back is not None
     assert out.error.message == out.rolled_back.summary() and "rolled back to run 20261201T195946Z" in str(out.error)
@@ -214,7 +214,7 @@ def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summar
 
 def test_a_failed_start_without_a_replacement_names_the_cause(lab, tmp_path, monkeypatch):
     steps(monkeypatch, ready=False)
-    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("rolled back with nothing replaced"))
+    monkeypatch.setattr(rollback, "relaunch_replaced", lambda *a: pytest.fail("rolled back with nothing replaced"))
     ctx = context(lab, tmp_path)
     out = serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert isinstance(out.error, commands.ServeError)
@@ -230,7 +230,7 @@ def test_a_failed_start_in_containers_04_replaced_leaves_the_rollback_to_the_dri
     from sparkbook.core.values.handoff import RayCluster
 
     called = steps(monkeypatch, ready=False)
-    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("05 relaunched the old plan itself"))
+    monkeypatch.setattr(rollback, "relaunch_replaced", lambda *a: pytest.fail("05 relaunched the old plan itself"))
     ctx = context(lab, tmp_path)
     ray = RayCluster(address="10.0.0.1:6379", containers={}, reused=False, container_ids={}, nodes=[],
                      stopped_server_at="2026-12-04T10:00:00+00:00")
@@ -330,3 +330,27 @@ def test_an_image_the_head_lacks_leaves_the_platform_not_known_yet(lab, tmp_path
     with pytest.raises(NotKnownYet, match="lab-0 holds no sparkbook-lab/vllm-cpu:0.28.0") as raised:
         commands.detect_platform(asked(lab, tmp_path, runtime))
     assert runtime.calls == [] and raised.value.stage == SERVE.name
+
+
+def test_the_answer_checks_return_the_reference_they_make_and_the_session_keeps_it(lab, tmp_path, monkeypatch):
+    from sparkbook.core.analysis.quality import Trace
+    from sparkbook.core.cluster import qualityapi
+    from sparkbook.runbook.session import Run
+
+    trace = Trace("story", [1, 2, 3], [10, 11], [-0.1, -0.2])
+    monkeypatch.setattr(answers, "check", lambda url, model, settings, key, reference, tokens: QualityReport(
+        key, 2048, "serve.smoke.expect is null", [], reference, [], [] if reference else [trace], 1.0))
+    run_dir = tmp_path / "lab" / "20261207T000000Z"
+    ctx = context(lab, run_dir)
+    plan = a_preview(ctx).plan
+    made = answers.run_checks(ctx, plan, "img:1", "abc", None)
+    assert made.problem is None and made.new_reference is not None and made.new_reference.traces == [trace]
+    assert made.recorded == tmp_path / "lab" / "quality" / "abc.json" and not made.recorded.exists(), \
+        "the stage writes nothing: it returns the reference"
+    run = Run(tmp_path / "lab.yaml", lab, run_dir, "05-serve")
+    assert run.keep_reference(serve.ServeOutcome(answers=made).new_reference) == made.recorded
+    assert qualityapi.load_reference(run_dir.parent / "20261208T000000Z", "abc") == made.new_reference, \
+        "a later run of the cluster finds it"
+    again = answers.run_checks(ctx, plan, "img:1", "abc", made.new_reference)
+    assert (again.new_reference, again.recorded) == (None, None), "one exists: none is made"
+    assert run.keep_reference(serve.ServeOutcome(answers=again).new_reference) is None

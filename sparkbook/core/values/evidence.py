@@ -151,6 +151,14 @@ def to_data(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class ProbedBefore:
+    """The image ID an earlier run of the cluster recorded under a candidate's name (its 03's image_probe event)."""
+
+    image_id: str | None
+    run: str  # that run's id
+
+
 def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The run's recorded events (all, or of one kind), oldest first."""
     path = run_dir / EVENTS

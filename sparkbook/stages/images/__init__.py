@@ -7,16 +7,16 @@ throwaway container of that candidate, as 03 probes each) and `run(ctx, preview)
 distributes and copies the model, and returns its evidence."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import NodeError
 from ...core.values import rundir
 from ...core.values.errors import SparkbookError
-from ...core.values.evidence import Decision, Shown, StageOutcome
+from ...core.values.evidence import Decision, ProbedBefore, Shown, StageOutcome
 from ...core.values.handoff import Diagnosis, ImageChoice
 from ...core.values.modelinfo import ModelFacts
-from ...core.values.params import DockerRuntime
 from ...core.values.state import Handoff
 from . import choice, distribute, modelcopy, tags
 from .choice import Candidate, ImageFacts, ModelTarget
@@ -103,7 +103,7 @@ def preview(ctx: Context) -> ImagesPreview:
     refs = choice.candidate_refs(ctx)
     plan, unknown = copy_plan(ctx, refs[0])
     facts, facts_unknown = first_facts(ctx, refs[0])
-    return ImagesPreview(target, choice.compute_capabilities(ctx), choice.node_machines(ctx), refs, pulls(ctx),
+    return ImagesPreview(target, choice.compute_capabilities(ctx), choice.node_machines(ctx), refs, ctx.images.pulls,
                          policy, installed, None if installed else ctx.images.no_installed_reason(), plan, unknown,
                          ctx.head.name, facts, facts_unknown, (first_choice(refs[0], facts, plan),))
 
@@ -113,7 +113,7 @@ def first_facts(ctx: Context, ref: str) -> tuple[ImageFacts | None, str | None]:
     head); or (None, why not): the head does not hold it yet, or its probe did not answer."""
     lacking = ctx.runtime.lacks(ctx.head, ref)
     if lacking is not None:
-        return None, f"{ctx.head.name} {lacking}" + ("; 03 pulls it before its probes" if pulls(ctx) else "")
+        return None, f"{ctx.head.name} {lacking}" + ("; 03 pulls it before its probes" if ctx.images.pulls else "")
     facts = choice.probe_facts(ctx, ref)
     return (None, f"its probe did not answer: {facts.error}") if facts.error else (facts, None)
 
@@ -123,11 +123,6 @@ def first_choice(ref: str, facts: ImageFacts | None, plan: ImageCopyPlan | None)
     where it was not: not known, see ImageChoice.probed); its ID where the head holds it."""
     return ImageChoice(ref=ref, id=plan.image_id if plan else None, vllm_version=facts.vllm_version if facts else None,
                        ray_version=facts.ray if facts else None, nodes={})
-
-
-def pulls(ctx: Context) -> bool:
-    """Whether 03 pulls every candidate on the head first (runtime.pull; Docker only)."""
-    return isinstance(ctx.params.runtime, DockerRuntime) and ctx.params.runtime.pull
 
 
 def copy_plan(ctx: Context, ref: str) -> tuple[ImageCopyPlan | None, str | None]:
@@ -201,10 +196,11 @@ class ImagesOutcome(StageOutcome):
                                                    f"{self.copied.message}; model: {self.model_copy.message}"))]
 
 
-def run(ctx: Context, preview: ImagesPreview) -> ImagesOutcome:
+def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, ProbedBefore]) -> ImagesOutcome:
     """Pull (runtime.pull), probe every candidate, decide by the preview's policy, put the chosen image on every
     node and the model beside it, and hand on the ImageChoice. A failure ends it as outcome.error, after the
-    evidence gathered so far."""
+    evidence gathered so far. `probed_before`: the image ID earlier runs probed under each candidate's name
+    (records.earlier.probed_before; the notebook's `run.probed_before(preview.candidates)`), so a moved tag warns."""
     out = ImagesOutcome(head=preview.head)
     if preview.pull:
         out.pulled = tags.pull(ctx, preview.candidates)
@@ -215,7 +211,7 @@ def run(ctx: Context, preview: ImagesPreview) -> ImagesOutcome:
         out.event("image_probe", candidate)
     out.logs = choice.inspection_logs(out.candidates)
     evidence = [str(ctx.run_dir / rundir.LOGS / name) for name in out.logs]
-    out.history = tags.tag_history(ctx.run_dir, {c.image: c.facts.image_id for c in out.candidates})
+    out.history = tags.tag_history({c.image: c.facts.image_id for c in out.candidates}, probed_before)
     out.moved = [w for h in out.history.values() if (w := h.warning())]
     try:
         out.error = decide(ctx, preview, out, [*evidence, *out.moved])

@@ -1,6 +1,6 @@
 """04: the node containers (containers.py), Ray started in them, the join wait and the gate (formation.py), a
 running cluster kept when it is still right (keep.py), and the all_reduce test of the fabric under it
-(allreduce.py). Where vLLM launches its own ranks across the nodes (serve.executor mp, or an image without Ray:
+(fabrictest.py). Where vLLM launches its own ranks across the nodes (serve.executor mp, or an image without Ray:
 topology.without_ray, issue 45) no Ray starts anywhere: the containers, the fabric test and the hand-off alone.
 
 The front door: `preview(ctx)` (per node the container start it would make, its `ray start`, the env names, and
@@ -23,9 +23,9 @@ from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, 
 from ...core.values.handoff import ImageChoice, RayCluster
 from ...core.values.params import Params
 from ...core.values.state import Handoff
-from . import allreduce, containers, formation, keep
-from .allreduce import AllReduceTest, FabricVerdict
+from . import containers, fabrictest, formation, keep
 from .containers import NodeContainer, RayStageError
+from .fabrictest import AllReduceTest, FabricVerdict
 from .formation import Gate, Join, RayStart
 from .keep import Reuse
 
@@ -111,7 +111,7 @@ def preview(ctx: Context) -> RayPreview:
                        containers={n: p.name for n, p in ctx.places.items()}, reused=False, container_ids={}, nodes=[])
     keeping = kept(ctx, choice.id, ray=no_ray is None)
     live = None if keeping.ok else live_server(ctx.params, ctx.cluster, ctx.runtime)
-    return RayPreview(choice, starts, keeping, allreduce.single_rank(ctx.params), forms.address,
+    return RayPreview(choice, starts, keeping, fabrictest.single_rank(ctx.params), forms.address,
                       () if unknown else (forms,), live, no_ray, unknown)
 
 
@@ -190,8 +190,8 @@ class RayOutcome(StageOutcome):
         if test is None or verdict is None:
             return self._stopped("Fabric test")
         return [Shown(f"all_reduce across {test.world} ranks ({test.backend}; {test.versions}), {test.seconds:.1f} s; "
-                      f"limits: {verdict.limits.why}", allreduce.rows(test, verdict)),
-                Shown("Transport per node and measured links", allreduce.transport_rows(test))]
+                      f"limits: {verdict.limits.why}", fabrictest.rows(test, verdict)),
+                Shown("Transport per node and measured links", fabrictest.transport_rows(test))]
 
     def ray_shown(self) -> list[Shown]:
         if self.ray is None:
@@ -315,14 +315,14 @@ def _without_ray(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_ser
 def fabric(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError | None:
     """The all_reduce test (or the decision to skip it), its figure and FabricProof; the failed verdict's error."""
     if preview.skip:
-        out.decide(allreduce.skip_decision(ctx.params, preview.skip))
+        out.decide(fabrictest.skip_decision(ctx.params, preview.skip))
         return None
-    test = out.test = allreduce.run_allreduce(ctx)
-    verdict = out.verdict = allreduce.verdict(ctx.params, test)
-    out.event(allreduce.EVENT, test)
+    test = out.test = fabrictest.run_allreduce(ctx)
+    verdict = out.verdict = fabrictest.verdict(ctx.params, test)
+    out.event(fabrictest.EVENT, test)
     out.event("fabric_verdict", verdict)
-    out.figures = {"fabric-allreduce.png": allreduce.figure(test, verdict)}
+    out.figures = {"fabric-allreduce.png": fabrictest.figure(test, verdict)}
     if not verdict.ok:
-        return allreduce.FabricTestFailed(verdict)
-    out.handoffs.append(allreduce.proof(test))  # 06 sets these figures beside its decode time
+        return fabrictest.FabricTestFailed(verdict)
+    out.handoffs.append(fabrictest.proof(test))  # 06 sets these figures beside its decode time
     return None

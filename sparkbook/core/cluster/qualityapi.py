@@ -1,4 +1,4 @@
-"""The requests of the answers checked at depth (core.quality) against a vLLM OpenAI-compatible server, and where
+"""The requests of the answers checked at depth (core.analysis.quality) against a vLLM OpenAI-compatible server, and where
 the agreement check's reference is kept. 05 calls `check` after its smoke test; 06 can call it at the end of a soak.
 
 The reference lies beside the cluster's runs (`outputs/<cluster>/quality/<key>.json`, core.rundir), not inside one

@@ -67,7 +67,7 @@ def model_identity(ctx: Context) -> str:
 def decision(ctx: Context, plan: ServePlan, image: str, reference: Reference | None, key: str) -> Decision:
     """Against what the answers are checked: the reference of an earlier run of this model and plan, or none yet
     (this run's greedy tokens become it when 05 passes)."""
-    evidence = [f"model {model_identity(ctx)}", f"reference key {key} (core.quality.reference_key)",
+    evidence = [f"model {model_identity(ctx)}", f"reference key {key} (core.analysis.quality.reference_key)",
                 *(f"{k}: {v}" for k, v in settings_shown(plan.settings.quality).items())]
     if reference is not None:
         same = "the same image" if reference.image == image else f"image {reference.image} then, {image} now"

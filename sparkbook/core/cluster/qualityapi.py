@@ -1,5 +1,6 @@
-"""The requests of the answers checked at depth (core.analysis.quality) against a vLLM OpenAI-compatible server, and where
-the agreement check's reference is kept. 05 calls `check` after its smoke test; 06 can call it at the end of a soak.
+"""The requests of the answers checked at depth (core.analysis.quality) against a vLLM OpenAI-compatible server,
+and where the agreement check's reference is kept. 05 calls `check` after its smoke test; 06 can call it at the end
+of a soak.
 
 The reference lies beside the cluster's runs (`outputs/<cluster>/quality/<key>.json`, core.rundir), not inside one
 run dir: a later run of the same cluster finds it without knowing which earlier run recorded it, and an archived or

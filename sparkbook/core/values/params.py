@@ -279,7 +279,8 @@ class SmokeCheck(Strict):
 
 class QualityCheck(Strict):
     """05's answers checked at depth, after its smoke test: known answers (a fact in generated filler, asked back
-    at each depth) and greedy agreement with the first ok run's tokens for this model and plan (core.analysis.quality)."""
+    at each depth) and greedy agreement with the first ok run's tokens for this model and plan
+    (core.analysis.quality)."""
 
     enabled: bool = Field(True, description="run the checks (false: 05 records that they did not run)")
     known_answers: bool = Field(True, description="ask the fact back at each depth (skipped anyway for dummy "

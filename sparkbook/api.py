@@ -87,12 +87,19 @@ def run(params_file: Path, options: RunOptions | None = None, *, archive: bool =
 # plan
 @dataclass(frozen=True)
 class StagePreview:
-    """One stage's part of the plan, redacted: what it would do (each value as plain data), or why it cannot be
-    told without acting (None: previewed)."""
+    """One stage's part of the plan, redacted: what it would do (each value as plain data), or why not: `unknown`,
+    what only a run makes (a hand-off, an image not on the head yet); `failed`, a preview that could not be made (a
+    node it cannot reach). Both None: previewed."""
 
     stage: Stage
     shown: list[Shown]
     unknown: str | None
+    failed: str | None
+
+    @property
+    def why(self) -> str | None:
+        """Why it shows nothing (not known yet, or failed); None: previewed."""
+        return self.unknown or self.failed
 
 
 @dataclass(frozen=True)
@@ -100,9 +107,9 @@ class PlanResult:
     stages: list[StagePreview]
 
     @property
-    def complete(self) -> bool:
-        """Every stage could be previewed."""
-        return all(p.unknown is None for p in self.stages)
+    def showed_what_it_could(self) -> bool:
+        """No stage's preview failed (`sparkbook plan` exits 0): what is not known before a run acts fails nothing."""
+        return all(p.failed is None for p in self.stages)
 
 
 def plan(params_file: Path, outputs: Path = OUTPUTS) -> PlanResult:
@@ -114,8 +121,11 @@ def plan(params_file: Path, outputs: Path = OUTPUTS) -> PlanResult:
         parts = previews.preview(Context(params, cluster, runtime_for(params), outputs / params.cluster), outputs)
     finally:
         cluster.close()
+    def said(text: str | None) -> str | None:
+        return redactor.text(text) if text else None
+
     return PlanResult([StagePreview(p.stage, [Shown(redactor.text(s.title), redactor.data(to_data(s.value)))
-                                              for s in p.shown], redactor.text(p.unknown) if p.unknown else None)
+                                              for s in p.shown], said(p.unknown), said(p.failed))
                        for p in parts])
 
 

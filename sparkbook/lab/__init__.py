@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cluster
-from .cluster import LabError, NodeSpec, lab_home
+from .cluster import LabError, LabNode, lab_home
 
 Progress = Callable[[str], None] | None
 
@@ -36,12 +36,14 @@ DEFAULT_LAB_HOME = Path("/var/lib/sparkbook-lab")
 SMALL_SERVICES = {"proxy", "embeddings", "reranker", "ray-head", "ray-worker"}
 OLD_VLLM_TIMEOUT_S = 600
 
-__all__ = ["up", "down", "status", "reset", "params_file", "wait_old_deployment", "LabStatus", "NodeStatus",
+__all__ = ["up", "down", "status", "reset", "params_file", "wait_old_deployment", "LabStatus", "LabNodeStatus",
            "LabError"]
 
 
 @dataclass
-class NodeStatus:
+class LabNodeStatus:
+    """How one lab node stands (`sparkbook lab status`): its init, sshd, dockerd, images and containers."""
+
     name: str
     role: str
     ip: str
@@ -59,7 +61,7 @@ class NodeStatus:
 @dataclass
 class LabStatus:
     up: bool
-    nodes: list[NodeStatus]
+    nodes: list[LabNodeStatus]
     lab_home: str
     bridge: str
     host_ip: str
@@ -74,7 +76,7 @@ class LabStatus:
     def healthy(self) -> bool:
         return self.up and all(n.sshd and n.dockerd and n.hostname == n.name for n in self.nodes)
 
-    def render(self) -> str:
+    def __str__(self) -> str:
         if not self.nodes:
             return f"lab: down (LAB_HOME {self.lab_home})"
         lines = [f"lab: {'up' if self.up else 'DOWN/BROKEN'}, {len(self.nodes)} nodes on bridge {self.bridge} "
@@ -97,8 +99,6 @@ class LabStatus:
         if self.seconds is not None:
             lines.append(f"took {self.seconds:.1f}s")
         return "\n".join(lines)
-
-    __str__ = render
 
 
 def _say(progress: Progress, msg: str) -> None:
@@ -132,7 +132,7 @@ def params_file(nodes: int = 2) -> Path:
     """The params file of an N-node lab: params/lab.yaml itself for the default lab (2 nodes, default
     LAB_HOME); otherwise LAB_HOME/params/lab-N.yaml derived from it (node list replaced, serve.node_env
     of missing nodes dropped, SSH key paths under LAB_HOME)."""
-    specs = cluster.node_specs(nodes)
+    specs = cluster.lab_nodes(nodes)
     if nodes == 2 and lab_home() == DEFAULT_LAB_HOME and cluster.LAB_ID == 0:
         return REPO_PARAMS
     import yaml
@@ -162,7 +162,7 @@ def params_file(nodes: int = 2) -> Path:
 # status
 
 
-def _ssh_hostname(s: NodeSpec) -> tuple[str | None, str]:
+def _ssh_hostname(s: LabNode) -> tuple[str | None, str]:
     try:
         p = subprocess.run(["ssh", "-F", str(cluster.ssh_config_file()), "-o", "ConnectTimeout=5", s.ip,
                             "hostname"], capture_output=True, text=True, timeout=20)
@@ -173,18 +173,18 @@ def _ssh_hostname(s: NodeSpec) -> tuple[str | None, str]:
     return p.stdout.strip(), ""
 
 
-def node_images(s: NodeSpec) -> list[str]:
+def node_images(s: LabNode) -> list[str]:
     out = cluster.run(["docker", "-H", s.docker_host, "images", "--format", "{{.Repository}}:{{.Tag}}"],
                       timeout=30).stdout
     return sorted(set(out.split()))
 
 
-def _node_status(s: NodeSpec, st: dict[str, Any]) -> NodeStatus:
+def _node_status(s: LabNode, st: dict[str, Any]) -> LabNodeStatus:
     from . import deployment
     ns = st.get("nodes", {}).get(s.name, {})
     alive = cluster.pid_alive(ns.get("init_pid"), ns.get("init_start"))
-    n = NodeStatus(name=s.name, role=s.role, ip=s.ip, netns=s.netns, docker_host=s.docker_host,
-                   init_pid=ns.get("init_pid") if alive else None, hostname=None, sshd=False, dockerd=False)
+    n = LabNodeStatus(name=s.name, role=s.role, ip=s.ip, netns=s.netns, docker_host=s.docker_host,
+                      init_pid=ns.get("init_pid") if alive else None, hostname=None, sshd=False, dockerd=False)
     if not alive:
         n.error = "node init is not running"
         return n
@@ -205,7 +205,7 @@ def _node_status(s: NodeSpec, st: dict[str, Any]) -> NodeStatus:
 def _status() -> LabStatus:
     st = cluster.load_state()
     n = st.get("n")
-    specs = cluster.node_specs(n) if n else []
+    specs = cluster.lab_nodes(n) if n else []
     nodes = [_node_status(s, st) for s in specs]
     return LabStatus(up=bool(nodes) and all(x.init_pid for x in nodes), nodes=nodes, lab_home=str(lab_home()),
                      bridge=cluster.BRIDGE, host_ip=cluster.HOST_IP, key_file=str(cluster.key_file()),
@@ -224,17 +224,17 @@ def status() -> LabStatus:
 
 def _head_lacks(n: int) -> list[str]:
     """The lab images the head of an N-node lab that is up does not hold."""
-    from . import images
-    head = next(s for s in cluster.node_specs(n) if s.role == "head")
+    from . import imagebuild
+    head = next(s for s in cluster.lab_nodes(n) if s.role == "head")
     held = set(node_images(head))
-    return [tag for tag in images.LAB_IMAGES if tag not in held]
+    return [tag for tag in imagebuild.LAB_IMAGES if tag not in held]
 
 
 def _lab_is_up(n: int) -> bool:
     st = cluster.load_state()
     if st.get("n") != n:
         return False
-    for s in cluster.node_specs(n):
+    for s in cluster.lab_nodes(n):
         if not cluster.node_alive(st, s):
             return False
         try:
@@ -247,7 +247,7 @@ def _lab_is_up(n: int) -> bool:
 HEAD_ONLY_TREES = ("hf/hub",)  # node-dir trees only the head starts with
 
 
-def _sync_models(specs: list[NodeSpec], trees: dict[str, Path], progress: Progress) -> list[str]:
+def _sync_models(specs: list[LabNode], trees: dict[str, Path], progress: Progress) -> list[str]:
     """Copy each tree (node-dir-relative destination -> host source) onto the nodes that start with it: the lab
     models into every node's model cache (LAB_HOME/nodes/<n>/models = /srv/models); the hub cache
     (LAB_HOME/nodes/<n>/hf = /home/lab/.cache/huggingface) onto the head only and removed from the workers, as
@@ -282,7 +282,7 @@ def _sync_models(specs: list[NodeSpec], trees: dict[str, Path], progress: Progre
     return changed
 
 
-def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> list[str]:
+def _reset_worker_images(s: LabNode, keep: set[str], progress: Progress) -> list[str]:
     """Remove every image from a worker's daemon except `keep` (the runbook must bring vLLM images)."""
     have = cluster.run(["docker", "-H", s.docker_host, "images", "-a", "--format",
                         "{{.Repository}}:{{.Tag}} {{.ID}}"], timeout=30).stdout.split("\n")
@@ -298,20 +298,20 @@ def _reset_worker_images(s: NodeSpec, keep: set[str], progress: Progress) -> lis
     return drop
 
 
-def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str],
+def _build_while_loading(specs: list[LabNode], worker_tags: list[str],
                          progress: Progress) -> tuple[dict[str, str], dict[str, Path]]:
-    """images.ensure_images + models.ensure_models in a thread; meanwhile each lab image that the
+    """imagebuild.ensure_images + models.ensure_models in a thread; meanwhile each lab image that the
     builder already has is copied to the head (and the worker tags to the workers), so a cold `up`
     overlaps building and loading. Returns (tag -> image ID, model name -> dir)."""
     import threading
 
-    from . import builder, images, models
+    from . import builder, imagebuild, models
     result: dict[str, Any] = {}  # what the thread hands back: built, models or error
 
     def work() -> None:
         try:
             _say(progress, "images: ensuring the lab images on the builder (built only when missing)")
-            result["built"] = images.ensure_images(progress)
+            result["built"] = imagebuild.ensure_images(progress)
             _say(progress, "models: ensuring the lab models")
             made = models.ensure_models(progress)
             result["models"] = {**{f"models/{name}": path for name, path in made.items()},
@@ -327,10 +327,10 @@ def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str],
         if not t.is_alive():
             break
         for s in specs:
-            for tag in (images.LAB_IMAGES if s.role == "head" else worker_tags):
+            for tag in (imagebuild.LAB_IMAGES if s.role == "head" else worker_tags):
                 if (s.name, tag) in done or not builder.image_id(tag):
                     continue
-                images.load_images(s.docker_host, [tag], progress)
+                imagebuild.load_images(s.docker_host, [tag], progress)
                 done.add((s.name, tag))
                 break  # one image per round: look at the build thread again
     if "error" in result:
@@ -340,14 +340,14 @@ def _build_while_loading(specs: list[NodeSpec], worker_tags: list[str],
     return built, trees
 
 
-def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = False,
+def _initial_state(specs: list[LabNode], progress: Progress, *, wait: bool = False,
                    keep_worker_images: bool = False) -> list[str]:
     """Images, models and the old deployment as a freshly-up lab has them (the images a worker holds beyond its
     initial ones kept with `keep_worker_images`). Idempotent."""
-    from . import deployment, images
+    from . import deployment, imagebuild
     params = _load_yaml(REPO_PARAMS)
     actions: list[str] = []
-    base = images.BASE
+    base = imagebuild.BASE
     worker_tags = [base]                    # workers: only what the old deployment runs
     built, mdirs = _build_while_loading(specs, worker_tags, progress)
     head_tags = list(built)                 # every lab image on the head
@@ -359,7 +359,7 @@ def _initial_state(specs: list[NodeSpec], progress: Progress, *, wait: bool = Fa
         if s.role != "head" and not keep_worker_images:
             actions += [f"rmi {s.name}/{r}" for r in _reset_worker_images(s, set(want), progress)]
         before = set(node_images(s))
-        images.load_images(s.docker_host, want, progress)
+        imagebuild.load_images(s.docker_host, want, progress)
         added = set(node_images(s)) - before
         actions += [f"load {s.name}/{t}" for t in sorted(added)]
     actions += [f"model {m}" for m in _sync_models(specs, mdirs, progress)]
@@ -409,7 +409,7 @@ def reset(progress: Progress = None, *, keep_worker_images: bool = False) -> Lab
         n = cluster.load_state().get("n")
         if not n or not _lab_is_up(n):
             raise LabError("the lab is not up; run `sparkbook lab up`")
-        actions = _initial_state(cluster.node_specs(n), progress, keep_worker_images=keep_worker_images)
+        actions = _initial_state(cluster.lab_nodes(n), progress, keep_worker_images=keep_worker_images)
         st = _status()
         st.actions, st.seconds = actions, time.monotonic() - t0
         return st
@@ -418,13 +418,13 @@ def reset(progress: Progress = None, *, keep_worker_images: bool = False) -> Lab
 def wait_old_deployment(timeout: float = OLD_VLLM_TIMEOUT_S, progress: Progress = None) -> dict[str, float]:
     """Until every old-deployment service (old-vllm and the manager's containers included) answers, the old
     cluster manager started first where it does not run; returns seconds waited for each."""
-    from . import deployment, images
+    from . import deployment, imagebuild
     n = cluster.load_state().get("n")
     if not n:
         raise LabError("the lab is not up; run `sparkbook lab up`")
-    specs = cluster.node_specs(n)
-    deployment.start_manager(specs, images.BASE, progress)
-    return deployment.wait_ready(specs, _load_yaml(REPO_PARAMS), images.BASE, timeout=timeout, progress=progress)
+    specs = cluster.lab_nodes(n)
+    deployment.start_manager(specs, imagebuild.BASE, progress)
+    return deployment.wait_ready(specs, _load_yaml(REPO_PARAMS), imagebuild.BASE, timeout=timeout, progress=progress)
 
 
 def _stop_builder(progress: Progress) -> None:
@@ -455,7 +455,7 @@ def _stop_manager(progress: Progress) -> None:
     n = cluster.load_state().get("n")
     if n and _lab_is_up(n):
         try:
-            deployment.stop_manager(cluster.node_specs(n), progress, timeout=20)
+            deployment.stop_manager(cluster.lab_nodes(n), progress, timeout=20)
         except LabError as e:
             _say(progress, f"old cluster manager: {str(e)[-200:]}; it ends with its node")
 

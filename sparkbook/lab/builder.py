@@ -28,12 +28,6 @@ Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
 
 
-def builder_docker_host() -> str:
-    """The builder daemon's address for ``docker -H`` / DOCKER_HOST (starting it if needed)."""
-    ensure_builder()
-    return f"unix://{SOCKET}"
-
-
 def docker_cmd(*args: str, host: str | None = None) -> list[str]:
     """A docker CLI argument list aimed at ``host`` (default: the builder)."""
     return ["docker", "-H", host or f"unix://{SOCKET}", *args]

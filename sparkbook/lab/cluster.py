@@ -98,7 +98,9 @@ def ssh_config_file() -> Path:
 
 
 @dataclass
-class NodeSpec:
+class LabNode:
+    """One lab node as the lab builds it (its namespace, veth, address and directory), not a params node."""
+
     index: int
     name: str
     ip: str
@@ -124,13 +126,12 @@ class NodeSpec:
         return self.dir / "logs"
 
 
-def node_specs(n: int) -> list[NodeSpec]:
+def lab_nodes(n: int) -> list[LabNode]:
     if not 1 <= n <= MAX_NODES:
         raise LabError(f"nodes must be between 1 and {MAX_NODES}, got {n}")
     return [
-        NodeSpec(index=i, name=f"lab-{i}", ip=f"{NODE_IP_BASE}{NODE_IP_OFFSET + i}",
-                 role="head" if i == 0 else "worker", netns=f"{NETNS_PREFIX}{i}",
-                 veth=f"{VETH_PREFIX}{i}")
+        LabNode(index=i, name=f"lab-{i}", ip=f"{NODE_IP_BASE}{NODE_IP_OFFSET + i}",
+                role="head" if i == 0 else "worker", netns=f"{NETNS_PREFIX}{i}", veth=f"{VETH_PREFIX}{i}")
         for i in range(n)
     ]
 
@@ -228,7 +229,7 @@ def save_state(state: dict[str, Any]) -> None:
 # SSH keys
 
 
-def ensure_keys(specs: list[NodeSpec], progress: Progress = None) -> None:
+def ensure_keys(specs: list[LabNode], progress: Progress = None) -> None:
     """The lab's client key pair, each node's host key, known_hosts for every node, an ssh config."""
     ssh_dir().mkdir(parents=True, exist_ok=True)
     os.chmod(ssh_dir(), 0o700)
@@ -265,7 +266,7 @@ def ensure_keys(specs: list[NodeSpec], progress: Progress = None) -> None:
             os.chmod(f, 0o600 if name == "id_ed25519" else 0o644)
 
 
-def sshd_config(s: NodeSpec) -> str:
+def sshd_config(s: LabNode) -> str:
     hk = s.dir / "ssh" / "ssh_host_ed25519_key"
     return "\n".join([
         f"ListenAddress {s.ip}",
@@ -329,7 +330,7 @@ def ensure_bridge(state: dict[str, Any], progress: Progress = None) -> None:
     save_state(state)
 
 
-def ensure_netns(s: NodeSpec, state: dict[str, Any]) -> None:
+def ensure_netns(s: LabNode, state: dict[str, Any]) -> None:
     """The node's network namespace: lo, eth0 = s.ip on the lab bridge, no default route."""
     nodes = state.setdefault("netns", [])
     if s.netns not in _netns_list():
@@ -362,7 +363,7 @@ def ensure_netns(s: NodeSpec, state: dict[str, Any]) -> None:
 # Nodes
 
 
-def _node_config(s: NodeSpec, specs: list[NodeSpec]) -> dict[str, Any]:
+def _node_config(s: LabNode, specs: list[LabNode]) -> dict[str, Any]:
     d = s.dir
     return {
         "name": s.name,
@@ -387,12 +388,12 @@ def _node_state(state: dict[str, Any], name: str) -> dict[str, Any]:
     return node
 
 
-def node_alive(state: dict[str, Any], s: NodeSpec) -> bool:
+def node_alive(state: dict[str, Any], s: LabNode) -> bool:
     ns = state.get("nodes", {}).get(s.name, {})
     return pid_alive(ns.get("init_pid"), ns.get("init_start"))
 
 
-def start_node(s: NodeSpec, specs: list[NodeSpec], state: dict[str, Any], progress: Progress = None) -> None:
+def start_node(s: LabNode, specs: list[LabNode], state: dict[str, Any], progress: Progress = None) -> None:
     for sub in [*NODE_MOUNTS, "logs", "ssh", "etc"]:
         (s.dir / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(s.dir / "tmp", 0o1777)
@@ -436,7 +437,7 @@ def start_node(s: NodeSpec, specs: list[NodeSpec], state: dict[str, Any], progre
     save_state(state)
 
 
-def wait_node_ready(s: NodeSpec, timeout: float = 60) -> None:
+def wait_node_ready(s: LabNode, timeout: float = 60) -> None:
     """Until the node's dockerd answers on its socket and its sshd listens on s.ip:22."""
     import socket as _socket
     deadline = time.monotonic() + timeout
@@ -516,9 +517,9 @@ def _cgroup_cleanup(netns_names: list[str]) -> list[str]:
 # Whole-lab operations
 
 
-def start(n: int, progress: Progress = None) -> tuple[list[NodeSpec], bool]:
+def start(n: int, progress: Progress = None) -> tuple[list[LabNode], bool]:
     """Bring up the namespaces/daemons of an n-node lab. Returns (specs, changed)."""
-    specs = node_specs(n)
+    specs = lab_nodes(n)
     state = load_state()
     if state.get("nodes") and state.get("n") not in (None, n) and any(
             pid_alive(v.get("init_pid"), v.get("init_start")) for v in state["nodes"].values()):

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import LabError, NodeSpec, lab_home, run, ssh_config_file
+from .cluster import LabError, LabNode, lab_home, run, ssh_config_file
 
 Progress = Callable[[str], None] | None
 
@@ -194,7 +194,7 @@ def service_script() -> Path:
     return _script("old_service.py", SERVICE_PY)
 
 
-def manager_argv(specs: list[NodeSpec], base_image: str) -> list[str]:
+def manager_argv(specs: list[LabNode], base_image: str) -> list[str]:
     """The manager's command line on the head: a --member for the head's daemon and the first worker's (over
     SSH), the seed's two nodes."""
     members = [f"{'local' if s is specs[0] else f'ssh://root@{s.ip}'},{role},{port}"
@@ -244,7 +244,7 @@ class OldContainer:
         return f"http://{self.host}:{self.port}{self.health_path}"
 
 
-def plan(specs: list[NodeSpec], params: dict[str, Any], base_image: str) -> list[OldContainer]:
+def plan(specs: list[LabNode], params: dict[str, Any], base_image: str) -> list[OldContainer]:
     """The old deployment for these nodes, from the lab params (installed image, model cache)."""
     installed = params["runtime"]["installed_image"]
     cache = params.get("model", {}).get("cache_dir", "/srv/models")
@@ -294,11 +294,11 @@ def _check_allow_lists(out: list[OldContainer], params: dict[str, Any], manager:
                        f"{procs}")
 
 
-def _docker(s: NodeSpec, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _docker(s: LabNode, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(["docker", "-H", s.docker_host, *args], timeout=timeout, check=check)
 
 
-def containers(s: NodeSpec) -> list[dict[str, Any]]:
+def containers(s: LabNode) -> list[dict[str, Any]]:
     """All containers of a node's daemon: name, image, state, status, labels."""
     ids = _docker(s, "ps", "-aq", "--no-trunc").stdout.split()
     if not ids:
@@ -313,7 +313,7 @@ def containers(s: NodeSpec) -> list[dict[str, Any]]:
     return rows
 
 
-def remove_extras(specs: list[NodeSpec], params: dict[str, Any], base_image: str,
+def remove_extras(specs: list[LabNode], params: dict[str, Any], base_image: str,
                   progress: Progress = None) -> list[str]:
     """Remove every container that is not part of the old deployment (what a previous runbook run left:
     new vLLM servers, Ray containers), so the lab starts from its initial state. Returns what was removed."""
@@ -328,7 +328,7 @@ def remove_extras(specs: list[NodeSpec], params: dict[str, Any], base_image: str
     return removed
 
 
-def ensure(specs: list[NodeSpec], params: dict[str, Any], base_image: str, progress: Progress = None) -> list[str]:
+def ensure(specs: list[LabNode], params: dict[str, Any], base_image: str, progress: Progress = None) -> list[str]:
     """(Re)create the old deployment containers that are not running as planned; returns what was started."""
     want = plan(specs, params, base_image)
     actions = []
@@ -347,7 +347,7 @@ def ensure(specs: list[NodeSpec], params: dict[str, Any], base_image: str, progr
     return actions
 
 
-def wait_ready(specs: list[NodeSpec], params: dict[str, Any], base_image: str, timeout: float = 180,
+def wait_ready(specs: list[LabNode], params: dict[str, Any], base_image: str, timeout: float = 180,
                progress: Progress = None, roles: set[str] | None = None) -> dict[str, float]:
     """Until every old-deployment service (of `roles`, default all) answers its health URL;
     returns seconds waited for each. Raises LabError when one exits or the time is up."""
@@ -380,12 +380,12 @@ def wait_ready(specs: list[NodeSpec], params: dict[str, Any], base_image: str, t
     return done
 
 
-def _on_head(head: NodeSpec, command: str, timeout: float = 30,
+def _on_head(head: LabNode, command: str, timeout: float = 30,
              check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(["ssh", "-F", str(ssh_config_file()), head.ip, command], timeout=timeout, check=check)
 
 
-def manager_pid(head: NodeSpec) -> int | None:
+def manager_pid(head: LabNode) -> int | None:
     """The running manager's PID (in the head's PID namespace) from its pidfile, when that process's command
     line is the manager's; None when it does not run."""
     out = _on_head(head, f"p=$(cat {MANAGER_PIDFILE} 2>/dev/null) && echo $p && tr '\\0' ' ' < /proc/$p/cmdline",
@@ -393,7 +393,7 @@ def manager_pid(head: NodeSpec) -> int | None:
     return int(out[0]) if len(out) == 2 and out[0].isdigit() and MANAGER_NAME in out[1] else None
 
 
-def start_manager(specs: list[NodeSpec], base_image: str, progress: Progress = None) -> list[str]:
+def start_manager(specs: list[LabNode], base_image: str, progress: Progress = None) -> list[str]:
     """Start the old cluster manager on the head (detached, like a unit) unless it runs; returns what it did."""
     head = specs[0]
     if manager_pid(head) is not None:
@@ -408,7 +408,7 @@ def start_manager(specs: list[NodeSpec], base_image: str, progress: Progress = N
     raise LabError(f"{head.name}: the old cluster manager did not write {MANAGER_PIDFILE}; see {MANAGER_LOG} there")
 
 
-def stop_manager(specs: list[NodeSpec], progress: Progress = None, timeout: float = STOP_TIMEOUT_S) -> list[str]:
+def stop_manager(specs: list[LabNode], progress: Progress = None, timeout: float = STOP_TIMEOUT_S) -> list[str]:
     """SIGTERM to the manager's PID (it stops its containers on every node), then wait for it to exit."""
     head = specs[0]
     pid = manager_pid(head)

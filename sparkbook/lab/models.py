@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from sparkbook.lab.builder import LAB_HOME, Progress, default_progress, docker_cmd, stream
-from sparkbook.lab.images import NEW, RECIPES_DIR, ensure_images
+from sparkbook.lab.imagebuild import NEW, RECIPES_DIR, ensure_images
 
 MODELS_DIR = LAB_HOME / "models"
 HF_HUB = LAB_HOME / "hf" / "hub"

@@ -40,7 +40,7 @@ __all__ = ["CLOCK_DIFF", "POINT_METRICS", "Change", "Comparison", "FigurePair", 
 COMPARE_DIR = "compare"  # under outputs/<cluster>/: the comparison pages, never beside the run dirs
 COMMITTED = "examples"  # outputs/examples/: the records git tracks
 
-FIGURES = (("time to ready s", "ready_s"), (SINGLE_STREAM, "single_tok_s"), ("peak tok/s", "peak_tok_s"),
+RECORD_FIGURES = (("time to ready s", "ready_s"), (SINGLE_STREAM, "single_tok_s"), ("peak tok/s", "peak_tok_s"),
            ("peak at concurrency", "peak_concurrency"), ("% of roofline", "roofline_pct"))
 
 
@@ -61,7 +61,7 @@ class Comparison:
     b: RunRecord
     params: list[Change]  # the params keys (and -p parameters) that differ
     params_note: str | None  # why the params could not be compared (None: they were)
-    image: list[Change]  # image, its ID and versions, executor, layout: all of them, changed or not
+    setup: list[Change]  # image, its ID and versions, executor, layout: all of them, changed or not
     decisions: list[Change]  # "notebook: question" whose choice differs
     figures: list[FigurePair]
     deltas: list[Delta]  # per concurrency and metric, B against A
@@ -75,7 +75,7 @@ class Comparison:
         lines += change_lines("params", self.params, self.params_note or "the same")
         lines += ["", "image and versions:"]
         lines += [f"  {c.what}: {fmt(c.a)}  (same)" if c.a == c.b else f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}  "
-                  + ("(changed)" if c.differs else "(not recorded by one run)") for c in self.image]
+                  + ("(changed)" if c.differs else "(not recorded by one run)") for c in self.setup]
         lines += ["", *change_lines("decisions that differ", self.decisions, "none"), "", "figures (A -> B, change):"]
         lines += [f"  {f.name}: {fmt(f.a)} -> {fmt(f.b)}"
                   + (f"  ({f.change_pct:+.1f} %)" if f.change_pct is not None else "") for f in self.figures]
@@ -120,7 +120,9 @@ def params_changes(a: RunRecord, b: RunRecord) -> tuple[list[Change], str | None
     return changes(flat_a, flat_b), note
 
 
-def image_changes(a: RunRecord, b: RunRecord) -> list[Change]:
+def setup_side_by_side(a: RunRecord, b: RunRecord) -> list[Change]:
+    """What each run served with (image, its ID and versions, executor, layout), the same ones too: the
+    comparison shows every row, so a figure's change is read beside what did not change."""
     return [Change("image", a.image, b.image),
             *(Change(k, a.versions.get(k), b.versions.get(k)) for k in ("image id", "vllm", "ray")),
             Change("executor", a.executor, b.executor), Change("layout", a.layout, b.layout)]
@@ -145,8 +147,8 @@ def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
     a, b = read_run(a_dir), read_run(b_dir)
     da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
     params, note = params_changes(a, b)
-    figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in FIGURES]
-    return Comparison(a, b, params, note, image_changes(a, b), decision_changes(a, b),
+    figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in RECORD_FIGURES]
+    return Comparison(a, b, params, note, setup_side_by_side(a, b), decision_changes(a, b),
                       [f for f in figures if f.a is not None or f.b is not None],
                       compare(_points(b), _points(a), POINT_METRICS, history(a, b)),
                       clock_causes(_points(a), _points(b)), depthsweep.compare(da, db), depthsweep.ratios(da, db))

@@ -267,7 +267,7 @@ def compare_page(c: Comparison, here: Path) -> str:
         return f'<a href="{_href(target)}">{e(r.run_id)}</a>' if (r.run_dir / INDEX).exists() else e(r.run_id)
 
     params = [{"key": x.what, "A": fmt(x.a), "B": fmt(x.b)} for x in c.params]
-    image = [{"what": x.what, "A": fmt(x.a), "B": fmt(x.b), "changed": "yes" if x.differs else ""} for x in c.image]
+    image = [{"what": x.what, "A": fmt(x.a), "B": fmt(x.b), "changed": "yes" if x.differs else ""} for x in c.setup]
     decisions = [{"decision": x.what, "A": fmt(x.a), "B": fmt(x.b)} for x in c.decisions]
     figures = [{"figure": f.name, "A": fmt(f.a), "B": fmt(f.b),
                 "change %": f"{f.change_pct:+.1f}" if f.change_pct is not None else "-"} for f in c.figures]

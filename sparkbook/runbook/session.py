@@ -9,17 +9,35 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..core.analysis import depthsweep
+from ..core.analysis.benchcompare import EarlierSweep
+from ..core.analysis.depthsweep import DepthSweep
+from ..core.analysis.quality import Reference
 from ..core.cluster.context import Context
 from ..core.cluster.nodes import Cluster, Result
 from ..core.cluster.progress import Progress
+from ..core.cluster.qualityapi import save_reference
 from ..core.cluster.runtimes import runtime_for
 from ..core.values import state
 from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
-from ..core.values.evidence import Decision, Event, Shown, StageOutcome, markdown_text, now, table_rows, tail, to_data
+from ..core.values.evidence import (
+    Decision,
+    Event,
+    ProbedBefore,
+    Shown,
+    StageOutcome,
+    markdown_text,
+    now,
+    table_rows,
+    tail,
+    to_data,
+)
 from ..core.values.params import Params, load_params
 from ..core.values.redact import Redactor
 from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
 from ..core.values.state import H, Handoffs
+from ..core.values.sweeppoint import SweepPoint, write_point
+from ..records.earlier import earlier_sweep, probed_before
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -88,6 +106,26 @@ class Run:
             self.remember(value)
         if outcome.error is not None:
             raise outcome.error
+
+    # --- what the stages return to keep, and what earlier runs recorded for them ---------------------
+    def keep_sweep(self, points: Iterable[SweepPoint], depth: DepthSweep | None) -> list[Path]:
+        """Write 06's sweep points (bench/c<concurrency>.json, vLLM-bench's form) and its depth points
+        (bench/depth.json, where measured) under `bench_root`; the paths written."""
+        paths = [write_point(self.bench_root, point) for point in points]
+        return paths + ([depthsweep.write(self.bench_root, depth)] if depth is not None else [])
+
+    def keep_reference(self, reference: Reference | None) -> Path | None:
+        """Write the answer checks' reference 05 made beside the cluster's runs (outputs/<cluster>/quality/<key>.json),
+        where later runs of the same model and plan compare with it; None: 05 made none."""
+        return save_reference(self.run_dir, reference) if reference is not None else None
+
+    def probed_before(self, refs: Iterable[str]) -> dict[str, ProbedBefore]:
+        """For 03: the image ID the newest earlier run of the cluster probed under each of `refs`."""
+        return probed_before(self.run_dir, refs)
+
+    def earlier_sweep(self) -> EarlierSweep | None:
+        """For 06: the earlier run's sweep to compare with, and this run's setup's history (None: no earlier run)."""
+        return earlier_sweep(self.run_dir)
 
     # --- evidence -----------------------------------------------------------------------------
     def record(self, kind: str, payload: Any) -> None:

@@ -44,7 +44,7 @@ def lab(lab_progress):
         # 3.3 GB again (test_cluster's reset takes them away, and test_faults copies the whole image back, verified)
         st = sblab.reset(progress=lab_progress, keep_worker_images=True)
     lab_progress(f"lab up took {time.monotonic() - t0:.1f}s; changed: {st.actions or 'nothing'}")
-    assert st.healthy, st.render()
+    assert st.healthy, str(st)
     return st
 
 

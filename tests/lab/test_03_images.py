@@ -16,7 +16,7 @@ import sparkbook
 import sparkbook.lab as sblab
 from sparkbook.core.cluster.imageprobes import probe_registry
 from sparkbook.core.cluster.runtimes import image_source_for
-from sparkbook.lab.images import NO_RAY
+from sparkbook.lab.imagebuild import NO_RAY
 from sparkbook.stages.images import choice, distribute
 
 pytestmark = pytest.mark.lab

@@ -22,8 +22,8 @@ import sparkbook.lab as sblab
 from sparkbook.core.cluster.topology import places
 from sparkbook.lab import cluster as labcluster
 from sparkbook.stages.images import distribute
-from sparkbook.stages.raycluster import allreduce, formation
 from sparkbook.stages.raycluster import containers as node_containers
+from sparkbook.stages.raycluster import fabrictest, formation
 
 pytestmark = pytest.mark.lab
 IMAGE = "sparkbook-lab/vllm-cpu:0.32.0"
@@ -69,14 +69,14 @@ def shaped(node_index: int, rate: str) -> Iterator[None]:
 
 def test_a_healthy_lab_passes_with_its_figures(ray04) -> None:  # type: ignore[no-untyped-def]
     run, runtime, _ = ray04
-    test = allreduce.run_allreduce(run.context(IMAGE))
-    result = allreduce.verdict(run.params, test)
-    shown = allreduce.rows(test, result) + allreduce.transport_rows(test)
+    test = fabrictest.run_allreduce(run.context(IMAGE))
+    result = fabrictest.verdict(run.params, test)
+    shown = fabrictest.rows(test, result) + fabrictest.transport_rows(test)
     print(f"\nhealthy: {test.seconds:.1f} s\n" + "\n".join(map(str, shown)))
     assert result.ok, result.problems
-    assert allreduce.check(result) is result
+    assert fabrictest.check(result) is result
     assert (test.backend, test.world, test.nodes) == ("gloo", 2, ["lab-0", "lab-1"])
-    assert [s.bytes for s in test.sizes] == allreduce.sizes(run.params) and all(s.correct for s in test.sizes)
+    assert [s.bytes for s in test.sizes] == fabrictest.sizes(run.params) and all(s.correct for s in test.sizes)
     assert sorted((x.src, x.dst) for x in test.links) == [("lab-0", "lab-1"), ("lab-1", "lab-0")]
     assert test.link_mbps == {"lab-0": 10000, "lab-1": 10000}  # the veth's nominal rate
     assert test.seconds < 60
@@ -91,19 +91,19 @@ def test_a_degraded_link_stops_04_naming_the_node_figures_and_causes(ray04) -> N
     slow = sparkbook.open_run(tmp / "shaped.yaml", tmp / "run-shaped", stage="test-fabric")
     t0 = time.monotonic()
     with shaped(1, "20mbit"):
-        test = allreduce.run_allreduce(slow.context(IMAGE))
+        test = fabrictest.run_allreduce(slow.context(IMAGE))
     seconds = time.monotonic() - t0
-    result = allreduce.verdict(slow.params, test)
-    shown = allreduce.rows(test, result) + allreduce.transport_rows(test)
+    result = fabrictest.verdict(slow.params, test)
+    shown = fabrictest.rows(test, result) + fabrictest.transport_rows(test)
     print(f"\ndegraded: {seconds:.1f} s\n" + "\n".join(map(str, shown)))
-    with pytest.raises(allreduce.FabricTestFailed) as failed:
-        allreduce.check(result)
+    with pytest.raises(fabrictest.FabricTestFailed) as failed:
+        fabrictest.check(result)
     text = str(failed.value)
     assert "a 32 KiB all_reduce takes" in text and "the limit is 8,000 us" in text
     assert "busbw at 1 MiB is" in text and "expected at least 0.10 Gb/s" in text
     assert "the link lab-1 -> lab-0 carries" in text and "lab-1's side is the likely one" in text
     assert "lab-0 -> lab-1" not in text  # lab-0's egress is not shaped
-    assert allreduce.CAUSES["shaped"] in text
+    assert fabrictest.CAUSES["shaped"] in text
     assert seconds < 60
     assert _left_running(run, runtime) == []
     slow.close()
@@ -147,14 +147,14 @@ def test_cost_in_04_and_figures_against_a_hand_run_all_reduce(ray04) -> None:  #
     """The cost with 04's defaults; the figures of a run at ITERS iterations per size (fewer are too noisy on two
     busy cores) against the same sizes and iterations by hand, run before and after it."""
     run, runtime, tmp = ray04
-    cost = allreduce.run_allreduce(run.context(IMAGE)).seconds
+    cost = fabrictest.run_allreduce(run.context(IMAGE)).seconds
     data = yaml.safe_load(Path(run.params_file).read_text())
     data.setdefault("fabric", {}).update(allreduce_iters=ITERS, allreduce_budget_s=10)
     (tmp / "iters.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     long = sparkbook.open_run(tmp / "iters.yaml", tmp / "run-iters", stage="test-fabric")
-    sizes = allreduce.sizes(long.params)
+    sizes = fabrictest.sizes(long.params)
     before = _by_hand(long, runtime, [sizes[0], sizes[-1]])
-    test = allreduce.run_allreduce(long.context(IMAGE))
+    test = fabrictest.run_allreduce(long.context(IMAGE))
     after = _by_hand(long, runtime, [sizes[0], sizes[-1]])
     small, large = test.sizes[0], test.sizes[-1]
     hand_us = [b[0] * 1e6 for b in (before, after)]

@@ -28,8 +28,8 @@ import yaml
 from sparkbook import open_run
 from sparkbook.core.values.handoff import BenchmarkSummary, Endpoint
 from sparkbook.core.values.modelinfo import ModelFacts, model_facts
-from sparkbook.core.values.sweeppoint import SweepPoint, read_points
-from sparkbook.lab.builder import builder_docker_host
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points, write_point
+from sparkbook.lab.builder import docker_cmd, ensure_builder
 from sparkbook.stages.bench import sweep as bench
 from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.bench.tables import client_rows
@@ -78,8 +78,8 @@ EXTRA_ROUNDS = 2
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "-H", builder_docker_host(), *args], capture_output=True, text=True,
-                          timeout=timeout, check=check)
+    ensure_builder()
+    return subprocess.run(docker_cmd(*args), capture_output=True, text=True, timeout=timeout, check=check)
 
 
 def healthy(url: str) -> bool:
@@ -166,7 +166,8 @@ def test_notebook_agrees_with_vllm_bench_serve(server: CompletionsServer, client
     # two load generators (ipyparallel engines) at concurrency 8: the "earlier run" the notebook compares with
     plan2 = run.params.benchmark.model_copy(update={"clients": 2, "concurrency": [8]})
     two = bench.run_sweep(server, plan2)
-    bench.save(earlier_dir, two, server, plan2, 2)
+    for point in bench.saved_points(two, server, plan2, 2):  # as the session keeps them (run.keep_sweep)
+        write_point(earlier_dir, point)
     assert two[0].result.completed == plan2.num_prompts and len(two[0].clients) == 2
     assert all(c.agrees for c in two[0].cross_checks), two[0].cross_checks
 

@@ -42,7 +42,7 @@ def test_layout_matches_params():
     if cluster.LAB_ID != 0:
         pytest.skip("SPARKBOOK_LAB_ID set: a second lab, described by params_file(), not params/lab.yaml")
     p = yaml.safe_load(sblab.REPO_PARAMS.read_text())
-    specs = cluster.node_specs(len(p["nodes"]))
+    specs = cluster.lab_nodes(len(p["nodes"]))
     assert [(n["name"], n["role"], n["host"], n["fabric_ip"], n["fabric_netdev"]) for n in p["nodes"]] == \
         [(s.name, s.role, s.ip, s.ip, cluster.NODE_NETDEV) for s in specs]
     if cluster.lab_home() == sblab.DEFAULT_LAB_HOME:
@@ -131,7 +131,7 @@ def test_docker_per_node(initial, lab, node_shells):
     assert work_ctrs == {"old-embeddings", "old-reranker", deployment.MANAGED_NAME}
     # the same daemons as the host sees them through each node's socket
     for n in lab.nodes:
-        spec = next(s for s in cluster.node_specs(len(lab.nodes)) if s.name == n.name)
+        spec = next(s for s in cluster.lab_nodes(len(lab.nodes)) if s.name == n.name)
         assert set(sblab.node_images(spec)) == got[n.name][0]
 
 
@@ -198,11 +198,11 @@ def test_models_on_every_node(lab, node_shells):
 
 def test_status(initial, lab):
     st = sblab.status()
-    print(st.render())
+    print(st)
     assert st.up and st.healthy and [n.name for n in st.nodes] == ["lab-0", "lab-1"]
     for n in st.nodes:
         assert n.sshd and n.dockerd and n.hostname == n.name and n.images and n.containers
-    text = st.render()
+    text = str(st)
     for word in ("lab-0", st.nodes[0].ip, "lab-1", st.nodes[1].ip, "sshd=up", "dockerd=up", "old-vllm"):
         assert word in text
 
@@ -221,12 +221,12 @@ def test_up_on_up_lab_changes_nothing(lab):
 def test_lab_reset_on_the_command_line_takes_a_workers_extra_image_away(lab, node_shells):
     """`sparkbook lab reset` leaves a worker with its initial images only: an extra tag there goes (a runbook's
     copy would be one; Ray across the nodes in containers is what 04's tests form, test_04_05 and test_04_fabric)."""
-    from sparkbook.lab import images
+    from sparkbook.lab import imagebuild
     extra = "sparkbook-lab/extra:reset-test"
-    node_shells["lab-1"].run(["docker", "tag", images.BASE, extra])
+    node_shells["lab-1"].run(["docker", "tag", imagebuild.BASE, extra])
     assert extra in sblab.status().nodes[1].images
     assert cli.main(["lab", "reset"]) == 0
-    assert extra not in sblab.status().nodes[1].images and images.BASE in sblab.status().nodes[1].images
+    assert extra not in sblab.status().nodes[1].images and imagebuild.BASE in sblab.status().nodes[1].images
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def _leftovers(before: dict, during: dict, after: dict) -> dict:
 
 
 def _check_nodes(st, n: int, connect, shell_cls):
-    assert st.healthy and len(st.nodes) == n, st.render()
+    assert st.healthy and len(st.nodes) == n, str(st)
     for node in st.nodes:
         c = connect(node.ip, known_hosts=st.known_hosts, key_file=st.key_file)
         try:
@@ -322,7 +322,7 @@ def test_more_nodes(n, lab, lab_progress, lab_connect, node_shell_cls):
         t0 = time.monotonic()
         st = sblab.up(n, lab_progress)
         lab_progress(f"lab up --nodes {n}: {time.monotonic() - t0:.1f}s")
-        print(st.render())
+        print(st)
         _check_nodes(st, n, lab_connect, node_shell_cls)
         assert {c["name"] for c in st.nodes[1].containers} == {"old-embeddings", "old-reranker",
                                                                 deployment.MANAGED_NAME}

@@ -102,7 +102,7 @@ def _check(report, row: Row, must_name: tuple[str, ...]) -> None:
 
 
 def _holders(nodes, ref: str) -> dict[str, bool]:
-    specs = {s.name: s for s in sblab.cluster.node_specs(len(nodes))}
+    specs = {s.name: s for s in sblab.cluster.lab_nodes(len(nodes))}
     return {name: ref in sblab.node_images(specs[name]) for name in nodes}
 
 
@@ -175,7 +175,7 @@ def test_fabric_cut_between_head_and_worker(nodes, runs, copy_started, watch, re
 def test_remote_command_that_never_returns_meets_its_timeout(runs, copy_started, watch, report):
     run = runs("02-hung-read")
     model_dir = Path(run.params.model.path).relative_to(run.params.model.cache_dir)
-    worker = next(s for s in sblab.cluster.node_specs(2) if s.name == "lab-1")
+    worker = next(s for s in sblab.cluster.lab_nodes(2) if s.name == "lab-1")
     config = worker.dir / "models" / model_dir / "config.json"  # /srv/models inside the node
     before = watch.seen()
     with faults.fifo_instead(config):

@@ -268,7 +268,7 @@ def test_new_containers_replace_a_live_server_only_when_confirmed_and_a_failure_
     keeps the old containers aside, 05 fails in the new ones, and the driver brings the old containers back (the same
     container IDs, nothing left aside) with the first run's plan serving, recorded as the failed run's rollback; the
     rollback run is the cluster's deployment. Last in this module: it restarts the server."""
-    from sparkbook.lab.images import NO_RAY
+    from sparkbook.lab.imagebuild import NO_RAY
     from sparkbook.runbook import operate
 
     first_dir, first = full_run

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sparkbook.lab.builder import DOCKERD, LAB_HOME, docker_cmd, image_id, image_label
-from sparkbook.lab.images import BASE, GRAFT, LAB_IMAGES, NEW, NEW_VLLM, OLD, OLD_VLLM, ensure_images, load_images
+from sparkbook.lab.imagebuild import BASE, GRAFT, LAB_IMAGES, NEW, NEW_VLLM, OLD, OLD_VLLM, ensure_images, load_images
 from sparkbook.lab.models import MODEL_NAMES, ensure_models
 
 pytestmark = [pytest.mark.lab,

@@ -22,7 +22,7 @@ from sparkbook import cli
 from sparkbook.core.cluster.topology import container_name
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import Params, load_params
-from sparkbook.lab.images import NO_RAY
+from sparkbook.lab.imagebuild import NO_RAY
 from sparkbook.runbook import driver
 from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest

@@ -2,8 +2,9 @@
 preview, read back with `docker inspect`, against the `docker run` line the plan printed for it: mounts, ulimits,
 capabilities, the memory cap, env names and the command. The params set a memory cap and the compile-cache mount is
 on, two of what the old `plan.py` line missed; the containers are the test's own (cluster `lab-spec`), beside
-whatever the lab serves, and removed at the end. Before they start, the plan says why 05's command cannot be shown
-yet (it asks the image's platform inside them), not docker's 404.
+whatever the lab serves, and removed at the end. Before they start, the plan asks the image's platform in a throwaway
+container of it, as 03's probes do; this image holds no vLLM, and the plan says 05 cannot tell its platform, where
+it asked, not docker's 404.
 
 RDMA's memlock=unlimited (a node with roce_hcas) cannot be shown here: this machine lacks CAP_SYS_RESOURCE, so runc's
 setrlimit above the host's 8 MiB hard limit is refused ("error setting rlimit type 8: operation not permitted").
@@ -55,11 +56,11 @@ def flags(argv: list[str], flag: str) -> list[str]:
 
 def test_the_started_container_is_what_sparkbook_plan_showed(params_file: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    cli.main(["plan", str(params_file), "--outputs", str(tmp_path)])
+    assert cli.main(["plan", str(params_file), "--outputs", str(tmp_path)]) == cli.EXIT_FAILED
     out = capsys.readouterr().out
     planned = planned_docker_runs(out)
     serve_part = out.split("== 05-serve")[1].split("== 06")[0]
-    assert "does not run yet, and 05's command depends on the image's platform" in serve_part, serve_part
+    assert f"cannot tell the image's platform, asked in a throwaway container of {IMAGE}" in serve_part, serve_part
     params = load_params(params_file)
     cluster = Cluster(params)
     ctx = Context(params, cluster, runtime_for(params), tmp_path).with_handoffs(

@@ -44,7 +44,7 @@ def report(key: str, value: object) -> None:
 
 
 def node_dir(name: str) -> Path:
-    return next(s.dir for s in sblab.cluster.node_specs(2) if s.name == name)
+    return next(s.dir for s in sblab.cluster.lab_nodes(2) if s.name == name)
 
 
 def hub(name: str) -> Path:

@@ -37,7 +37,7 @@ def cleaned(lab, lab_progress, tmp_path_factory) -> tuple[Path, int]:
     keeps its images, so nbval's 03 afterwards finds 0.32.0 on every node and copies nothing (2-3 min less)."""
     sblab.reset(progress=lab_progress, keep_worker_images=True)
     sblab.wait_old_deployment(progress=lab_progress)
-    head = cluster.node_specs(len(lab.nodes))[0]
+    head = cluster.lab_nodes(len(lab.nodes))[0]
     pid = deployment.manager_pid(head)
     assert pid is not None and set(managed(lab_containers()).values()) == {"running"}
     run_dir, manifest = driver.execute(sblab.params_file(2), RunOptions(out_root=tmp_path_factory.mktemp("managed"),
@@ -73,7 +73,7 @@ def test_01_plans_the_managers_containers_under_it_and_verifies_without_false_al
     containers = lab_containers()
     assert not managed(containers), "--rm: the manager removed its containers on every node"
     assert not {k for k, c in containers.items() if c["state"] == "running" and k.split("/")[1] in OLD}
-    assert deployment.manager_pid(cluster.node_specs(len(lab.nodes))[0]) is None
+    assert deployment.manager_pid(cluster.lab_nodes(len(lab.nodes))[0]) is None
 
 
 def test_the_restore_plan_reaches_nodes_by_address_and_restore_brings_the_manager_back(
@@ -86,7 +86,7 @@ def test_the_restore_plan_reaches_nodes_by_address_and_restore_brings_the_manage
     out = capsys.readouterr()
     print(out.out, out.err)
     assert code == 0, out.out + out.err
-    new_pid = deployment.manager_pid(cluster.node_specs(len(lab.nodes))[0])
+    new_pid = deployment.manager_pid(cluster.lab_nodes(len(lab.nodes))[0])
     assert new_pid is not None and new_pid != pid
     containers = lab_containers()
     assert {k: (c["state"], c["answers"]) for k, c in containers.items() if k.endswith("/vllm_node")} == {

@@ -42,9 +42,11 @@ def test_plan_returns_every_stage_and_prints_nothing(local: Path, tmp_path: Path
     assert isinstance(planned, api.PlanResult)
     assert [p.stage for p in planned.stages] == list(STAGES)
     cleanup, diagnosis = planned.stages[:2]
-    assert cleanup.unknown is None and cleanup.shown[0].title.startswith("Cleanup plan"), "01 reads this machine"
-    assert diagnosis.unknown is not None and "is not in /srv/models" in diagnosis.unknown, "02 says what it lacks"
-    assert not planned.complete
+    assert cleanup.why is None and cleanup.shown[0].title.startswith("Cleanup plan"), "01 reads this machine"
+    assert diagnosis.failed is not None and "is not in /srv/models" in diagnosis.failed, "02 says what it lacks"
+    assert planned.stages[3].unknown is not None and "03-image-selection" in planned.stages[3].unknown, \
+        "what only 03 makes is not known, and says so"
+    assert not planned.showed_what_it_could, "a preview failed (02): the plan exits 1"
     assert not (tmp_path / "outputs").exists(), "a plan writes nothing"
 
 

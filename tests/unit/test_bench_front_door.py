@@ -7,17 +7,26 @@ from pathlib import Path
 
 from rundirs import make_run, point
 
+from sparkbook import open_run
 from sparkbook.core.analysis import benchcompare
 from sparkbook.core.cluster.context import Context
+from sparkbook.core.values.evidence import Decision
 from sparkbook.core.values.handoff import Endpoint
+from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.params import Params, Speculative, load_params
 from sparkbook.core.values.rundir import AB_BASELINE
-from sparkbook.core.values.sweeppoint import SweepPoint, write_point
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points, write_point
 from sparkbook.records import compare
 from sparkbook.stages import bench
+from sparkbook.stages.bench.client import CompletionsServer
+from sparkbook.stages.bench.soak import SoakResult
 
 PARAMS = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
 SPEC = Speculative.model_validate({"method": "ngram", "num_speculative_tokens": 3})
+FACTS = ModelFacts(architectures=["LlamaForCausalLM"], model_type="llama", dtype="bfloat16", quantization=None,
+                   bytes_per_param=2.0, total_params=10**6, active_params=10**6, weight_bytes=2 * 10**6,
+                   weight_source="safetensors files", num_layers=2, kv_bytes_per_token=1024, kv_latent=False,
+                   dir_on_nodes="/srv/models/tiny")
 
 
 def _params(speculative: bool = False) -> Params:
@@ -74,7 +83,7 @@ def test_the_comparison_with_the_earlier_run_names_params_image_and_each_point(t
                  params_yaml="cluster: lab\nserve:\n  max_num_seqs: 32\n")
     c = benchcompare.compare_dirs(a, b)
     assert [(x.what, x.a, x.b) for x in c.params] == [("params.serve.max_num_seqs", 16, 32)] and not c.params_note
-    assert [(x.what, x.a, x.b) for x in c.image] == [("image", "img:1", "img:2")]
+    assert [(x.what, x.a, x.b) for x in c.image_differences] == [("image", "img:1", "img:2")]
     assert "params:\n  params.serve.max_num_seqs: 16 -> 32" in c.text()
     # the same deltas as `sparkbook compare`, which judges them by the same code
     assert c.deltas == compare.compare_runs(a, b).deltas and c.rows() == compare.delta_rows(c.deltas)
@@ -109,3 +118,64 @@ def test_a_preview_of_a_server_not_up_yet_says_it_did_not_answer(tmp_path):
     assert preview.served is None and preview.unanswered
     [shown] = preview.shown()
     assert shown.value["server lists"].startswith("no answer: ") and shown.value["endpoint"] == endpoint.base_url
+
+
+def _measured(monkeypatch, fresh: list[SweepPoint]) -> list[str]:
+    """06's remote steps replaced by values: the sweep measures `fresh`, no soak runs; the steps called, in order."""
+    called: list[str] = []
+    monkeypatch.setattr(bench.sweep, "run_sweep", lambda target, s, on_point, nodes: called.append("sweep") or [])
+    monkeypatch.setattr(bench.sweep, "saved_points", lambda points, target, s, clients: fresh)
+    monkeypatch.setattr(bench.sweep, "load_generator_verdict",
+                        lambda points, clients: Decision("Were the load generators the bottleneck?", "no", "idle"))
+    monkeypatch.setattr(bench.tables, "cross_check_rows", lambda points, s: [])
+    monkeypatch.setattr(bench, "run_soak", lambda ctx, target, bench_dir, arm: called.append(f"soak {bench_dir}")
+                        or SoakResult(ctx.params.benchmark, "no soak"))
+    return called
+
+
+class NoNodes(list[object]):
+    """A cluster without nodes: 06's steps that would reach one are replaced (its bandwidth is the params')."""
+
+    head = None
+
+
+def _run_ctx(params_file: Path, run_dir: Path) -> Context:
+    params = load_params(params_file)
+    params = params.model_copy(update={"benchmark": params.benchmark.model_copy(update={"depths": []})})
+    return Context(params, NoNodes(), None, run_dir)  # type: ignore[arg-type]  # no node is reached
+
+
+def test_run_writes_nothing_and_compares_its_fresh_points_as_sparkbook_compare_does(tmp_path, monkeypatch):
+    lab = tmp_path / "lab"
+    a = make_run(lab, "20261201T100000Z", points=[point(1, 100.0), point(8, 500.0)])
+    b = make_run(lab, "20261201T110000Z", image="img:2", points=[])  # this run: its params and image, no points yet
+    fresh = [SweepPoint.model_validate(point(1, 101.0)), SweepPoint.model_validate(point(8, 400.0))]
+    called = _measured(monkeypatch, fresh)
+    ctx = _run_ctx(PARAMS, b)
+    preview = bench.BenchPreview(ctx.params.benchmark, CompletionsServer("http://x:8000", "m"), None, FACTS, None)
+    session = open_run(PARAMS, b, stage="06-benchmark")
+    out = bench.run(ctx, preview, ab_arm=None, bench_root=session.bench_root, earlier=session.earlier_sweep())
+    assert called == ["sweep", f"soak {b / 'bench'}"] and list((b / "bench").iterdir()) == [], "the stage wrote none"
+    assert out.results == fresh and out.paths == [b / "bench" / "c0001.json", b / "bench" / "c0008.json"]
+    assert out.earlier_dir == a and out.summary is not None and out.summary.compared_with == str(a)
+    assert out.comparison is not None and [(d.max_concurrency, round(d.change_pct, 1)) for d in out.comparison.deltas
+                                           if d.metric == "output_throughput"] == [(1, 1.0), (8, -20.0)]
+    assert session.keep_sweep(out.results, out.depth) == out.paths
+    assert read_points(b) == fresh and out.comparison == benchcompare.compare_dirs(a, b), \
+        "kept as the files hold them, and judged as `sparkbook compare` judges the two runs"
+
+
+def test_the_baseline_arm_keeps_its_points_apart_and_compares_with_no_earlier_run(tmp_path, monkeypatch):
+    lab = tmp_path / "lab"
+    make_run(lab, "20261201T100000Z", points=[point(1, 100.0)])
+    b = make_run(lab, "20261201T110000Z", points=[])
+    called = _measured(monkeypatch, [SweepPoint.model_validate(point(1, 60.0))])
+    ctx = _run_ctx(PARAMS, b)
+    preview = bench.BenchPreview(ctx.params.benchmark, CompletionsServer("http://x:8000", "m"), None, FACTS, None)
+    session = open_run(PARAMS, b, stage="06-benchmark")
+    session.ab_arm = "baseline"  # as open_run sets it for params with an A/B
+    out = bench.run(ctx, preview, ab_arm="baseline", bench_root=session.bench_root, earlier=session.earlier_sweep())
+    assert out.bench_dir == f"{AB_BASELINE}/bench" and called[-1] == f"soak {b / AB_BASELINE / 'bench'}"
+    assert out.comparison is None and out.summary is not None and out.summary.compared_with is None
+    assert [s.value for s in out.comparison_shown()] == [bench.NOT_COMPARED_IN_BASELINE]
+    assert session.keep_sweep(out.results, out.depth) == [b / AB_BASELINE / "bench" / "c0001.json"]

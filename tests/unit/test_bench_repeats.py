@@ -22,17 +22,17 @@ from sparkbook.core.analysis.benchstats import (
     compare,
     find_stall,
     median_ttft_ms,
-    prefill_groups,
+    prefill_group_sizes,
     prompt_seed,
     repeat_spread,
     spread,
 )
 from sparkbook.core.values.benchbudget import point_timeout_s, warmup_count
 from sparkbook.core.values.params import BenchmarkSettings, Params
-from sparkbook.core.values.sweeppoint import SweepPoint, read_points
+from sparkbook.core.values.sweeppoint import SweepPoint, read_points, write_point
 from sparkbook.stages.bench import client
 from sparkbook.stages.bench.client import CompletionsServer, make_prompts, run_load
-from sparkbook.stages.bench.sweep import local_runner, save, sweep
+from sparkbook.stages.bench.sweep import local_runner, saved_points, sweep
 from sparkbook.stages.bench.tables import stall_rows, table
 
 
@@ -133,11 +133,11 @@ def rec(ttft: float, sent: float = 0.0) -> RequestRecord:
 
 def test_warmup_holds_every_prefill_group_and_a_full_batch():
     plan = BenchmarkSettings(output_len=256, warmup_requests=2)
-    assert prefill_groups(plan, 16) == list(range(1, 17)) and prefill_groups(plan, 1) == [1]
+    assert prefill_group_sizes(plan, 16) == list(range(1, 17)) and prefill_group_sizes(plan, 1) == [1]
     assert (warmup_count(plan, 16), warmup_count(plan, 1)) == (16, 2)
     assert warmup_count(BenchmarkSettings(warmup_requests=50), 4) == 50
     none = BenchmarkSettings(warmup_requests=0)
-    assert prefill_groups(none, 16) == [] and warmup_count(none, 16) == 0
+    assert prefill_group_sizes(none, 16) == [] and warmup_count(none, 16) == 0
 
 
 def test_prompt_seeds_and_prompts_are_distinct_across_points_repeats_and_warmups():
@@ -150,7 +150,6 @@ def test_prompt_seeds_and_prompts_are_distinct_across_points_repeats_and_warmups
 def test_spread_and_aggregation_of_repeats():
     s = spread([1043.0, 1157.0, 1216.0])
     assert (s.median, s.low, s.high) == (1157.0, 1043.0, 1216.0)
-    assert s.range_pct == pytest.approx(100 * 173 / 1157)
     assert s.stdev_pct == pytest.approx(100 * 87.94 / 1157, rel=1e-3)
     assert spread([5.0]).stdev_pct == 0.0
     reps = [SweepPoint(max_concurrency=16, completed=64, failed=0, duration=10.0, total_output_tokens=16384,
@@ -241,17 +240,17 @@ def test_admission_never_above_the_concurrency():
         assert server.max_in_flight == 1
 
 
-def test_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
+def test_send_prefill_groups_beside_a_decoding_companion_and_without_one_it_refuses():
     groups = [[f"g{k}-{i}" for i in range(k)] for k in (1, 2, 3)]
     # each group request's prefill takes 0.3 s, as a real server's takes longer than opening three connections: with
     # 2 ms a group request could end before the next of its group arrived on a loaded machine (CI saw 3 in flight)
     with FakeServer(step_s=0.002, slow_first_chunk=dict.fromkeys(range(1, 7), 0.3)) as server:
         # the companion outlasts the groups (cancelled after the last), so the group of 3 has it beside it
-        records = client.prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
+        records = client.send_prefill_groups(server.target, groups, 30, companion="companion", companion_len=5000)
         assert [r.output_tokens for r in records] == [1] * 6 and server.max_in_flight == 4
         assert "companion" in server.prompts
     with FakeServer(refuse="refused") as server:
-        records = client.prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
+        records = client.send_prefill_groups(server.target, groups, 30, companion="refused", companion_len=30)
         assert all(r.ok for r in records) and server.prompts.count("refused") == 1, "no flood of refused requests"
 
 
@@ -275,7 +274,8 @@ def test_sweep_warms_up_distinct_prompts_then_repeats_with_fresh_ones(tmp_path: 
     assert all(c.agrees for c in one.cross_checks + four.cross_checks), "the /metrics window: repeats, no warm-up"
     assert [(s.repeat, [q["index"] for q in s.requests]) for s in one.stalls] == [(2, [3])]
     assert four.stalls == [] and four.result.max_concurrency == 4
-    save(tmp_path, points, server.target, plan, 1)
+    for point in saved_points(points, server.target, plan, 1):  # as the session keeps them (run.keep_sweep)
+        write_point(tmp_path, point)
     saved = read_points(tmp_path)
     files = [p.to_json() for p in saved]
     assert files[0]["num_warmups"] == 2 and files[1]["num_warmups"] == 4
@@ -301,7 +301,8 @@ def test_a_speculating_servers_counters_over_each_point_are_saved_and_tabled(tmp
         assert point.speculation is not None
         assert point.speculation.drafts == 2 * 4 * 3, "2 repeats x 4 prompts x 3 steps of 2 tokens, no warm-up"
         assert (point.speculation.draft_tokens, point.speculation.accepted_per_position) == (48, (24, 0))
-    save(tmp_path, points, server.target, plan, 1)
+    for point in saved_points(points, server.target, plan, 1):  # as the session keeps them (run.keep_sweep)
+        write_point(tmp_path, point)
     saved = read_points(tmp_path)
     assert saved[0].sparkbook.speculation == points[0].speculation
     row = table(saved)[0]

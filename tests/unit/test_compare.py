@@ -35,7 +35,7 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
 def test_params_image_decisions_and_figures_that_changed(two_runs: tuple[Path, Path]) -> None:
     c = compare.compare_runs(*two_runs)
     assert [(x.what, x.a, x.b) for x in c.params] == [("params.serve.max_num_seqs", 16, 32)] and not c.params_note
-    changed = {x.what: (x.a, x.b) for x in c.image if x.differs}
+    changed = {x.what: (x.a, x.b) for x in c.setup if x.differs}
     assert changed == {"image": ("img:1", "img:2"), "image id": ("sha256:1", "sha256:2")}
     assert [(x.what, x.a, x.b) for x in c.decisions] == [("03: Which image serves X?", "img:1", "img:2")]
     figures = {f.name: f for f in c.figures}
@@ -89,7 +89,7 @@ def test_the_cli_finds_runs_by_id_and_writes_the_page(two_runs: tuple[Path, Path
 def test_the_committed_gpu_records_ray_against_mp() -> None:
     c = compare.compare_runs(examples() / "h200-duo/20261130T144302Z",
                           examples() / "h200-duo-mp/20261130T161541Z")
-    assert [(x.a, x.b) for x in c.image if x.what == "executor"] == [("ray", "mp")]
+    assert [(x.a, x.b) for x in c.setup if x.what == "executor"] == [("ray", "mp")]
     assert [x.what for x in c.decisions] == ["05: Which distributed executor serves the model?"]
     c64 = next(d for d in c.deltas if d.max_concurrency == 64 and d.metric == "output_throughput")
     assert (round(c64.earlier, 1), round(c64.now, 1), round(c64.change_pct, 1)) == (3405.6, 5536.5, 62.6)
@@ -106,7 +106,7 @@ def test_a_baseline_with_bench_results_only_still_compares_its_points(two_runs: 
     c = compare.compare_runs(a, b)
     assert c.a.kind == "unreadable" and "no manifest.json" in c.a.status
     assert {d.max_concurrency for d in c.deltas} == {1, 8}
-    assert not any(x.differs for x in c.image)  # nothing recorded for A: no change claimed
+    assert not any(x.differs for x in c.setup)  # nothing recorded for A: no change claimed
 
 
 def test_earlier_runs_of_the_same_params_and_image_give_the_band(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_the_layout_stands_beside_the_image_and_executor(tmp_path: Path) -> None
     assert list(row)[list(row).index("executor") + 1] == "layout" and row["layout"] == "replicas"
     assert archive.row(rn)["layout"] == "-"
     c = compare.compare_runs(a, b)
-    assert [(x.what, x.a, x.b) for x in c.image][-2:] == [("executor", "mp", "mp"), ("layout", "tp", "replicas")]
+    assert [(x.what, x.a, x.b) for x in c.setup][-2:] == [("executor", "mp", "mp"), ("layout", "tp", "replicas")]
     assert "  layout: tp -> replicas  (changed)" in c.text()
     assert {"figure": "layout (serve.layout)", "value": "replicas"} in pages.key_figures(rb)
     assert "<th>layout</th>" in pages.cluster_page("lab", [rb, ra])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.runtime_docker import LABEL
+from sparkbook.records.earlier import probed_before
 from sparkbook.stages.cleanup.inventory import Container, Inventory, old_deployment
 from sparkbook.stages.images.tags import TagHistory, tag_history
 
@@ -44,8 +45,8 @@ def test_a_tag_that_names_another_image_than_at_the_last_run_is_a_warning(tmp_pa
     now = tmp_path / "20261202T100000Z"
     now.mkdir()
     run_dir(tmp_path, "20261203T100000Z", {"hal/vllm:latest": "sha256:0999"})  # after this run: not read
-    history = tag_history(now, {"hal/vllm:latest": "sha256:0999", "vllm-node:latest": "sha256:aaaa",
-                                "new/img:1": "sha256:bbbb"})
+    ids = {"hal/vllm:latest": "sha256:0999", "vllm-node:latest": "sha256:aaaa", "new/img:1": "sha256:bbbb"}
+    history = tag_history(ids, probed_before(now, ids))
     moved = history["hal/vllm:latest"]
     assert moved.moved and moved.earlier_run == "20261125T100000Z" and moved.earlier_id == "sha256:0170"
     assert moved.cell() == "MOVED: was sha256:0170 in run 20261125T100000Z"
@@ -64,4 +65,4 @@ def test_an_interactive_dir_compares_with_the_newest_run(tmp_path):
     run_dir(tmp_path, "20261120T100000Z", {"a:1": "sha256:1"})
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    assert tag_history(scratch, {"a:1": "sha256:2"})["a:1"].moved
+    assert tag_history({"a:1": "sha256:2"}, probed_before(scratch, ["a:1"]))["a:1"].moved

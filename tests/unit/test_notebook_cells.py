@@ -4,7 +4,6 @@ tests reach them too; a cell that needs an `if` is a step the stage lacks."""
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import json
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.values.evidence import StageOutcome
 from sparkbook.core.values.stagelist import STAGES
+from sparkbook.runbook.frontdoors import FRONT_DOORS
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CONTROL = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.comprehension, ast.Match)
@@ -44,10 +44,10 @@ def test_the_notebooks_code_cells_hold_no_control_flow(stage) -> None:
 @pytest.mark.parametrize("stage", STAGES, ids=[s.id for s in STAGES])
 def test_each_stage_has_one_front_door(stage) -> None:
     """preview(ctx) -> a value that shows itself; run(ctx, preview, ...) -> a StageOutcome the notebook records."""
-    module = importlib.import_module(f"sparkbook.stages.{stage.package}")
+    module = FRONT_DOORS[stage]
     preview_hints, run_hints = get_type_hints(module.preview), get_type_hints(module.run)
-    assert list(inspect.signature(module.preview).parameters)[:1] == ["ctx"], module.__name__
-    assert list(inspect.signature(module.run).parameters)[:2] == ["ctx", "preview"], module.__name__
+    assert list(inspect.signature(module.preview).parameters)[:1] == ["ctx"], stage.package
+    assert list(inspect.signature(module.run).parameters)[:2] == ["ctx", "preview"], stage.package
     assert preview_hints["ctx"] is Context and run_hints["ctx"] is Context
     assert run_hints["preview"] is preview_hints["return"], "run takes what preview returned"
     assert issubclass(run_hints["return"], StageOutcome)

@@ -32,7 +32,7 @@ def test_the_fact_sits_after_its_share_of_the_filler_and_the_question_comes_last
     body, question = text.split("\n\n")
     sentences = [s + "." for s in body.rstrip(".").split(". ")]
     assert sentences[before] == quality.fact("4242") and len(sentences) == 21
-    assert question == quality.QUESTION
+    assert question == quality.ACCESS_CODE_QUESTION
 
 
 def test_a_needle_aims_at_its_share_of_the_window_less_the_answer_and_shrinks_to_fit() -> None:

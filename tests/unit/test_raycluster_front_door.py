@@ -9,19 +9,20 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sparkbook.core.cluster import probes
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.cluster.nodes import Cluster, Node, Result
 from sparkbook.core.cluster.runtime import Place, StartSpec
-from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.evidence import Decision, Event, Shown, table_rows, to_data
 from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.handoff import FabricProof, ImageChoice, RayCluster
 from sparkbook.core.values.params import Params
 from sparkbook.core.values.state import Handoffs
 from sparkbook.stages import raycluster
-from sparkbook.stages.raycluster import allreduce, containers, formation
+from sparkbook.stages.raycluster import containers, fabrictest, formation
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
 IMAGE = ImageChoice(ref="sparkbook-lab/vllm:new", id="sha256:" + "ab" * 32, vllm_version="0.17.1",
@@ -32,6 +33,8 @@ class InProcess:
     """Runtime's verbs that 04's preview and start_containers use, answered in-process; each start kept."""
 
     not_reusable: str | None = "in-process: no container a previous run left"
+    place_word = "container"
+    own_place = True
 
     def __init__(self, serving: str | None = None) -> None:
         self.started: dict[str, StartSpec] = {}
@@ -109,13 +112,13 @@ def test_an_image_without_its_id_is_never_kept(lab: Params, tmp_path: Path) -> N
 
 
 def formed(monkeypatch: pytest.MonkeyPatch, gate_ok: bool = True, fabric_ok: bool = True) -> list[str]:
-    """formation's and allreduce's remote steps replaced by values; the list names each step as it is called."""
+    """formation's and fabrictest's remote steps replaced by values; the list names each step as it is called."""
     called: list[str] = []
     join = formation.Join(["lab-0", "lab-1"], [], 1.0, None)
     rows = [formation.GateRow("lab-1", "10.77.0.11", "10.77.0.11", "10.77.0.11", "1 CPU", "1 CPU",
                               "ok" if gate_ok else "not in the Ray cluster")]
-    limits = allreduce.Limits("cpu", 8000.0, 0.1, "the default for cpu")
-    verdict = allreduce.FabricVerdict(limits, [] if fabric_ok else ["busbw at 8 MiB is 0.01 Gb/s"], ["the link"])
+    limits = fabrictest.Limits("cpu", 8000.0, 0.1, "the default for cpu")
+    verdict = fabrictest.FabricVerdict(limits, [] if fabric_ok else ["busbw at 8 MiB is 0.01 Gb/s"], ["the link"])
 
     def step(name, value):
         def called_with(*args, **kwargs):
@@ -128,11 +131,11 @@ def formed(monkeypatch: pytest.MonkeyPatch, gate_ok: bool = True, fabric_ok: boo
     monkeypatch.setattr(formation, "status", step("status", Result("lab-0", ("ray", "status"), 0, "Active:", "",
                                                                     datetime.now(UTC), 0.1)))
     monkeypatch.setattr(formation, "gate", step("gate", formation.Gate(rows)))
-    monkeypatch.setattr(allreduce, "single_rank", lambda params: None)
-    monkeypatch.setattr(allreduce, "run_allreduce", step("run_allreduce", "test"))
-    monkeypatch.setattr(allreduce, "verdict", step("verdict", verdict))
-    monkeypatch.setattr(allreduce, "figure", step("figure", "figure"))
-    monkeypatch.setattr(allreduce, "proof", step("proof", FabricProof(backend="gloo", world=2, small_bytes=1,
+    monkeypatch.setattr(fabrictest, "single_rank", lambda params: None)
+    monkeypatch.setattr(fabrictest, "run_allreduce", step("run_allreduce", "test"))
+    monkeypatch.setattr(fabrictest, "verdict", step("verdict", verdict))
+    monkeypatch.setattr(fabrictest, "figure", step("figure", "figure"))
+    monkeypatch.setattr(fabrictest, "proof", step("proof", FabricProof(backend="gloo", world=2, small_bytes=1,
                                                                       small_us=1.0, large_bytes=2,
                                                                       large_busbw_gbps=1.0)))
     return called
@@ -150,7 +153,7 @@ def test_run_records_in_order_and_hands_on_the_proof_then_the_cluster(monkeypatc
     assert out.error is None and called == ["start_ray", "wait_for_join", "status", "gate", "run_allreduce",
                                             "verdict", "figure", "proof"]
     assert kinds(out) == ["decision: form Ray", "decision: start new containers and Ray", "ray_join", "ray_gate",
-                          allreduce.EVENT, "fabric_verdict"]
+                          fabrictest.EVENT, "fabric_verdict"]
     assert [type(h) for h in out.handoffs] == [FabricProof, RayCluster] and list(out.figures) == ["fabric-allreduce.png"]
     assert out.status_results[0].stdout == "Active:"
 
@@ -168,7 +171,7 @@ def test_with_vllms_own_multinode_launch_no_ray_starts_and_the_fabric_is_still_p
         assert "no Ray" in seen.shown()[1].title and seen.starts[0].row()["ray start"] == "- (no Ray)"
         out = raycluster.run(ctx, seen, confirm_replace=False)
         assert out.error is None and called == ["run_allreduce", "verdict", "figure", "proof"], called
-        assert kinds(out) == ["decision: no Ray", "decision: start new containers", allreduce.EVENT, "fabric_verdict"]
+        assert kinds(out) == ["decision: no Ray", "decision: start new containers", fabrictest.EVENT, "fabric_verdict"]
         assert out.ray is not None and out.ray.address is None and set(out.ray.containers) == {"lab-0", "lab-1"}
         assert "no Ray on this path" in str(out.join_shown()[0].value)
         assert "no Ray on this path" in str(out.ray_start_shown()[0].value)
@@ -187,7 +190,7 @@ def test_a_fabric_below_its_limits_keeps_its_figure_and_hands_on_nothing(monkeyp
     formed(monkeypatch, fabric_ok=False)
     ctx = context(lab, tmp_path, InProcess())
     out = raycluster.run(ctx, raycluster.preview(ctx), confirm_replace=False)
-    assert isinstance(out.error, allreduce.FabricTestFailed) and "busbw at 8 MiB" in str(out.error)
+    assert isinstance(out.error, fabrictest.FabricTestFailed) and "busbw at 8 MiB" in str(out.error)
     assert out.handoffs == [] and list(out.figures) == ["fabric-allreduce.png"]
     assert kinds(out)[-1] == "fabric_verdict"
 
@@ -235,3 +238,42 @@ def test_containers_that_hold_a_live_server_are_replaced_only_when_confirmed(lab
     assert raycluster.preview(context(lab, tmp_path, InProcess(json.dumps(
         {"running": {"base_url": "http://127.0.0.1:9", "model": "m"}})))).live is None, "a server that does not answer"
 
+
+
+UNPROBED = ImageChoice(ref="sparkbook-lab/vllm:absent", id=None, vllm_version=None, ray_version=None, nodes={})
+
+
+def rendered(shown: Shown) -> str:
+    """A shown value as `sparkbook plan` and the notebooks render it (a pandas table where it is table-like)."""
+    rows = table_rows(to_data(shown.value))
+    return pd.DataFrame(rows).to_string(index=False) if rows is not None else str(shown.value)
+
+
+def test_an_image_03_has_not_probed_shows_its_versions_as_not_known_never_nan(lab: Params, tmp_path: Path) -> None:
+    """Issue 54, item 6: before a first run whose probe of 03's first candidate did not answer, its vLLM and Ray are
+    unknown: the table says so, where pandas rendered a None as NaN."""
+    image = raycluster.preview(context(lab, tmp_path, InProcess(), UNPROBED)).shown()[0]
+    assert image.title == "Image (03)" and "NaN" not in rendered(image)
+    assert image.value == {"image": UNPROBED.ref, "id": "not known: 03 puts it on the nodes",
+                           "vLLM": "not known: 03's probe of it tells", "Ray": "not known: 03's probe of it tells"}
+    probed = raycluster.preview(context(lab, tmp_path, InProcess(), IMAGE.model_copy(update={"ray_version": None})))
+    assert probed.shown()[0].value["Ray"] == "none", "a probed image without Ray has none"  # type: ignore[index]
+
+
+def test_the_heading_does_not_guess_no_ray_for_an_image_not_probed(lab: Params, tmp_path: Path) -> None:
+    """Executor unset (the lab's): whether Ray forms turns on the image; not probed, the preview says it is not known,
+    starts no guess (`ray start` shown, as it would run with Ray) and hands 05 no RayCluster."""
+    seen = raycluster.preview(context(lab, tmp_path, InProcess(), UNPROBED))
+    title = seen.shown()[1].title
+    assert "no Ray" not in title and title.startswith("Node containers, Ray not known yet") and UNPROBED.ref in title
+    assert seen.no_ray is None and seen.address is None and seen.assumed == ()
+    assert all(s.ray[:2] == ["ray", "start"] for s in seen.starts)
+
+
+def test_where_the_params_decide_ray_an_image_not_probed_changes_nothing(lab: Params, tmp_path: Path) -> None:
+    mp = lab.model_copy(update={"serve": lab.serve.model_copy(update={"executor": "mp"})})
+    seen = raycluster.preview(context(mp, tmp_path, InProcess(), UNPROBED))
+    assert seen.ray_unknown is None and seen.shown()[1].title.startswith("Node containers, no Ray: serve.executor is mp")
+    ray = lab.model_copy(update={"serve": lab.serve.model_copy(update={"executor": "ray"})})
+    seen = raycluster.preview(context(ray, tmp_path, InProcess(), UNPROBED))
+    assert seen.ray_unknown is None and seen.shown()[1].title.startswith("Node containers and Ray (Ray address")

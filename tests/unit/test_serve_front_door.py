@@ -3,20 +3,25 @@ of the evidence `serve.run` returns, with the stage's own steps replaced by valu
 room made once for both the memory measure and the bring-up (issue 39)."""
 from __future__ import annotations
 
+import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from sparkbook.core.cluster import probes
 from sparkbook.core.cluster.context import Context
+from sparkbook.core.cluster.nodes import Cluster, Result
 from sparkbook.core.cluster.qualityapi import QualityReport
 from sparkbook.core.values.errors import SparkbookError
-from sparkbook.core.values.evidence import Decision, Event
+from sparkbook.core.values.evidence import Decision, Event, NotKnownYet
 from sparkbook.core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.params import Params
+from sparkbook.core.values.stagelist import SERVE
 from sparkbook.stages import serve
-from sparkbook.stages.serve import bringup, commands, environ, launch, memory, quality, replace, reuse, rollback, smoke
+from sparkbook.stages.serve import answers, bringup, commands, environ, launch, memory, replace, reuse, rollback, smoke
 from sparkbook.stages.serve.bringup import Room
 from sparkbook.stages.serve.failures import classify
 from sparkbook.stages.serve.plandiff import differences
@@ -76,8 +81,8 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
     monkeypatch.setattr(environ, "read", lambda ctx, plan: [])
     monkeypatch.setattr(smoke, "smoke_test", lambda url, model, asked: [smoke.Smoke("chat", "Say hello.", "hi", 1.0, 2)])
     monkeypatch.setattr(bringup, "drop_aside", lambda ctx: called.append("drop_aside") or {"nodes": ["lab-0"]})
-    monkeypatch.setattr(quality, "run_checks", lambda ctx, plan, image, key, reference: quality.Quality(
-        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None))
+    monkeypatch.setattr(answers, "run_checks", lambda ctx, plan, image, key, reference: answers.AnswerChecks(
+        QualityReport(key, 2048, "serve.smoke.expect is null", [], None, [], [], 1.0), None, None, None))
     return called
 
 
@@ -193,12 +198,12 @@ def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summar
     p = a_preview(ctx, replacing=True)
     assert p.replacing is not None
 
-    def roll_back(ctx, replaced, failed, failure):
+    def relaunch_replaced(ctx, replaced, failed, failure):
         relaunch = launch.Launch(replaced.serving.running, 1, {}, 0.0)
         ready = launch.Readiness(True, 4.0, 1.0, [p.plan.model], {"lab-0": "old plan up"})
         return rollback.Rollback(replaced.serving.run, failure, relaunch, ready, [], 9.0, None)
 
-    monkeypatch.setattr(rollback, "roll_back", roll_back)
+    monkeypatch.setattr(rollback, "relaunch_replaced", relaunch_replaced)
     out = serve.run(ctx, p, confirm_replace=True, ab_arm=None)
     assert isinstance(out.error, commands.ServeError) and out.rolled_back is not None
     assert out.error.message == out.rolled_back.summary() and "rolled back to run 20261201T195946Z" in str(out.error)
@@ -209,7 +214,7 @@ def test_a_failed_start_after_a_replacement_rolls_back_and_fails_with_its_summar
 
 def test_a_failed_start_without_a_replacement_names_the_cause(lab, tmp_path, monkeypatch):
     steps(monkeypatch, ready=False)
-    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("rolled back with nothing replaced"))
+    monkeypatch.setattr(rollback, "relaunch_replaced", lambda *a: pytest.fail("rolled back with nothing replaced"))
     ctx = context(lab, tmp_path)
     out = serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert isinstance(out.error, commands.ServeError)
@@ -225,7 +230,7 @@ def test_a_failed_start_in_containers_04_replaced_leaves_the_rollback_to_the_dri
     from sparkbook.core.values.handoff import RayCluster
 
     called = steps(monkeypatch, ready=False)
-    monkeypatch.setattr(rollback, "roll_back", lambda *a: pytest.fail("05 relaunched the old plan itself"))
+    monkeypatch.setattr(rollback, "relaunch_replaced", lambda *a: pytest.fail("05 relaunched the old plan itself"))
     ctx = context(lab, tmp_path)
     ray = RayCluster(address="10.0.0.1:6379", containers={}, reused=False, container_ids={}, nodes=[],
                      stopped_server_at="2026-12-04T10:00:00+00:00")
@@ -275,3 +280,77 @@ def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_fr
     serve.run(ctx, a_preview(ctx), confirm_replace=False, ab_arm=None)
     assert seen[0].stopped_at is None, "nothing was serving: no dark seconds"
     assert "drop_aside" not in called, "04 set nothing aside"
+
+
+class Asked:
+    """The runtime's verbs detect_platform uses, answered in-process: the head's place runs or not, the head holds
+    the image or not; each call named in `calls`."""
+
+    def __init__(self, alive: bool, held: bool = True) -> None:
+        self.is_alive, self.held = alive, held
+        self.calls: list[str] = []
+
+    def alive(self, node, place) -> bool:
+        return self.is_alive
+
+    def lacks(self, node, ref, image_id=None) -> str | None:
+        return None if self.held else f"holds no {ref} (absent; expected any)"
+
+    def _reply(self, node, argv, verb: str) -> Result:
+        self.calls.append(verb)
+        doc = json.dumps({"vllm": "0.28.0+cpu", "ray": "2.60.0", "torch": "2.13.0+cpu", "cuda": False, "gpus": 0})
+        return Result(node.name, tuple(argv), 0, f"{probes.PREFIX}{doc}\n{probes.END}\n", "", datetime.now(UTC), 0.1)
+
+    def exec(self, node, place, argv, *, timeout=120, env=None) -> Result:
+        return self._reply(node, argv, f"exec in {place.name}")
+
+    def one_off(self, node, image, argv, *, env=None, timeout=120, gpus=False) -> Result:
+        return self._reply(node, argv, f"one_off of {image}")
+
+
+def asked(lab: Params, tmp_path: Path, runtime: Asked) -> Context:
+    return Context(lab, Cluster(lab), runtime, tmp_path).with_image("sparkbook-lab/vllm-cpu:0.28.0")  # type: ignore[arg-type]
+
+
+def test_the_platform_is_asked_in_04s_place_else_in_a_throwaway_container_of_the_image(lab, tmp_path) -> None:
+    """Issue 54, item 6: `sparkbook plan` before a first run (04's place does not run) learns the platform as 03's
+    probes do, in a fresh container of the image, so 05's commands are shown; in a run, in 04's place."""
+    runtime = Asked(alive=True)
+    platform = commands.detect_platform(asked(lab, tmp_path, runtime))
+    assert runtime.calls == ["exec in sparkbook-lab-lab-0"] and platform.device == "cpu" and platform.ray == "2.60.0"
+    assert platform.asked == "in sparkbook-lab-lab-0"
+    runtime = Asked(alive=False)
+    platform = commands.detect_platform(asked(lab, tmp_path, runtime))
+    assert runtime.calls == ["one_off of sparkbook-lab/vllm-cpu:0.28.0"] and platform.device == "cpu"
+    assert platform.asked is not None and platform.asked.startswith("in a throwaway container of sparkbook-lab/")
+
+
+def test_an_image_the_head_lacks_leaves_the_platform_not_known_yet(lab, tmp_path) -> None:
+    runtime = Asked(alive=False, held=False)
+    with pytest.raises(NotKnownYet, match="lab-0 holds no sparkbook-lab/vllm-cpu:0.28.0") as raised:
+        commands.detect_platform(asked(lab, tmp_path, runtime))
+    assert runtime.calls == [] and raised.value.stage == SERVE.name
+
+
+def test_the_answer_checks_return_the_reference_they_make_and_the_session_keeps_it(lab, tmp_path, monkeypatch):
+    from sparkbook.core.analysis.quality import Trace
+    from sparkbook.core.cluster import qualityapi
+    from sparkbook.runbook.session import Run
+
+    trace = Trace("story", [1, 2, 3], [10, 11], [-0.1, -0.2])
+    monkeypatch.setattr(answers, "check", lambda url, model, settings, key, reference, tokens: QualityReport(
+        key, 2048, "serve.smoke.expect is null", [], reference, [], [] if reference else [trace], 1.0))
+    run_dir = tmp_path / "lab" / "20261207T000000Z"
+    ctx = context(lab, run_dir)
+    plan = a_preview(ctx).plan
+    made = answers.run_checks(ctx, plan, "img:1", "abc", None)
+    assert made.problem is None and made.new_reference is not None and made.new_reference.traces == [trace]
+    assert made.recorded == tmp_path / "lab" / "quality" / "abc.json" and not made.recorded.exists(), \
+        "the stage writes nothing: it returns the reference"
+    run = Run(tmp_path / "lab.yaml", lab, run_dir, "05-serve")
+    assert run.keep_reference(serve.ServeOutcome(answers=made).new_reference) == made.recorded
+    assert qualityapi.load_reference(run_dir.parent / "20261208T000000Z", "abc") == made.new_reference, \
+        "a later run of the cluster finds it"
+    again = answers.run_checks(ctx, plan, "img:1", "abc", made.new_reference)
+    assert (again.new_reference, again.recorded) == (None, None), "one exists: none is made"
+    assert run.keep_reference(serve.ServeOutcome(answers=again).new_reference) is None

@@ -4,7 +4,7 @@ order, the driver runs it in that order, and its hand-offs are the models each n
 from __future__ import annotations
 
 import ast
-import importlib
+import inspect
 import json
 import re
 from pathlib import Path
@@ -15,6 +15,7 @@ from sparkbook.core.values import handoff, modelinfo
 from sparkbook.core.values.stagelist import BENCH, SERVE, STAGES, stage_of
 from sparkbook.core.values.state import Handoff
 from sparkbook.runbook import driver
+from sparkbook.runbook.frontdoors import FRONT_DOORS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkbook"
 LIST = PACKAGE / "core" / "values" / "stagelist.py"
@@ -68,7 +69,8 @@ def test_names_of_a_stage_lead_to_it() -> None:
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_each_stage_names_its_package_and_its_notebook_opens_its_run_under_its_name(stage) -> None:
-    importlib.import_module(f"sparkbook.stages.{stage.package}")
+    door = FRONT_DOORS[stage]
+    assert inspect.ismodule(door) and door.__name__ == f"sparkbook.stages.{stage.package}"
     assert f'stage="{stage.name}"' in _source(stage.notebook)
 
 

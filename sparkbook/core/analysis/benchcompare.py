@@ -180,7 +180,7 @@ class SweepComparison:
     b: Path
     params: list[Change]  # params keys that differ (none where a run kept no params: see params_note)
     params_note: str | None
-    image: list[Change]  # the image 03 chose, its ID and versions, where they differ
+    image_differences: list[Change]  # the image 03 chose, its ID and versions, where they differ
     deltas: list[Delta]
     clock_causes: list[str]
     depth_deltas: list[DepthDelta] = field(default_factory=list)  # per depth and figure, B against A
@@ -190,7 +190,7 @@ class SweepComparison:
         """What changed between the runs, in plain text (the sweep and depth points are `rows`, tables)."""
         lines = [f"A: {self.a}", f"B: {self.b}", ""]
         lines += change_lines("params", self.params, self.params_note or "the same")
-        lines += ["", *change_lines("image and versions", self.image, "the same (or not recorded)"), ""]
+        lines += ["", *change_lines("image and versions", self.image_differences, "the same (or not recorded)"), ""]
         lines += [f"prefix cache, second TTFT / first: {depthsweep.ratio_text(self.prefix_ratios)}", ""]
         return "\n".join(lines + clock_lines(self.clock_causes))
 
@@ -201,21 +201,57 @@ class SweepComparison:
         return depthsweep.delta_rows(self.depth_deltas)
 
 
-def image_changes(a: ImageChoice | None, b: ImageChoice | None) -> list[Change]:
-    """The image and its versions where both runs name them and they differ."""
+def image_differences(a: ImageChoice | None, b: ImageChoice | None) -> list[Change]:
+    """The image and its versions where both runs name them and they differ (the same ones left out)."""
     def facts(i: ImageChoice | None) -> dict[str, Any]:
         return {} if i is None else {"image": i.ref, "image id": i.id, "vllm": i.vllm_version, "ray": i.ray_version}
     return [c for c in changes(facts(a), facts(b)) if c.differs]
 
 
-def compare_dirs(a_dir: Path, b_dir: Path) -> SweepComparison:
-    """Run B's sweep points against run A's (A the earlier), with the params and image differences beside them."""
-    pa, pb = params_of(a_dir), params_of(b_dir)
-    missing = [d.name for d, p in ((a_dir, pa), (b_dir, pb)) if p is None]
+@dataclass(frozen=True)
+class RunSweep:
+    """One run's sweep as a comparison reads it: its dir, the params file it copied, the image 03 chose, its sweep
+    points and depth points (each None or empty where the run kept none)."""
+
+    run_dir: Path
+    params: dict[str, Any] | None
+    image: ImageChoice | None
+    points: list[SweepPoint]
+    depth: depthsweep.DepthSweep | None
+
+
+def recorded_sweep(run_dir: Path) -> RunSweep:
+    """The sweep a run dir recorded."""
+    return RunSweep(run_dir, params_of(run_dir), image_of(run_dir), points_of(run_dir), depthsweep.read(run_dir))
+
+
+def compare_sweeps(a: RunSweep, b: RunSweep, history: list[list[SweepPoint]]) -> SweepComparison:
+    """Run B's sweep against run A's (A the earlier), with the params and image differences beside them; `history`:
+    the sweeps of the earlier runs of B's setup, for the noise where the two have no repeats."""
+    missing = [r.run_dir.name for r in (a, b) if r.params is None]
     note = f"run(s) {', '.join(missing)} did not keep their params file ({PARAMS_COPY})" if missing else None
-    found = [] if missing else changes(flatten({"params": pa}), flatten({"params": pb}))
-    a, b = points_of(a_dir), points_of(b_dir)
-    da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
-    return SweepComparison(a_dir, b_dir, found, note, image_changes(image_of(a_dir), image_of(b_dir)),
-                           compare(b, a, POINT_METRICS, history_bands(same_setup_runs(a_dir, b_dir))),
-                           clock_causes(a, b), depthsweep.compare(da, db), depthsweep.ratios(da, db))
+    found = [] if missing else changes(flatten({"params": a.params}), flatten({"params": b.params}))
+    return SweepComparison(a.run_dir, b.run_dir, found, note, image_differences(a.image, b.image),
+                           compare(b.points, a.points, POINT_METRICS, history_bands(history)),
+                           clock_causes(a.points, b.points), depthsweep.compare(a.depth, b.depth),
+                           depthsweep.ratios(a.depth, b.depth))
+
+
+def compare_dirs(a_dir: Path, b_dir: Path) -> SweepComparison:
+    """Run B's sweep points against run A's (A the earlier), as both run dirs recorded them."""
+    return compare_sweeps(recorded_sweep(a_dir), recorded_sweep(b_dir), same_setup_runs(a_dir, b_dir))
+
+
+@dataclass(frozen=True)
+class EarlierSweep:
+    """What 06 compares the sweep it measures with (records.earlier.earlier_sweep reads it): the earlier run's sweep,
+    this run as recorded before 06 (its params file and image), and the sweeps of the runs before both of its setup."""
+
+    earlier: RunSweep
+    now: RunSweep
+    history: list[list[SweepPoint]]
+
+    def compared(self, points: list[SweepPoint], depth: depthsweep.DepthSweep | None) -> SweepComparison:
+        """This run's fresh sweep against the earlier run's, as compare_dirs judges two recorded ones."""
+        now = RunSweep(self.now.run_dir, self.now.params, self.now.image, points, depth)
+        return compare_sweeps(self.earlier, now, self.history)

@@ -107,7 +107,7 @@ def summarize(records: list[RequestRecord], duration_s: float, max_concurrency: 
 STALL_FACTOR = 10.0  # a repeat stalled when its TTFT p99 exceeds this many times the median (find_stall)
 
 
-def prefill_groups(settings: BenchmarkSettings, concurrency: int) -> list[int]:
+def prefill_group_sizes(settings: BenchmarkSettings, concurrency: int) -> list[int]:
     """Sizes of the prefill-only groups a point's warm-up sends first (none without warm-up): 1 .. concurrency
     prompts arriving together, i.e. every number of prefills a step of the measurement can hold (sent alone, and
     those below `concurrency` again beside one decoding sequence). vLLM runs a step
@@ -133,11 +133,6 @@ class Spread:
     high: float
     stdev_pct: float  # sample standard deviation of the repeats, % of the median (0 with one repeat)
     values: list[float]
-
-    @property
-    def range_pct(self) -> float:
-        """(max - min) / median, in %."""
-        return 100.0 * (self.high - self.low) / abs(self.median) if self.median else 0.0
 
 
 def spread(values: list[float]) -> Spread:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..values import state
 from ..values.evidence import Finding
 from ..values.handoff import FabricProof
 from ..values.params import NodeSpec
@@ -85,16 +83,7 @@ def hca_findings(spec: NodeSpec, ibdev2netdev: Iterable[str]) -> list[Finding]:
     return out
 
 
-
 # --- 04's figures beside 06's decode ------------------------------------------------------------------
-def recorded_proof(run_dir: Path) -> FabricProof | None:
-    """04's figures as it handed them on in this run dir; None where 04 did not (06 run on its own)."""
-    try:
-        return state.load(run_dir, FabricProof)
-    except state.MissingState:
-        return None
-
-
 def beside_decode(proof: FabricProof | None, single_stream_tpot_ms: float | None) -> list[dict[str, object]]:
     """06: 04's fabric figures beside the single-stream decode time (median TPOT at concurrency 1)."""
     if proof is None:

@@ -3,7 +3,7 @@ filler, asked back), when they are skipped, the fixed prompt set of the agreemen
 kept under, and the comparison of a run's greedy tokens with the reference's and its verdict.
 
 In core, not in 05's package: 05 checks after its smoke test and 06 will check again at the end of a soak (issue
-41), and stages never import each other. The requests that feed this are `core.qualityapi`'s."""
+41), and stages never import each other. The requests that feed this are `core.cluster.qualityapi`'s."""
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +30,7 @@ FILLER = (
     "A dog slept in the shade beneath the bench.", "Lanterns were hung along the narrow street at dusk.",
     "The wind turned the pages of a newspaper on a table.", "Fishermen mended their nets beside the harbour.",
 )
-QUESTION = "What is the access code for the blue door? Answer with the number only."
+ACCESS_CODE_QUESTION = "What is the access code for the blue door? Answer with the number only."
 
 
 def filler(count: int) -> list[str]:
@@ -57,7 +57,7 @@ def needle_text(sentences: int, position: float, code: str) -> str:
     """The filler with the fact placed after `position` of its sentences (0: first, 1: last), then the question."""
     body = filler(sentences)
     at = round(position * len(body))
-    return " ".join([*body[:at], fact(code), *body[at:]]) + "\n\n" + QUESTION
+    return " ".join([*body[:at], fact(code), *body[at:]]) + "\n\n" + ACCESS_CODE_QUESTION
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..values.params import NodeSpec, Params
+from ..values.params import Params
 from ..values.state import Handoff, Handoffs
 from .nodes import Cluster, Node
 from .runtime import ImageSource, Place, Runtime
@@ -45,10 +45,6 @@ class Context:
     @property
     def head(self) -> Node:
         return self.cluster.head
-
-    @property
-    def head_spec(self) -> NodeSpec:
-        return self.params.head
 
     @property
     def places(self) -> dict[str, Place]:

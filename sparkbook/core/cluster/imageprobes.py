@@ -36,7 +36,8 @@ def run_probe(ctx: Context, image: str, name: str, args: list[str], *, node: Nod
         return {}, f"{exc}; exit {result.exit_code}: {(result.stderr or result.stdout).strip()[-400:]}"
 
 
-def in_image(ctx: Context, node: Node, image: str, argv: list[str], env: dict[str, str], timeout: float) -> Result:
+def in_image(ctx: Context, node: Node, image: str | None, argv: list[str], env: dict[str, str], timeout: float
+             ) -> Result:
     """argv in a fresh container of `image` (or the Python env): no network, model cache read-only, removed
     (the runtime's `one_off`: for Docker the node's own `docker run --rm`, in one SSH call), with the node's GPUs
     where params list any for it: a CUDA image probed without them cannot load libcuda."""

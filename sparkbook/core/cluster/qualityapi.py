@@ -1,5 +1,6 @@
-"""The requests of the answers checked at depth (core.quality) against a vLLM OpenAI-compatible server, and where
-the agreement check's reference is kept. 05 calls `check` after its smoke test; 06 can call it at the end of a soak.
+"""The requests of the answers checked at depth (core.analysis.quality) against a vLLM OpenAI-compatible server,
+and where the agreement check's reference is kept. 05 calls `check` after its smoke test; 06 can call it at the end
+of a soak.
 
 The reference lies beside the cluster's runs (`outputs/<cluster>/quality/<key>.json`, core.rundir), not inside one
 run dir: a later run of the same cluster finds it without knowing which earlier run recorded it, and an archived or
@@ -16,8 +17,8 @@ from typing import Any
 import httpx
 
 from ..analysis.quality import (
+    ACCESS_CODE_QUESTION,
     AGREEMENT_PROMPTS,
-    QUESTION,
     Agreement,
     Answer,
     Forced,
@@ -89,7 +90,7 @@ def messages_tokens(api: Api, text: str) -> int:
 def fitted(api: Api, depth: float, position: float, window: int, reserve: int, per: float) -> tuple[Needle, int]:
     """The needle at `depth`, measured through the chat template and shrunk once where it would pass the window
     less the answer's `reserve`; with its prompt tokens."""
-    overhead = messages_tokens(api, fact("0000") + "\n\n" + QUESTION)
+    overhead = messages_tokens(api, fact("0000") + "\n\n" + ACCESS_CODE_QUESTION)
     n = needle(depth, position, window, reserve, per, overhead)
     measured = messages_tokens(api, n.text)
     n2 = shrunk(n, measured, window - reserve, per)

@@ -156,6 +156,8 @@ class Runtime(Protocol):
     """How the stages start, run and stop vLLM's processes on a node (see the module's docstring for the verbs)."""
 
     not_reusable: str | None  # why a running cluster a previous run left is never reused (None where it may be)
+    place_word: str  # what a place is, in the words a message names it by: "container", "process dir"
+    own_place: bool  # whether a place holds 04's and 05's processes alone (a container), not the node's others too
 
     def lacks(self, node: Node, ref: str, image_id: str | None = None) -> str | None:
         """Why the node cannot start a place of `ref` (holding `image_id` where given), as a fact; None if it can."""
@@ -224,6 +226,7 @@ class ImageSource(Protocol):
 
     copies_images: bool  # whether 03 copies an image to every node (else each node runs its own environment)
     policy: str  # runtime.image_policy: keep_installed | newest
+    pulls: bool  # whether 03 pulls every candidate on the head before probing them (runtime.pull)
 
     def candidates(self) -> list[str]:
         """What 03 chooses among: the image refs of params, or the interpreter of the Python environment."""
@@ -237,8 +240,9 @@ class ImageSource(Protocol):
     def architecture(self, node: Node, ref: str) -> str | None:
         """The image's CPU architecture as Docker records it (amd64, arm64); None where there is none to read."""
 
-    def installed(self) -> str | None:
-        """The old deployment's image, to probe; None where there is none."""
+    def installed(self, found_running: str | None = None) -> str | None:
+        """The old deployment's image, to probe: runtime.installed_image, else `found_running` (the image 01 found
+        the old deployment's containers running) where this source's images can run so; None where there is none."""
 
     def no_installed_reason(self) -> str:
         """Why there is no installed image to probe."""

@@ -53,6 +53,8 @@ class DockerNodes:
     """Containers from the run's image on each node, through each node's own Docker daemon."""
 
     not_reusable: str | None = None
+    place_word = "container"
+    own_place = True
 
     def __init__(self, spec: DockerRuntime, model_cache: str, secrets: dict[str, str] | None = None,
                  cache_dir: str | None = None):
@@ -265,6 +267,7 @@ class DockerImages:
     def __init__(self, spec: DockerRuntime):
         self.spec = spec
         self.policy: str = spec.image_policy
+        self.pulls: bool = spec.pull
 
     def candidates(self) -> list[str]:
         return list(self.spec.images)
@@ -282,8 +285,8 @@ class DockerImages:
         r = node.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref], timeout=ID_TIMEOUT_S)
         return r.stdout.strip() or None if r.ok else None
 
-    def installed(self) -> str | None:
-        return self.spec.installed_image
+    def installed(self, found_running: str | None = None) -> str | None:
+        return self.spec.installed_image or found_running
 
     def no_installed_reason(self) -> str:
         return "runtime.installed_image is not set: no old deployment's image to probe; 03 probes the candidates"

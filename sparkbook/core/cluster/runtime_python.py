@@ -27,6 +27,8 @@ class PythonNodes:
     """A Python environment on each node (no Docker): the interpreter named in params runs everything."""
 
     not_reusable: str | None = None  # a place is compared by the record `start` wrote in its dir
+    place_word = "process dir"
+    own_place = False  # its processes share the node with whatever else runs there
 
     def __init__(self, spec: PythonRuntime, secrets: dict[str, str] | None = None):
         self.spec, self.secrets = spec, secrets or {}
@@ -191,6 +193,7 @@ class PythonImages:
 
     copies_images = False
     policy = "newest"  # one candidate: there is nothing to keep or choose
+    pulls = False  # no image to pull
 
     def __init__(self, spec: PythonRuntime):
         self.spec, self.nodes = spec, PythonNodes(spec)
@@ -210,8 +213,8 @@ class PythonImages:
         """An environment runs on its node's CPU: nothing to compare."""
         return None
 
-    def installed(self) -> str | None:
-        return None
+    def installed(self, found_running: str | None = None) -> str | None:
+        return None  # no image: what ran before is no candidate of this environment
 
     def no_installed_reason(self) -> str:
         return (f"runtime python: vLLM runs in the environment of {self.spec.python} on each node, there is no "

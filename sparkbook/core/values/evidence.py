@@ -95,6 +95,11 @@ class Preview(Protocol):
     def shown(self) -> list[Shown]: ...
 
 
+class NotKnownYet(SparkbookError):
+    """What a preview cannot tell before a run acts (the image is not on the node yet): `sparkbook plan` shows it
+    as unknown, which is no failure; a node it cannot reach is one."""
+
+
 def table_rows(data: object) -> list[dict[str, Any]] | None:
     """Plain data (`to_data`'s) as table rows where it is table-like: rows of mappings, or one mapping of scalars
     as field/value rows; None for text and nested data. The session and the command line render tables alike."""
@@ -144,6 +149,14 @@ def to_data(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
     return value
+
+
+@dataclass(frozen=True)
+class ProbedBefore:
+    """The image ID an earlier run of the cluster recorded under a candidate's name (its 03's image_probe event)."""
+
+    image_id: str | None
+    run: str  # that run's id
 
 
 def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:

@@ -75,8 +75,14 @@ class ImageChoice(Handoff):
     ref: str
     id: str | None
     vllm_version: str | None
-    ray_version: str | None
+    ray_version: str | None  # None: no Ray in the image, where `probed`
     nodes: dict[str, str | None]  # node -> the image ID it holds
+
+    @property
+    def probed(self) -> bool:
+        """Whether its facts were read (every image 03 chooses has a vLLM version); not so for the candidate
+        `sparkbook plan` shows before a first run where its probe did not answer: its Ray is then unknown."""
+        return self.vllm_version is not None
 
 
 class _Part(BaseModel):

@@ -93,15 +93,19 @@ class Strict(BaseModel):
 
 
 class SSHSettings(Strict):
-    user: Name = "root"
-    port: int = Field(22, ge=1, le=65535)
-    key_file: Path | None = None
-    known_hosts: Path | None = None
+    user: Name = Field("root", description="SSH user on every node (a node's ssh_user, or its ssh config entry's "
+                       "User, first)")
+    port: int = Field(22, ge=1, le=65535, description="SSH port on every node (a node's ssh_port first)")
+    key_file: Path | None = Field(None, description="private key on this controller (relative to the params file)")
+    known_hosts: Path | None = Field(None, description="known_hosts file the nodes' host keys are checked against "
+                                     "(default ~/.ssh/known_hosts; relative to the params file)")
     config_file: Path | None = Field(None, description="ssh config whose Host entries resolve node hosts given as "
                                      "aliases (default ~/.ssh/config where it exists)")
-    host_key_policy: Literal["strict", "trust_on_first_use"] = "strict"
-    connect_timeout_s: float = Field(10, gt=0, le=300)
-    command_timeout_s: float = Field(120, gt=0, le=86400)
+    host_key_policy: Literal["strict", "trust_on_first_use"] = Field(
+        "strict", description="strict: a host key must be known; trust_on_first_use: record an unknown one in "
+        "known_hosts and its fingerprint in the run's evidence")
+    connect_timeout_s: float = Field(10, gt=0, le=300, description="limit on one SSH connection's set-up")
+    command_timeout_s: float = Field(120, gt=0, le=86400, description="default limit on one remote command")
 
     @model_validator(mode="after")
     def _files_exist(self) -> SSHSettings:
@@ -119,16 +123,22 @@ class SSHSettings(Strict):
 
 
 class NodeSpec(Strict):
-    name: Name
-    role: Literal["head", "worker"]
-    transport: Literal["ssh", "local"] = "ssh"
+    name: Name = Field(description="the node's name in every table, log and decision")
+    role: Literal["head", "worker"] = Field(description="exactly one head: Ray's head, rank 0, the API and the run "
+                                            "lock")
+    transport: Literal["ssh", "local"] = Field("ssh", description="local: this controller itself, reached without "
+                                               "SSH (a single box)")
     host: str = Field(description="SSH address (name or IP)")
-    fabric_ip: ipaddress.IPv4Address
-    fabric_netdev: NetDev
-    roce_hcas: list[NetDev] = []
-    gpus: list[Annotated[int, Field(ge=0, le=63)]] = []
-    ssh_user: Name | None = None
-    ssh_port: int | None = Field(None, ge=1, le=65535)
+    fabric_ip: ipaddress.IPv4Address = Field(description="the node's address on the fabric, the direct link NCCL, "
+                                             "Gloo and Ray use (not the management address host)")
+    fabric_netdev: NetDev = Field(description="the fabric's network interface on the node")
+    roce_hcas: list[NetDev] = Field([], description="RoCE HCAs driving fabric_netdev (ibdev2netdev's names): 02 "
+                                    "checks them, 04 gives the containers /dev/infiniband and unlimited memlock, and "
+                                    "sockets in NCCL's log stop 04")
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field([], description="GPU indices the node serves with; a node "
+                                                           "with GPUs gets them in 03's probes and 04's containers")
+    ssh_user: Name | None = Field(None, description="this node's SSH user (default: ssh.user)")
+    ssh_port: int | None = Field(None, ge=1, le=65535, description="this node's SSH port (default: ssh.port)")
     unified_memory: bool | None = Field(None, description="the GPU allocates from the OS's memory (GB10): 05 drops the "
                                         "page cache first (null: where nvidia-smi reports no GPU memory)")
 
@@ -146,16 +156,20 @@ class NodeSpec(Strict):
 
 
 class DockerRuntime(Strict):
-    kind: Literal["docker"]
-    images: list[Image] = Field(min_length=1)
-    installed_image: Image | None = Field(None, description="the image the old deployment runs")
-    shm_size: Size = "16G"
-    ipc_host: bool = True
-    privileged: bool = False
+    kind: Literal["docker"] = Field(description="Docker on every node, driven over SSH")
+    images: list[Image] = Field(min_length=1, description="the candidate images 03 probes and chooses from (pin a "
+                                "moving tag as name@sha256:...)")
+    installed_image: Image | None = Field(None, description="the image the old deployment runs (null: 02 probes "
+                                          "the images 01 found the old containers running)")
+    shm_size: Size = Field("16G", description="/dev/shm of each node container")
+    ipc_host: bool = Field(True, description="node containers share the host's IPC namespace (--ipc host)")
+    privileged: bool = Field(False, description="privileged node containers (otherwise IPC_LOCK where the node lists "
+                             "roce_hcas)")
     nofile: int | None = Field(1048576, ge=1024, description="open-files ulimit in containers (null: the daemon's)")
     memory_limit: Size | None = Field(None, description="memory cap of each node's container (docker --memory, swap "
-                                      "included; null: none): a runaway start is killed inside it, not sshd (README)")
-    env: Env = {}
+                                      "included; null: none): a runaway start is killed inside it, not sshd "
+                                      "(docs/serving.md)")
+    env: Env = Field({}, description="environment of every node container (and so of every process in it)")
     cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
                                          "on each node, mounted in its container at the same path so a new container "
                                          "compiles nothing the last one did (default: sparkbook-cache/CLUSTER "
@@ -168,9 +182,9 @@ class DockerRuntime(Strict):
 
 
 class PythonRuntime(Strict):
-    kind: Literal["python"]
+    kind: Literal["python"] = Field(description="vLLM and Ray from a Python environment on every node, no Docker")
     python: RemotePath = Field(description="interpreter on every node whose environment has vLLM")
-    env: Env = {}
+    env: Env = Field({}, description="environment of every process the runtime starts")
     cache_dir: RemotePath | None = Field(None, description="compile caches (vLLM, Triton, TorchInductor, FlashInfer) "
                                          "on each node (default: sparkbook-cache/CLUSTER beside model.cache_dir)")
 
@@ -190,12 +204,14 @@ class ModelTransfer(Strict):
 
 class ModelSpec(Strict):
     path: RemotePath | None = Field(None, description="model directory on every node")
-    hf_id: Annotated[str, _matches(_HF_ID, "Hugging Face model id")] | None = None
-    served_name: Name
+    hf_id: Annotated[str, _matches(_HF_ID, "Hugging Face model id")] | None = Field(
+        None, description="the model by its Hugging Face id, read from the hub cache under cache_dir (give path or "
+        "hf_id)")
+    served_name: Name = Field(description="the model's name in the API (vLLM's --served-model-name)")
     cache_dir: RemotePath = Field(description="where nodes keep models (mounted into containers at the same path); "
                                               "for hf_id: the Hugging Face cache (HF_HOME or its hub/ dir)")
     offline: bool = Field(True, description="hf_id: serve with HF_HUB_OFFLINE=1, from what the nodes' cache holds")
-    transfer: ModelTransfer = ModelTransfer()
+    transfer: ModelTransfer = Field(ModelTransfer(), description="how 03 copies the model to a node lacking it")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -205,9 +221,11 @@ class ModelSpec(Strict):
 
 
 class CleanupTargets(Strict):
-    containers: list[Pattern] = []
-    systemd_units: list[Pattern] = []
-    processes: list[Pattern] = []
+    containers: list[Pattern] = Field([], description="containers 01 may stop, by name (globs)")
+    systemd_units: list[Pattern] = Field([], description="systemd units 01 may stop and disable, with the processes "
+                                         "of their cgroup and the containers they keep running")
+    processes: list[Pattern] = Field([], description="processes 01 may stop, by command name, with their descendants "
+                                     "and the containers they keep running")
     order: list[Pattern] = Field([], description="stop targets matching these first, in this order")
     max_targets: int = Field(8, ge=1, le=1000, description="the most targets one pattern may match on one node: one "
                              "that matches more (a typo such as `*`) is refused in 01's plan, naming what it matched")
@@ -217,13 +235,14 @@ class CleanupTargets(Strict):
 
 
 class RaySettings(Strict):
-    port: int = Field(6379, ge=1, le=65535)
-    num_cpus: int | None = Field(None, ge=1)
+    port: int = Field(6379, ge=1, le=65535, description="the Ray head's GCS port (two clusters on the same nodes "
+                      "need their own)")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs each node gives Ray (null: Ray's count)")
     object_store_gib: float = Field(1.0, ge=0.1, le=1024, description="Ray's object store per node (its default "
                                     "is 30 % of memory, which a unified-memory GB10 needs for the model; vLLM moves "
                                     "tensors over NCCL, not the object store)")
-    env: Env = {}
-    join_timeout_s: float = Field(120, gt=0)
+    env: Env = Field({}, description="environment of the node containers for Ray (changing it re-creates them in 04)")
+    join_timeout_s: float = Field(120, gt=0, description="how long 04's gate waits for every node to join")
 
 
 def api_key(api_key_env: str | None) -> str | None:
@@ -260,7 +279,8 @@ class SmokeCheck(Strict):
 
 class QualityCheck(Strict):
     """05's answers checked at depth, after its smoke test: known answers (a fact in generated filler, asked back
-    at each depth) and greedy agreement with the first ok run's tokens for this model and plan (core.quality)."""
+    at each depth) and greedy agreement with the first ok run's tokens for this model and plan
+    (core.analysis.quality)."""
 
     enabled: bool = Field(True, description="run the checks (false: 05 records that they did not run)")
     known_answers: bool = Field(True, description="ask the fact back at each depth (skipped anyway for dummy "
@@ -324,8 +344,10 @@ class Speculative(Strict):
 
 
 class ServeSettings(Strict):
-    port: int = Field(8000, ge=1, le=65535)
-    executor: Literal["ray", "mp"] | None = None  # None: 05 chooses by the ranks and the image's platform
+    port: int = Field(8000, ge=1, le=65535, description="the API's port on the head (the router's, with layout "
+                      "replicas)")
+    executor: Literal["ray", "mp"] | None = Field(None, description="vLLM's distributed executor (null: 05 chooses by "
+                                                  "the ranks and the image's platform: Ray where the image has it)")
     layout: Literal["tp", "replicas"] = Field("tp", description="tp: one server, the model split over the nodes "
                                               "(tensor_parallel_size x pipeline_parallel_size); replicas: a whole "
                                               "copy on each node behind one endpoint, where 02 finds that one fits")
@@ -334,15 +356,19 @@ class ServeSettings(Strict):
     router_policy: Literal["power_of_two", "round_robin", "cache_aware"] = Field(
         "power_of_two", description="layout replicas: how vllm-router picks a replica (power_of_two: the less "
         "loaded; cache_aware: the one holding the prompt's prefix)")
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
-    pipeline_parallel_size: int = Field(1, ge=1, le=64)
-    master_port: int = Field(29501, ge=1, le=65535)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    max_model_len: int | None = Field(None, ge=16)
-    max_num_seqs: int | None = Field(None, ge=1)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    enforce_eager: bool = False
-    kv_cache_memory_bytes: Size | None = None
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM's --tensor-parallel-size")
+    pipeline_parallel_size: int = Field(1, ge=1, le=64, description="vLLM's --pipeline-parallel-size")
+    master_port: int = Field(29501, ge=1, le=65535, description="rank 0's port for vLLM's own multi-node launch "
+                             "(executor mp, --master-port)")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's --gpu-memory-utilization "
+                                                 "(null: vLLM's default; the out-of-memory ladder lowers it)")
+    max_model_len: int | None = Field(None, ge=16, description="vLLM's --max-model-len, the served window")
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM's --max-num-seqs; 02's memory fit holds this many "
+                                     "sequences of max_model_len")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="vLLM's --dtype")
+    enforce_eager: bool = Field(False, description="vLLM's --enforce-eager (the last step of the out-of-memory "
+                                "ladder sets it)")
+    kv_cache_memory_bytes: Size | None = Field(None, description="vLLM's --kv-cache-memory-bytes")
     host: ipaddress.IPv4Address = Field(ipaddress.IPv4Address("0.0.0.0"), description="address the API binds on the "
                                         "head (0.0.0.0: every interface); clients reach it at the head's fabric_ip")
     reasoning_parser: Parser | None = Field(None, description="vLLM --reasoning-parser (qwen3 for Qwen3.5): the "
@@ -353,15 +379,16 @@ class ServeSettings(Strict):
                                              "it (under model.cache_dir, which is mounted); 05 checks it exists")
     smoke_max_tokens: int | None = Field(None, ge=1, le=32768, description="tokens per smoke-test request (default: "
                                          "1024 with a reasoning parser, where the model thinks first; 32 without)")
-    smoke: SmokeCheck = SmokeCheck()
-    quality: QualityCheck = QualityCheck()
+    smoke: SmokeCheck = Field(SmokeCheck(), description="05's smoke test")
+    quality: QualityCheck = Field(QualityCheck(), description="05's answers checked at depth")
     speculative: Speculative | None = Field(None, description="speculative decoding, passed as --speculative-config "
                                             "(null: none)")
-    extra_args: list[Arg] = []
-    env: Env = {}
-    node_env: dict[Name, Env] = {}
-    ready_timeout_s: float = Field(900, gt=0)
-    retry_with_remediation: bool = True
+    extra_args: list[Arg] = Field([], description="further vllm serve arguments (not a flag that has a field of "
+                                  "its own)")
+    env: Env = Field({}, description="environment of every serving process (carried by 04's node containers)")
+    node_env: dict[Name, Env] = Field({}, description="environment of one node's serving processes, by node name")
+    ready_timeout_s: float = Field(900, gt=0, description="how long 05 waits for the model to be listed")
+    retry_with_remediation: bool = Field(True, description="relaunch with a remediation after a classified failure")
     max_remedies: int = Field(3, ge=0, le=8, description="relaunches with a remediation after a classified failure")
     settle_gib: float = Field(2, gt=0, le=64, description="after a failed attempt every serving node's MemAvailable "
                               "must come back within this of its value before the first launch")
@@ -420,15 +447,16 @@ class SoakSettings(Strict):
 
 
 class BenchmarkSettings(SoakSettings):
-    input_len: int = Field(64, ge=1)
-    output_len: int = Field(128, ge=2)
-    num_prompts: int = Field(32, ge=1)
-    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = [1, 2, 4, 8, 16]
+    input_len: int = Field(64, ge=1, description="prompt tokens of every sweep request")
+    output_len: int = Field(128, ge=2, description="output tokens of every sweep request")
+    num_prompts: int = Field(32, ge=1, description="requests per sweep point and repeat")
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field([1, 2, 4, 8, 16], description="the sweep's "
+                                                                    "points: requests in flight")
     warmup_requests: int = Field(2, ge=0, description="warm-up per point (0: none): max(this, 2 x concurrency) "
                                  "distinct prompts, `concurrency` in flight, staggered output lengths, not counted")
     repeats: int = Field(1, ge=1, le=20, description="measurements per point after its warm-up, fresh prompts each; "
                          "the point reports their median and spread (default 3 where the nodes list GPUs, else 1)")
-    clients: int = Field(1, ge=1, le=64)
+    clients: int = Field(1, ge=1, le=64, description="client processes sending the load")
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
     clock_drop: float = Field(0.10, gt=0, lt=1, description="06 flags a point whose GPU SM clock fell more than "
                               "this fraction below its start (sampled with nvidia-smi where nodes list GPUs)")
@@ -452,16 +480,16 @@ class BenchmarkSettings(SoakSettings):
 
 
 class Fabric(Strict):
-    mtu: int = Field(1500, ge=576, le=9216)
+    mtu: int = Field(1500, ge=576, le=9216, description="the MTU 02 expects on every fabric netdev")
     expect_gbps: float | None = Field(None, gt=0, description="bus bandwidth (Gb/s) 04's large all_reduce must reach "
-                                      "(default: link_fraction x the link rate, else per node kind: README)")
+                                      "(default: link_fraction x the link rate, else per link kind: docs/fabric.md)")
     link_fraction: float = Field(0.6, gt=0, le=1, description="share of the fabric netdev's link rate the busbw must "
                                  "reach where expect_gbps is not set")
     max_allreduce_us: float | None = Field(None, gt=0, description="limit on 04's small all_reduce time in us "
-                                           "(default per node kind: README)")
+                                           "(default per link kind: docs/fabric.md)")
     allreduce_small_bytes: int = Field(32768, ge=4, le=1 << 20, description="04's latency size (decode-sized)")
     allreduce_large_bytes: int | None = Field(None, ge=1 << 20, le=4 << 30, description="04's bandwidth size "
-                                              "(default per node kind: README)")
+                                              "(default per link kind: docs/fabric.md)")
     allreduce_iters: int = Field(20, ge=2, le=1000, description="timed all_reduces per size, at most")
     allreduce_budget_s: float = Field(0.5, gt=0, le=60, description="time per size: fewer iterations where "
                                       "allreduce_iters would take longer")
@@ -536,20 +564,21 @@ class RunLockSettings(Strict):
 
 
 class Params(Strict):
-    cluster: Name
-    ssh: SSHSettings = SSHSettings()
-    nodes: list[NodeSpec] = Field(min_length=1)
-    fabric: Fabric = Fabric()
-    runtime: Annotated[DockerRuntime | PythonRuntime, Field(discriminator="kind")]
-    model: ModelSpec
-    cleanup: CleanupTargets = CleanupTargets()
-    ray: RaySettings = RaySettings()
-    serve: ServeSettings = ServeSettings()
-    benchmark: BenchmarkSettings = BenchmarkSettings()
+    cluster: Name = Field(description="the cluster's name: its runs go to outputs/<cluster>/")
+    ssh: SSHSettings = Field(SSHSettings(), description="how this controller reaches the nodes")
+    nodes: list[NodeSpec] = Field(min_length=1, description="the machines, one head")
+    fabric: Fabric = Field(Fabric(), description="02's link checks and 04's all_reduce test")
+    runtime: Annotated[DockerRuntime | PythonRuntime, Field(discriminator="kind")] = Field(
+        description="how nodes run places and processes: Docker, or a Python environment")
+    model: ModelSpec = Field(description="the model to serve")
+    cleanup: CleanupTargets = Field(CleanupTargets(), description="what 01 may stop (allow-lists)")
+    ray: RaySettings = Field(RaySettings(), description="04's Ray cluster")
+    serve: ServeSettings = Field(ServeSettings(), description="05's vllm serve plan")
+    benchmark: BenchmarkSettings = Field(BenchmarkSettings(), description="06's sweep, depths, soak and A/B")
     secrets: list[Annotated[str, AfterValidator(_secret_name)]] = Field(
         [], description="environment variables holding secrets, by name (never the secret itself)")
-    run_lock: RunLockSettings = RunLockSettings()
-    watch: WatchSettings = WatchSettings()
+    run_lock: RunLockSettings = Field(RunLockSettings(), description="one run per cluster at a time")
+    watch: WatchSettings = Field(WatchSettings(), description="sparkbook watch")
 
     def secret_values(self) -> dict[str, str]:
         """The named secrets as this controller's environment holds them (those it lacks are left out)."""

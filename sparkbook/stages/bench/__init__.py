@@ -19,7 +19,7 @@ import aiohttp
 from matplotlib.figure import Figure
 
 from ...core.analysis import benchstats, depthsweep, fabric
-from ...core.analysis.benchcompare import SweepComparison, compare_dirs
+from ...core.analysis.benchcompare import EarlierSweep, SweepComparison
 from ...core.analysis.benchstats import BatchCeiling, Roofline, StepModel
 from ...core.analysis.depthsweep import DepthSweep
 from ...core.cluster.context import Context
@@ -34,11 +34,12 @@ from ...core.values.state import Handoff
 from ...core.values.sweeppoint import SweepPoint, read_points
 from . import ab, depth, plot, sweep, tables
 from .client import CompletionsServer, served_models
-from .soak import SoakFailed, SoakResult
-from .soak import run as run_soak
+from .soak import SoakFailed, SoakResult, run_soak
 from .soakplot import soak_figure
 from .sweep import BenchmarkError, Point
 
+NOT_COMPARED_IN_BASELINE = ("the A/B's baseline arm: the params' own plan, measured in the second arm, is what is "
+                            "compared with the earlier run")
 NO_AB = "no A/B in this run (benchmark.ab is not set, or the run did not include both 05 and 06)"
 AB_BASELINE_ARM = "the A/B's baseline arm: the A/B is decided after the params' own plan is measured"
 FAILED = "requests failed: see the sweep table and bench/*.json errors"
@@ -118,9 +119,9 @@ class BenchOutcome(StageOutcome):
     settings: BenchmarkSettings
     ab_arm: str | None = None
     points: list[Point] = field(default_factory=list)
-    paths: list[Path] = field(default_factory=list)  # bench/c<concurrency>.json, one per point
+    paths: list[Path] = field(default_factory=list)  # bench/c<concurrency>.json per point: where run.keep_sweep puts it
     bench_dir: str = "bench"  # where they are, relative to the run dir (ab-baseline/bench in the baseline arm)
-    results: list[SweepPoint] = field(default_factory=list)  # as saved, read back
+    results: list[SweepPoint] = field(default_factory=list)  # each point as its file holds it, by concurrency
     stalls: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     roof: Roofline | None = None
@@ -138,7 +139,7 @@ class BenchOutcome(StageOutcome):
     summary: BenchmarkSummary | None = None
     ab: AbResult | None = None
     depth: DepthSweep | None = None  # None: benchmark.depths is []
-    depth_file: str | None = None  # bench/depth.json, relative to the run dir
+    depth_file: str | None = None  # bench/depth.json, relative to the run dir, where the notebook keeps `depth`
 
     @property
     def single(self) -> SweepPoint | None:
@@ -184,6 +185,8 @@ class BenchOutcome(StageOutcome):
         return [Shown("Load generators", tables.client_rows(self.points))]
 
     def comparison_shown(self) -> list[Shown]:
+        if self.ab_arm == BASELINE:
+            return [Shown("Compared with nothing", NOT_COMPARED_IN_BASELINE)]
         if self.comparison is None or self.earlier_dir is None:
             return [Shown("Compared with nothing", f"no earlier run with bench results under {self.looked_in}")]
         shown = [Shown(f"Compared with {self.earlier_dir.name}", self.comparison.text())]
@@ -205,10 +208,13 @@ class BenchOutcome(StageOutcome):
         return [Shown("A/B", AB_BASELINE_ARM if self.ab_arm == BASELINE else NO_AB)]
 
 
-def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: Path) -> BenchOutcome:
-    """The sweep into `bench_root`'s bench/ (the run dir, or the A/B baseline arm's own dir), then the evidence
-    around it in the notebook's order; failed requests end it as `error` once the summary is handed on, and the
-    A/B's second arm (`ab_arm` other than None and "baseline") decides which configuration stays serving."""
+def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: Path,
+        earlier: EarlierSweep | None) -> BenchOutcome:
+    """The sweep, then the evidence around it in the notebook's order; failed requests end it as `error` once the
+    summary is handed on, and the A/B's second arm (`ab_arm` other than None and "baseline") decides which
+    configuration stays serving. Its points and depth points are returned for the notebook to keep under
+    `bench_root`'s bench/ (the run dir, or the A/B baseline arm's own dir: run.bench_root); `earlier`: the earlier
+    run's sweep to compare with (records.earlier.earlier_sweep through run.earlier_sweep(); None: there is none)."""
     s = preview.settings
     target = preview.target or target_of(ctx.handoffs.need(Endpoint))
     model = preview.model or ctx.handoffs.need(ModelFacts)
@@ -216,33 +222,34 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
     with Progress("benchmark sweep", total=len(s.concurrency), unit=" points") as progress:
         out.points = sweep.run_sweep(target, s, on_point=lambda p: progress.advance(
             note=f"c={p.result.max_concurrency}: {p.result.output_throughput:.0f} tok/s"), nodes=list(ctx.cluster))
-    out.paths = sweep.save(bench_root, out.points, target, s, s.clients)
-    out.depth, path = _depths(ctx, target, s, bench_root)
-    out.depth_file = os.path.relpath(path, ctx.run_dir) if path else None
-    out.bench_dir = os.path.relpath(out.paths[0].parent, ctx.run_dir)
-    out.results = read_points(bench_root)
+    out.results = sweep.saved_points(out.points, target, s, s.clients)
+    out.paths = [rundir.point_file(bench_root, r.max_concurrency) for r in out.results]
+    out.bench_dir = os.path.relpath(bench_root / rundir.BENCH, ctx.run_dir)
+    out.depth = _depths(ctx, target, s)
+    out.depth_file = os.path.relpath(depthsweep.depth_file(bench_root), ctx.run_dir) if out.depth else None
     out.stalls = tables.stall_rows(out.results)
     out.event("bench_stalls", out.stalls)
     out.checks = tables.cross_check_rows(out.points, s)
     out.event("bench_cross_check", out.checks)
     roof = _roofline(ctx, model, out)
     out.fabric = fabric.beside_decode(preview.proof, out.single.median_tpot_ms if out.single else None)
-    out.earlier_dir, out.looked_in = rundir.earlier_run(ctx.run_dir), ctx.run_dir.parent
-    earlier = read_points(out.earlier_dir) if out.earlier_dir else []
-    out.figures = {"throughput.png": plot.throughput_figure(out.results, out.ceilings, earlier),
+    compared = earlier if ab_arm != BASELINE else None
+    out.earlier_dir, out.looked_in = compared.earlier.run_dir if compared else None, ctx.run_dir.parent
+    out.figures = {"throughput.png": plot.throughput_figure(out.results, out.ceilings,
+                                                            compared.earlier.points if compared else []),
                    "latency.png": plot.latency_figure(out.results)}
     if out.depth is not None and out.depth.points:
         out.figures["depth.png"] = plot.depth_figure(out.depth)
     out.load_generators = out.decide(sweep.load_generator_verdict(out.points, s.clients))
-    out.comparison = compare_dirs(out.earlier_dir, ctx.run_dir) if out.earlier_dir else None
+    out.comparison = compared.compared(out.results, out.depth) if compared else None
     deltas = out.comparison.deltas if out.comparison else []
-    out.summary = sweep.summary(out.results, roof, out.paths[0].parent, out.earlier_dir, deltas, out.depth,
+    out.summary = sweep.summary(out.results, roof, bench_root / rundir.BENCH, out.earlier_dir, deltas, out.depth,
                                 out.comparison.depth_deltas if out.comparison else [])
     out.handoffs.append(out.summary)
     if out.summary.failed_requests:
         out.error = FailedRequests(FAILED)
         return out
-    if _soak(ctx, target, out):
+    if _soak(ctx, target, out, bench_root / rundir.BENCH):
         return out
     out.ab = ab_second_arm(ctx, out.results, ab_arm)
     if out.ab is not None:
@@ -251,18 +258,16 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
     return out
 
 
-def _depths(ctx: Context, target: CompletionsServer, s: BenchmarkSettings,
-            bench_root: Path) -> tuple[DepthSweep | None, Path | None]:
-    """The context-depth axis and the prefix-cache pair on the server the sweep warmed, saved as bench/depth.json
-    (nothing where benchmark.depths is []); the server's argv (05's, the head's) says whether prefix caching is on."""
+def _depths(ctx: Context, target: CompletionsServer, s: BenchmarkSettings) -> DepthSweep | None:
+    """The context-depth axis and the prefix-cache pair on the server the sweep warmed (None where
+    benchmark.depths is []); the server's argv (05's, the head's) says whether prefix caching is on."""
     if not s.depths:
-        return None, None
+        return None
     endpoint = ctx.handoffs.get(Endpoint)
     argv = endpoint.commands.get(ctx.head.name, []) if endpoint is not None else []
     with Progress("context depths", total=len(s.depths) + (max(s.depths) > 0), unit=" requests") as progress:
-        found = depth.measure(target, s, sweep.prompt_pool(target), argv, on_step=lambda note: progress.advance(
+        return depth.measure(target, s, sweep.prompt_pool(target), argv, on_step=lambda note: progress.advance(
             note=note))
-    return found, depthsweep.write(bench_root, found)
 
 
 def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:
@@ -280,9 +285,10 @@ def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:
     return out.roof
 
 
-def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome) -> bool:
-    """The soak after the sweep, its report handed on and recorded; True where it failed (the outcome's error)."""
-    out.soak = run_soak(ctx, target, out.paths[0].parent, out.ab_arm)
+def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome, bench_dir: Path) -> bool:
+    """The soak after the sweep (its series in `bench_dir`), its report handed on and recorded; True where it failed
+    (the outcome's error)."""
+    out.soak = run_soak(ctx, target, bench_dir, out.ab_arm)
     if out.soak.skipped:
         return False
     report = out.soak.report()

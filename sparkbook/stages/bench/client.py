@@ -205,7 +205,7 @@ async def _load(target: CompletionsServer, prompts: list[Prompt], output_len: in
     return LoadResult(list(records), started, finished, time.thread_time() - cpu0, chunks)
 
 
-async def _prefill_groups(target: CompletionsServer, groups: list[list[Prompt]], companion: Prompt | None,
+async def _send_prefill_groups(target: CompletionsServer, groups: list[list[Prompt]], companion: Prompt | None,
                           companion_len: int) -> list[RequestRecord]:
     """Each group's prompts sent together for one output token (prefill only), one group after another; with a
     `companion`, one sequence decodes beside them throughout (re-sent when it ends, cancelled after the last group;
@@ -267,10 +267,10 @@ def run_load(target: CompletionsServer, prompts: list[Prompt], output_len: int, 
     return _run(_load(target, prompts, output_len, concurrency, start_at), timeout_s)
 
 
-def prefill_groups(target: CompletionsServer, groups: list[list[Prompt]], timeout_s: float,
+def send_prefill_groups(target: CompletionsServer, groups: list[list[Prompt]], timeout_s: float,
                    companion: Prompt | None = None, companion_len: int = 2) -> list[RequestRecord]:
-    """Prefill-only groups (see _prefill_groups), bounded by `timeout_s`: what they return is not measured."""
-    return _run(_prefill_groups(target, groups, companion, companion_len), timeout_s)
+    """Prefill-only groups (see _send_prefill_groups), bounded by `timeout_s`: what they return is not measured."""
+    return _run(_send_prefill_groups(target, groups, companion, companion_len), timeout_s)
 
 
 def run_load_on_engine(target: dict[str, Any], prompts: list[Prompt], output_len: int, concurrency: int,

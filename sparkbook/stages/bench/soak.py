@@ -315,7 +315,7 @@ def skipped(settings: SoakSettings, ab_arm: str | None) -> str | None:
     return None
 
 
-def run(ctx: Context, target: CompletionsServer, bench_dir: Path, ab_arm: str | None) -> SoakResult:
+def run_soak(ctx: Context, target: CompletionsServer, bench_dir: Path, ab_arm: str | None) -> SoakResult:
     """The soak under the params (skipped where soak_s is 0 and in the A/B's baseline arm), its series written to
     bench_dir/soak.json; ended early by the verdict, the load stopped before it returns."""
     s = ctx.params.benchmark

@@ -1,4 +1,5 @@
-"""The benchmark stage: warm-up, a concurrency sweep from one or several load generators, results on disk.
+"""The benchmark stage: warm-up, a concurrency sweep from one or several load generators, the points as their
+files hold them (the notebook writes them).
 
 Each sweep point: warm-up requests (not counted; distinct prompts at the point's concurrency) → scrape /metrics →
 `repeats` loads of fresh prompts → scrape again → the median and spread of the repeats' summaries with
@@ -30,12 +31,12 @@ from ...core.analysis.benchstats import (
     find_stall,
     known_bandwidth_gbs,
     median_ttft_ms,
+    prefill_group_sizes,
     prometheus_totals,
     prompt_seed,
     repeat_figures,
     summarize,
 )
-from ...core.analysis.benchstats import prefill_groups as group_sizes
 from ...core.analysis.depthsweep import DepthDelta, DepthSweep
 from ...core.analysis.depthsweep import failed as failed_depth_requests
 from ...core.cluster.nodes import Node
@@ -45,16 +46,16 @@ from ...core.values.evidence import Decision
 from ...core.values.handoff import BenchDepth, BenchmarkSummary, BenchPoint, PrefixCacheFigure
 from ...core.values.params import BenchmarkSettings
 from ...core.values.stagelist import BENCH
-from ...core.values.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint, write_point
+from ...core.values.sweeppoint import GpuClocks, Speculation, Stall, SweepPoint
 from .client import (
     CompletionsServer,
     LoadResult,
     Prompt,
     make_prompts,
     metrics_page,
-    prefill_groups,
     run_load,
     run_load_on_engine,
+    send_prefill_groups,
     text_prompts,
     tokenize,
 )
@@ -146,18 +147,18 @@ def prompt_pool(target: CompletionsServer) -> list[int]:
 def warm_up(target: CompletionsServer, settings: BenchmarkSettings, pool: list[int], concurrency: int,
             timeout_s: float) -> None:
     """The point's warm-up, not counted, every prompt distinct and none shared with a measured repeat, never more
-    than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_groups), then
+    than `concurrency` in flight: prefill-only groups of 1 .. concurrency prompts (benchstats.prefill_group_sizes), then
     of 1 .. concurrency - 1 beside one decoding sequence (the other parity of a step's token count), then
     warmup_count full-length requests `concurrency` at a time."""
-    alone = group_sizes(settings, concurrency)
+    alone = prefill_group_sizes(settings, concurrency)
     if not alone:
         return
     beside = [k for k in alone if k < concurrency]
     ids = iter(make_prompts(pool, sum(alone) + sum(beside) + 1, settings.input_len, prompt_seed(concurrency, -2)))
     companion = next(ids)
-    prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
+    send_prefill_groups(target, [[next(ids) for _ in range(k)] for k in alone], timeout_s)
     if beside:
-        prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
+        send_prefill_groups(target, [[next(ids) for _ in range(k)] for k in beside], timeout_s, companion=companion,
                        companion_len=settings.output_len)
     prompts = text_prompts(target, pool, warmup_count(settings, concurrency), settings.input_len,
                            seed=prompt_seed(concurrency, -1))
@@ -271,7 +272,7 @@ def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7)
                     f"above {clients} and compare", evidence=evidence)
 
 
-# --- results on disk -----------------------------------------------------------------------------
+# --- results as their files hold them ---------------------------------------------------------------------
 def saved_point(point: Point, target: CompletionsServer, settings: BenchmarkSettings, clients: int) -> SweepPoint:
     """The point as `vllm bench serve --save-result` writes it (same names), plus sparkbook's extras."""
     ok = [r for r in point.records if r.ok]
@@ -295,10 +296,10 @@ def saved_point(point: Point, target: CompletionsServer, settings: BenchmarkSett
     })
 
 
-def save(run_dir: Path, points: list[Point], target: CompletionsServer, settings: BenchmarkSettings,
-         clients: int) -> list[Path]:
-    """bench/c<concurrency>.json per point in the run dir."""
-    return [write_point(run_dir, saved_point(point, target, settings, clients)) for point in points]
+def saved_points(points: list[Point], target: CompletionsServer, settings: BenchmarkSettings,
+                 clients: int) -> list[SweepPoint]:
+    """Every point as its bench/c<concurrency>.json holds it, by concurrency (the notebook writes them)."""
+    return sorted((saved_point(p, target, settings, clients) for p in points), key=lambda p: p.max_concurrency)
 
 
 # --- the summary other notebooks read -----------------------------------------------------------------

@@ -2,23 +2,24 @@
 layerdelta), and put the model on every node (modelcopy); a moving tag and the pull (tags).
 
 The front door: `preview(ctx)` (the model target, the nodes' facts, the candidates in the order 03 probes them, the
-policy and the installed image, the copy plan of the candidate tried first; read-only probes, no probe container)
-and `run(ctx, preview)`, which probes, decides, distributes and copies the model, and returns its evidence."""
+policy and the installed image, the copy plan and the facts of the candidate tried first: read-only probes and one
+throwaway container of that candidate, as 03 probes each) and `run(ctx, preview)`, which probes, decides,
+distributes and copies the model, and returns its evidence."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import NodeError
 from ...core.values import rundir
 from ...core.values.errors import SparkbookError
-from ...core.values.evidence import Decision, Shown, StageOutcome
+from ...core.values.evidence import Decision, ProbedBefore, Shown, StageOutcome
 from ...core.values.handoff import Diagnosis, ImageChoice
 from ...core.values.modelinfo import ModelFacts
-from ...core.values.params import DockerRuntime
 from ...core.values.state import Handoff
 from . import choice, distribute, modelcopy, tags
-from .choice import Candidate, ModelTarget
+from .choice import Candidate, ImageFacts, ModelTarget
 from .distribute import Distribution, ImageCopyPlan
 from .modelcopy import ModelCopy
 from .tags import Pulled, TagHistory
@@ -29,8 +30,9 @@ from .tags import Pulled, TagHistory
 class ImagesPreview:
     """What 03 would do: the model it probes for, what the nodes need (compute capabilities, CPU architectures),
     the candidates in the order it probes them (pulled first where runtime.pull), the policy and the installed
-    image it decides by, and the copy plan of the candidate it tries first; `assumed` is that candidate as an
-    ImageChoice (03 chooses by probing: `sparkbook plan` shows the stages after it for this one)."""
+    image it decides by, and the copy plan and facts of the candidate it tries first; `assumed` is that candidate
+    as an ImageChoice (03 chooses by probing: `sparkbook plan` shows the stages after it for this one), its vLLM and
+    Ray as its facts read them, unknown (None) where it was not probed (first_facts says why)."""
 
     target: ModelTarget
     capabilities: dict[str, list[str]]
@@ -43,6 +45,8 @@ class ImagesPreview:
     copy: ImageCopyPlan | None  # None: no copy plan, `copy_unknown` says why
     copy_unknown: str | None
     head: str
+    facts: ImageFacts | None  # the first candidate's, probed on the head; None: `facts_unknown` says why
+    facts_unknown: str | None
     assumed: tuple[Handoff, ...] = ()
 
     @property
@@ -54,7 +58,8 @@ class ImagesPreview:
                 Shown(f"Candidates, in the order 03 probes them on {self.head}", self.candidate_rows()),
                 Shown("Image policy", {"runtime.image_policy": self.policy,
                                        "installed image": self.installed or f"none: {self.no_installed}"}),
-                *self.copy_shown(), Shown("What 03 hands on, as far as the preview tells", self.assumed_text())]
+                *self.copy_shown(), self.facts_shown(),
+                Shown("What 03 hands on, as far as the preview tells", self.assumed_text())]
 
     def target_row(self) -> dict[str, object]:
         caps = str(self.capabilities or "no GPUs in params: no CUDA architecture check")
@@ -72,6 +77,15 @@ class ImagesPreview:
                       [{"node": n, "holds": held or "nothing", "action": "copy from the head over the fabric"
                         if n in p.to_copy else "already held: nothing copied"} for n, held in p.held.items()])]
 
+    def facts_shown(self) -> Shown:
+        f = self.facts
+        title = f"What {self.first} holds (a throwaway container of it on {self.head}, as 03 probes it)"
+        if f is None:
+            return Shown(title, f"not known: {self.facts_unknown}")
+        torch = f"{f.torch_version} ({f.torch_cuda or 'cpu'})" if f.torch_version else "none"
+        return Shown(title, {"vLLM": f.vllm_version or "none: 03 finds it unusable", "torch (CUDA)": torch,
+                             "Ray": f.ray or "none (the module and the ray CLI)"})
+
     def assumed_text(self) -> str:
         held = f"the head holds it as {self.copy.image_id[:19]}" if self.copy else "its ID is not known yet"
         return (f"03 chooses by probing every candidate (runtime.image_policy {self.policy}); {self.first} is the "
@@ -88,16 +102,27 @@ def preview(ctx: Context) -> ImagesPreview:
     policy, installed = choice.image_policy(ctx, probed.image if probed else None)
     refs = choice.candidate_refs(ctx)
     plan, unknown = copy_plan(ctx, refs[0])
-    first = ImageChoice(ref=refs[0], id=plan.image_id if plan else None, vllm_version=None, ray_version=None,
-                        nodes={})
-    return ImagesPreview(target, choice.compute_capabilities(ctx), choice.node_machines(ctx), refs, pulls(ctx),
+    facts, facts_unknown = first_facts(ctx, refs[0])
+    return ImagesPreview(target, choice.compute_capabilities(ctx), choice.node_machines(ctx), refs, ctx.images.pulls,
                          policy, installed, None if installed else ctx.images.no_installed_reason(), plan, unknown,
-                         ctx.head.name, (first,))
+                         ctx.head.name, facts, facts_unknown, (first_choice(refs[0], facts, plan),))
 
 
-def pulls(ctx: Context) -> bool:
-    """Whether 03 pulls every candidate on the head first (runtime.pull; Docker only)."""
-    return isinstance(ctx.params.runtime, DockerRuntime) and ctx.params.runtime.pull
+def first_facts(ctx: Context, ref: str) -> tuple[ImageFacts | None, str | None]:
+    """(The facts of the candidate 03 tries first, None), probed as 03 probes it (a throwaway container on the
+    head); or (None, why not): the head does not hold it yet, or its probe did not answer."""
+    lacking = ctx.runtime.lacks(ctx.head, ref)
+    if lacking is not None:
+        return None, f"{ctx.head.name} {lacking}" + ("; 03 pulls it before its probes" if ctx.images.pulls else "")
+    facts = choice.probe_facts(ctx, ref)
+    return (None, f"its probe did not answer: {facts.error}") if facts.error else (facts, None)
+
+
+def first_choice(ref: str, facts: ImageFacts | None, plan: ImageCopyPlan | None) -> ImageChoice:
+    """The candidate 03 tries first as the ImageChoice it would hand on: its vLLM and Ray as probed (both None
+    where it was not: not known, see ImageChoice.probed); its ID where the head holds it."""
+    return ImageChoice(ref=ref, id=plan.image_id if plan else None, vllm_version=facts.vllm_version if facts else None,
+                       ray_version=facts.ray if facts else None, nodes={})
 
 
 def copy_plan(ctx: Context, ref: str) -> tuple[ImageCopyPlan | None, str | None]:
@@ -171,10 +196,11 @@ class ImagesOutcome(StageOutcome):
                                                    f"{self.copied.message}; model: {self.model_copy.message}"))]
 
 
-def run(ctx: Context, preview: ImagesPreview) -> ImagesOutcome:
+def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, ProbedBefore]) -> ImagesOutcome:
     """Pull (runtime.pull), probe every candidate, decide by the preview's policy, put the chosen image on every
     node and the model beside it, and hand on the ImageChoice. A failure ends it as outcome.error, after the
-    evidence gathered so far."""
+    evidence gathered so far. `probed_before`: the image ID earlier runs probed under each candidate's name
+    (records.earlier.probed_before; the notebook's `run.probed_before(preview.candidates)`), so a moved tag warns."""
     out = ImagesOutcome(head=preview.head)
     if preview.pull:
         out.pulled = tags.pull(ctx, preview.candidates)
@@ -185,7 +211,7 @@ def run(ctx: Context, preview: ImagesPreview) -> ImagesOutcome:
         out.event("image_probe", candidate)
     out.logs = choice.inspection_logs(out.candidates)
     evidence = [str(ctx.run_dir / rundir.LOGS / name) for name in out.logs]
-    out.history = tags.tag_history(ctx.run_dir, {c.image: c.facts.image_id for c in out.candidates})
+    out.history = tags.tag_history({c.image: c.facts.image_id for c in out.candidates}, probed_before)
     out.moved = [w for h in out.history.values() if (w := h.warning())]
     try:
         out.error = decide(ctx, preview, out, [*evidence, *out.moved])

@@ -455,9 +455,10 @@ def _older(c: Candidate, chosen: Candidate) -> str:
 
 def image_policy(ctx: Context, recorded: str | None = None) -> tuple[str, str | None]:
     """(runtime.image_policy, the installed image): runtime.installed_image, else the one 02 probed as the old
-    deployment's (`recorded`, found running by 01); the Python runtime has one candidate: `newest`, none."""
+    deployment's (`recorded`, found running by 01) where the source runs images; the Python runtime has one
+    candidate: `newest`, none."""
     source = ctx.images
-    return source.policy, source.installed() or (recorded if ctx.params.runtime.kind == "docker" else None)
+    return source.policy, source.installed(recorded)
 
 
 def keep_installed(usable: list[Candidate], installed: str | None,

@@ -1,6 +1,6 @@
 """What a candidate's name meant before, and fetching candidates where the head has a registry.
 
-    tag_history(run_dir, refs) -> dict[str, TagHistory]   each ref's image ID at the last earlier run that probed it
+    tag_history(ids, before) -> dict[str, TagHistory]     each ref's image ID now and at the last run that probed it
     pull(ctx, refs) -> list[Pulled]                       `docker pull` of each candidate on the head (runtime.pull)
 
 Why: a moving tag (`…:latest`) names another image from one week to the next (hellohal2064/vllm-qwen3.5-gb10:latest
@@ -9,12 +9,11 @@ name without a word. A digest pin (`name@sha256:…`) cannot move.
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from ...core.cluster.context import Context
-from ...core.values.rundir import EVENTS, RUN_ID
+from ...core.values.evidence import ProbedBefore
 
 PULL_TIMEOUT_S = 3600  # a 20 GB image over a slow link
 
@@ -46,36 +45,11 @@ class TagHistory:
                 f"{(self.image_id or '')[:19]}): the tag moved; pin it by digest (name@sha256:...) to keep one image")
 
 
-def tag_history(run_dir: Path, ids: dict[str, str | None]) -> dict[str, TagHistory]:
-    """For each ref (-> its image ID on the head now), the ID the newest earlier sibling run recorded for it."""
-    mine = run_dir.name if RUN_ID.match(run_dir.name) else None
-    earlier = sorted((d for d in run_dir.parent.iterdir() if d.is_dir() and RUN_ID.match(d.name)
-                      and (mine is None or d.name < mine)), key=lambda d: d.name, reverse=True) \
-        if run_dir.parent.is_dir() else []
-    found: dict[str, tuple[str | None, str]] = {}
-    for d in earlier:
-        for ref, image_id in _probed_ids(d).items():
-            found.setdefault(ref, (image_id, d.name))
-        if set(ids) <= set(found):
-            break
-    return {ref: TagHistory(ref, image_id, *found.get(ref, (None, None))) for ref, image_id in ids.items()}
-
-
-def _probed_ids(run_dir: Path) -> dict[str, str | None]:
-    """ref -> image ID of every candidate 03 probed in that run (its image_probe events)."""
-    path = run_dir / EVENTS
-    if not path.is_file():
-        return {}
-    out: dict[str, str | None] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        facts = event.get("data", {}).get("facts") if event.get("kind") == "image_probe" else None
-        if isinstance(facts, dict) and facts.get("image"):
-            out[facts["image"]] = facts.get("image_id")
-    return out
+def tag_history(ids: dict[str, str | None], before: Mapping[str, ProbedBefore]) -> dict[str, TagHistory]:
+    """For each ref (-> its image ID on the head now), the ID the newest earlier run that probed it recorded
+    (`before`: records.earlier.probed_before, handed over by the notebook)."""
+    return {ref: TagHistory(ref, image_id, *((then.image_id, then.run) if (then := before.get(ref)) else (None, None)))
+            for ref, image_id in ids.items()}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """04: the node containers (containers.py), Ray started in them, the join wait and the gate (formation.py), a
 running cluster kept when it is still right (keep.py), and the all_reduce test of the fabric under it
-(allreduce.py). Where vLLM launches its own ranks across the nodes (serve.executor mp, or an image without Ray:
+(fabrictest.py). Where vLLM launches its own ranks across the nodes (serve.executor mp, or an image without Ray:
 topology.without_ray, issue 45) no Ray starts anywhere: the containers, the fabric test and the hand-off alone.
 
 The front door: `preview(ctx)` (per node the container start it would make, its `ray start`, the env names, and
@@ -21,10 +21,11 @@ from ...core.cluster.topology import LiveServer, address, live_server, without_r
 from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, now
 from ...core.values.handoff import ImageChoice, RayCluster
+from ...core.values.params import Params
 from ...core.values.state import Handoff
-from . import allreduce, containers, formation, keep
-from .allreduce import AllReduceTest, FabricVerdict
+from . import containers, fabrictest, formation, keep
 from .containers import NodeContainer, RayStageError
+from .fabrictest import AllReduceTest, FabricVerdict
 from .formation import Gate, Join, RayStart
 from .keep import Reuse
 
@@ -47,7 +48,7 @@ class NodeStart:
 class RayPreview:
     """What 04 would do: from 03's image, per node the container start and `ray start`; whether the running cluster
     is kept instead (then nothing is started); whether the fabric test runs; and the RayCluster it would hand 05
-    (`assumed`: as it would form, before any node has joined)."""
+    (`assumed`: as it would form, before any node has joined; none where whether Ray forms is not known yet)."""
 
     image: ImageChoice
     starts: list[NodeStart]
@@ -56,7 +57,8 @@ class RayPreview:
     address: str | None  # None: no Ray (no_ray says why)
     assumed: tuple[Handoff, ...] = ()
     live: LiveServer | None = None  # the server the containers 04 would replace still serve (None: none answers)
-    no_ray: str | None = None  # why no Ray forms (topology.without_ray); None: Ray forms
+    no_ray: str | None = None  # why no Ray forms (topology.without_ray); None: Ray forms, or ray_unknown
+    ray_unknown: str | None = None  # why it is not known whether Ray forms (ray_unknown); None: known
 
     @property
     def specs(self) -> dict[str, StartSpec]:
@@ -65,14 +67,35 @@ class RayPreview:
     def shown(self) -> list[Shown]:
         kept = ("kept: the running cluster is still right, nothing is started" if self.kept.ok
                 else f"started anew: {self.kept.reason}")
-        return [Shown("Image (03)", {"image": self.image.ref, "id": self.image.id, "vLLM": self.image.vllm_version,
-                                     "Ray": self.image.ray_version}),
-                Shown(f"Node containers and Ray (Ray address {self.address})" if self.no_ray is None else
-                      f"Node containers, no Ray: {self.no_ray}", [s.row() for s in self.starts]),
+        return [Shown("Image (03)", self.image_row()), Shown(self.starts_title(), [s.row() for s in self.starts]),
                 Shown("The running cluster", kept),
                 *([Shown("A live server in the containers 04 would replace", replacing(self.live, self.kept))]
                   if self.live and not self.kept.ok else []),
                 Shown("Fabric test", f"skipped: {self.skip}" if self.skip else "all_reduce across the nodes")]
+
+    def image_row(self) -> dict[str, str]:
+        """03's image; what is not known before 03 probes it says so (a plan before a first run)."""
+        c, unknown = self.image, "not known: 03's probe of it tells"
+        return {"image": c.ref, "id": c.id or "not known: 03 puts it on the nodes",
+                "vLLM": c.vllm_version or unknown,
+                "Ray": (c.ray_version or "none") if c.probed else unknown}
+
+    def starts_title(self) -> str:
+        if self.ray_unknown is not None:
+            return f"Node containers, Ray not known yet: {self.ray_unknown}"
+        if self.no_ray is not None:
+            return f"Node containers, no Ray: {self.no_ray}"
+        return f"Node containers and Ray (Ray address {self.address})"
+
+
+def ray_unknown(params: Params, choice: ImageChoice) -> str | None:
+    """Why it is not known whether 04 forms Ray: the params leave it to the image's Ray (topology.without_ray)
+    and its probe did not answer (`sparkbook plan` before a first run); None: known."""
+    leaves_it_to_the_image = params.serve.layout != "replicas" and params.serve.executor is None
+    if choice.probed or not leaves_it_to_the_image:
+        return None
+    return (f"serve.executor is unset and whether {choice.ref} has Ray is not known until 03 probes it: with Ray, "
+            "each node's `ray start` below runs; without, 05 serves with vLLM's own multi-node launch")
 
 
 def preview(ctx: Context) -> RayPreview:
@@ -80,15 +103,16 @@ def preview(ctx: Context) -> RayPreview:
     previous run left is kept (read-only: the daemons, the containers and Ray are asked, nothing is started)."""
     choice = ctx.handoffs.need(ImageChoice)
     ctx = ctx.with_image(choice.ref)
-    no_ray = without_ray(ctx.params, choice.ray_version)
+    unknown = ray_unknown(ctx.params, choice)
+    no_ray = None if unknown else without_ray(ctx.params, choice.ray_version)
     specs = containers.start_specs(ctx)
     starts = [NodeStart(specs[n.name], [] if no_ray else formation.ray_argv(ctx.params, n)) for n in ctx.params.nodes]
-    forms = RayCluster(address=None if no_ray else address(ctx.params),
+    forms = RayCluster(address=None if no_ray or unknown else address(ctx.params),
                        containers={n: p.name for n, p in ctx.places.items()}, reused=False, container_ids={}, nodes=[])
     keeping = kept(ctx, choice.id, ray=no_ray is None)
     live = None if keeping.ok else live_server(ctx.params, ctx.cluster, ctx.runtime)
-    return RayPreview(choice, starts, keeping, allreduce.single_rank(ctx.params), forms.address, (forms,), live,
-                      no_ray)
+    return RayPreview(choice, starts, keeping, fabrictest.single_rank(ctx.params), forms.address,
+                      () if unknown else (forms,), live, no_ray, unknown)
 
 
 def replacing(live: LiveServer, keeping: Reuse) -> str:
@@ -166,8 +190,8 @@ class RayOutcome(StageOutcome):
         if test is None or verdict is None:
             return self._stopped("Fabric test")
         return [Shown(f"all_reduce across {test.world} ranks ({test.backend}; {test.versions}), {test.seconds:.1f} s; "
-                      f"limits: {verdict.limits.why}", allreduce.rows(test, verdict)),
-                Shown("Transport per node and measured links", allreduce.transport_rows(test))]
+                      f"limits: {verdict.limits.why}", fabrictest.rows(test, verdict)),
+                Shown("Transport per node and measured links", fabrictest.transport_rows(test))]
 
     def ray_shown(self) -> list[Shown]:
         if self.ray is None:
@@ -198,7 +222,7 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
     and hand on the RayCluster (and the fabric's figures). Containers that hold a live server are replaced only with
     confirm_replace, as 05 replaces a server (issue 40): without it nothing is touched; with it they are stopped and
     kept aside (event `containers_set_aside`) until 05's server answers, and a failure in 04 or 05 brings them back
-    with their plan (runbook.rollback). A failure ends it as outcome.error, after the evidence gathered so far."""
+    with their plan (runbook.fallback). A failure ends it as outcome.error, after the evidence gathered so far."""
     ctx = ctx.with_image(preview.image.ref)
     out = RayOutcome(kept=preview.kept, skip=preview.skip, no_ray=preview.no_ray)
     out.decide(ray_decision(preview))
@@ -291,14 +315,14 @@ def _without_ray(ctx: Context, preview: RayPreview, out: RayOutcome, stopped_ser
 def fabric(ctx: Context, preview: RayPreview, out: RayOutcome) -> SparkbookError | None:
     """The all_reduce test (or the decision to skip it), its figure and FabricProof; the failed verdict's error."""
     if preview.skip:
-        out.decide(allreduce.skip_decision(ctx.params, preview.skip))
+        out.decide(fabrictest.skip_decision(ctx.params, preview.skip))
         return None
-    test = out.test = allreduce.run_allreduce(ctx)
-    verdict = out.verdict = allreduce.verdict(ctx.params, test)
-    out.event(allreduce.EVENT, test)
+    test = out.test = fabrictest.run_allreduce(ctx)
+    verdict = out.verdict = fabrictest.verdict(ctx.params, test)
+    out.event(fabrictest.EVENT, test)
     out.event("fabric_verdict", verdict)
-    out.figures = {"fabric-allreduce.png": allreduce.figure(test, verdict)}
+    out.figures = {"fabric-allreduce.png": fabrictest.figure(test, verdict)}
     if not verdict.ok:
-        return allreduce.FabricTestFailed(verdict)
-    out.handoffs.append(allreduce.proof(test))  # 06 sets these figures beside its decode time
+        return fabrictest.FabricTestFailed(verdict)
+    out.handoffs.append(fabrictest.proof(test))  # 06 sets these figures beside its decode time
     return None

@@ -93,7 +93,7 @@ def start_containers(ctx: Context, specs: dict[str, StartSpec], image_id: str | 
 
 def set_aside(ctx: Context) -> list[str]:
     """Stop every node's container and keep it aside (runtime.aside's name) until the server 05 starts in their
-    successors answers; a failure in 04 or 05 brings them back (runbook.rollback). Names of the nodes that had one."""
+    successors answers; a failure in 04 or 05 brings them back (runbook.fallback). Names of the nodes that had one."""
     outcomes = ctx.cluster.fan_out(lambda n: ctx.runtime.set_aside(n, ctx.places[n.name]))
     return [name for name, found in zip(outcomes, outcomes.values_or_raise(RayStageError), strict=True) if found]
 

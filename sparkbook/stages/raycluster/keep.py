@@ -57,7 +57,7 @@ class Reuse:
 def _existing(params: Params, runtime: Runtime, node: Node, place: Place, image_id: str) -> tuple[NodeContainer, str]:
     """This node's container as it runs now, checked against what start_containers would make."""
     found = runtime.existing(node, place)
-    what = f"container {place.name}" if params.runtime.kind == "docker" else f"process dir {place.name}"
+    what = f"{runtime.place_word} {place.name}"
     if found is None:
         raise RayStageError(f"has no {what}")
     if found.status != "running":

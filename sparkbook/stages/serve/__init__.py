@@ -3,7 +3,7 @@ replicas.py), launch and readiness (launch.py), a server kept when it already
 serves this plan (reuse.py), a live server of another plan replaced only as a decision (replace.py) and relaunched
 when the new plan fails (rollback.py), memory before the launch (memory.py), the bring-up with its remediated
 retries (bringup.py, failures.py), the serving processes' env (environ.py), the smoke test (smoke.py), the answers
-checked at depth against the reference of this model and plan (quality.py, on core.quality).
+checked at depth against the reference of this model and plan (answers.py, on core.analysis.quality).
 
 The front door: `preview(ctx)` (the image, the executor, each node's exact `vllm serve`, what a replacement would
 change; read-only probes) and `run(ctx, preview, ...)`, which does the stage in order and returns its evidence."""
@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from ...core.analysis.quality import Reference
 from ...core.cluster.context import Context
 from ...core.cluster.progress import Progress
 from ...core.cluster.topology import cache_dir
@@ -22,14 +23,14 @@ from ...core.values.evidence import Decision, Shown, StageOutcome, tail
 from ...core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from ...core.values.modelinfo import ModelFacts, utilization_floor
 from ...core.values.state import Handoff
-from . import bringup, commands, endpoints, environ, memory, quality, replace, replicas, reuse, rollback, smoke
+from . import answers, bringup, commands, endpoints, environ, memory, replace, replicas, reuse, rollback, smoke
+from .answers import AnswerChecks
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
 from .endpoints import ClientAddress
 from .environ import NodeEnviron
 from .launch import BringUp
 from .memory import BeforeLaunch
-from .quality import Quality
 from .replace import Replacement
 from .rollback import Rollback
 from .smoke import Smoke
@@ -76,9 +77,9 @@ class ServePreview:
                 "compile caches (vLLM, Triton, Inductor, FlashInfer)": self.caches}
 
     def executor_row(self) -> dict[str, object]:
-        return {"platform": self.platform.device, "vllm": self.platform.vllm, "torch": self.platform.torch,
-                "visible GPUs": self.platform.gpus, "executor": self.executor_decision.choice,
-                "why": self.executor_decision.reason}
+        p = self.platform
+        return {"platform": p.device, **({"asked": p.asked} if p.asked else {}), "vllm": p.vllm, "torch": p.torch,
+                "visible GPUs": p.gpus, "executor": self.executor_decision.choice, "why": self.executor_decision.reason}
 
     def commands_title(self) -> str:
         model = "" if self.model else (f" (model dir: params' own, no ModelFacts of {ModelFacts.notebook} in this "
@@ -109,8 +110,8 @@ def preview(ctx: Context) -> ServePreview:
     floor = _floor(ctx, model, diagnosis)
     endpoint = bringup.planned_endpoint(serve_plan, endpoints.client_addresses(ctx.params))
     return ServePreview(choice, ctx.handoffs.get(RayCluster), model, diagnosis, platform, executor, decision,
-                        serve_plan, floor, replace.pending(ctx, serve_plan), cache_dir(ctx.params), (endpoint,),
-                        quality.planned(ctx, serve_plan))
+                        serve_plan, floor, replace.server_to_replace(ctx, serve_plan), cache_dir(ctx.params),
+                        (endpoint,), answers.planned(ctx, serve_plan))
 
 
 def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str, Decision, ServePlan]:
@@ -147,10 +148,15 @@ class ServeOutcome(StageOutcome):
     rolled_back: Rollback | None = None
     found_env: list[NodeEnviron] | None = None
     smoke: list[Smoke] | None = None
-    quality: Quality | None = None
-    quality_off: bool = False  # serve.quality.enabled is false: nothing checked, said so
+    answers: AnswerChecks | None = None
+    answers_off: bool = False  # serve.quality.enabled is false: nothing checked, said so
     endpoint: Endpoint | None = None
     addresses: list[ClientAddress] = field(default_factory=list)
+
+    @property
+    def new_reference(self) -> Reference | None:
+        """The reference this run's answers make, for the notebook to keep (None: one was there, or none passed)."""
+        return self.answers.new_reference if self.answers else None
 
     def _stopped(self, title: str) -> list[Shown]:
         """A step 05 did not reach or that stopped it: why (the record cell raises it)."""
@@ -216,11 +222,11 @@ class ServeOutcome(StageOutcome):
                                       "seconds": round(s.seconds, 1), "tokens": s.completion_tokens,
                                       "verdict": s.problem or "ok"} for s in self.smoke])]
 
-    def quality_shown(self) -> list[Shown]:
+    def answers_shown(self) -> list[Shown]:
         title = "Answers checked at depth"
-        if self.quality_off:
+        if self.answers_off:
             return [Shown(title, "not checked: serve.quality.enabled is false")]
-        q = self.quality
+        q = self.answers
         if q is None:
             return self._stopped(title)
         r = q.report
@@ -248,7 +254,7 @@ class ServeOutcome(StageOutcome):
                                      if e.seconds_without_service is not None else "none: nothing was serving",
                                      "attempts": e.attempts,
                                      "smoke test": "passed: " + ", ".join(s.kind for s in self.smoke),
-                                     "answers checked": self.quality.summary() if self.quality
+                                     "answers checked": self.answers.summary() if self.answers
                                      else "not checked (serve.quality.enabled is false)"})]
 
 
@@ -277,7 +283,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
         _smoke(ctx, outcome, up)
-        key = _quality(ctx, preview, outcome, up)
+        key = _check_answers(ctx, preview, outcome, up)
         _drop_aside(ctx, preview, outcome)
         outcome.addresses = endpoints.client_addresses(ctx.params)
         outcome.endpoint = bringup.endpoint(up, outcome.addresses).model_copy(update={"quality_key": key})
@@ -358,7 +364,7 @@ def _started(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: Bri
                          + ("the driver brings them back with the plan they served" if
                             ctx.params.serve.rollback_on_failure else "serve.rollback_on_failure is false"))
     if outcome.replaced is not None and ctx.params.serve.rollback_on_failure:
-        back = rollback.roll_back(ctx, outcome.replaced, up, failure)
+        back = rollback.relaunch_replaced(ctx, outcome.replaced, up, failure)
         outcome.rolled_back = back
         outcome.event("serve_rollback", back.event())
         outcome.decide(back.decision())
@@ -394,20 +400,20 @@ def _smoke(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
     smoke.check_smoke(outcome.smoke)
 
 
-def _quality(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: BringUp) -> str | None:
+def _check_answers(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: BringUp) -> str | None:
     """The answers checked at depth (a reused server too: what serves is what is checked), and the reference key
     they passed against (06 checks again after its soak; None: not checked); ServeError naming the prompt and
     position where the answers are lost or disagree with this model and plan's reference."""
     running = up.launched.plan
     if not ctx.params.serve.quality.enabled:
-        outcome.quality_off = True
+        outcome.answers_off = True
         outcome.event("quality_check", {"checked": False, "why": "serve.quality.enabled is false"})
         return None
     asked = dataclasses.replace(running, settings=running.settings.model_copy(
         update={"quality": ctx.params.serve.quality, "smoke": ctx.params.serve.smoke}))
-    key, reference = quality.reference_for(ctx, asked)
-    outcome.decide(quality.decision(ctx, asked, preview.image.ref, reference, key))
-    outcome.quality = quality.run_checks(ctx, asked, preview.image.ref, key, reference)
-    outcome.event("quality_check", outcome.quality.event())
-    quality.check_quality(outcome.quality)
+    key, reference = answers.reference_for(ctx, asked)
+    outcome.decide(answers.decision(ctx, asked, preview.image.ref, reference, key))
+    outcome.answers = answers.run_checks(ctx, asked, preview.image.ref, key, reference)
+    outcome.event("quality_check", outcome.answers.event())
+    answers.check_answers(outcome.answers)
     return key

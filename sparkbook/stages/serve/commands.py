@@ -5,13 +5,17 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ...core.cluster import probes
+from ...core.cluster import imageprobes, probes
 from ...core.cluster.context import Context
+from ...core.cluster.nodes import Node, Result
+from ...core.cluster.runtime import Place
 from ...core.cluster.topology import address
 from ...core.values.errors import ProbeOutputError, SparkbookError
-from ...core.values.evidence import Alternative, Decision
+from ...core.values.evidence import Alternative, Decision, NotKnownYet
 from ...core.values.params import NodeSpec, Params, ServeSettings
 from ...core.values.stagelist import SERVE
+
+PLATFORM_TIMEOUT_S = 120
 
 
 class ServeError(SparkbookError):
@@ -29,6 +33,7 @@ class Platform:
     torch: str | None
     gpus: int
     ray: str | None  # Ray's version where the image has its module and CLI (stock vLLM images since 0.19: None)
+    asked: str | None = None  # where the image was asked (detect_platform); None: not asked here
 
     @property
     def evidence(self) -> list[str]:
@@ -37,22 +42,34 @@ class Platform:
 
 
 def detect_platform(ctx: Context) -> Platform:
-    """Ask the image itself, in the head's place (a `+cpu` vLLM build or no CUDA in torch means the CPU platform);
-    a ServeError where 04 has not started that place yet (`sparkbook plan` before a run reaches 04)."""
+    """Ask the image itself (a `+cpu` vLLM build or no CUDA in torch means the CPU platform): in the head's place
+    where 04 started it, else in a throwaway container of the image on the head, as 03's probes ask (`sparkbook
+    plan` before a first run: nothing on the node changes); NotKnownYet where the head does not hold the image yet."""
     node, place = ctx.head, ctx.place(ctx.head.name)
-    if not ctx.runtime.alive(node, place):
-        raise ServeError(f"{node.name}: {place.name} does not run yet, and 05's command depends on the image's "
-                         "platform, asked inside it: 04 starts it (`sparkbook run PARAMS --to 04`, then `sparkbook "
-                         "plan` shows 05's command)", node=node.name)
-    out = ctx.runtime.exec(node, place, ["python3", "-c", probes.source("vllm_platform")], timeout=120)
+    argv = ["python3", "-c", probes.source("vllm_platform")]
+    if ctx.runtime.alive(node, place):
+        out, asked = ctx.runtime.exec(node, place, argv, timeout=PLATFORM_TIMEOUT_S), f"in {place.name}"
+    else:
+        out = _throwaway(ctx, node, place, argv)
+        asked = f"in a throwaway container of {place.image} on {node.name} ({place.name} does not run yet)"
     try:
         data = probes.parse(out, node=node.name, probe="the image's platform")
     except ProbeOutputError as exc:
-        raise ServeError(f"{node.name}: cannot tell the image's platform (the probe's output has no {exc.missing}, "
-                         f"{exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
+        raise ServeError(f"{node.name}: cannot tell the image's platform, asked {asked} (the probe's output has no "
+                         f"{exc.missing}, {exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
                          node=node.name) from exc
     cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
-    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"], data.get("ray"))
+    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"], data.get("ray"), asked)
+
+
+def _throwaway(ctx: Context, node: Node, place: Place, argv: list[str]) -> Result:
+    """The platform probe in a fresh container of the place's image on the node (imageprobes.in_image, as 03
+    probes), where the node holds the image."""
+    lacking = ctx.runtime.lacks(node, place.image) if place.image else None
+    if lacking is not None:
+        raise NotKnownYet(f"{node.name} {lacking}: 05's command depends on the image's platform, asked inside it "
+                          "once 03 has put the image on the nodes", node=node.name, stage=SERVE.name)
+    return imageprobes.in_image(ctx, node, place.image, argv, {}, PLATFORM_TIMEOUT_S)
 
 
 DEFAULT = "default"  # no --distributed-executor-backend: vLLM's own choice (one rank: its in-process executor)

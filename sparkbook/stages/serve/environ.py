@@ -56,7 +56,7 @@ def expected(params: Params, node: str) -> set[str]:
 def read(ctx: Context, plan: ServePlan) -> list[NodeEnviron]:
     """Each serving node's serving processes and the expected names each lacks, read in parallel. Only in node
     containers: the Python runtime's processes share the node with others (none read, the list is empty)."""
-    if ctx.params.runtime.kind != "docker":
+    if not ctx.runtime.own_place:
         return []
     nodes = [ctx.cluster.nodes[c.node] for c in plan.commands]
 

@@ -52,7 +52,7 @@ def answers(serving: Serving) -> bool:
     return r is not None and r.status_code == 200
 
 
-def pending(ctx: Context, new: ServePlan) -> Replacement | None:
+def server_to_replace(ctx: Context, new: ServePlan) -> Replacement | None:
     """The live server that `new` would replace: recorded in the head's container, started from another plan,
     answering. None when nothing answers there or it serves this very plan (05 keeps it)."""
     serving = read_serving(ctx, new.commands[0].node)

@@ -57,7 +57,7 @@ class Rollback:
         return {f"serve-{node}-rollback.log": text for node, text in self.readiness.tails.items()}
 
 
-def roll_back(ctx: Context, replaced: Replacement, failed: BringUp, new_failure: str) -> Rollback:
+def relaunch_replaced(ctx: Context, replaced: Replacement, failed: BringUp, new_failure: str) -> Rollback:
     """Relaunch the plan that served before `failed` (its processes are already stopped), under the attempt number
     its record names, so a later run's reuse and stop find it; then health, /v1/models and a smoke reply.
     The head's record names the run that started that plan again; a failed rollback is stopped as well."""

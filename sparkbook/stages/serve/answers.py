@@ -1,6 +1,7 @@
 """05's answers checked at depth, after the smoke test: the known answers and the agreement with the reference of
-this model and plan (core.quality, core.qualityapi), as 05's decision and evidence; the first ok run records the
-reference, a later one below serve.quality.min_agreement fails naming the prompt and the first diverging position."""
+this model and plan (core.analysis.quality, core.cluster.qualityapi), as 05's decision and evidence; the first ok run
+returns its greedy tokens as the new reference (the notebook keeps it beside the cluster's runs), a later one below
+serve.quality.min_agreement fails naming the prompt and the first diverging position."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,20 +11,22 @@ import httpx
 
 from ...core.analysis.quality import Reference, answers_verdict, known_answers_skipped, reference_key, settings_shown
 from ...core.cluster.context import Context
-from ...core.cluster.qualityapi import QualityReport, check, load_reference, save_reference
+from ...core.cluster.qualityapi import QualityReport, check, load_reference
 from ...core.values.evidence import Alternative, Decision, now
+from ...core.values.rundir import quality_reference
 from .commands import ServeError, ServePlan
 
 QUESTION = "What are 05's answers checked against?"
 
 
 @dataclass(frozen=True)
-class Quality:
-    """The checks' report, the reference this run recorded (None: it compared with one, or failed), and the
-    failure that stops 05 (None: none)."""
+class AnswerChecks:
+    """The checks' report, the reference this run's greedy tokens make (None: it compared with one, or failed) and
+    where the notebook keeps it, and the failure that stops 05 (None: none)."""
 
     report: QualityReport
-    recorded: Path | None
+    new_reference: Reference | None
+    recorded: Path | None  # outputs/<cluster>/quality/<key>.json, where the session writes new_reference
     problem: str | None
 
     @property
@@ -64,7 +67,7 @@ def model_identity(ctx: Context) -> str:
 def decision(ctx: Context, plan: ServePlan, image: str, reference: Reference | None, key: str) -> Decision:
     """Against what the answers are checked: the reference of an earlier run of this model and plan, or none yet
     (this run's greedy tokens become it when 05 passes)."""
-    evidence = [f"model {model_identity(ctx)}", f"reference key {key} (core.quality.reference_key)",
+    evidence = [f"model {model_identity(ctx)}", f"reference key {key} (core.analysis.quality.reference_key)",
                 *(f"{k}: {v}" for k, v in settings_shown(plan.settings.quality).items())]
     if reference is not None:
         same = "the same image" if reference.image == image else f"image {reference.image} then, {image} now"
@@ -95,8 +98,9 @@ def reference_for(ctx: Context, plan: ServePlan) -> tuple[str, Reference | None]
     return key, load_reference(ctx.run_dir, key)
 
 
-def run_checks(ctx: Context, plan: ServePlan, image: str, key: str, reference: Reference | None) -> Quality:
-    """Both checks against the serving plan's API; the reference recorded where there was none and they passed."""
+def run_checks(ctx: Context, plan: ServePlan, image: str, key: str, reference: Reference | None) -> AnswerChecks:
+    """Both checks against the serving plan's API; this run's greedy tokens returned as the reference where there
+    was none and they passed."""
     settings = plan.settings
     try:
         report = check(plan.base_url, plan.model, settings, key, reference, settings.smoke_tokens())
@@ -105,12 +109,12 @@ def run_checks(ctx: Context, plan: ServePlan, image: str, key: str, reference: R
                          remediation="read the serve log tail in the run's logs/; set serve.quality.enabled: false "
                          "to serve without the checks") from exc
     problem = report.problem(settings.quality.min_agreement)
-    recorded = None
-    if reference is None and problem is None:
-        recorded = save_reference(ctx.run_dir, Reference(key, ctx.run_dir.name, now(), image, report.traces))
-    return Quality(report, recorded, problem)
+    if reference is not None or problem is not None:
+        return AnswerChecks(report, None, None, problem)
+    made = Reference(key, ctx.run_dir.name, now(), image, report.traces)
+    return AnswerChecks(report, made, quality_reference(ctx.run_dir, key), problem)
 
 
-def check_quality(quality: Quality) -> None:
-    if quality.problem:
-        raise ServeError(f"answers checked at depth: {quality.problem}", remediation=quality.remediation)
+def check_answers(checks: AnswerChecks) -> None:
+    if checks.problem:
+        raise ServeError(f"answers checked at depth: {checks.problem}", remediation=checks.remediation)

@@ -1,4 +1,5 @@
-"""The lab's Docker images, built on the builder daemon without any registry.
+"""The lab's Docker images, built on the builder daemon without any registry from the build contexts in
+images/ beside this module.
 
 base (debootstrap + ``docker import``) → torch (/opt/venv + the local CPU torch wheel) → one image per
 vLLM version → the grafted image (old vLLM + the new one's hy_v4 package, multi-stage COPY), and the new

@@ -1,0 +1,60 @@
+"""What the earlier runs of a cluster recorded, read for the stages that set this run beside them: the image ID each
+candidate's name meant to 03, and 06's earlier sweep with the runs of the same setup. The notebook's session hands
+them to the stage, so no stage reads another run's dir."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..core.analysis.benchcompare import EarlierSweep, recorded_sweep, same_setup_runs
+from ..core.values.evidence import ProbedBefore
+from ..core.values.rundir import EVENTS, RUN_ID, earlier_run
+
+
+def probed_before(run_dir: Path, refs: Iterable[str]) -> dict[str, ProbedBefore]:
+    """For each of `refs` that an earlier sibling run probed, the image ID the newest of them recorded under it (a
+    dir without a run id, such as a notebook's interactive one, reads every run)."""
+    wanted, found = set(refs), dict[str, ProbedBefore]()
+    for earlier in _runs_before(run_dir):
+        for ref, image_id in _probed_ids(earlier).items():
+            if ref in wanted:
+                found.setdefault(ref, ProbedBefore(image_id, earlier.name))
+        if wanted <= set(found):
+            break
+    return found
+
+
+def earlier_sweep(run_dir: Path) -> EarlierSweep | None:
+    """06's earlier run (the newest older one with sweep points) as recorded, this run's params and image beside it,
+    and the sweeps of the runs of this setup before both; None where no earlier run has sweep points."""
+    earlier = earlier_run(run_dir)
+    if earlier is None:
+        return None
+    return EarlierSweep(recorded_sweep(earlier), recorded_sweep(run_dir), same_setup_runs(earlier, run_dir))
+
+
+def _runs_before(run_dir: Path) -> list[Path]:
+    """The sibling run dirs older than `run_dir`, newest first."""
+    if not run_dir.parent.is_dir():
+        return []
+    mine = run_dir.name if RUN_ID.match(run_dir.name) else None
+    return sorted((d for d in run_dir.parent.iterdir() if d.is_dir() and RUN_ID.match(d.name)
+                   and (mine is None or d.name < mine)), key=lambda d: d.name, reverse=True)
+
+
+def _probed_ids(run_dir: Path) -> dict[str, str | None]:
+    """ref -> image ID of every candidate 03 probed in that run (its image_probe events; unreadable lines skipped)."""
+    path = run_dir / EVENTS
+    if not path.is_file():
+        return {}
+    out: dict[str, str | None] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        facts = event.get("data", {}).get("facts") if event.get("kind") == "image_probe" else None
+        if isinstance(facts, dict) and facts.get("image"):
+            out[facts["image"]] = facts.get("image_id")
+    return out

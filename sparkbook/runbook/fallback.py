@@ -49,12 +49,12 @@ def redeploy_previous(params_file: Path, run_dir: Path, aside: SetAside, up_from
     failed = Manifest.read(run_dir)
     why = next((f"{nb.name}: {nb.exception['evalue'][:300]}" for nb in failed.notebooks
                 if nb.status == "failed" and nb.exception), "unknown")
-    run = Run(params_file, load_params(params_file), run_dir, "rollback")
+    session = Run(params_file, load_params(params_file), run_dir, "rollback")
     try:
-        ctx, where = run.context(), places(run.params, "")  # by name: whatever image they run
+        ctx, where = session.context(), places(session.params, "")  # by name: whatever image they run
         back = ctx.cluster.fan_out(lambda n: ctx.runtime.bring_back(n, where[n.name]))
     finally:
-        run.close()
+        session.close()
     problem = "; ".join(f"{n}: {o.error}" for n, o in back.items() if not o.ok) or None
     returned = [n for n, o in back.items() if o.ok and o.value]
     deployed = run_dir.parent / aside.run if aside.run else None
@@ -71,10 +71,10 @@ def redeploy_previous(params_file: Path, run_dir: Path, aside: SetAside, up_from
         served = any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks)
         problem = None if served else f"the rollback run {via.name} ended {manifest.status} before {SERVE.id} served"
     dark = (datetime.now(UTC) - datetime.fromisoformat(aside.at)).total_seconds()
-    run.record("serve_rollback", {"rolled_back_to_run": aside.run, "ok": problem is None,
-                                  "seconds_without_service": round(dark, 1), "new_plan_failure": why,
-                                  "rollback_problem": problem, "via_run": via.name if via else None,
-                                  "containers_back": returned})
+    session.record("serve_rollback", {"rolled_back_to_run": aside.run, "ok": problem is None,
+                                      "seconds_without_service": round(dark, 1), "new_plan_failure": why,
+                                      "rollback_problem": problem, "via_run": via.name if via else None,
+                                      "containers_back": returned})
     say(f"rolled back to run {aside.run}: its plan serves again after {dark:.0f} s without service (run {via.name})"
         if problem is None and via else f"the rollback failed: {problem}; the cluster serves nothing")
     return problem is None

@@ -123,11 +123,11 @@ def opened(params_file: Path, outputs: Path) -> tuple[Run, Deployment]:
     return open_run(params_file, d.run_dir, stage="operator"), d
 
 
-def operator_lock(run: Run, what: str, say: Say) -> AbstractContextManager[lock.RunLock]:
-    """The cluster's run lock for an operator command on `run`: a restore or a stop racing a run (or each other)
+def operator_lock(session: Run, what: str, say: Say) -> AbstractContextManager[lock.RunLock]:
+    """The cluster's run lock for an operator command on `session`: a restore or a stop racing a run (or each other)
     would act on a cluster another command is changing."""
-    return lock.held(run.params, run.cluster.head, lock.me(what, run.params_file), params_file=str(run.params_file),
-                     say=say)
+    return lock.held(session.params, session.cluster.head, lock.me(what, session.params_file),
+                     params_file=str(session.params_file), say=say)
 
 
 # status
@@ -235,9 +235,9 @@ def health(base_url: str) -> str | None:
     return None if r.status_code == 200 else f"HTTP {r.status_code}"
 
 
-def status(run: Run, d: Deployment) -> Status:
+def status(session: Run, d: Deployment) -> Status:
     """Every node's container, Ray and server, read-only, and the endpoint's /health."""
-    ctx = run.context(d.image.ref)
+    ctx = session.context(d.image.ref)
     no_ray = without_ray(ctx.params, d.image.ray_version)  # vLLM's own multi-node launch: no Ray to look for
     gone = {} if no_ray else lost(ctx.params, ctx.cluster, ctx.runtime)
     ray = "not used (serve.executor mp, serve.layout replicas or an image without Ray)" if no_ray else "running"
@@ -246,15 +246,15 @@ def status(run: Run, d: Deployment) -> Status:
         timeout=PROBE_TIMEOUT_S)
     nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
                                                          None) for n, o in outcomes.items()]
-    return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params), _router(run, d))
+    return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params), _router(session, d))
 
 
-def _router(run: Run, d: Deployment) -> RouterStatus | None:
+def _router(session: Run, d: Deployment) -> RouterStatus | None:
     """The router's process on the head and every replica's /health (None where the deployment has no router)."""
     log = d.endpoint.router_log
     if log is None:
         return None
-    ctx, head = run.context(d.image.ref), run.params.head.name
+    ctx, head = session.context(d.image.ref), session.params.head.name
     node, place = ctx.cluster.nodes[head], ctx.places[head]
     try:
         process = "running" if ctx.runtime.running(node, place, Spawned(head, place.name, log)) else "not running"
@@ -269,7 +269,7 @@ def server_log(d: Deployment, node: str) -> str:
 
 
 # logs
-def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail_bytes: int = 20000,
+def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail_bytes: int = 20000,
          router: bool = False) -> None:
     """The node's vLLM server log (the file 05 spawned it with), or with `router` the router's on the head; with
     `follow`, new lines until interrupted."""
@@ -279,8 +279,8 @@ def logs(run: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail_byt
     if not router and node not in d.endpoint.commands:
         raise NothingDeployed(f"node {node!r} serves nothing in run {d.run_id}: it serves on "
                               f"{', '.join(d.endpoint.commands)}", remediation="pass --node with one of those")
-    ctx = run.context(d.image.ref)
-    node = run.params.head.name if router else node
+    ctx = session.context(d.image.ref)
+    node = session.params.head.name if router else node
     path = (d.endpoint.router_log or server_log(d, node)) if router else server_log(d, node)
     n, place = ctx.cluster.nodes[node], ctx.places[node]
     if not ctx.runtime.alive(n, place):
@@ -306,10 +306,10 @@ class NodeStopped:
     container: str
 
 
-def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
+def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     """End every node's `vllm serve` (its whole session), and unless `keep_ray` the node containers with their
     Ray; recorded in the deployment's run dir, so `sparkbook up` knows what to bring back."""
-    ctx = run.context(d.image.ref)
+    ctx = session.context(d.image.ref)
 
     def one(node: Node) -> NodeStopped:
         place = ctx.places[node.name]
@@ -325,7 +325,7 @@ def stop(run: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     done = ctx.cluster.fan_out(one, timeout=PROBE_TIMEOUT_S + 30).values_or_raise(
         lambda errors: SparkbookError(f"stop did not reach every node: {errors}",
                                       remediation="make the node reachable and run `sparkbook stop` again"))
-    run.record("operator_stop", {"at": now(), "keep_ray": keep_ray, "nodes": done})
+    session.record("operator_stop", {"at": now(), "keep_ray": keep_ray, "nodes": done})
     return done
 
 

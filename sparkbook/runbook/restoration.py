@@ -26,16 +26,17 @@ def restore_run(run_dir: Path, *, stop_new: bool, say: Say = silent) -> RestoreO
         return RestoreOutcome("nothing to restore")
     params_file, steps = planned
     # the run dir's own params.yaml, which the driver writes relative to the run dir once the run ends
-    run = open_run(run_dir / params_file, run_dir, stage="restore")
+    session = open_run(run_dir / params_file, run_dir, stage="restore")
     out = RestoreOutcome("nothing to restore")
     try:
-        with operator_lock(run, f"restore-{run_dir.name}", say) if steps else nullcontext():  # none: no node
-            for event in restore.restore_deployment(run.context(), steps, run.params.cleanup, stop_new):
-                run.record(event.kind, event.data)  # each step as it is taken: one that fails later keeps the earlier
+        with operator_lock(session, f"restore-{run_dir.name}", say) if steps else nullcontext():  # none: no node
+            for event in restore.restore_deployment(session.context(), steps, session.params.cleanup, stop_new):
+                # each step as it is taken: one that fails later keeps the earlier
+                session.record(event.kind, event.data)
                 if isinstance(event.data, RestoreOutcome):
                     out = event.data
     finally:
-        run.close()
+        session.close()
         if (run_dir / MANIFEST).is_file():
             driver.write_index(run_dir, Manifest.read(run_dir))
     _check(run_dir, out)

@@ -92,12 +92,12 @@ def observed(nodes: list[NodeStatus], serving: Collection[str]) -> dict[str, str
     return gone
 
 
-def diagnose(run: Run, d: Deployment, since_s: float) -> FailureCause:
+def diagnose(session: Run, d: Deployment, since_s: float) -> FailureCause:
     """Why the deployment stopped answering, in 05's classifier's words: every serving node's log tail, what is seen
     gone, and the kernel's recent lines where a node's server or container is gone (an OOM kill shows only there).
     Read before the restart: the restart's 05 writes the same log file again."""
-    seen = observed(operate.status(run, d).nodes, d.endpoint.commands)
-    ctx = run.context(d.image.ref)
+    seen = observed(operate.status(session, d).nodes, d.endpoint.commands)
+    ctx = session.context(d.image.ref)
     readable = [ctx.cluster.nodes[n] for n in d.endpoint.commands if seen.get(n, PROCESS_GONE) == PROCESS_GONE]
 
     def read(node: Node) -> str:
@@ -244,16 +244,16 @@ class Watch:
             self._note("paused", d, f"the deployment of run {d.run_id} was stopped by `sparkbook stop` at {stop}: not "
                        f"restarting it; `sparkbook up {self.params_file}` brings it back and the watch follows")
             return False
-        run = open_run(self.params_file, d.run_dir, stage="watch")
+        session = open_run(self.params_file, d.run_dir, stage="watch")
         try:
-            if holder := self._lock_holder(run):
+            if holder := self._lock_holder(session):
                 self._note("deferred", d, f"not restarting while {holder.describe()} holds the run lock (its 04 or 05 "
                            "may be replacing the server)")
                 return False
             since_s = time.monotonic() - (self.dark_since or time.monotonic()) + 2 * self.settings.interval_s
-            cause = diagnose(run, d, since_s)
+            cause = diagnose(session, d, since_s)
         finally:
-            run.close()
+            session.close()
         also = f" (also seen: {', '.join(cause.also)})" if cause.also else ""
         self.record("cause", d, (cause.summary() + also)[:2 * EVIDENCE_CHARS], cause=cause.cause, node=cause.node,
                     evidence=cause.evidence[-EVIDENCE_CHARS:], remediation=cause.remediation)
@@ -262,9 +262,9 @@ class Watch:
             self._give_up(d, cause)
         return self._restart(d, wait or 0.0)
 
-    def _lock_holder(self, run: Run) -> lock.Holder | None:
+    def _lock_holder(self, session: Run) -> lock.Holder | None:
         try:
-            return lock.read(run.cluster.head, self.params.run_lock.path)
+            return lock.read(session.cluster.head, self.params.run_lock.path)
         except (lock.LockError, NodeError):
             return None  # unreadable here: `up` takes the lock itself and says why it cannot
 

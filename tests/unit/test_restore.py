@@ -239,7 +239,8 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
                 lambda d: d)
     params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
                              nodes=[SimpleNamespace(name=n) for n in NEW], secrets=[], secret_values=dict)
-    ctx = Context(params, None, None, tmp_path)  # type: ignore[arg-type]
+    containers = SimpleNamespace(own_place=True)  # node containers: the runtime's one fact restore reads here
+    ctx = Context(params, None, containers, tmp_path)  # type: ignore[arg-type]
     refused = list(restore.restore_deployment(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False))
     assert [e.kind for e in refused] == ["restore_conflicts", "restore_outcome"] and acted == []
     out = refused[-1].data

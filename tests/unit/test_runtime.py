@@ -82,7 +82,7 @@ def test_python_runtime_verbs_on_a_local_node(local) -> None:  # type: ignore[no
     assert src.image(node, sys.executable) is None and rt.lacks(node, sys.executable, None) is None
     assert src.installed() is None and "runtime python" in src.no_installed_reason()
     assert src.installed("found:running") is None, "an environment runs no image: what ran before is no candidate"
-    assert (rt.place_word, rt.own_place, src.pulls) == ("process dir", False, False)
+    assert (rt.place_word, rt.own_place, src.pulls, src.runs_images) == ("process dir", False, False, False)
     assert rt.devices(node) == [] and rt.existing(node, Place(node.name, "x")) is None
     preflight = rt.preflight(cluster)
     assert preflight == {} and not preflight.failed and preflight.values_or_raise() == []
@@ -176,7 +176,7 @@ def test_docker_runtime_cli_verbs_read_the_nodes_docker(local, fake_docker) -> N
     assert src.installed("found:running") == "found:running", "the image 01 found running stands in for it"
     named = DockerImages(cluster.params.runtime.model_copy(update={"installed_image": "named:1", "pull": True}))
     assert named.installed("found:running") == "named:1" and named.pulls, "params' installed_image comes first"
-    assert (rt.place_word, rt.own_place, src.pulls) == ("container", True, False)
+    assert (rt.place_word, rt.own_place, src.pulls, src.runs_images) == ("container", True, False, True)
     argv = rt.one_off(node, "held:1", ["python3", "-c", "x"], env={"F": "1"}, timeout=7).stdout.splitlines()
     assert argv == ["run", "--rm", "--pull", "never", "--network", "none", "--label", "org.sparkbook.run=one-off",
                     "-v", "/srv/models:/srv/models:ro", "-e", "E=v w", "-e", "F=1", "--entrypoint", "timeout",

@@ -64,7 +64,7 @@ def probe_installed(ctx: Context, architecture: str, found: dict[str, list[str]]
     installed = ctx.images.installed()
     if installed:
         return probe_registry(ctx, installed, architecture)
-    if ctx.params.runtime.kind != "docker":
+    if not ctx.images.runs_images:
         return None
     listed = ctx.images.candidates()
     for image in sorted(found or {}, key=lambda i: (i not in listed, -len((found or {})[i]))):
@@ -75,7 +75,7 @@ def probe_installed(ctx: Context, architecture: str, found: dict[str, list[str]]
 
 
 def no_installed_reason(ctx: Context, found: dict[str, list[str]] | None = None) -> str:
-    if ctx.images.installed() or ctx.params.runtime.kind != "docker" or found is None:
+    if ctx.images.installed() or not ctx.images.runs_images or found is None:
         return ctx.images.no_installed_reason()
     seen = ", ".join(f"{image} ({', '.join(where)})" for image, where in found.items()) or "none"
     return (f"runtime.installed_image is not set, and no image 01 found running holds vLLM (images: {seen}); "

@@ -227,6 +227,7 @@ class ImageSource(Protocol):
     copies_images: bool  # whether 03 copies an image to every node (else each node runs its own environment)
     policy: str  # runtime.image_policy: keep_installed | newest
     pulls: bool  # whether 03 pulls every candidate on the head before probing them (runtime.pull)
+    runs_images: bool  # whether its candidates are images containers run (so an image found running is one too)
 
     def candidates(self) -> list[str]:
         """What 03 chooses among: the image refs of params, or the interpreter of the Python environment."""

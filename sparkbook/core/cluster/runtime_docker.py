@@ -268,6 +268,7 @@ class DockerImages:
         self.spec = spec
         self.policy: str = spec.image_policy
         self.pulls: bool = spec.pull
+        self.runs_images = True
 
     def candidates(self) -> list[str]:
         return list(self.spec.images)

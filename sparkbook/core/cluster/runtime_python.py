@@ -194,6 +194,7 @@ class PythonImages:
     copies_images = False
     policy = "newest"  # one candidate: there is nothing to keep or choose
     pulls = False  # no image to pull
+    runs_images = False  # one interpreter: an image found running is none of its candidates
 
     def __init__(self, spec: PythonRuntime):
         self.spec, self.nodes = spec, PythonNodes(spec)

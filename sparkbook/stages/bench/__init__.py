@@ -119,7 +119,7 @@ class BenchOutcome(StageOutcome):
     settings: BenchmarkSettings
     ab_arm: str | None = None
     points: list[Point] = field(default_factory=list)
-    paths: list[Path] = field(default_factory=list)  # bench/c<concurrency>.json per point: where run.keep_sweep puts it
+    paths: list[Path] = field(default_factory=list)  # bench/c<concurrency>.json per point (session.keep_sweep)
     bench_dir: str = "bench"  # where they are, relative to the run dir (ab-baseline/bench in the baseline arm)
     results: list[SweepPoint] = field(default_factory=list)  # each point as its file holds it, by concurrency
     stalls: list[dict[str, Any]] = field(default_factory=list)
@@ -214,7 +214,7 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
     summary is handed on, and the A/B's second arm (`ab_arm` other than None and "baseline") decides which
     configuration stays serving. Its points and depth points are returned for the notebook to keep under
     `bench_root`'s bench/ (the run dir, or the A/B baseline arm's own dir: run.bench_root); `earlier`: the earlier
-    run's sweep to compare with (records.earlier.earlier_sweep through run.earlier_sweep(); None: there is none)."""
+    run's sweep to compare with (records.earlier.earlier_sweep through session.earlier_sweep(); None: there is none)."""
     s = preview.settings
     target = preview.target or target_of(ctx.handoffs.need(Endpoint))
     model = preview.model or ctx.handoffs.need(ModelFacts)

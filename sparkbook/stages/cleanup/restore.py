@@ -150,7 +150,7 @@ def _script_line(s: Step) -> str:
 
 def _stop_new_lines(ctx: Context) -> list[str]:
     """restore.sh's first lines: stop each node's container of this runbook (a missing one is fine)."""
-    if ctx.params.runtime.kind != "docker":
+    if not ctx.runtime.own_place:
         return ["# the new deployment runs as processes of a Python environment (no container): stop them first"]
     return [f"{ssh_command(node)} {shlex.quote(f'docker stop {name} || true')}"
             for node in ctx.cluster if (name := container_name(ctx.params, node.name))]
@@ -270,7 +270,7 @@ def read_plan(plan_file: Path) -> RestorePlan:
 def new_deployment(ctx: Context) -> dict[str, tuple[str, str]]:
     """node -> (container name, the ID this run's 04 recorded, or "") of this runbook's node containers: whichever
     run started them, they hold the ports, memory and GPUs the old services need. {} for a Python runtime."""
-    if ctx.params.runtime.kind != "docker":
+    if not ctx.runtime.own_place:
         return {}
     try:
         ids = load(ctx.run_dir, RayCluster).container_ids

@@ -200,7 +200,7 @@ def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, Pro
     """Pull (runtime.pull), probe every candidate, decide by the preview's policy, put the chosen image on every
     node and the model beside it, and hand on the ImageChoice. A failure ends it as outcome.error, after the
     evidence gathered so far. `probed_before`: the image ID earlier runs probed under each candidate's name
-    (records.earlier.probed_before; the notebook's `run.probed_before(preview.candidates)`), so a moved tag warns."""
+    (records.earlier.probed_before; the notebook's `session.probed_before(...)`), so a moved tag warns."""
     out = ImagesOutcome(head=preview.head)
     if preview.pull:
         out.pulled = tags.pull(ctx, preview.candidates)

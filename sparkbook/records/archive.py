@@ -1,9 +1,9 @@
 """The archive: what each run dir under outputs/<cluster>/ holds, read into one record per run.
 
-A run dir (its layout: core.rundir) holds manifest.json (runbook.manifest), state.json (core.state: the hand-offs),
-events.jsonl (runbook.session: decisions, serve attempts, the roofline) and bench/c*.json (06). Older run dirs lack some
-of these: a missing
-value is None (shown as '-'); a run dir that cannot be read at all becomes a record that says why.
+A run dir (its layout: core.values.rundir) holds manifest.json (runbook.manifest), state.json (core.values.state: the
+hand-offs), events.jsonl (runbook.session: decisions, serve attempts, the roofline) and bench/c*.json (06). Older run
+dirs lack some of these: a missing value is None (shown as '-'); a run dir that cannot be read at all becomes a record
+that says why.
 """
 from __future__ import annotations
 

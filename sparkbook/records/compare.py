@@ -1,6 +1,6 @@
 """Two runs side by side: what changed (params, image and versions, decisions) and what it did to the figures.
 
-The sweep points are compared by core.benchcompare (06 shares it): per concurrency and metric the % change and
+The sweep points are compared by core.analysis.benchcompare (06 shares it): per concurrency and metric the % change and
 the noise band, the figure's spread over repeats (within the two runs where they have them, else over the earlier
 runs of the same params and image); a move inside the band is neither worse nor better, and without any estimate
 it says so.

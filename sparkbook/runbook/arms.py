@@ -1,4 +1,4 @@
-"""The A/B's notebooks (benchmark.ab; the arms: core.abarm): 05 and 06 run first as the baseline arm (without
+"""The A/B's notebooks (benchmark.ab; the arms: core.values.abarm): 05 and 06 run first as the baseline arm (without
 serve.speculative, or serve.layout tp), then as the params' own plan, the second arm ("speculative", "replicas"), on
 the same nodes one after the other; 06 of the second arm decides which configuration stays serving, and where that
 is the baseline, 05 serves it again as the last notebook.

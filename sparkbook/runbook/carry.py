@@ -34,7 +34,8 @@ class Carried:
 
 
 def kinds() -> dict[str, type[Handoff]]:
-    """Every hand-off class by name (the stage list names them; core.handoff and core.modelinfo define them)."""
+    """Every hand-off class by name (the stage list names them; core.values.handoff and core.values.modelinfo define
+    them)."""
     found: dict[str, type[Handoff]] = {}
     todo = list(Handoff.__subclasses__())
     while todo:

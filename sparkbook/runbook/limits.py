@@ -1,6 +1,6 @@
 """papermill's per-cell limit for each notebook: above the longest wait a cell of it may make under the params.
 
-The waits are the stage list's (core.stagelist); here they become limits, so that a slow load is ended by
+The waits are the stage list's (core.values.stagelist); here they become limits, so that a slow load is ended by
 sparkbook's own timeout (named, with a remediation) and never by papermill's.
 """
 from __future__ import annotations

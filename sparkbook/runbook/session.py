@@ -239,7 +239,7 @@ def _display_table(rows: list[dict[str, Any]]) -> None:
 def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path = "", stage: str = "",
              ab_arm: str | None = None) -> Run:
     """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/). The A/B's
-    baseline and kept arms (the driver passes them; core.abarm) run the params' A/B baseline (Params.ab_baseline)
+    baseline and kept arms (the driver passes them; core.values.abarm) run the params' A/B baseline (Params.ab_baseline)
     and record under `<stage>.ab-<arm>`."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)

@@ -11,7 +11,7 @@ NAMES = ["01-cleanup.ipynb", "02-diagnosis.ipynb", "03-image-selection.ipynb", "
 
 
 def point(c: int, tok_s: float, ttft_ms: float = 50.0) -> dict[str, Any]:
-    """A sweep point with the fields core.benchstats.compare reads (100 completed requests)."""
+    """A sweep point with the fields core.analysis.benchstats.compare reads (100 completed requests)."""
     return {"max_concurrency": c, "completed": 100, "failed": 0, "output_throughput": tok_s,
             "median_ttft_ms": ttft_ms, "std_ttft_ms": ttft_ms / 10, "p99_ttft_ms": 2 * ttft_ms,
             "median_tpot_ms": 1000.0 * c / tok_s, "std_tpot_ms": 0.1, "p99_tpot_ms": 1100.0 * c / tok_s,

@@ -1,5 +1,5 @@
 """06's front door: a preview before any endpoint is known, which arm of an A/B decides, what the notebook shows of
-each branch, and the comparison with the earlier run (core.benchcompare) that the stage and `sparkbook compare`
+each branch, and the comparison with the earlier run (core.analysis.benchcompare) that the stage and `sparkbook compare`
 share."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""core.fabric and 04's all_reduce test as pure logic: ibdev2netdev and NCCL_DEBUG=INFO parsed from real outputs
+"""core.analysis.fabric and 04's all_reduce test as pure logic: ibdev2netdev and NCCL_DEBUG=INFO parsed from real outputs
 (tests/unit/data, each file names its source), 02's roce_hcas findings, 04's limits per node kind and link rate, the
 verdict with its causes, the figures 04 hands 06."""
 from __future__ import annotations

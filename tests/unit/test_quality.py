@@ -1,4 +1,4 @@
-"""Answers checked at depth (issue 41, item 2), the pure logic of core.quality: the filler and where the fact sits,
+"""Answers checked at depth (issue 41, item 2), the pure logic of core.analysis.quality: the filler and where the fact sits,
 when the known answers are skipped, the reference's key, the comparison under the reference's own tokens and the
 verdict that names the prompt and the first diverging position."""
 from __future__ import annotations

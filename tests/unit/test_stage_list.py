@@ -1,4 +1,4 @@
-"""The stage list (core.stagelist) is the one place a stage is named (issue 39, item 1): no other module of the
+"""The stage list (core.values.stagelist) is the one place a stage is named (issue 39, item 1): no other module of the
 package spells a stage id or a notebook name as a string (docstrings aside); the list is the notebooks/ folder in
 order, the driver runs it in that order, and its hand-offs are the models each notebook recalls and remembers."""
 from __future__ import annotations

@@ -2,8 +2,8 @@
 differ, the GPU clocks that ran apart. Pure over the run dirs' sweep points, params copies and state.json, so 06
 (against the earlier run) and `sparkbook compare` (records.compare, over whole runs) judge a change the same way.
 
-The noise band is core.benchstats.compare's: the figure's spread over repeats within the two runs where they have
-them, else over the earlier runs of the same params and image; a move inside the band is neither worse nor better.
+The noise band is core.analysis.benchstats.compare's: the figure's spread over repeats within the two runs where they
+have them, else over the earlier runs of the same params and image; a move inside the band is neither worse nor better.
 """
 from __future__ import annotations
 

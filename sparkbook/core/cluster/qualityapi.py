@@ -2,8 +2,8 @@
 and where the agreement check's reference is kept. 05 calls `check` after its smoke test; 06 can call it at the end
 of a soak.
 
-The reference lies beside the cluster's runs (`outputs/<cluster>/quality/<key>.json`, core.rundir), not inside one
-run dir: a later run of the same cluster finds it without knowing which earlier run recorded it, and an archived or
+The reference lies beside the cluster's runs (`outputs/<cluster>/quality/<key>.json`, core.values.rundir), not inside
+one run dir: a later run of the same cluster finds it without knowing which earlier run recorded it, and an archived or
 removed run dir does not take it away. One file per key (model identity and the plan's token-deciding settings,
 `quality.reference_key`), so a changed plan starts its own reference instead of failing against another's."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where vLLM runs on a node, as two interfaces: `Runtime` (process control, 04/05/06) and `ImageSource` (what 03
 asks of the images it chooses among). Docker (runtime_docker) and a Python environment (runtime_python) implement
-both; `core.runtimes` picks one for a params file, and no stage asks which it got.
+both; `core.cluster.runtimes` picks one for a params file, and no stage asks which it got.
 
 Runtime's verbs:
   preflight(cluster)              every node can start places (its Docker daemon answers) -> FanOut

@@ -1,5 +1,6 @@
-"""Which implementation of `core.runtime`'s interfaces a params file picks: Docker's or a Python environment's. Apart
-from the interfaces, so the interfaces import none of their implementations and the implementations import them."""
+"""Which implementation of `core.cluster.runtime`'s interfaces a params file picks: Docker's or a Python environment's.
+Apart from the interfaces, so the interfaces import none of their implementations and the implementations import
+them."""
 from __future__ import annotations
 
 from ..values.params import DockerRuntime, Params

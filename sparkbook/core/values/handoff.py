@@ -2,7 +2,8 @@
 
     01-cleanup          Stopped         "cleanup"    what was stopped and where the restore plan is
     01-cleanup          OldDeployment   "old_deployment"  the images the old deployment's containers ran
-    02-diagnosis        ModelFacts      "model"      (core.modelinfo) the model as its config and files describe it
+    02-diagnosis        ModelFacts      "model"      (core.values.modelinfo) the model as its config and files
+                                                     describe it
     02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe,
                                                      each node's memory
     03-image-selection  ImageChoice     "image"      the chosen image and its ID on every node
@@ -156,7 +157,7 @@ class BenchPoint(_Part):
 
 
 class BenchDepth(_Part):
-    """One depth of 06's context-depth axis (single stream; core.depthsweep has the definitions)."""
+    """One depth of 06's context-depth axis (single stream; core.analysis.depthsweep has the definitions)."""
 
     depth: int
     ttft_ms: float | None
@@ -222,7 +223,7 @@ class AbVerdict(Handoff):
     notebook = BENCH.name
 
     ab: AbKind = "speculative"  # what was compared (records before the layout A/B compared speculation only)
-    kept: Literal["baseline", "speculative", "replicas"]  # the arm that stays serving (core.abarm)
+    kept: Literal["baseline", "speculative", "replicas"]  # the arm that stays serving (core.values.abarm)
     reason: str
     decided_at: int  # the concurrency whose ratio decided
     crossing: str | None  # where the ratio crosses 1, if it does, in its A/B's words

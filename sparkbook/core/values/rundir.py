@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"  # the driver's: which notebooks ran, how they ended, their decisions
-STATE = "state.json"  # the hand-offs one notebook leaves the next (core.state)
+STATE = "state.json"  # the hand-offs one notebook leaves the next (core.values.state)
 EVENTS = "events.jsonl"  # every recorded result, decision and value (runbook.session)
 PARAMS_COPY = "params.yaml"  # the params file as the run used it (for `sparkbook compare`)
 INDEX = "index.html"  # a run's page, and a cluster's page over its runs one level up

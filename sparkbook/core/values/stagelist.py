@@ -1,9 +1,9 @@
 """The stages in run order, one value each: its notebook, its package, the hand-offs it reads and writes, its longest
 wait. The only module that spells a stage id or a notebook name (tests/unit/test_stage_list.py greps the package).
 
-It is in core, not in `sparkbook.stages`, because its readers span every layer: the hand-offs (core.handoff) name
+It is in core, not in `sparkbook.stages`, because its readers span every layer: the hand-offs (core.values.handoff) name
 the notebook that writes each, the records read run dirs by stage, the runbook runs the notebooks in this order, and
-core imports nothing above itself. The hand-offs are named here, not imported: core.handoff imports this list.
+core imports nothing above itself. The hand-offs are named here, not imported: core.values.handoff imports this list.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Stage:
 
     name: str  # the notebook's stem, what its records carry as their stage: "05-serve"
     package: str  # its module under sparkbook.stages: "serve"
-    reads: tuple[str, ...]  # the hand-offs (core.handoff, core.modelinfo) it recalls, by class name
+    reads: tuple[str, ...]  # the hand-offs (core.values.handoff, core.values.modelinfo) it recalls, by class name
     writes: tuple[str, ...]  # the hand-offs it remembers
     longest_wait: Callable[[Params], Wait] | None = None  # None: no wait beyond papermill's default cell limit
     needs: tuple[str, ...] = ()  # of `reads`, those it cannot run without (the others it falls back without)

@@ -39,9 +39,9 @@ class Contest:
     default."""
 
     ab: AbKind  # benchmark.ab
-    second: AbArm  # the second arm's name (core.abarm)
+    second: AbArm  # the second arm's name (core.values.abarm)
     labels: tuple[str, str]  # (baseline, second)
-    serves: tuple[str, str]  # (baseline, second) in core.abarm's words, the second with its settings
+    serves: tuple[str, str]  # (baseline, second) in core.values.abarm's words, the second with its settings
     subject: str  # the second arm as the reason's subject: "speculation (ngram, 3 tokens)"
     cost: str
     later: str

@@ -1,4 +1,4 @@
-"""06's context-depth axis and prefix-cache pair (definitions: core.depthsweep): single-stream requests whose
+"""06's context-depth axis and prefix-cache pair (definitions: core.analysis.depthsweep): single-stream requests whose
 prompts are token ids of an exact count, sent after the concurrency sweep on the server it warmed.
 
 Prompts go as token ids, not text: a depth of 100k tokens is exactly that many (text re-tokenizes to a few more or

@@ -259,7 +259,7 @@ class ServeOutcome(StageOutcome):
 
 
 def seconds_since(iso: str) -> float:
-    """Seconds from an ISO time a stage recorded (core.evidence.now) until now."""
+    """Seconds from an ISO time a stage recorded (core.values.evidence.now) until now."""
     return (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
 
 

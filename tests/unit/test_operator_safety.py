@@ -250,7 +250,8 @@ def test_an_escaped_unit_name_reaches_systemctl_whole_on_stop_restore_and_in_res
     assert by_name["vllm@other.service"].stop == "systemctl stop vllm@other.service", "plain names stay plain"
     # restore.sh: `ssh ... 'COMMAND'` (a local node: `sh -c 'COMMAND'`), whose COMMAND the node's shell parses again
     ctx = SimpleNamespace(cluster=SimpleNamespace(nodes={"a": node}), run_dir=tmp_path,
-                          params=SimpleNamespace(runtime=SimpleNamespace(kind="python")))
+                          params=SimpleNamespace(runtime=SimpleNamespace(kind="python")),
+                          runtime=SimpleNamespace(own_place=False))  # a Python environment: no node containers
     files = restore.restore_files(ctx, tmp_path / "p.yaml", Plan([target]))  # type: ignore[arg-type]
     line = files.script.splitlines()[-1]
     assert shlex.split(shlex.split(line)[-1]) == ["systemctl", "enable", "--now", UNIT], line

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from sparkbook import cli
+from sparkbook.cli import exits
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.cluster.docker_ssh import docker_client
 from sparkbook.core.cluster.nodes import Cluster
@@ -56,7 +57,7 @@ def flags(argv: list[str], flag: str) -> list[str]:
 
 def test_the_started_container_is_what_sparkbook_plan_showed(params_file: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["plan", str(params_file), "--outputs", str(tmp_path)]) == cli.EXIT_FAILED
+    assert cli.main(["plan", str(params_file), "--outputs", str(tmp_path)]) == exits.EXIT_FAILED
     out = capsys.readouterr().out
     planned = planned_docker_runs(out)
     serve_part = out.split("== 05-serve")[1].split("== 06")[0]

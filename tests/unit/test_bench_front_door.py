@@ -154,8 +154,12 @@ def test_run_writes_nothing_and_compares_its_fresh_points_as_sparkbook_compare_d
     ctx = _run_ctx(PARAMS, b)
     preview = bench.BenchPreview(ctx.params.benchmark, CompletionsServer("http://x:8000", "m"), None, FACTS, None)
     session = open_run(PARAMS, b, stage="06-benchmark")
-    out = bench.run(ctx, preview, ab_arm=None, bench_root=session.bench_root, earlier=session.earlier_sweep())
-    assert called == ["sweep", f"soak {b / 'bench'}"] and list((b / "bench").iterdir()) == [], "the stage wrote none"
+    kept: list[tuple[list[SweepPoint], object]] = []
+    keep = lambda points, depth: kept.append((points, depth)) or called.append("keep")  # noqa: E731
+    out = bench.run(ctx, preview, ab_arm=None, bench_root=session.bench_root, earlier=session.earlier_sweep(),
+                    keep=keep)
+    assert called == ["sweep", "keep", f"soak {b / 'bench'}"], "the points are handed to keep before the soak"
+    assert kept == [(fresh, None)] and list((b / "bench").iterdir()) == [], "the stage wrote none itself"
     assert out.results == fresh and out.paths == [b / "bench" / "c0001.json", b / "bench" / "c0008.json"]
     assert out.earlier_dir == a and out.summary is not None and out.summary.compared_with == str(a)
     assert out.comparison is not None and [(d.max_concurrency, round(d.change_pct, 1)) for d in out.comparison.deltas
@@ -174,8 +178,10 @@ def test_the_baseline_arm_keeps_its_points_apart_and_compares_with_no_earlier_ru
     preview = bench.BenchPreview(ctx.params.benchmark, CompletionsServer("http://x:8000", "m"), None, FACTS, None)
     session = open_run(PARAMS, b, stage="06-benchmark")
     session.ab_arm = "baseline"  # as open_run sets it for params with an A/B
-    out = bench.run(ctx, preview, ab_arm="baseline", bench_root=session.bench_root, earlier=session.earlier_sweep())
+    out = bench.run(ctx, preview, ab_arm="baseline", bench_root=session.bench_root, earlier=session.earlier_sweep(),
+                    keep=session.keep_sweep)
+    assert read_points(b / AB_BASELINE) == [SweepPoint.model_validate(point(1, 60.0))], "kept before the soak"
     assert out.bench_dir == f"{AB_BASELINE}/bench" and called[-1] == f"soak {b / AB_BASELINE / 'bench'}"
     assert out.comparison is None and out.summary is not None and out.summary.compared_with is None
     assert [s.value for s in out.comparison_shown()] == [bench.NOT_COMPARED_IN_BASELINE]
-    assert session.keep_sweep(out.results, out.depth) == [b / AB_BASELINE / "bench" / "c0001.json"]
+    assert out.paths == [b / AB_BASELINE / "bench" / "c0001.json"]

@@ -11,6 +11,7 @@ arm, which configuration stays serving.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ NOT_COMPARED_IN_BASELINE = ("the A/B's baseline arm: the params' own plan, measu
 NO_AB = "no A/B in this run (benchmark.ab is not set, or the run did not include both 05 and 06)"
 AB_BASELINE_ARM = "the A/B's baseline arm: the A/B is decided after the params' own plan is measured"
 FAILED = "requests failed: see the sweep table and bench/*.json errors"
+
+# where 06's points go once measured (session.keep_sweep): the session writes the run dir, not the stage
+Keep = Callable[[list[SweepPoint], DepthSweep | None], object]
 
 
 class FailedRequests(BenchmarkError):
@@ -209,12 +213,13 @@ class BenchOutcome(StageOutcome):
 
 
 def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: Path,
-        earlier: EarlierSweep | None) -> BenchOutcome:
+        earlier: EarlierSweep | None, keep: Keep) -> BenchOutcome:
     """The sweep, then the evidence around it in the notebook's order; failed requests end it as `error` once the
     summary is handed on, and the A/B's second arm (`ab_arm` other than None and "baseline") decides which
-    configuration stays serving. Its points and depth points are returned for the notebook to keep under
-    `bench_root`'s bench/ (the run dir, or the A/B baseline arm's own dir: run.bench_root); `earlier`: the earlier
-    run's sweep to compare with (records.earlier.earlier_sweep through session.earlier_sweep(); None: there is none)."""
+    configuration stays serving. Its points and depth points go to `keep` (session.keep_sweep, which writes them
+    under `bench_root`'s bench/: the run dir, or the A/B baseline arm's own dir) as soon as they are measured, before
+    the soak, so a soak that kills the kernel loses none; `earlier`: the earlier run's sweep to compare with
+    (records.earlier.earlier_sweep through session.earlier_sweep(); None: there is none)."""
     s = preview.settings
     target = preview.target or target_of(ctx.handoffs.need(Endpoint))
     model = preview.model or ctx.handoffs.need(ModelFacts)
@@ -227,6 +232,7 @@ def run(ctx: Context, preview: BenchPreview, *, ab_arm: str | None, bench_root: 
     out.bench_dir = os.path.relpath(bench_root / rundir.BENCH, ctx.run_dir)
     out.depth = _depths(ctx, target, s)
     out.depth_file = os.path.relpath(depthsweep.depth_file(bench_root), ctx.run_dir) if out.depth else None
+    keep(out.results, out.depth)
     out.stalls = tables.stall_rows(out.results)
     out.event("bench_stalls", out.stalls)
     out.checks = tables.cross_check_rows(out.points, s)

@@ -18,7 +18,6 @@ from .core.values.errors import ExitKind, SparkbookError
 from .core.values.evidence import Shown, to_data
 from .core.values.params import Params, ParamsError, load_params
 from .core.values.redact import Redactor
-from .core.values.stagelist import Stage
 from .records import archive, pages, watchlog
 from .records.archive import RunRecord
 from .records.compare import Comparison, compare_runs, page_path
@@ -28,6 +27,7 @@ from .runbook.driver import RunbookError, RunOptions, Say, silent
 from .runbook.lock import LockError, Unlocked
 from .runbook.manifest import Manifest, NotebookRun
 from .runbook.operate import Deployment, NodeStopped, NothingDeployed, Status
+from .runbook.previews import StagePlan
 from .runbook.restoration import restore_run
 from .runbook.watch import Watch, WatchGaveUp
 from .stages.cleanup.restore import RestoreFailed, RestoreOutcome, RestoreRefused
@@ -38,7 +38,7 @@ OUTPUTS = Path("outputs")  # where run dirs go unless a caller says otherwise
 __all__ = [
     "ExitKind", "SparkbookError", "ParamsError", "RunbookError", "LockError", "NothingDeployed", "WatchGaveUp",
     "RestoreRefused", "RestoreFailed", "Say", "RunOptions", "LogsOptions", "WatchOptions",
-    "Checked", "RunResult", "StagePreview", "PlanResult", "Status", "StopResult", "UpResult", "WatchEnd",
+    "Checked", "RunResult", "StagePlan", "PlanResult", "Status", "StopResult", "UpResult", "WatchEnd",
     "RestoreOutcome", "UnlockResult", "ClusterRuns", "Compared",
     "Manifest", "NotebookRun", "Shown", "Deployment", "NodeStopped", "Unlocked", "RunRecord", "Comparison",
     "WatchEvent",
@@ -86,30 +86,14 @@ def run(params_file: Path, options: RunOptions | None = None, *, archive: bool =
 
 # plan
 @dataclass(frozen=True)
-class StagePreview:
-    """One stage's part of the plan, redacted: what it would do (each value as plain data), or why not: `unknown`,
-    what only a run makes (a hand-off, an image not on the head yet); `failed`, a preview that could not be made (a
-    node it cannot reach). Both None: previewed."""
-
-    stage: Stage
-    shown: list[Shown]
-    unknown: str | None
-    failed: str | None
-
-    @property
-    def why(self) -> str | None:
-        """Why it shows nothing (not known yet, or failed); None: previewed."""
-        return self.unknown or self.failed
-
-
-@dataclass(frozen=True)
 class PlanResult:
-    stages: list[StagePreview]
+    """Each stage's part of the plan, redacted, each shown value as plain data."""
+
+    stages: list[StagePlan]
 
     @property
     def showed_what_it_could(self) -> bool:
-        """No stage's preview failed (`sparkbook plan` exits 0): what is not known before a run acts fails nothing."""
-        return all(p.failed is None for p in self.stages)
+        return previews.showed_what_it_could(self.stages)
 
 
 def plan(params_file: Path, outputs: Path = OUTPUTS) -> PlanResult:
@@ -121,10 +105,11 @@ def plan(params_file: Path, outputs: Path = OUTPUTS) -> PlanResult:
         parts = previews.preview(Context(params, cluster, runtime_for(params), outputs / params.cluster), outputs)
     finally:
         cluster.close()
+
     def said(text: str | None) -> str | None:
         return redactor.text(text) if text else None
 
-    return PlanResult([StagePreview(p.stage, [Shown(redactor.text(s.title), redactor.data(to_data(s.value)))
+    return PlanResult([StagePlan(p.stage, [Shown(redactor.text(s.title), redactor.data(to_data(s.value)))
                                               for s in p.shown], said(p.unknown), said(p.failed))
                        for p in parts])
 

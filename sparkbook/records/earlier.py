@@ -9,14 +9,14 @@ from pathlib import Path
 
 from ..core.analysis.benchcompare import EarlierSweep, recorded_sweep, same_setup_runs
 from ..core.values.evidence import ProbedBefore
-from ..core.values.rundir import EVENTS, RUN_ID, earlier_run
+from ..core.values.rundir import EVENTS, earlier_run, runs_before
 
 
 def probed_before(run_dir: Path, refs: Iterable[str]) -> dict[str, ProbedBefore]:
     """For each of `refs` that an earlier sibling run probed, the image ID the newest of them recorded under it (a
     dir without a run id, such as a notebook's interactive one, reads every run)."""
     wanted, found = set(refs), dict[str, ProbedBefore]()
-    for earlier in _runs_before(run_dir):
+    for earlier in runs_before(run_dir):
         for ref, image_id in _probed_ids(earlier).items():
             if ref in wanted:
                 found.setdefault(ref, ProbedBefore(image_id, earlier.name))
@@ -32,15 +32,6 @@ def earlier_sweep(run_dir: Path) -> EarlierSweep | None:
     if earlier is None:
         return None
     return EarlierSweep(recorded_sweep(earlier), recorded_sweep(run_dir), same_setup_runs(earlier, run_dir))
-
-
-def _runs_before(run_dir: Path) -> list[Path]:
-    """The sibling run dirs older than `run_dir`, newest first."""
-    if not run_dir.parent.is_dir():
-        return []
-    mine = run_dir.name if RUN_ID.match(run_dir.name) else None
-    return sorted((d for d in run_dir.parent.iterdir() if d.is_dir() and RUN_ID.match(d.name)
-                   and (mine is None or d.name < mine)), key=lambda d: d.name, reverse=True)
 
 
 def _probed_ids(run_dir: Path) -> dict[str, str | None]:

@@ -55,13 +55,19 @@ def quality_reference(run_dir: Path, key: str) -> Path:
     return run_dir.parent / QUALITY / f"{key}.json"
 
 
-def earlier_run(run_dir: Path) -> Path | None:
-    """The run before this one that has sweep points: of the sibling run dirs, the newest by run id older than this
-    one (any, for a dir without a run id, such as a notebook's interactive dir)."""
+def runs_before(run_dir: Path) -> list[Path]:
+    """The sibling run dirs older than `run_dir` by run id, newest first (every one, for a dir without a run id,
+    such as a notebook's interactive dir)."""
+    if not run_dir.parent.is_dir():
+        return []
     mine = run_dir.name if RUN_ID.match(run_dir.name) else None
-    before = [d for d in run_dir.parent.iterdir()
-              if RUN_ID.match(d.name) and d.is_dir() and (mine is None or d.name < mine) and point_files(d)]
-    return max(before, key=lambda d: d.name, default=None)
+    return sorted((d for d in run_dir.parent.iterdir() if d.is_dir() and RUN_ID.match(d.name)
+                   and (mine is None or d.name < mine)), key=lambda d: d.name, reverse=True)
+
+
+def earlier_run(run_dir: Path) -> Path | None:
+    """The run before this one that has sweep points: the newest of runs_before that has any."""
+    return next((d for d in runs_before(run_dir) if point_files(d)), None)
 
 
 def relative_text(text: str, run_dir: Path) -> str:

@@ -43,6 +43,9 @@ def test_lab_replicas_one_rank_each_behind_the_router_on_the_head(lab):
     assert plan.router is not None and plan.router.node == "lab-0"
     assert plan.router.argv == ["python3", "-m", "vllm_router.launch_router", "--host", "0.0.0.0", "--port", "8000", "--policy", "power_of_two",
                                 "--worker-startup-timeout-secs", "600", "--worker-startup-check-interval", "5",
+                                "--retry-max-retries", "120", "--retry-initial-backoff-ms", "100",
+                                "--retry-max-backoff-ms", "1000", "--disable-circuit-breaker",
+                                "--health-check-interval-secs", "3600",
                                 "--worker-urls", "http://10.77.0.10:8001", "http://10.77.0.11:8001"]
     assert plan.base_url == "http://10.77.0.10:8000"  # clients see the router, one endpoint
     assert plan.router.env == {"PYTHONPATH": router.site(params)}  # its own install, not the image's packages

@@ -52,8 +52,12 @@ SECRETS_SH = 'set -a; . "$0"; set +a; rm -f "$0"; exec "$@"'
 # 0 if the session leader in "$0" is alive and not a zombie.
 RUNNING_SH = ('p=$(cat "$0" 2>/dev/null) && s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && '
               'case $s in " Z"*|" X"*) exit 1;; esac')
-# TERM the session leader's process group, wait up to $1 s, then KILL what is left.
-KILL_SH = ('p=$(cat "$0" 2>/dev/null) || exit 0; kill -TERM -"$p" 2>/dev/null; i=0; '
+# With $2 > 0 (a drain): TERM the session leader alone and wait up to $2 s for it to end (vLLM's API server finishes
+# what it runs, its engine processes stay until it lets them go); then TERM the leader's process group, wait up to
+# $1 s, then KILL what is left.
+KILL_SH = ('p=$(cat "$0" 2>/dev/null) || exit 0; i=0; if [ "${2:-0}" -gt 0 ]; then kill -TERM "$p" 2>/dev/null; '
+           'while s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && case $s in " Z"*|" X"*) false;; esac '
+           '&& [ $i -lt "$2" ]; do sleep 1; i=$((i+1)); done; fi; kill -TERM -"$p" 2>/dev/null; i=0; '
            'while kill -0 -"$p" 2>/dev/null && [ $i -lt "$1" ]; do sleep 1; i=$((i+1)); done; '
            'kill -KILL -"$p" 2>/dev/null; rm -f "$0"; exit 0')
 
@@ -194,8 +198,9 @@ class Runtime(Protocol):
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
         """Whether the spawned process still runs."""
 
-    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
-        """End the spawned process and its whole session, TERM then KILL."""
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10, drain_s: int = 0) -> None:
+        """End the spawned process and its whole session, TERM then KILL; with `drain_s`, the process alone is
+        TERMed first and given that long to finish what it serves."""
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         """A file as the place sees it (its last `tail_bytes` where given)."""

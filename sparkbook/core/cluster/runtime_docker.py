@@ -184,10 +184,12 @@ class DockerNodes:
         return self.alive(node, place) and self.exec(node, place, ["sh", "-c", RUNNING_SH, spawned.pid_file],
                                                      timeout=15).ok
 
-    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
-        """End the spawned process and its children (its process group), TERM then KILL."""
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10, drain_s: int = 0) -> None:
+        """End the spawned process and its children (its process group), TERM then KILL; with `drain_s`, the
+        process alone first (it finishes what it serves)."""
         if self.alive(node, place):
-            self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
+            self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s), str(drain_s)],
+                      timeout=grace_s + drain_s + 15)
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]

@@ -118,8 +118,8 @@ class PythonNodes:
     def running(self, node: Node, place: Place, spawned: Spawned) -> bool:
         return node.run(["sh", "-c", RUNNING_SH, spawned.pid_file], timeout=15).ok
 
-    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
-        node.run(["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
+    def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10, drain_s: int = 0) -> None:
+        node.run(["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s), str(drain_s)], timeout=grace_s + drain_s + 15)
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]

@@ -138,7 +138,10 @@ class Endpoint(Handoff):
     reused: bool
     api_key_env: str | None = None  # the variable whose value every request sends as its bearer token
     addresses: dict[str, str] = {}  # network (management, fabric) -> the URL clients use there
-    seconds_without_service: float | None = None  # a replacement's: old server stopped -> new one answered
+    seconds_without_service: float | None = None  # a replacement's: old server stopped -> new one answered (behind
+    # a kept front: the longest stretch a client polling it went unanswered)
+    front_refused: int | None = None  # behind a kept front: the client's asks refused meanwhile (None: no front kept)
+    front_failed: int | None = None  # ... and those that failed (an error status, or unanswered within hold_s)
     quality_key: str | None = None  # the reference 05's answers agreed with or recorded (None: not checked)
     router: list[str] | None = None  # serve.layout replicas: the router's argv on the head (base_url is its)
     router_log: str | None = None  # the file the router writes, in the head's place

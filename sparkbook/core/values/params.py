@@ -353,6 +353,15 @@ class ServeSettings(Strict):
                                               "copy on each node behind one endpoint, where 02 finds that one fits")
     replica_port: int = Field(8001, ge=1, le=65535, description="layout replicas: the port of each node's own "
                               "server; the router answers clients on port")
+    front: Literal["none", "router"] = Field("none", description="router: clients reach port through vllm-router "
+                                             "on the head, a front door that outlives the servers behind it (they "
+                                             "listen on replica_port), so a replacement or restart holds requests "
+                                             "instead of refusing them; none: vLLM answers on port itself")
+    hold_s: float = Field(120, gt=0, le=3600, description="front router: how long the front holds a request while no "
+                          "server behind it answers (a replacement's or a restart's gap), retrying with backoff")
+    drain_timeout_s: int = Field(30, ge=0, le=3600, description="front router: how long a stopped server may finish "
+                                 "the requests it runs (vLLM's --shutdown-timeout where the image has it) before "
+                                 "it is killed")
     router_policy: Literal["power_of_two", "round_robin", "cache_aware"] = Field(
         "power_of_two", description="layout replicas: how vllm-router picks a replica (power_of_two: the less "
         "loaded; cache_aware: the one holding the prompt's prefix)")
@@ -636,9 +645,13 @@ class Params(Strict):
             problems.append("serve.api_key_env: vllm-router, before the replicas, takes the key for them only as "
                             "--api-key on its command line, where sparkbook puts no secret (argvs are recorded and "
                             "shown by ps); serve replicas on a trusted network without a key, or set serve.layout: tp")
-        if self.serve.layout == "replicas" and self.serve.replica_port == self.serve.port:
+        if self.serve.front == "router" and self.serve.api_key_env:
+            problems.append("serve.front: vllm-router takes an API key only as --api-key on its command line, where "
+                            "sparkbook puts no secret; serve.front: none serves with serve.api_key_env")
+        if (self.serve.layout == "replicas" or self.serve.front == "router") and \
+                self.serve.replica_port == self.serve.port:
             problems.append(f"serve.replica_port: {self.serve.replica_port} is serve.port, where the router answers "
-                            "on the head; each node's replica needs a port of its own")
+                            "on the head; the servers behind it need a port of their own")
         if self.serve.api_key_env and self.serve.api_key_env not in self.secrets:
             problems.append(f"serve.api_key_env: {self.serve.api_key_env} must also be listed under `secrets` (so its "
                             "value is redacted from every output and reaches the node containers)")

@@ -23,13 +23,14 @@ from ...core.values.evidence import Decision, Shown, StageOutcome, tail
 from ...core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from ...core.values.modelinfo import ModelFacts, utilization_floor
 from ...core.values.state import Handoff
-from . import answers, bringup, commands, endpoints, environ, memory, replace, replicas, reuse, rollback, smoke
+from . import answers, bringup, commands, endpoints, environ, front, memory, replace, replicas, reuse, rollback, smoke
 from .answers import AnswerChecks
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
 from .endpoints import ClientAddress
 from .environ import NodeEnviron
-from .launch import BringUp
+from .front import ClientView
+from .launch import BringUp, standing_front
 from .memory import BeforeLaunch
 from .replace import Replacement
 from .rollback import Rollback
@@ -84,8 +85,10 @@ class ServePreview:
     def commands_title(self) -> str:
         model = "" if self.model else (f" (model dir: params' own, no ModelFacts of {ModelFacts.notebook} in this "
                                        "run dir)")
-        what = ("vllm serve, a whole copy per node, then vllm-router on the head before them" if self.plan.router
-                else "vllm serve, per node")
+        what = ("vllm serve, a whole copy per node, then vllm-router on the head before them"
+                if self.plan.settings.layout == "replicas" else
+                "vllm serve, per node, behind vllm-router on the head (the front: it stays up while servers change)"
+                if self.plan.router else "vllm serve, per node")
         if self.floor is not None:
             return f"{what} (OOM ladder: gpu_memory_utilization {self.floor}, then eager){model}"
         known = ("max_model_len or a serving node's memory unknown" if self.model and self.diagnosis
@@ -120,7 +123,7 @@ def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str,
         executor, decision = replicas.executor(ctx.params, platform)
     else:
         executor, decision = commands.choose_executor(ctx, platform)
-    return executor, decision, bringup.layout_plan(ctx, executor, ctx.params.serve, model_dir)
+    return executor, decision, bringup.layout_plan(ctx, executor, ctx.params.serve, model_dir, platform.drains)
 
 
 def _floor(ctx: Context, model: ModelFacts | None, diagnosis: Diagnosis | None) -> float | None:
@@ -150,6 +153,7 @@ class ServeOutcome(StageOutcome):
     smoke: list[Smoke] | None = None
     answers: AnswerChecks | None = None
     answers_off: bool = False  # serve.quality.enabled is false: nothing checked, said so
+    client_view: ClientView | None = None  # behind a standing front: what a client saw while the servers changed
     endpoint: Endpoint | None = None
     addresses: list[ClientAddress] = field(default_factory=list)
 
@@ -277,8 +281,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
     try:
         model = _needed(ctx, preview)
         _replace(preview, outcome, confirm_replace, ab_arm)
-        _make_room(ctx, preview, outcome, model)
-        up = _bring_up(ctx, preview, outcome)
+        up = _through_front(ctx, preview, outcome, model)
         _started(ctx, preview, outcome, up)
         _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
@@ -286,11 +289,21 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         key = _check_answers(ctx, preview, outcome, up)
         _drop_aside(ctx, preview, outcome)
         outcome.addresses = endpoints.client_addresses(ctx.params)
-        outcome.endpoint = bringup.endpoint(up, outcome.addresses).model_copy(update={"quality_key": key})
+        outcome.endpoint = bringup.endpoint(up, outcome.addresses).model_copy(update={
+            "quality_key": key, **_front_seconds(outcome)})
         outcome.handoffs.append(outcome.endpoint)
     except SparkbookError as exc:
         outcome.error = exc
     return outcome
+
+
+def _front_seconds(outcome: ServeOutcome) -> dict[str, object]:
+    """Behind a kept front, the seconds without service are what a client saw (held requests answered late count;
+    the server's own stop-to-ready time is longer), with the asks refused and failed meanwhile."""
+    view = outcome.client_view
+    if view is None:
+        return {}
+    return {"seconds_without_service": view.dark_s, "front_refused": view.refused, "front_failed": view.failed}
 
 
 def _drop_aside(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> None:
@@ -316,6 +329,22 @@ def _replace(preview: ServePreview, outcome: ServeOutcome, confirm_replace: bool
         outcome.replaced = preview.replacing
         outcome.event("serve_replaced", preview.replacing.event())
         outcome.decide(preview.replacing.decision(outcome.ab_next))
+
+
+def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> BringUp:
+    """Make room and bring up; behind a standing front (serve.front: router), a client's view of it is measured
+    meanwhile from here and recorded as the replacement's seconds without service."""
+    if standing_front(ctx, preview.plan) is None:
+        _make_room(ctx, preview, outcome, model)
+        return _bring_up(ctx, preview, outcome)
+    with front.Watcher(preview.plan.base_url, preview.plan.settings.headers(), preview.plan.settings.hold_s) as w:
+        _make_room(ctx, preview, outcome, model)
+        up = _bring_up(ctx, preview, outcome)
+    if outcome.room is not None and outcome.room.kept is None:
+        outcome.client_view = w.view()
+        outcome.event("front_held", {"way": "drained stop" if outcome.room.drain_s else "stop behind the front",
+                                     "drain_timeout_s": outcome.room.drain_s, **w.view().event()})
+    return up
 
 
 def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> None:

@@ -15,7 +15,7 @@ from ...core.cluster.topology import lost
 from ...core.values.errors import ProbeOutputError
 from ...core.values.handoff import Endpoint, RayCluster
 from ...core.values.params import ServeSettings
-from . import replicas, router
+from . import front, replicas, router
 from .commands import ServeError, ServePlan, plan
 from .endpoints import ClientAddress
 from .failures import FailureCause, classify, remedy
@@ -26,7 +26,8 @@ from .launch import (
     launch,
     log_path,
     replica_urls,
-    router_log_path,
+    router_log,
+    standing_front,
     stop_earlier,
     stop_serving,
     wait_ready,
@@ -41,9 +42,11 @@ def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
     replicas, each node's replica port too), else None: found before launching (vLLM itself reports it only after
     loading the model, minutes on a loaded node)."""
     host = str(serve_plan.settings.host)  # where vLLM will bind: 0.0.0.0 collides with a listener on any address
-    wanted = [(serve_plan.commands[0].node, host_port(serve_plan)[1])]
+    kept_front = standing_front(ctx, serve_plan) is not None  # the front's own port: it stays and answers there
+    wanted = [] if kept_front else [(serve_plan.commands[0].node, host_port(serve_plan)[1])]
     if serve_plan.router is not None:
-        wanted += [(c.node, str(serve_plan.settings.replica_port)) for c in serve_plan.commands]
+        wanted += [(c.node, str(serve_plan.settings.replica_port)) for c in serve_plan.commands[:len(
+            replica_urls(serve_plan))]]
     for node, port in wanted:
         r = ctx.runtime.exec(ctx.cluster.nodes[node], ctx.place(node),
                              ["python3", "-c", probes.source("bind"), host, port], timeout=30)
@@ -131,7 +134,7 @@ def refuse_before_stop(ctx: Context, serve_plan: ServePlan, serving: Serving) ->
         raise ServeError(f"the image's vLLM refuses the new `vllm serve` arguments on {node}: {why} (checked before "
                          "the running server was stopped: it still serves)", node=node,
                          remediation="correct serve.extra_args or the serve setting it names in the params")
-    if host_port(serving.running)[1] != host_port(serve_plan)[1]:
+    if host_port(serving.running)[1] != host_port(serve_plan)[1] and standing_front(ctx, serve_plan) is None:
         taken = port_taken(ctx, serve_plan)
         if taken is not None:
             raise ServeError(f"the new serve port is taken: {taken.summary()} (the running server still serves)",
@@ -149,6 +152,7 @@ class Room:
     why: str | None  # why no running server is kept; None when one is
     stopped_at: float | None  # monotonic time the server that ran was stopped; None: one is kept, or none ran
     args: ArgsCheck | None = None  # the argv check before a running server was stopped (None: none was recorded)
+    drain_s: int | None = None  # the old servers were stopped drained behind the kept front, given at most this
 
 
 def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
@@ -165,8 +169,22 @@ def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
     # only a server that answers loses anything to an argv its successor's vLLM refuses
     args = refuse_before_stop(ctx, serve_plan, serving) if serving is not None and answers(serving) else None
     stopped_at = time.monotonic() if serving is not None else None  # from here the cluster serves nothing
-    stop_earlier(ctx, ctx.params.serve.max_remedies + 1)
-    return Room(None, why, stopped_at, args)
+    drain_s = _front_for(ctx, serve_plan, serving)
+    stop_earlier(ctx, ctx.params.serve.max_remedies + 1, drain_s)
+    return Room(None, why, stopped_at, args, drain_s or None)
+
+
+def _front_for(ctx: Context, serve_plan: ServePlan, serving: Serving | None) -> int:
+    """Keep a standing front that routes as the new plan's does (it holds requests through the stop), else end it;
+    the seconds the old servers may drain behind a kept front (0: no front kept, or they do not drain)."""
+    standing = standing_front(ctx, serve_plan)
+    if standing is None:
+        return 0
+    old_front = serving.running.router if serving is not None else None
+    if old_front is None or serve_plan.router is None or old_front.argv != serve_plan.router.argv:
+        ctx.runtime.kill(ctx.cluster.nodes[standing.node], ctx.places[standing.node], standing)
+        return 0
+    return serve_plan.settings.drain_timeout_s if serving is not None and front.drains(serving.running) else 0
 
 
 def bring_up(ctx: Context, serve_plan: ServePlan,
@@ -214,16 +232,21 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
         if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)
-        current = layout_plan(ctx, current.executor, fix.settings, current.model_dir)
+        current = layout_plan(ctx, current.executor, fix.settings, current.model_dir, front.drains(current))
     return result
 
 
-def layout_plan(ctx: Context, executor: str, settings: ServeSettings, model_dir: str) -> ServePlan:
+def layout_plan(ctx: Context, executor: str, settings: ServeSettings, model_dir: str,
+                drains: bool = False) -> ServePlan:
     """The commands of serve.layout: tp, one server split over the nodes; replicas, a whole copy on each node behind
     the router (the preview's plan, and each remedy's again in the layout it serves). `model_dir` is 02's snapshot
-    of model.hf_id on the nodes ('' without 02)."""
+    of model.hf_id on the nodes ('' without 02); `drains`: the image's vLLM has --shutdown-timeout (behind the front
+    its servers stop drained)."""
     if settings.layout == "replicas":
         return replicas.plan(ctx.params, executor, settings, model_dir)
+    if settings.front == "router":
+        backend = plan(ctx, executor, settings.model_copy(update={"port": settings.replica_port}), model_dir)
+        return front.behind(ctx.params, backend, settings, drains)
     return plan(ctx, executor, settings, model_dir)
 
 
@@ -270,7 +293,7 @@ def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> E
                     env={c.node: c.env for c in serve_plan.commands},
                     logs={c.node: log_path(1) for c in serve_plan.commands},
                     router=serve_plan.router.argv if serve_plan.router else None,
-                    router_log=router_log_path(1) if serve_plan.router else None,
+                    router_log=router_log(serve_plan, 1) if serve_plan.router else None,
                     replicas=replica_urls(serve_plan), ready_s=0.0, attempts=0, reused=False)
 
 

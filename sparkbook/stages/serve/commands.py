@@ -34,6 +34,7 @@ class Platform:
     gpus: int
     ray: str | None  # Ray's version where the image has its module and CLI (stock vLLM images since 0.19: None)
     asked: str | None = None  # where the image was asked (detect_platform); None: not asked here
+    drains: bool = False  # its `vllm serve` has --shutdown-timeout (finishes running requests when stopped)
 
     @property
     def evidence(self) -> list[str]:
@@ -59,7 +60,8 @@ def detect_platform(ctx: Context) -> Platform:
                          f"{exc.missing}, {exc.received_bytes} bytes received): {(out.stderr or out.stdout)[-800:]}",
                          node=node.name) from exc
     cpu = data["vllm"].endswith("+cpu") or not data["cuda"]
-    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"], data.get("ray"), asked)
+    return Platform("cpu" if cpu else "cuda", data["vllm"], data["torch"], data["gpus"], data.get("ray"), asked,
+                    bool(data.get("drain")))
 
 
 def _throwaway(ctx: Context, node: Node, place: Place, argv: list[str]) -> Result:

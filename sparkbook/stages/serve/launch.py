@@ -17,6 +17,7 @@ from ...core.cluster.runtime import Spawned
 from ...core.cluster.topology import LOG_DIR
 from ...core.values.evidence import Alternative, Decision
 from ...core.values.params import api_key
+from . import front
 from .commands import ServeCommand, ServePlan
 from .failures import FailureCause, Remedy, classify, not_ready
 from .memory import Settle, kernel_lines
@@ -46,14 +47,32 @@ def router_log_path(attempt: int) -> str:
     return f"{LOG_DIR}/router-{attempt}.log"
 
 
+def router_log(serve_plan: ServePlan, attempt: int) -> str:
+    """The router's log: the front's own (one per cluster, it outlives attempts and replacements), else the
+    attempt's."""
+    return front.LOG if serve_plan.settings.front == "router" else router_log_path(attempt)
+
+
+def standing_front(ctx: Context, serve_plan: ServePlan) -> Spawned | None:
+    """The front (serve.front: router) already running on the head, as an earlier launch spawned it; None where
+    there is none or the plan has no front."""
+    r = serve_plan.router
+    if r is None or serve_plan.settings.front != "router":
+        return None
+    node, place = ctx.cluster.nodes[r.node], ctx.places[r.node]
+    spawned = Spawned(r.node, place.name, front.LOG)
+    return spawned if ctx.runtime.running(node, place, spawned) else None
+
+
 def replica_urls(serve_plan: ServePlan) -> dict[str, str]:
-    """Each replica's address as the router reaches it (its `--worker-urls`, in the replicas' order); none for one
-    server split over the nodes. 05 is ready only when every replica is: the router answers once one does."""
+    """Each server's address as the router reaches it (its `--worker-urls`, in order): every replica's, or the
+    head's behind the front; none without a router. 05 is ready only when every one is: the router answers once one
+    does."""
     if serve_plan.router is None:
         return {}
-    argv = serve_plan.router.argv
-    urls = argv[argv.index("--worker-urls") + 1:]
-    return {c.node: url for c, url in zip(serve_plan.commands, urls, strict=True)}
+    urls = front.workers(serve_plan.router)
+    nodes = serve_plan.commands if serve_plan.settings.layout == "replicas" else serve_plan.commands[:1]
+    return {c.node: url for c, url in zip(nodes, urls, strict=True)}
 
 
 def host_port(serve_plan: ServePlan) -> tuple[str, str]:
@@ -82,15 +101,16 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
                                          log_path(attempt), env=c.env, secrets=secret if rank == 0 or alone else None)
                for rank, c in enumerate(serve_plan.commands)}
     r = serve_plan.router
-    router = ctx.runtime.spawn(ctx.cluster.nodes[r.node], ctx.places[r.node], r.argv, router_log_path(attempt),
-                               env=r.env) if r else None
+    router = standing_front(ctx, serve_plan) or (
+        ctx.runtime.spawn(ctx.cluster.nodes[r.node], ctx.places[r.node], r.argv, router_log(serve_plan, attempt),
+                          env=r.env) if r else None)
     return Launch(serve_plan, attempt, spawned, t0, router)
 
 
 def stop_serving(ctx: Context, launched: Launch) -> None:
-    """End the serve processes of `launched` (their process groups), the router's first; the containers and Ray
-    stay."""
-    if launched.router is not None:
+    """End the serve processes of `launched` (their process groups), the router's first unless it is the front
+    (it stays for the next attempt); the containers and Ray stay."""
+    if launched.router is not None and launched.plan.settings.front != "router":
         ctx.runtime.kill(ctx.cluster.nodes[launched.router.node], ctx.places[launched.router.node], launched.router)
     ctx.cluster.fan_out(lambda n: ctx.runtime.kill(n, ctx.places[n.name], launched.spawned[n.name]),
                         [ctx.cluster.nodes[name] for name in launched.spawned])
@@ -156,15 +176,16 @@ def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
     return dead
 
 
-def stop_earlier(ctx: Context, attempts: int) -> None:
-    """End serve processes (and routers) an earlier run of this stage left in the containers (by their recorded
-    IDs)."""
+def stop_earlier(ctx: Context, attempts: int, drain_s: int = 0) -> None:
+    """End serve processes (and routers, not the front) an earlier run of this stage left in the containers (by
+    their recorded IDs); with `drain_s`, each server first finishes what it runs (at most that long)."""
     def kill_all(node: Node) -> None:
         place = ctx.places[node.name]
-        logs = [log_path(a) for a in range(1, attempts + 1)]
         routers = [router_log_path(a) for a in range(1, attempts + 1)] if node.name == ctx.head.name else []
-        for log in routers + logs:
+        for log in routers:
             ctx.runtime.kill(node, place, Spawned(node.name, place.name, log))
+        for log in [log_path(a) for a in range(1, attempts + 1)]:
+            ctx.runtime.kill(node, place, Spawned(node.name, place.name, log), drain_s=drain_s)
 
     ctx.cluster.fan_out(kill_all, [ctx.cluster.nodes[n] for n in ctx.places])
 

@@ -3,12 +3,10 @@ node's GPUs, one node's ranks only: no Ray, no --nnodes), on serve.replica_port,
 vllm-project/router) in the head's place on serve.port in front of them, so clients see one endpoint."""
 from __future__ import annotations
 
-import math
-
 from ...core.values.evidence import Alternative, Decision
 from ...core.values.modelinfo import ModelFacts, utilization_floor
 from ...core.values.params import NodeSpec, Params, ServeSettings
-from . import router
+from . import front, router
 from .commands import DEFAULT, QUESTION, Platform, ServeCommand, ServePlan, serve_argv, served_model_path
 
 
@@ -44,19 +42,10 @@ def worker_url(spec: NodeSpec, settings: ServeSettings) -> str:
     return f"http://{spec.fabric_ip}:{settings.replica_port}"
 
 
-STARTUP_CHECK_S = 5  # the router's look at replicas still starting (its default, 30 s, answers up to 30 s late)
-
-
 def router_argv(params: Params, settings: ServeSettings) -> list[str]:
-    """The router on the head, in front of every node's replica, started with them: it waits for them as long as
-    05 does (serve.ready_timeout_s; its own default is 600 s) but answers once one is healthy (the lab: `1 out of 2
-    unique hosts are healthy`, then ready), so readiness is each replica's own and then the router's. It runs as a
-    module from its own install (router.site, PYTHONPATH), not the image's packages."""
-    return ["python3", "-m", "vllm_router.launch_router", "--host", str(settings.host), "--port", str(settings.port),
-            "--policy", settings.router_policy,
-            "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),
-            "--worker-startup-check-interval", str(STARTUP_CHECK_S),
-            "--worker-urls", *(worker_url(s, settings) for s in params.nodes)]
+    """The router on the head, in front of every node's replica, started with them (front.argv: it waits for them
+    as long as 05 does and holds a request none answers); readiness is each replica's own, then the router's."""
+    return front.argv(settings, [worker_url(s, settings) for s in params.nodes])
 
 
 def plan(params: Params, chosen: str, settings: ServeSettings | None = None, model_dir: str = "") -> ServePlan:

@@ -16,7 +16,7 @@ from ...core.cluster.topology import SERVING
 from ...core.values.evidence import Alternative, Decision, now
 from ...core.values.params import ServeSettings
 from .commands import ServeCommand, ServePlan
-from .launch import BringUp, Kept, Launch, Readiness, get, listed, log_path, router_log_path, tails
+from .launch import BringUp, Kept, Launch, Readiness, get, listed, log_path, router_log, tails
 from .plandiff import differences
 
 
@@ -105,7 +105,7 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
     if dead:
         return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"
     r = running.router
-    router = Spawned(r.node, where[r.node].name, router_log_path(record.attempt)) if r else None
+    router = Spawned(r.node, where[r.node].name, router_log(running, record.attempt)) if r else None
     if router is not None and not ctx.runtime.running(ctx.cluster.nodes[router.node], where[router.node], router):
         return None, f"the earlier router is not running on {router.node}"
     with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0), headers=running.settings.headers()) as client:

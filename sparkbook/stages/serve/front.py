@@ -1,0 +1,136 @@
+"""05's front door (serve.front: router): vllm-router on the head answers clients on serve.port and outlives the
+servers behind it, which listen on serve.replica_port. A replacement or a restart keeps the front running and the
+backend's address unchanged, so a request that arrives while no server answers is retried by the front with backoff
+(held, for serve.hold_s) instead of refused; the old server is stopped drained (vLLM's --shutdown-timeout finishes
+what it runs). `Watcher` measures what a client saw meanwhile."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from ...core.cluster.topology import LOG_DIR
+from ...core.values.params import Params, ServeSettings
+from . import router
+from .commands import ServeCommand, ServePlan
+
+LOG = f"{LOG_DIR}/front.log"  # one front per cluster, not per attempt: no stop of a server ends it
+BACKOFF_MS = (100, 1000)  # the front's retry backoff, first and longest: a held request asks again within 1 s
+HEALTH_CHECK_S = 3600  # the front's own health checks would mark a restarting server down, and then refuse at once
+STARTUP_CHECK_S = 5  # the router's look at servers still starting (its default, 30 s, answers up to 30 s late)
+WORKERS = "--worker-urls"  # last in the argv: every element after it is a backend's URL
+
+
+def retries(settings: ServeSettings) -> int:
+    """Retries that hold a request for about serve.hold_s at the longest backoff."""
+    return max(1, math.ceil(settings.hold_s * 1000 / BACKOFF_MS[1]))
+
+
+def argv(settings: ServeSettings, workers: list[str]) -> list[str]:
+    """vllm-router before `workers`: it waits for them as long as 05 does (serve.ready_timeout_s), and holds a request
+    no backend answers by retrying it with backoff (no circuit breaker, no health check that would drop a restarting
+    server and answer 503 at once). It runs as a module from its own install (router.site, PYTHONPATH)."""
+    return ["python3", "-m", "vllm_router.launch_router", "--host", str(settings.host), "--port", str(settings.port),
+            "--policy", settings.router_policy,
+            "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),
+            "--worker-startup-check-interval", str(STARTUP_CHECK_S),
+            "--retry-max-retries", str(retries(settings)), "--retry-initial-backoff-ms", str(BACKOFF_MS[0]),
+            "--retry-max-backoff-ms", str(BACKOFF_MS[1]), "--disable-circuit-breaker",
+            "--health-check-interval-secs", str(HEALTH_CHECK_S), WORKERS, *workers]
+
+
+def workers(command: ServeCommand) -> list[str]:
+    """The backends' URLs a router argv names."""
+    return command.argv[command.argv.index(WORKERS) + 1:]
+
+
+def drained(argv_: list[str], settings: ServeSettings) -> list[str]:
+    """A server's argv with vLLM's own drain: stopped, it takes no new request and finishes those it runs."""
+    return [*argv_, "--shutdown-timeout", str(settings.drain_timeout_s)]
+
+
+def behind(params: Params, backend: ServePlan, settings: ServeSettings, drains: bool) -> ServePlan:
+    """The tp layout's plan behind the front: `backend` (planned on serve.replica_port) answers the front, which
+    answers clients at serve.port on the head; with `drains`, the head's server stops drained."""
+    commands = list(backend.commands)
+    if drains:
+        commands[0] = dataclasses.replace(commands[0], argv=drained(commands[0].argv, settings))
+    return dataclasses.replace(backend, settings=settings, commands=commands,
+                               base_url=f"http://{params.head.fabric_ip}:{settings.port}",
+                               router=ServeCommand(params.head.name, argv(settings, [backend.base_url]),
+                                                   {"PYTHONPATH": router.site(params)}))
+
+
+def drains(serve_plan: ServePlan) -> bool:
+    """Whether the plan's servers stop drained (their argv carries --shutdown-timeout)."""
+    return "--shutdown-timeout" in serve_plan.commands[0].argv
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """What a client polling the front every POLL_S saw while a replacement or a restart ran: the longest stretch
+    without an answer, and how many asks were refused (no connection) or failed (an error status or no answer in
+    time); a held ask that was answered late counts as neither."""
+
+    dark_s: float
+    asks: int
+    refused: int
+    failed: int
+
+    def event(self) -> dict[str, object]:
+        return {"seconds without service (as a client saw it)": self.dark_s, "asks": self.asks,
+                "refused": self.refused, "failed": self.failed}
+
+
+class Watcher:
+    """Ask the front's /v1/models from here every POLL_S, in a thread, from entering until leaving; a held ask waits
+    up to `hold_s` (the front answers it once a server does)."""
+
+    POLL_S = 0.5
+
+    def __init__(self, base_url: str, headers: dict[str, str], hold_s: float) -> None:
+        self._url, self._headers, self._wait_s = f"{base_url}/v1/models", headers, hold_s + 10
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._asks = self._refused = self._failed = 0
+        self._last_ok = time.monotonic()
+        self._dark = 0.0
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._wait_s + 5)
+        self._dark = max(self._dark, time.monotonic() - self._last_ok - self.POLL_S)
+
+    def view(self) -> ClientView:
+        return ClientView(round(max(self._dark, 0.0), 1), self._asks, self._refused, self._failed)
+
+    def _watch(self) -> None:
+        with httpx.Client(timeout=httpx.Timeout(self._wait_s, connect=2.0), headers=self._headers) as client:
+            while not self._stop.is_set():
+                self._ask(client)
+                self._stop.wait(self.POLL_S)
+
+    def _ask(self, client: httpx.Client) -> None:
+        """One ask; the stretch since the last answer, less one poll interval, where this one answers."""
+        self._asks += 1
+        try:
+            ok = client.get(self._url).status_code == 200
+        except httpx.ConnectError:
+            self._refused += 1
+            return
+        except httpx.HTTPError:
+            ok = False
+        if not ok:
+            self._failed += 1
+            return
+        now = time.monotonic()
+        self._dark = max(self._dark, now - self._last_ok - self.POLL_S)
+        self._last_ok = now

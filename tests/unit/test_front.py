@@ -1,0 +1,97 @@
+"""05's front door (serve.front: router, issue 55): the tp layout's server moved behind vllm-router on
+serve.replica_port, the front's argv holding requests through a gap (retries with backoff, no circuit breaker), a
+drained server argv where the image's vLLM has --shutdown-timeout, params that cannot serve a front refused by name,
+and the client's view a replacement records (a real HTTP server going away and coming back). The front on the lab:
+tests/lab/test_front_lab.py."""
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from test_serve_plan import ctx
+
+from sparkbook.core.values.params import ParamsError, load_params
+from sparkbook.stages.serve import bringup, front, launch
+
+
+def with_front(params, **serve):
+    return params.model_copy(update={"serve": params.serve.model_copy(update={"front": "router", **serve})})
+
+
+def value(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_the_tp_server_answers_the_front_on_its_own_port(lab):
+    params = with_front(lab, hold_s=30)
+    plan = bringup.layout_plan(ctx(params), "mp", params.serve, "", drains=True)
+    head, worker = plan.commands
+    assert value(head.argv, "--port") == "8001" and value(head.argv, "--shutdown-timeout") == "30"
+    assert "--shutdown-timeout" not in worker.argv  # the head's API drains; the worker rank follows it
+    assert plan.base_url == "http://10.77.0.10:8000"  # clients see the front, as before
+    assert plan.router is not None and plan.router.node == "lab-0"
+    assert front.workers(plan.router) == ["http://10.77.0.10:8001"]
+    assert launch.replica_urls(plan) == {"lab-0": "http://10.77.0.10:8001"}  # readiness waits for it, then the front
+    assert value(plan.router.argv, "--retry-max-retries") == "30"  # 30 s at the longest backoff of 1 s
+    assert "--disable-circuit-breaker" in plan.router.argv
+    assert launch.router_log(plan, 3) == front.LOG  # one front, whatever the attempt
+    assert front.drains(plan)
+
+
+def test_without_the_images_drain_the_server_is_stopped_plainly(lab):
+    params = with_front(lab)
+    plan = bringup.layout_plan(ctx(params), "mp", params.serve, "", drains=False)
+    assert "--shutdown-timeout" not in plan.commands[0].argv and not front.drains(plan)
+
+
+def test_front_none_serves_directly(lab):
+    plan = bringup.layout_plan(ctx(lab), "mp", lab.serve, "")
+    assert plan.router is None and value(plan.commands[0].argv, "--port") == "8000"
+    assert launch.router_log(plan, 2).endswith("router-2.log")
+
+
+@pytest.mark.parametrize(("serve", "said"), [
+    ({"api_key_env": "VLLM_KEY"}, "serve.front: vllm-router takes an API key only as --api-key"),
+    ({"replica_port": 8000}, "serve.replica_port: 8000 is serve.port")])
+def test_a_front_with_an_api_key_or_on_the_servers_port_is_refused(write_params, base, serve, said):
+    base["serve"] = {"front": "router", **serve}
+    base["secrets"] = ["VLLM_KEY"] if "api_key_env" in serve else []
+    with pytest.raises(ParamsError, match=said):
+        load_params(write_params(base))
+
+
+class _Models(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b'{"data": [{"id": "m"}]}'
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve(port: int) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_watcher_counts_a_gap_as_a_client_sees_it():
+    server = _serve(0)
+    port = server.server_address[1]
+    with front.Watcher(f"http://127.0.0.1:{port}", {}, hold_s=5) as watching:
+        time.sleep(1.2)
+        server.shutdown()
+        server.server_close()
+        time.sleep(2.5)  # nothing listens: every ask is refused
+        server = _serve(port)
+        time.sleep(1.5)
+    server.shutdown()
+    view = watching.view()
+    assert view.refused >= 3 and view.failed == 0
+    assert 2.0 <= view.dark_s <= 4.5
+    assert view.asks > view.refused

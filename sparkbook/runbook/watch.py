@@ -23,14 +23,14 @@ import httpx
 
 from ..core.cluster.nodes import Node, NodeError
 from ..core.values.errors import SparkbookError
-from ..core.values.evidence import now, read_events
+from ..core.values.evidence import now
 from ..core.values.params import bearer, load_params
 from ..core.values.redact import Redactor
 from ..records import pages, watchlog
 from ..records.watchlog import WatchEvent, WatchKind
 from ..stages.serve.failures import SIGNATURES, FailureCause, classify
 from ..stages.serve.memory import kernel_lines
-from . import lock, operate
+from . import lock, operate, stoprecord
 from .driver import Say, silent
 from .operate import Deployment, NodeStatus
 from .restarts import Restarts
@@ -126,13 +126,11 @@ def _iso(run_id: str) -> str:
     return datetime.strptime(run_id, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat(timespec="seconds")
 
 
-def stopped_at(d: Deployment, since: str | None) -> str | None:
-    """When `sparkbook stop` stopped this deployment (recorded in its run) after `since`, the last check that
-    answered (None: since it began serving); None where nobody stopped it. A stop is an operator's decision that the
-    watch must not undo."""
-    start = since or (_iso(d.rolled_back_by) if d.rolled_back_by else "")
-    stops = [str(e["at"]) for e in read_events(d.run_dir, "operator_stop") if str(e["at"]) > start]
-    return stops[-1] if stops else None
+def stopped(d: Deployment, since: str | None) -> stoprecord.OperatorStop | None:
+    """The `sparkbook stop` of this deployment (recorded in its run) that holds: a partial one whenever it came, a
+    whole one after `since`, the last check that answered (None: since it began serving); None where nobody stopped
+    it. A stop is an operator's decision that the watch must not undo."""
+    return stoprecord.last(d.run_dir, since or (_iso(d.rolled_back_by) if d.rolled_back_by else ""))
 
 
 class Watch:
@@ -240,9 +238,9 @@ class Watch:
     def _failure(self, d: Deployment) -> bool:
         """A confirmed failure: paused by an operator's stop, deferred to a run holding the lock, else the cause
         recorded and the deployment restarted (or the watch gives up)."""
-        if stop := stopped_at(d, self.last_ok):
-            self._note("paused", d, f"the deployment of run {d.run_id} was stopped by `sparkbook stop` at {stop}: not "
-                       f"restarting it; `sparkbook up {self.params_file}` brings it back and the watch follows")
+        if stop := stopped(d, self.last_ok):
+            self._note("paused", d, f"the deployment of run {d.run_id} was {stop.describe()}: not restarting it; "
+                       f"`sparkbook up {self.params_file}` brings it back and the watch follows")
             return False
         session = open_run(self.params_file, d.run_dir, stage="watch")
         try:

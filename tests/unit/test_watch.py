@@ -8,22 +8,28 @@ import json
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
 
 from sparkbook import cli
 from sparkbook.cli import exits
-from sparkbook.core.values.evidence import now
+from sparkbook.core.cluster.nodes import NodeError
+from sparkbook.core.cluster.runtime import Place
+from sparkbook.core.values.evidence import now, read_events
+from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
 from sparkbook.records import pages, watchlog
 from sparkbook.records.watchlog import WatchEvent
 from sparkbook.runbook import operate, watch
 from sparkbook.runbook.operate import NodeStatus
 from sparkbook.runbook.restarts import Restarts, backoff_s
+from sparkbook.runbook.session import open_run
 from sparkbook.stages.serve.failures import classify
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,10 +222,67 @@ def test_an_operators_stop_is_never_undone_and_the_record_says_so_once(tmp_path:
 def test_a_stop_before_the_last_answer_is_not_the_failures_reason(tmp_path: Path) -> None:
     _, run_dir = _deployed(tmp_path)
     d = operate.last_good(load_params(LAB), tmp_path / "outputs")
-    assert watch.stopped_at(d, None) is None
+    assert watch.stopped(d, None) is None
     _stop(run_dir, "2026-12-06T01:00:00+00:00")
-    assert watch.stopped_at(d, None) == "2026-12-06T01:00:00+00:00", "never seen serving since: it is stopped"
-    assert watch.stopped_at(d, "2026-12-06T01:05:00+00:00") is None, "it served after that stop: a later failure"
+    stop = watch.stopped(d, None)
+    assert stop and stop.at == "2026-12-06T01:00:00+00:00", "never seen serving since: it is stopped"
+    assert watch.stopped(d, "2026-12-06T01:05:00+00:00") is None, "it served after that stop: a later failure"
+
+
+class _HalfReachable:
+    """A runtime whose lab-1 cannot be reached (its SSH times out): the stop ends lab-0's server alone."""
+
+    def alive(self, node: object, place: object) -> bool:
+        return True
+
+    def kill(self, node: SimpleNamespace, place: object, spawned: object) -> None:
+        if node.name == "lab-1":
+            raise NodeError("lab-1", "ssh: connect to host 10.200.0.11 port 22: Connection timed out")
+
+    def stop(self, node: object, place: object) -> bool:
+        return True
+
+
+class _Cluster:
+    def __init__(self, names: list[str]):
+        self.nodes = {n: SimpleNamespace(name=n) for n in names}
+
+    def fan_out(self, step: Callable[[Any], Any], timeout: float = 0) -> FanOut[Any]:
+        outcomes: FanOut[Any] = FanOut()
+        for name, node in self.nodes.items():
+            try:
+                outcomes[name] = Outcome(name, value=step(node))
+            except NodeError as exc:
+                outcomes[name] = Outcome(name, error=exc)
+        return outcomes
+
+
+def test_a_partial_stop_is_recorded_one_line_and_the_watch_leaves_it_stopped(tmp_path: Path) -> None:
+    """Planted: lab-1 unreachable during `sparkbook stop`. The stop ends lab-0's server, records both (a partial
+    stop), fails with one line naming both; the watch then finds the deployment dark and restarts nothing, a check
+    that answered after the stop included (what the stop could not reach was meant to stop too)."""
+    params, run_dir = _deployed(tmp_path)
+    session = open_run(params, run_dir, stage="operator")
+    d = operate.last_good(session.params, tmp_path / "outputs")
+    ctx = SimpleNamespace(cluster=_Cluster(["lab-0", "lab-1"]), head=SimpleNamespace(name="lab-0"),
+                          places={n: Place(n, f"sparkbook-{n}") for n in ("lab-0", "lab-1")}, runtime=_HalfReachable())
+    session.context = lambda ref: ctx  # type: ignore[method-assign]
+    with pytest.raises(operate.StopIncomplete) as err:
+        operate.stop(session, d, keep_ray=False)
+    code, text = exits.failure(err.value)
+    assert code == exits.EXIT_FAILED and "\n" not in text and "stopped on lab-0" in text, text
+    assert "not reached: lab-1" in text and "Connection timed out" in text and "sparkbook stop` again" in text
+    [event] = read_events(run_dir, "operator_stop")
+    assert event["data"]["partial"] is True and list(event["data"]["unreached"]) == ["lab-1"], event
+    assert [n["node"] for n in event["data"]["nodes"]] == ["lab-0"]
+    lines: list[str] = []
+    w = watch.Watch(params, tmp_path / "outputs", say=lines.append)
+    w.last_ok = now()  # it answered after the stop: a whole stop would no longer hold, a partial one does
+    assert w.run(checks=3) == 3
+    events = watchlog.read(tmp_path / "outputs" / "lab")
+    assert [e.kind for e in events] == ["started", "check_failed", "paused", "ended"], lines
+    assert "partly stopped by `sparkbook stop`" in events[2].text and "not reached: lab-1" in events[2].text
+    assert not w.restarts.at, "nothing restarted"
 
 
 def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ is watch.failures_to_restart failed checks in a row; then it names the cause fro
 classifier's words (stages.serve.failures), waits the back-off (runbook.restarts) and brings the deployment back with
 `operate.up`, the code path of `sparkbook up`: a run of 04 and 05 that holds the run lock while it restarts, so the
 watch never races a `sparkbook run`. When the window's restarts are spent it gives up loudly (WatchGaveUp). While a
-run holds the lock, or after an operator's `sparkbook stop`, it restarts nothing. Every event goes to the cluster's
+live run holds the lock, or after an operator's `sparkbook stop` (a partial one too), it restarts nothing; a lock it
+judges stale by `run`'s rules is taken over where its holder is provably gone, and ends the watch loudly where it is
+only old (as `run` refuses it). Every event goes to the cluster's
 watch record (records.watchlog)."""
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import httpx
 
@@ -244,9 +247,7 @@ class Watch:
             return False
         session = open_run(self.params_file, d.run_dir, stage="watch")
         try:
-            if holder := self._lock_holder(session):
-                self._note("deferred", d, f"not restarting while {holder.describe()} holds the run lock (its 04 or 05 "
-                           "may be replacing the server)")
+            if (holder := self._lock_holder(session)) and self._waits_for(d, holder):
                 return False
             since_s = time.monotonic() - (self.dark_since or time.monotonic()) + 2 * self.settings.interval_s
             cause = diagnose(session, d, since_s)
@@ -265,6 +266,31 @@ class Watch:
             return lock.read(session.cluster.head, self.params.run_lock.path)
         except (lock.LockError, NodeError):
             return None  # unreadable here: `up` takes the lock itself and says why it cannot
+
+    def _waits_for(self, d: Deployment, holder: lock.Holder) -> bool:
+        """Whether the run lock's holder keeps the watch from restarting, judged by `run`'s rules (runbook.lock): a
+        live holder is waited for; one provably gone (its PID on this controller gone or reused) is taken over by the
+        restart's `up`, as a run takes it over; one stale only by its age is left to a person, as `run` leaves it:
+        the watch gives up, naming the lock and `sparkbook unlock` (a stale lock kept a dark deployment dark)."""
+        stale = lock.staleness(holder, self.params.run_lock.stale_after_s)
+        if stale is None:
+            self._note("deferred", d, f"not restarting while {holder.describe()} holds the run lock (its 04 or 05 "
+                       "may be replacing the server)")
+            return True
+        if lock.dead_here(holder):
+            self._note("stale_lock", d, f"the run lock of {holder.describe()} is stale ({stale}): the restart takes "
+                       "it over, as `sparkbook run` does")
+            return False
+        self._stale_lock(d, holder, stale)
+
+    def _stale_lock(self, d: Deployment, holder: lock.Holder, stale: str) -> NoReturn:
+        line = (f"cluster {self.params.cluster}: the deployment of run {d.run_id} does not answer and the run lock of "
+                f"{holder.describe()} is STALE ({stale}); its holder may run on another machine, so neither `run` nor "
+                "the watch takes it over")
+        todo = (f"if that run is gone, `sparkbook unlock {self.params_file}`; then `sparkbook up {self.params_file}` "
+                "and start the watch again")
+        self.record("gave_up", d, f"watch gave up: {line}: {todo}", remediation=todo)
+        raise WatchGaveUp(self.redactor.text(line), remediation=self.redactor.text(todo))
 
     def _give_up(self, d: Deployment, cause: FailureCause) -> None:
         s = self.settings
@@ -295,6 +321,8 @@ class Watch:
             run_dir, manifest, _ = operate.up(self.params_file, self.outputs, say=self.say)
         except lock.LockHeld as exc:
             self.restarts.withdraw()  # nothing was restarted: a run holds the cluster
+            if exc.stale:
+                self._stale_lock(d, exc.holder, exc.stale)
             self._note("deferred", d, f"restart {n} not made: {exc.holder.describe()} took the run lock first")
             return False
         except SparkbookError as exc:

@@ -26,7 +26,7 @@ from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
 from sparkbook.records import pages, watchlog
 from sparkbook.records.watchlog import WatchEvent
-from sparkbook.runbook import operate, watch
+from sparkbook.runbook import lock, operate, watch
 from sparkbook.runbook.operate import NodeStatus
 from sparkbook.runbook.restarts import Restarts, backoff_s
 from sparkbook.runbook.session import open_run
@@ -283,6 +283,70 @@ def test_a_partial_stop_is_recorded_one_line_and_the_watch_leaves_it_stopped(tmp
     assert [e.kind for e in events] == ["started", "check_failed", "paused", "ended"], lines
     assert "partly stopped by `sparkbook stop`" in events[2].text and "not reached: lab-1" in events[2].text
     assert not w.restarts.at, "nothing restarted"
+
+
+# --- the run lock, judged as `run` judges it ------------------------------------------------------------
+def _planted_lock(*, dead_here: bool, hours: float) -> lock.Holder:
+    """A holder.json as it would stand on the head: a run of this controller whose PID is gone (`dead_here`), or
+    one from another machine (its PID cannot be checked here), started `hours` ago."""
+    import subprocess
+    from datetime import UTC, datetime, timedelta
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return lock.Holder("20261101T000000Z", "controller" if dead_here else "elsewhere",
+                       lock._host_id() if dead_here else "another-boot another-ns", gone.pid, 1, "ops",
+                       (datetime.now(UTC) - timedelta(hours=hours)).isoformat(timespec="seconds"), "p.yaml")
+
+
+def _restarting(monkeypatch: pytest.MonkeyPatch, holder: lock.Holder) -> list[Path]:
+    """The watch's remote steps replaced: the head's lock reads `holder`, the cause is known, `up` is recorded."""
+    ups: list[Path] = []
+
+    def up(params_file: Path, outputs: Path, say: object) -> tuple[Path, SimpleNamespace, None]:
+        ups.append(params_file)
+        return outputs / "lab" / "20270101T000000Z", SimpleNamespace(notebooks=[]), None
+
+    monkeypatch.setattr(watch.Watch, "_lock_holder", lambda self, session: holder)
+    monkeypatch.setattr(watch, "diagnose", lambda session, d, since_s: classify({"lab-0": "Killed"}, {}))
+    monkeypatch.setattr(operate, "up", up)
+    return ups
+
+
+def test_a_stale_lock_of_a_dead_holder_no_longer_keeps_the_deployment_dark(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: an 864-hour-old lock whose holder (a run of this controller) is gone. Before, the watch deferred to it
+    at every check: 0 restarts, no give-up. Now it says the lock is stale and restarts, as `run` takes it over."""
+    params, _ = _deployed(tmp_path)
+    ups = _restarting(monkeypatch, _planted_lock(dead_here=True, hours=864))
+    w = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)
+    w.run(checks=2)
+    kinds = [e.kind for e in watchlog.read(tmp_path / "outputs" / "lab")]
+    assert "deferred" not in kinds and ups == [params], kinds
+    stale = next(e for e in watchlog.read(tmp_path / "outputs" / "lab") if e.kind == "stale_lock")
+    assert "is stale (pid " in stale.text and "not running" in stale.text and "takes it over" in stale.text
+
+
+def test_a_lock_stale_only_by_age_ends_the_watch_loudly_naming_unlock(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 864-hour-old lock from another machine: `run` refuses it (clear it deliberately), so the watch cannot
+    restart through it either; it gives up with one line naming the lock and `sparkbook unlock`."""
+    params, _ = _deployed(tmp_path)
+    ups = _restarting(monkeypatch, _planted_lock(dead_here=False, hours=864))
+    w = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)
+    with pytest.raises(watch.WatchGaveUp) as err:
+        w.run(checks=3)
+    code, text = exits.failure(err.value)
+    assert code == exits.EXIT_GAVE_UP and "\n" not in text and "STALE" in text and "864.0 h old" in text, text
+    assert f"sparkbook unlock {params}" in text and not ups
+    assert watchlog.read(tmp_path / "outputs" / "lab")[-1].kind == "gave_up"
+
+
+def test_a_live_holder_of_the_lock_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params, _ = _deployed(tmp_path)
+    ups = _restarting(monkeypatch, _planted_lock(dead_here=False, hours=0.1))
+    watch.Watch(params, tmp_path / "outputs", say=lambda line: None).run(checks=3)
+    assert "deferred" in [e.kind for e in watchlog.read(tmp_path / "outputs" / "lab")] and not ups
 
 
 def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_path: Path) -> None:

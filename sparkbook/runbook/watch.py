@@ -29,6 +29,7 @@ from ..core.values.errors import SparkbookError
 from ..core.values.evidence import now
 from ..core.values.params import bearer, load_params
 from ..core.values.redact import Redactor
+from ..core.values.rundir import WATCH_BUDGET
 from ..records import pages, watchlog
 from ..records.watchlog import WatchEvent, WatchKind
 from ..stages.serve.failures import SIGNATURES, FailureCause, classify
@@ -146,7 +147,7 @@ class Watch:
         self.settings = self.params.watch
         self.cluster_dir = outputs / self.params.cluster
         self.redactor = Redactor.from_env(self.params.secrets)
-        self.restarts = Restarts(self.settings)
+        self.restarts = Restarts.kept(self.settings, self.cluster_dir / WATCH_BUDGET)  # a watch restarted goes on
         self.checks = 0
         self.failed = 0  # checks failed in a row
         self.dark_since: float | None = None  # monotonic time of this failure's first failed check
@@ -186,7 +187,7 @@ class Watch:
         self.record("started", d, f"watching cluster {self.params.cluster}: the deployment of run {d.run_id} "
                     f"({d.endpoint.model} at {d.endpoint.base_url}) every {s.interval_s:g} s; a restart after "
                     f"{s.failures_to_restart} failed check(s) in a row, at most {s.max_restarts} in "
-                    f"{s.restart_window_s:g} s")
+                    f"{s.restart_window_s:g} s ({self.restarts.recent(time.time())} made in it already)")
         end = None if for_s is None else time.monotonic() + for_s
         try:
             while True:
@@ -204,7 +205,8 @@ class Watch:
             self.record("ended", None, f"watch ended by {'SIGTERM' if self.terminated else 'Ctrl-C'} after "
                         f"{self.checks} check(s)")
             raise
-        self.record("ended", None, f"watch ended: {why}, {len(self.restarts.at)} restart(s)")
+        self.record("ended", None, f"watch ended: {why}, {self.restarts.recent(time.time())} restart(s) in the last "
+                    f"{s.restart_window_s:g} s")
         return self.checks
 
     def round(self) -> bool:
@@ -256,7 +258,7 @@ class Watch:
         also = f" (also seen: {', '.join(cause.also)})" if cause.also else ""
         self.record("cause", d, (cause.summary() + also)[:2 * EVIDENCE_CHARS], cause=cause.cause, node=cause.node,
                     evidence=cause.evidence[-EVIDENCE_CHARS:], remediation=cause.remediation)
-        wait = self.restarts.next_wait(time.monotonic())
+        wait = self.restarts.next_wait(time.time())
         if wait is None:
             self._give_up(d, cause)
         return self._restart(d, wait or 0.0)
@@ -294,7 +296,7 @@ class Watch:
 
     def _give_up(self, d: Deployment, cause: FailureCause) -> None:
         s = self.settings
-        spent = (f"{self.restarts.recent(time.monotonic())} restart(s) within {s.restart_window_s:g} s "
+        spent = (f"{self.restarts.recent(time.time())} restart(s) within {s.restart_window_s:g} s "
                  f"(watch.max_restarts {s.max_restarts}) did not keep it serving")
         line = (f"cluster {self.params.cluster}: the deployment of run {d.run_id} does not answer "
                 f"and {spent}; cause: {cause.cause} on {cause.node or 'the cluster'}: {cause.evidence[-200:]!r}")
@@ -313,7 +315,7 @@ class Watch:
             current = operate.last_good(self.params, self.outputs)
             if current.run_id != d.run_id or check(current, self.settings.check_timeout_s) is None:
                 return True  # another run replaced it, or it answers again: the next check says which
-        n = self.restarts.made(time.monotonic())
+        n = self.restarts.made(time.time())
         self.record("restart", d, f"restart {n} of at most {self.settings.max_restarts} in "
                     f"{self.settings.restart_window_s:g} s: `sparkbook up` (04 and 05 of run {d.run_id}'s plan, under "
                     "the run lock)", restart=n, wait_s=wait)

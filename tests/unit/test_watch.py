@@ -3,8 +3,10 @@ facts a failure is classified with, an operator's stop respected; the loop on a 
 endpoint refuses connections (no node is touched). The lab proof is tests/lab/test_watch.py."""
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
+import os
 import shutil
 import socket
 import threading
@@ -26,7 +28,7 @@ from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
 from sparkbook.records import pages, watchlog
 from sparkbook.records.watchlog import WatchEvent
-from sparkbook.runbook import lock, operate, watch
+from sparkbook.runbook import lock, operate, watch, watchlock
 from sparkbook.runbook.operate import NodeStatus
 from sparkbook.runbook.restarts import Restarts, backoff_s
 from sparkbook.runbook.session import open_run
@@ -299,7 +301,7 @@ def _planted_lock(*, dead_here: bool, hours: float) -> lock.Holder:
                        (datetime.now(UTC) - timedelta(hours=hours)).isoformat(timespec="seconds"), "p.yaml")
 
 
-def _restarting(monkeypatch: pytest.MonkeyPatch, holder: lock.Holder) -> list[Path]:
+def _restarting(monkeypatch: pytest.MonkeyPatch, holder: lock.Holder | None) -> list[Path]:
     """The watch's remote steps replaced: the head's lock reads `holder`, the cause is known, `up` is recorded."""
     ups: list[Path] = []
 
@@ -347,6 +349,91 @@ def test_a_live_holder_of_the_lock_is_waited_for(tmp_path: Path, monkeypatch: py
     ups = _restarting(monkeypatch, _planted_lock(dead_here=False, hours=0.1))
     watch.Watch(params, tmp_path / "outputs", say=lambda line: None).run(checks=3)
     assert "deferred" in [e.kind for e in watchlog.read(tmp_path / "outputs" / "lab")] and not ups
+
+
+# --- the restart budget on disk, one watch per cluster ------------------------------------------------------
+def _with_watch(params: Path, **settings: object) -> Path:
+    data = yaml.safe_load(params.read_text())
+    data["watch"].update(settings)
+    params.write_text(yaml.safe_dump(data))
+    return params
+
+
+def test_a_restarted_watch_goes_on_with_the_clusters_restart_budget(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch that systemd restarts (a new process: a new Watch) once started a fresh budget in memory, so a
+    deployment that dies at every start was restarted for ever. The budget is on disk per cluster now: the restarted
+    watch finds the window's one restart spent and gives up instead of restarting again."""
+    params, _ = _deployed(tmp_path)
+    _with_watch(params, max_restarts=1, restart_window_s=3600)
+    ups = _restarting(monkeypatch, None)  # no run holds the lock
+    first = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)
+    first.run(checks=2)
+    assert ups == [params] and len(first.restarts.at) == 1
+    budget = json.loads((tmp_path / "outputs" / "lab" / "watch-restarts.json").read_text())
+    assert len(budget["restarts"]) == 1, budget
+    again = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)  # systemd's restart of the watch
+    with pytest.raises(watch.WatchGaveUp, match="1 restart"):
+        again.run(checks=2)
+    assert ups == [params], "the restarted watch made no second restart in the window"
+
+
+@pytest.mark.parametrize("planted", ["not json", '{"restarts": "all spent"}', "symlink"])
+def test_a_restart_budget_the_watch_did_not_write_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str) -> None:
+    params, _ = _deployed(tmp_path)
+    budget = tmp_path / "outputs" / "lab" / "watch-restarts.json"
+    if planted == "symlink":
+        (tmp_path / "elsewhere.json").write_text('{"restarts": []}')
+        budget.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        budget.write_text(planted)
+    assert cli.main(["watch", str(params), "--outputs", str(tmp_path / "outputs"), "--checks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"refused: {budget} is not the watch's restart budget"), err
+    assert "Traceback" not in err and not watchlog.read(tmp_path / "outputs" / "lab"), "nothing was watched"
+
+
+def test_a_second_watch_of_the_cluster_is_refused_naming_the_first(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    params, run_dir = _deployed(tmp_path)
+    _stop(run_dir, now())  # paused: a watch that runs touches nothing
+    cluster_dir = tmp_path / "outputs" / "lab"
+    with watchlock.held(cluster_dir, params, say=lambda line: None) as first:
+        assert cli.main(["watch", str(params), "--outputs", str(tmp_path / "outputs"), "--checks", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refused: cluster lab is watched already by " in err, err
+        assert f"pid {first.pid} on host {first.host}" in err and "watch.lock" in err
+        assert not watchlog.read(cluster_dir), "the second watch recorded nothing"
+    assert cli.main(["watch", str(params), "--outputs", str(tmp_path / "outputs"), "--checks", "1"]) == 0, \
+        "released when the first ends"
+
+
+def test_a_dead_watchs_lock_is_taken_over_saying_whose_it_was(tmp_path: Path) -> None:
+    """A watch killed with SIGKILL leaves its pid in the file but not its flock: the next watch takes over."""
+    cluster_dir = tmp_path / "lab"
+    cluster_dir.mkdir()
+    dead = _planted_lock(dead_here=True, hours=2)
+    watchlock.path(cluster_dir).write_text(json.dumps(dataclasses.asdict(dead)))
+    lines: list[str] = []
+    with watchlock.held(cluster_dir, tmp_path / "p.yaml", say=lines.append) as me:
+        assert me.pid == os.getpid()
+        assert json.loads(watchlock.path(cluster_dir).read_text())["pid"] == os.getpid()
+    assert lines == [f"watch lock: the last watch of cluster lab (pid {dead.pid} on host controller, since "
+                     f"{dead.started}) has ended; taken over"], lines
+    assert watchlock.path(cluster_dir).read_text() == "", "released: it says nobody watches"
+
+
+def test_a_link_planted_as_the_watch_lock_is_refused(tmp_path: Path) -> None:
+    cluster_dir = tmp_path / "lab"
+    cluster_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    watchlock.path(cluster_dir).symlink_to(victim)
+    with pytest.raises(watchlock.WatchRunning, match="cannot open the watch lock"):
+        with watchlock.held(cluster_dir, tmp_path / "p.yaml", say=lambda line: None):
+            pass
+    assert victim.read_text() == "kept"
 
 
 def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_path: Path) -> None:

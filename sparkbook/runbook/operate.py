@@ -27,7 +27,7 @@ from ..core.values.params import Params, load_params
 from ..core.values.rundir import is_run_dir
 from ..core.values.stagelist import RAYCLUSTER, SERVE
 from ..stages.serve.endpoints import ClientAddress, client_addresses
-from . import driver, lock, stoprecord
+from . import driver, lock, logfollow, stoprecord
 from .driver import RunOptions, Say, silent
 from .manifest import Manifest
 from .session import Run, open_run
@@ -272,7 +272,7 @@ def server_log(d: Deployment, node: str) -> str:
 def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail_bytes: int = 20000,
          router: bool = False) -> None:
     """The node's vLLM server log (the file 05 spawned it with), or with `router` the router's on the head; with
-    `follow`, new lines until interrupted."""
+    `follow`, new lines until interrupted, each poll reading only what was appended (runbook.logfollow)."""
     if router and d.endpoint.router_log is None:
         raise NothingDeployed(f"run {d.run_id} serves without a router (serve.layout tp)",
                               remediation="leave out --router")
@@ -286,14 +286,17 @@ def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail
     if not ctx.runtime.alive(n, place):
         raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",
                               remediation="`sparkbook up PARAMS` brings the deployment back")
-    seen = ctx.runtime.read(n, place, path)
-    say(seen[-tail_bytes:])
+    got = logfollow.appended(ctx.runtime, n, place, path, 0, limit=tail_bytes)
+    say(got.text)
     while follow:
         time.sleep(FOLLOW_POLL_S)
-        text = ctx.runtime.read(n, place, path)
-        if len(text) > len(seen):
-            say(text[len(seen):].rstrip("\n"))
-        seen = text
+        got = logfollow.appended(ctx.runtime, n, place, path, got.offset)
+        if got.restarted:
+            say(f"--- {path} was written anew (the server started again): from its start ---")
+        if got.skipped:
+            say(f"--- {got.skipped} bytes skipped (more than {logfollow.FOLLOW_LIMIT_BYTES} came at once) ---")
+        if got.text:
+            say(got.text.rstrip("\n"))
 
 
 # stop

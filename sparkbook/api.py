@@ -22,7 +22,7 @@ from .records import archive, pages, watchlog
 from .records.archive import RunRecord
 from .records.compare import Comparison, compare_runs, page_path
 from .records.watchlog import WatchEvent
-from .runbook import driver, lock, operate, previews
+from .runbook import driver, lock, operate, previews, watchlock
 from .runbook.driver import RunbookError, RunOptions, Say, silent
 from .runbook.lock import LockError, Unlocked
 from .runbook.manifest import Manifest, NotebookRun
@@ -199,12 +199,13 @@ class WatchEnd:
 
 
 def watch(params_file: Path, options: WatchOptions | None = None, *, say: Say = silent) -> WatchEnd:
-    """Keep the deployment serving, restarting it on a confirmed failure; WatchGaveUp where its restarts did not.
-    Ctrl-C is recorded and raised as KeyboardInterrupt."""
+    """Keep the deployment serving, restarting it on a confirmed failure; WatchGaveUp where its restarts did not,
+    WatchRunning where another watch of the cluster runs. Ctrl-C is recorded and raised as KeyboardInterrupt."""
     o = options or WatchOptions()
     watcher = Watch(params_file, o.outputs, say=say)  # params validated here, nothing remote
     try:
-        with watcher.sigterm_ends_it() if o.sigterm_ends else nullcontext():
+        with watchlock.held(watcher.cluster_dir, params_file, say), \
+                watcher.sigterm_ends_it() if o.sigterm_ends else nullcontext():
             return WatchEnd(watcher.run(checks=o.checks, for_s=o.for_s), by_sigterm=False)
     except KeyboardInterrupt:
         if watcher.terminated:

@@ -1,5 +1,6 @@
 """`sparkbook stop PARAMS`: stop the deployment, recorded in its run, under the run lock. Exits 1 when no run of the
-cluster deployed a server."""
+cluster deployed a server, or when a node could not be reached (the others are stopped, and that partial stop is
+recorded: the watch leaves it stopped)."""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """`sparkbook watch PARAMS`: keep the deployment serving. Exits 0 at its bound (--checks, --for) or on SIGTERM, 5 when
-it gives up (its restarts did not keep the deployment serving), 1 when nothing is deployed."""
+it gives up (its restarts did not keep the deployment serving, or a run lock stale only by its age blocks them), 2 when
+another watch of the cluster runs (or its restart budget file is not one a watch wrote), 1 when nothing is deployed."""
 from __future__ import annotations
 
 import argparse

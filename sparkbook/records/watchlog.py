@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..core.values.rundir import WATCH
 
-WatchKind = Literal["started", "check_failed", "cause", "restart", "restart_failed", "back", "deferred", "paused",
-                    "gave_up", "ended"]
+WatchKind = Literal["started", "check_failed", "cause", "restart", "restart_failed", "back", "deferred", "stale_lock",
+                    "paused", "gave_up", "ended"]
 
 
 class WatchEvent(BaseModel):

@@ -27,7 +27,7 @@ from ..core.values.params import Params, load_params
 from ..core.values.rundir import is_run_dir
 from ..core.values.stagelist import RAYCLUSTER, SERVE
 from ..stages.serve.endpoints import ClientAddress, client_addresses
-from . import driver, lock
+from . import driver, lock, logfollow, stoprecord
 from .driver import RunOptions, Say, silent
 from .manifest import Manifest
 from .session import Run, open_run
@@ -272,7 +272,7 @@ def server_log(d: Deployment, node: str) -> str:
 def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail_bytes: int = 20000,
          router: bool = False) -> None:
     """The node's vLLM server log (the file 05 spawned it with), or with `router` the router's on the head; with
-    `follow`, new lines until interrupted."""
+    `follow`, new lines until interrupted, each poll reading only what was appended (runbook.logfollow)."""
     if router and d.endpoint.router_log is None:
         raise NothingDeployed(f"run {d.run_id} serves without a router (serve.layout tp)",
                               remediation="leave out --router")
@@ -286,14 +286,17 @@ def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail
     if not ctx.runtime.alive(n, place):
         raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",
                               remediation="`sparkbook up PARAMS` brings the deployment back")
-    seen = ctx.runtime.read(n, place, path)
-    say(seen[-tail_bytes:])
+    got = logfollow.appended(ctx.runtime, n, place, path, 0, limit=tail_bytes)
+    say(got.text)
     while follow:
         time.sleep(FOLLOW_POLL_S)
-        text = ctx.runtime.read(n, place, path)
-        if len(text) > len(seen):
-            say(text[len(seen):].rstrip("\n"))
-        seen = text
+        got = logfollow.appended(ctx.runtime, n, place, path, got.offset)
+        if got.restarted:
+            say(f"--- {path} was written anew (the server started again): from its start ---")
+        if got.skipped:
+            say(f"--- {got.skipped} bytes skipped (more than {logfollow.FOLLOW_LIMIT_BYTES} came at once) ---")
+        if got.text:
+            say(got.text.rstrip("\n"))
 
 
 # stop
@@ -308,7 +311,8 @@ class NodeStopped:
 
 def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     """End every node's `vllm serve` (its whole session), and unless `keep_ray` the node containers with their
-    Ray; recorded in the deployment's run dir, so `sparkbook up` knows what to bring back."""
+    Ray; recorded in the deployment's run dir, so `sparkbook up` knows what to bring back. A stop that cannot reach
+    every node stops the others, records that (a partial stop the watch respects) and raises StopIncomplete."""
     ctx = session.context(d.image.ref)
 
     def one(node: Node) -> NodeStopped:
@@ -322,11 +326,25 @@ def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
             return NodeStopped(node.name, "stopped", "kept (Ray still runs)")
         return NodeStopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none")
 
-    done = ctx.cluster.fan_out(one, timeout=PROBE_TIMEOUT_S + 30).values_or_raise(
-        lambda errors: SparkbookError(f"stop did not reach every node: {errors}",
-                                      remediation="make the node reachable and run `sparkbook stop` again"))
-    session.record("operator_stop", {"at": now(), "keep_ray": keep_ray, "nodes": done})
+    outcomes = ctx.cluster.fan_out(one, timeout=PROBE_TIMEOUT_S + 30)
+    done = [o.value for o in outcomes.succeeded.values() if o.value is not None]
+    unreached = {n: str(o.error) for n, o in outcomes.failed.items()}
+    session.record(stoprecord.KIND, stoprecord.payload(now(), keep_ray, done, unreached))  # a partial one too
+    if unreached:
+        raise StopIncomplete(d, done, outcomes.errors())
     return done
+
+
+class StopIncomplete(SparkbookError):
+    """`sparkbook stop` reached some nodes, not all: what it stopped is recorded with what it could not reach, so the
+    watch leaves the deployment stopped, and the message names both."""
+
+    def __init__(self, d: Deployment, stopped: list[NodeStopped], errors: str):
+        self.stopped = stopped
+        done = ", ".join(s.node for s in stopped) or "no node"
+        super().__init__(f"stop of the deployment of run {d.run_id} did not reach every node: stopped on {done}; "
+                         f"not reached: {errors}; recorded in that run as a partial stop (the watch leaves it stopped)",
+                         remediation="make the node reachable and run `sparkbook stop` again")
 
 
 # up

@@ -6,7 +6,9 @@ is watch.failures_to_restart failed checks in a row; then it names the cause fro
 classifier's words (stages.serve.failures), waits the back-off (runbook.restarts) and brings the deployment back with
 `operate.up`, the code path of `sparkbook up`: a run of 04 and 05 that holds the run lock while it restarts, so the
 watch never races a `sparkbook run`. When the window's restarts are spent it gives up loudly (WatchGaveUp). While a
-run holds the lock, or after an operator's `sparkbook stop`, it restarts nothing. Every event goes to the cluster's
+live run holds the lock, or after an operator's `sparkbook stop` (a partial one too), it restarts nothing; a lock it
+judges stale by `run`'s rules is taken over where its holder is provably gone, and ends the watch loudly where it is
+only old (as `run` refuses it). Every event goes to the cluster's
 watch record (records.watchlog)."""
 from __future__ import annotations
 
@@ -18,19 +20,21 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import httpx
 
 from ..core.cluster.nodes import Node, NodeError
 from ..core.values.errors import SparkbookError
-from ..core.values.evidence import now, read_events
+from ..core.values.evidence import now
 from ..core.values.params import bearer, load_params
 from ..core.values.redact import Redactor
+from ..core.values.rundir import WATCH_BUDGET
 from ..records import pages, watchlog
 from ..records.watchlog import WatchEvent, WatchKind
 from ..stages.serve.failures import SIGNATURES, FailureCause, classify
 from ..stages.serve.memory import kernel_lines
-from . import lock, operate
+from . import lock, operate, stoprecord
 from .driver import Say, silent
 from .operate import Deployment, NodeStatus
 from .restarts import Restarts
@@ -126,13 +130,11 @@ def _iso(run_id: str) -> str:
     return datetime.strptime(run_id, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat(timespec="seconds")
 
 
-def stopped_at(d: Deployment, since: str | None) -> str | None:
-    """When `sparkbook stop` stopped this deployment (recorded in its run) after `since`, the last check that
-    answered (None: since it began serving); None where nobody stopped it. A stop is an operator's decision that the
-    watch must not undo."""
-    start = since or (_iso(d.rolled_back_by) if d.rolled_back_by else "")
-    stops = [str(e["at"]) for e in read_events(d.run_dir, "operator_stop") if str(e["at"]) > start]
-    return stops[-1] if stops else None
+def stopped(d: Deployment, since: str | None) -> stoprecord.OperatorStop | None:
+    """The `sparkbook stop` of this deployment (recorded in its run) that holds: a partial one whenever it came, a
+    whole one after `since`, the last check that answered (None: since it began serving); None where nobody stopped
+    it. A stop is an operator's decision that the watch must not undo."""
+    return stoprecord.last(d.run_dir, since or (_iso(d.rolled_back_by) if d.rolled_back_by else ""))
 
 
 class Watch:
@@ -145,7 +147,7 @@ class Watch:
         self.settings = self.params.watch
         self.cluster_dir = outputs / self.params.cluster
         self.redactor = Redactor.from_env(self.params.secrets)
-        self.restarts = Restarts(self.settings)
+        self.restarts = Restarts.kept(self.settings, self.cluster_dir / WATCH_BUDGET)  # a watch restarted goes on
         self.checks = 0
         self.failed = 0  # checks failed in a row
         self.dark_since: float | None = None  # monotonic time of this failure's first failed check
@@ -185,7 +187,7 @@ class Watch:
         self.record("started", d, f"watching cluster {self.params.cluster}: the deployment of run {d.run_id} "
                     f"({d.endpoint.model} at {d.endpoint.base_url}) every {s.interval_s:g} s; a restart after "
                     f"{s.failures_to_restart} failed check(s) in a row, at most {s.max_restarts} in "
-                    f"{s.restart_window_s:g} s")
+                    f"{s.restart_window_s:g} s ({self.restarts.recent(time.time())} made in it already)")
         end = None if for_s is None else time.monotonic() + for_s
         try:
             while True:
@@ -203,7 +205,8 @@ class Watch:
             self.record("ended", None, f"watch ended by {'SIGTERM' if self.terminated else 'Ctrl-C'} after "
                         f"{self.checks} check(s)")
             raise
-        self.record("ended", None, f"watch ended: {why}, {len(self.restarts.at)} restart(s)")
+        self.record("ended", None, f"watch ended: {why}, {self.restarts.recent(time.time())} restart(s) in the last "
+                    f"{s.restart_window_s:g} s")
         return self.checks
 
     def round(self) -> bool:
@@ -240,15 +243,13 @@ class Watch:
     def _failure(self, d: Deployment) -> bool:
         """A confirmed failure: paused by an operator's stop, deferred to a run holding the lock, else the cause
         recorded and the deployment restarted (or the watch gives up)."""
-        if stop := stopped_at(d, self.last_ok):
-            self._note("paused", d, f"the deployment of run {d.run_id} was stopped by `sparkbook stop` at {stop}: not "
-                       f"restarting it; `sparkbook up {self.params_file}` brings it back and the watch follows")
+        if stop := stopped(d, self.last_ok):
+            self._note("paused", d, f"the deployment of run {d.run_id} was {stop.describe()}: not restarting it; "
+                       f"`sparkbook up {self.params_file}` brings it back and the watch follows")
             return False
         session = open_run(self.params_file, d.run_dir, stage="watch")
         try:
-            if holder := self._lock_holder(session):
-                self._note("deferred", d, f"not restarting while {holder.describe()} holds the run lock (its 04 or 05 "
-                           "may be replacing the server)")
+            if (holder := self._lock_holder(session)) and self._waits_for(d, holder):
                 return False
             since_s = time.monotonic() - (self.dark_since or time.monotonic()) + 2 * self.settings.interval_s
             cause = diagnose(session, d, since_s)
@@ -257,7 +258,7 @@ class Watch:
         also = f" (also seen: {', '.join(cause.also)})" if cause.also else ""
         self.record("cause", d, (cause.summary() + also)[:2 * EVIDENCE_CHARS], cause=cause.cause, node=cause.node,
                     evidence=cause.evidence[-EVIDENCE_CHARS:], remediation=cause.remediation)
-        wait = self.restarts.next_wait(time.monotonic())
+        wait = self.restarts.next_wait(time.time())
         if wait is None:
             self._give_up(d, cause)
         return self._restart(d, wait or 0.0)
@@ -268,9 +269,34 @@ class Watch:
         except (lock.LockError, NodeError):
             return None  # unreadable here: `up` takes the lock itself and says why it cannot
 
+    def _waits_for(self, d: Deployment, holder: lock.Holder) -> bool:
+        """Whether the run lock's holder keeps the watch from restarting, judged by `run`'s rules (runbook.lock): a
+        live holder is waited for; one provably gone (its PID on this controller gone or reused) is taken over by the
+        restart's `up`, as a run takes it over; one stale only by its age is left to a person, as `run` leaves it:
+        the watch gives up, naming the lock and `sparkbook unlock` (a stale lock kept a dark deployment dark)."""
+        stale = lock.staleness(holder, self.params.run_lock.stale_after_s)
+        if stale is None:
+            self._note("deferred", d, f"not restarting while {holder.describe()} holds the run lock (its 04 or 05 "
+                       "may be replacing the server)")
+            return True
+        if lock.dead_here(holder):
+            self._note("stale_lock", d, f"the run lock of {holder.describe()} is stale ({stale}): the restart takes "
+                       "it over, as `sparkbook run` does")
+            return False
+        self._stale_lock(d, holder, stale)
+
+    def _stale_lock(self, d: Deployment, holder: lock.Holder, stale: str) -> NoReturn:
+        line = (f"cluster {self.params.cluster}: the deployment of run {d.run_id} does not answer and the run lock of "
+                f"{holder.describe()} is STALE ({stale}); its holder may run on another machine, so neither `run` nor "
+                "the watch takes it over")
+        todo = (f"if that run is gone, `sparkbook unlock {self.params_file}`; then `sparkbook up {self.params_file}` "
+                "and start the watch again")
+        self.record("gave_up", d, f"watch gave up: {line}: {todo}", remediation=todo)
+        raise WatchGaveUp(self.redactor.text(line), remediation=self.redactor.text(todo))
+
     def _give_up(self, d: Deployment, cause: FailureCause) -> None:
         s = self.settings
-        spent = (f"{self.restarts.recent(time.monotonic())} restart(s) within {s.restart_window_s:g} s "
+        spent = (f"{self.restarts.recent(time.time())} restart(s) within {s.restart_window_s:g} s "
                  f"(watch.max_restarts {s.max_restarts}) did not keep it serving")
         line = (f"cluster {self.params.cluster}: the deployment of run {d.run_id} does not answer "
                 f"and {spent}; cause: {cause.cause} on {cause.node or 'the cluster'}: {cause.evidence[-200:]!r}")
@@ -289,7 +315,7 @@ class Watch:
             current = operate.last_good(self.params, self.outputs)
             if current.run_id != d.run_id or check(current, self.settings.check_timeout_s) is None:
                 return True  # another run replaced it, or it answers again: the next check says which
-        n = self.restarts.made(time.monotonic())
+        n = self.restarts.made(time.time())
         self.record("restart", d, f"restart {n} of at most {self.settings.max_restarts} in "
                     f"{self.settings.restart_window_s:g} s: `sparkbook up` (04 and 05 of run {d.run_id}'s plan, under "
                     "the run lock)", restart=n, wait_s=wait)
@@ -297,6 +323,8 @@ class Watch:
             run_dir, manifest, _ = operate.up(self.params_file, self.outputs, say=self.say)
         except lock.LockHeld as exc:
             self.restarts.withdraw()  # nothing was restarted: a run holds the cluster
+            if exc.stale:
+                self._stale_lock(d, exc.holder, exc.stale)
             self._note("deferred", d, f"restart {n} not made: {exc.holder.describe()} took the run lock first")
             return False
         except SparkbookError as exc:

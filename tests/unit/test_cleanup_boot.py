@@ -63,7 +63,7 @@ def test_plan_disables_enabled_units_and_restore_enables_them_again() -> None:
              Unit("vllm-static.service", "active", [], file_state="static")]
     head = Inventory("spark-1a32", [], "Docker 28", units, "systemd", [], "no GPU", [], Memory(100 << 30, 10 << 30))
     by_name = {t.name: t for t in plan([head], CleanupTargets(systemd_units=["vllm-*.service"])).targets}
-    assert by_name["vllm-cluster.service"].stop == "systemctl disable --now vllm-cluster.service"
-    assert by_name["vllm-cluster.service"].restore == "systemctl enable --now vllm-cluster.service"
+    assert by_name["vllm-cluster.service"].stop == "systemctl disable --now -- vllm-cluster.service"
+    assert by_name["vllm-cluster.service"].restore == "systemctl enable --now -- vllm-cluster.service"
     for name in ("vllm-proxy.service", "vllm-static.service"):  # they did not start at boot: left as they were
-        assert by_name[name].stop == f"systemctl stop {name}" and by_name[name].restore == f"systemctl start {name}"
+        assert by_name[name].stop == f"systemctl stop -- {name}" and by_name[name].restore == f"systemctl start -- {name}"

@@ -59,7 +59,7 @@ def test_seed_units_follow_order_and_required_by():
                                 Container("grafana", "3", "g", "running", [])])
     p = plan([head, worker], targets)
     assert [t.name for t in p.targets] == ["vllm-proxy.service", "vllm-cluster.service", "tei-embed", "tei-rerank"]
-    assert p.targets[0].restore == "systemctl start vllm-proxy.service"
+    assert p.targets[0].restore == "systemctl start -- vllm-proxy.service"
 
 
 def test_unit_required_by_orders_without_order_patterns():

@@ -2,9 +2,13 @@
 `status`, `logs` and `stop` act on, its plan fingerprint, and the notebooks `up` runs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import subprocess
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,3 +95,55 @@ def test_after_a_rollback_the_deployment_is_the_plan_that_serves_again(tmp_path:
                                                       "data": {"rolled_back_to_run": resumed.name, "ok": True}}))
     d = operate.deployments(cluster)[0]
     assert (d.run_id, d.rolled_back_by) == (resumed.name, resumed.name)
+
+
+# logs --follow: only what was appended
+class _LocalRuntime:
+    """A runtime whose place is this machine: each exec runs here, and the bytes it returned are counted."""
+
+    def __init__(self) -> None:
+        self.returned: list[int] = []
+
+    def alive(self, node: object, place: object) -> bool:
+        return True
+
+    def exec(self, node: object, place: object, argv: list[str], timeout: float = 0) -> SimpleNamespace:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        self.returned.append(len(done.stdout))
+        return SimpleNamespace(stdout=done.stdout, stderr=done.stderr, ok=done.returncode == 0)
+
+
+def test_logs_follow_reads_only_what_was_appended_and_a_log_written_anew_from_its_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, every 2 s poll read the whole log again (a day's log: megabytes a poll). Planted: a 300 kB log; each
+    poll now brings back its appended bytes (and one line of size) only, and a log written anew is read whole."""
+    log = tmp_path / "serve-1.log"
+    log.write_text("".join(f"old line {i:06d}\n" for i in range(20000)))
+    runtime = _LocalRuntime()
+    ctx = SimpleNamespace(runtime=runtime, cluster=SimpleNamespace(nodes={"lab-0": SimpleNamespace(name="lab-0")}),
+                          places={"lab-0": SimpleNamespace(name="sparkbook-lab-0")})
+    session = SimpleNamespace(context=lambda ref: ctx, params=SimpleNamespace(head=SimpleNamespace(name="lab-0")))
+    d = operate.last_good(load_params(LAB), EXAMPLES)
+    d = dataclasses.replace(d, endpoint=d.endpoint.model_copy(update={"logs": {"lab-0": str(log)}}))
+    polls = iter([lambda: log.open("a").write("new 1\nnew 2\n"), lambda: None,
+                  lambda: log.write_text("fresh start\n"), lambda: log.open("a").write("more\n")])
+
+    real_sleep = time.sleep
+
+    def sleep(s: float) -> None:
+        if s != operate.FOLLOW_POLL_S:  # another's wait (subprocess polls with time.sleep)
+            return real_sleep(s)
+        try:
+            next(polls)()
+        except StopIteration:
+            raise KeyboardInterrupt from None
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        operate.logs(session, d, "lab-0", follow=True, say=said.append, tail_bytes=2000)  # type: ignore[arg-type]
+    assert said[0].endswith("old line 019999\n") and len(said[0]) == 2000, "the first read shows the tail only"
+    assert said[1:] == ["new 1\nnew 2", f"--- {log} was written anew (the server started again): from its start ---",
+                        "fresh start", "more"], said
+    header = len(f"{300000 + 12} {300000}\n")
+    assert runtime.returned[0] < 2000 + header and max(runtime.returned[1:]) <= header + 12, runtime.returned

@@ -237,6 +237,31 @@ def test_a_running_unit_and_container_are_not_started_again() -> None:
     assert restore.already_running(steps, stopped) == []
 
 
+# a unit name is an argument, never an option
+def test_a_unit_named_like_an_option_reaches_systemctl_and_journalctl_after_the_end_of_options() -> None:
+    """Planted: a unit `-Hroot@host.service` matched by a glob; without `--`, systemctl reads `-H root@host.service`
+    and acts on another machine."""
+    planted = "-Hroot@host.service"
+    head = Inventory("a", [], "Docker 28", [Unit(planted, "active", [])], "systemd", [], "no GPU", [], MEM)
+    target = plan([head], CleanupTargets(systemd_units=["*Hroot@host.service"])).targets[0]
+    node = Launcher("a")
+    act._stop_one(node, target)  # type: ignore[arg-type]
+    restore._restore_one(node, Step("a", "unit", planted, target.restore), {})  # type: ignore[arg-type]
+    restore.observe(node, Step("a", "unit", planted, target.restore))  # type: ignore[arg-type]
+    assert node.ran[:2] == [["systemctl", "stop", "--", planted], ["systemctl", "start", "--", planted]]
+    asked = [argv for argv in node.ran[2:] if argv[0] in ("systemctl", "journalctl")]
+    assert len(asked) == 3, node.ran
+    for argv in asked:
+        assert planted not in argv or argv[argv.index(planted) - 1] == "--", argv
+        assert f"--unit={planted}" in argv or planted in argv, argv
+
+
+def test_a_unit_pattern_starting_with_a_dash_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="starts with '-'"):
+        CleanupTargets(systemd_units=["-Hroot@host.service"])
+    assert CleanupTargets(systemd_units=["vllm-*.service"]).systemd_units == ["vllm-*.service"]
+
+
 # systemd's escapes keep their backslash from the plan to the node
 def test_an_escaped_unit_name_reaches_systemctl_whole_on_stop_restore_and_in_restore_sh(tmp_path: Path) -> None:
     units = [Unit(UNIT, "active", [], file_state="enabled"), Unit("vllm@other.service", "active", [])]
@@ -246,13 +271,13 @@ def test_an_escaped_unit_name_reaches_systemctl_whole_on_stop_restore_and_in_res
     node = Launcher("a")
     act._stop_one(node, target)  # type: ignore[arg-type]
     restore._restore_one(node, Step("a", "unit", UNIT, target.restore), {})  # type: ignore[arg-type]
-    assert node.ran == [["systemctl", "disable", "--now", UNIT], ["systemctl", "enable", "--now", UNIT]]
-    assert by_name["vllm@other.service"].stop == "systemctl stop vllm@other.service", "plain names stay plain"
+    assert node.ran == [["systemctl", "disable", "--now", "--", UNIT], ["systemctl", "enable", "--now", "--", UNIT]]
+    assert by_name["vllm@other.service"].stop == "systemctl stop -- vllm@other.service", "plain names stay plain"
     # restore.sh: `ssh ... 'COMMAND'` (a local node: `sh -c 'COMMAND'`), whose COMMAND the node's shell parses again
     ctx = SimpleNamespace(cluster=SimpleNamespace(nodes={"a": node}), run_dir=tmp_path,
                           params=SimpleNamespace(runtime=SimpleNamespace(kind="python")),
                           runtime=SimpleNamespace(own_place=False))  # a Python environment: no node containers
     files = restore.restore_files(ctx, tmp_path / "p.yaml", Plan([target]))  # type: ignore[arg-type]
     line = files.script.splitlines()[-1]
-    assert shlex.split(shlex.split(line)[-1]) == ["systemctl", "enable", "--now", UNIT], line
+    assert shlex.split(shlex.split(line)[-1]) == ["systemctl", "enable", "--now", "--", UNIT], line
     assert files.plan.steps[0].restore == target.restore

@@ -3,27 +3,35 @@ facts a failure is classified with, an operator's stop respected; the loop on a 
 endpoint refuses connections (no node is touched). The lab proof is tests/lab/test_watch.py."""
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
+import os
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
 
 from sparkbook import cli
 from sparkbook.cli import exits
-from sparkbook.core.values.evidence import now
+from sparkbook.core.cluster.nodes import NodeError
+from sparkbook.core.cluster.runtime import Place
+from sparkbook.core.values.evidence import now, read_events
+from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
 from sparkbook.records import pages, watchlog
 from sparkbook.records.watchlog import WatchEvent
-from sparkbook.runbook import operate, watch
+from sparkbook.runbook import lock, operate, watch, watchlock
 from sparkbook.runbook.operate import NodeStatus
 from sparkbook.runbook.restarts import Restarts, backoff_s
+from sparkbook.runbook.session import open_run
 from sparkbook.stages.serve.failures import classify
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,10 +224,216 @@ def test_an_operators_stop_is_never_undone_and_the_record_says_so_once(tmp_path:
 def test_a_stop_before_the_last_answer_is_not_the_failures_reason(tmp_path: Path) -> None:
     _, run_dir = _deployed(tmp_path)
     d = operate.last_good(load_params(LAB), tmp_path / "outputs")
-    assert watch.stopped_at(d, None) is None
+    assert watch.stopped(d, None) is None
     _stop(run_dir, "2026-12-06T01:00:00+00:00")
-    assert watch.stopped_at(d, None) == "2026-12-06T01:00:00+00:00", "never seen serving since: it is stopped"
-    assert watch.stopped_at(d, "2026-12-06T01:05:00+00:00") is None, "it served after that stop: a later failure"
+    stop = watch.stopped(d, None)
+    assert stop and stop.at == "2026-12-06T01:00:00+00:00", "never seen serving since: it is stopped"
+    assert watch.stopped(d, "2026-12-06T01:05:00+00:00") is None, "it served after that stop: a later failure"
+
+
+class _HalfReachable:
+    """A runtime whose lab-1 cannot be reached (its SSH times out): the stop ends lab-0's server alone."""
+
+    def alive(self, node: object, place: object) -> bool:
+        return True
+
+    def kill(self, node: SimpleNamespace, place: object, spawned: object) -> None:
+        if node.name == "lab-1":
+            raise NodeError("lab-1", "ssh: connect to host 10.200.0.11 port 22: Connection timed out")
+
+    def stop(self, node: object, place: object) -> bool:
+        return True
+
+
+class _Cluster:
+    def __init__(self, names: list[str]):
+        self.nodes = {n: SimpleNamespace(name=n) for n in names}
+
+    def fan_out(self, step: Callable[[Any], Any], timeout: float = 0) -> FanOut[Any]:
+        outcomes: FanOut[Any] = FanOut()
+        for name, node in self.nodes.items():
+            try:
+                outcomes[name] = Outcome(name, value=step(node))
+            except NodeError as exc:
+                outcomes[name] = Outcome(name, error=exc)
+        return outcomes
+
+
+def test_a_partial_stop_is_recorded_one_line_and_the_watch_leaves_it_stopped(tmp_path: Path) -> None:
+    """Planted: lab-1 unreachable during `sparkbook stop`. The stop ends lab-0's server, records both (a partial
+    stop), fails with one line naming both; the watch then finds the deployment dark and restarts nothing, a check
+    that answered after the stop included (what the stop could not reach was meant to stop too)."""
+    params, run_dir = _deployed(tmp_path)
+    session = open_run(params, run_dir, stage="operator")
+    d = operate.last_good(session.params, tmp_path / "outputs")
+    ctx = SimpleNamespace(cluster=_Cluster(["lab-0", "lab-1"]), head=SimpleNamespace(name="lab-0"),
+                          places={n: Place(n, f"sparkbook-{n}") for n in ("lab-0", "lab-1")}, runtime=_HalfReachable())
+    session.context = lambda ref: ctx  # type: ignore[method-assign]
+    with pytest.raises(operate.StopIncomplete) as err:
+        operate.stop(session, d, keep_ray=False)
+    code, text = exits.failure(err.value)
+    assert code == exits.EXIT_FAILED and "\n" not in text and "stopped on lab-0" in text, text
+    assert "not reached: lab-1" in text and "Connection timed out" in text and "sparkbook stop` again" in text
+    [event] = read_events(run_dir, "operator_stop")
+    assert event["data"]["partial"] is True and list(event["data"]["unreached"]) == ["lab-1"], event
+    assert [n["node"] for n in event["data"]["nodes"]] == ["lab-0"]
+    lines: list[str] = []
+    w = watch.Watch(params, tmp_path / "outputs", say=lines.append)
+    w.last_ok = now()  # it answered after the stop: a whole stop would no longer hold, a partial one does
+    assert w.run(checks=3) == 3
+    events = watchlog.read(tmp_path / "outputs" / "lab")
+    assert [e.kind for e in events] == ["started", "check_failed", "paused", "ended"], lines
+    assert "partly stopped by `sparkbook stop`" in events[2].text and "not reached: lab-1" in events[2].text
+    assert not w.restarts.at, "nothing restarted"
+
+
+# --- the run lock, judged as `run` judges it ------------------------------------------------------------
+def _planted_lock(*, dead_here: bool, hours: float) -> lock.Holder:
+    """A holder.json as it would stand on the head: a run of this controller whose PID is gone (`dead_here`), or
+    one from another machine (its PID cannot be checked here), started `hours` ago."""
+    import subprocess
+    from datetime import UTC, datetime, timedelta
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return lock.Holder("20261101T000000Z", "controller" if dead_here else "elsewhere",
+                       lock._host_id() if dead_here else "another-boot another-ns", gone.pid, 1, "ops",
+                       (datetime.now(UTC) - timedelta(hours=hours)).isoformat(timespec="seconds"), "p.yaml")
+
+
+def _restarting(monkeypatch: pytest.MonkeyPatch, holder: lock.Holder | None) -> list[Path]:
+    """The watch's remote steps replaced: the head's lock reads `holder`, the cause is known, `up` is recorded."""
+    ups: list[Path] = []
+
+    def up(params_file: Path, outputs: Path, say: object) -> tuple[Path, SimpleNamespace, None]:
+        ups.append(params_file)
+        return outputs / "lab" / "20270101T000000Z", SimpleNamespace(notebooks=[]), None
+
+    monkeypatch.setattr(watch.Watch, "_lock_holder", lambda self, session: holder)
+    monkeypatch.setattr(watch, "diagnose", lambda session, d, since_s: classify({"lab-0": "Killed"}, {}))
+    monkeypatch.setattr(operate, "up", up)
+    return ups
+
+
+def test_a_stale_lock_of_a_dead_holder_no_longer_keeps_the_deployment_dark(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: an 864-hour-old lock whose holder (a run of this controller) is gone. Before, the watch deferred to it
+    at every check: 0 restarts, no give-up. Now it says the lock is stale and restarts, as `run` takes it over."""
+    params, _ = _deployed(tmp_path)
+    ups = _restarting(monkeypatch, _planted_lock(dead_here=True, hours=864))
+    w = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)
+    w.run(checks=2)
+    kinds = [e.kind for e in watchlog.read(tmp_path / "outputs" / "lab")]
+    assert "deferred" not in kinds and ups == [params], kinds
+    stale = next(e for e in watchlog.read(tmp_path / "outputs" / "lab") if e.kind == "stale_lock")
+    assert "is stale (pid " in stale.text and "not running" in stale.text and "takes it over" in stale.text
+
+
+def test_a_lock_stale_only_by_age_ends_the_watch_loudly_naming_unlock(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 864-hour-old lock from another machine: `run` refuses it (clear it deliberately), so the watch cannot
+    restart through it either; it gives up with one line naming the lock and `sparkbook unlock`."""
+    params, _ = _deployed(tmp_path)
+    ups = _restarting(monkeypatch, _planted_lock(dead_here=False, hours=864))
+    w = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)
+    with pytest.raises(watch.WatchGaveUp) as err:
+        w.run(checks=3)
+    code, text = exits.failure(err.value)
+    assert code == exits.EXIT_GAVE_UP and "\n" not in text and "STALE" in text and "864.0 h old" in text, text
+    assert f"sparkbook unlock {params}" in text and not ups
+    assert watchlog.read(tmp_path / "outputs" / "lab")[-1].kind == "gave_up"
+
+
+def test_a_live_holder_of_the_lock_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params, _ = _deployed(tmp_path)
+    ups = _restarting(monkeypatch, _planted_lock(dead_here=False, hours=0.1))
+    watch.Watch(params, tmp_path / "outputs", say=lambda line: None).run(checks=3)
+    assert "deferred" in [e.kind for e in watchlog.read(tmp_path / "outputs" / "lab")] and not ups
+
+
+# --- the restart budget on disk, one watch per cluster ------------------------------------------------------
+def _with_watch(params: Path, **settings: object) -> Path:
+    data = yaml.safe_load(params.read_text())
+    data["watch"].update(settings)
+    params.write_text(yaml.safe_dump(data))
+    return params
+
+
+def test_a_restarted_watch_goes_on_with_the_clusters_restart_budget(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch that systemd restarts (a new process: a new Watch) once started a fresh budget in memory, so a
+    deployment that dies at every start was restarted for ever. The budget is on disk per cluster now: the restarted
+    watch finds the window's one restart spent and gives up instead of restarting again."""
+    params, _ = _deployed(tmp_path)
+    _with_watch(params, max_restarts=1, restart_window_s=3600)
+    ups = _restarting(monkeypatch, None)  # no run holds the lock
+    first = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)
+    first.run(checks=2)
+    assert ups == [params] and len(first.restarts.at) == 1
+    budget = json.loads((tmp_path / "outputs" / "lab" / "watch-restarts.json").read_text())
+    assert len(budget["restarts"]) == 1, budget
+    again = watch.Watch(params, tmp_path / "outputs", say=lambda line: None)  # systemd's restart of the watch
+    with pytest.raises(watch.WatchGaveUp, match="1 restart"):
+        again.run(checks=2)
+    assert ups == [params], "the restarted watch made no second restart in the window"
+
+
+@pytest.mark.parametrize("planted", ["not json", '{"restarts": "all spent"}', "symlink"])
+def test_a_restart_budget_the_watch_did_not_write_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str) -> None:
+    params, _ = _deployed(tmp_path)
+    budget = tmp_path / "outputs" / "lab" / "watch-restarts.json"
+    if planted == "symlink":
+        (tmp_path / "elsewhere.json").write_text('{"restarts": []}')
+        budget.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        budget.write_text(planted)
+    assert cli.main(["watch", str(params), "--outputs", str(tmp_path / "outputs"), "--checks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"refused: {budget} is not the watch's restart budget"), err
+    assert "Traceback" not in err and not watchlog.read(tmp_path / "outputs" / "lab"), "nothing was watched"
+
+
+def test_a_second_watch_of_the_cluster_is_refused_naming_the_first(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    params, run_dir = _deployed(tmp_path)
+    _stop(run_dir, now())  # paused: a watch that runs touches nothing
+    cluster_dir = tmp_path / "outputs" / "lab"
+    with watchlock.held(cluster_dir, params, say=lambda line: None) as first:
+        assert cli.main(["watch", str(params), "--outputs", str(tmp_path / "outputs"), "--checks", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refused: cluster lab is watched already by " in err, err
+        assert f"pid {first.pid} on host {first.host}" in err and "watch.lock" in err
+        assert not watchlog.read(cluster_dir), "the second watch recorded nothing"
+    assert cli.main(["watch", str(params), "--outputs", str(tmp_path / "outputs"), "--checks", "1"]) == 0, \
+        "released when the first ends"
+
+
+def test_a_dead_watchs_lock_is_taken_over_saying_whose_it_was(tmp_path: Path) -> None:
+    """A watch killed with SIGKILL leaves its pid in the file but not its flock: the next watch takes over."""
+    cluster_dir = tmp_path / "lab"
+    cluster_dir.mkdir()
+    dead = _planted_lock(dead_here=True, hours=2)
+    watchlock.path(cluster_dir).write_text(json.dumps(dataclasses.asdict(dead)))
+    lines: list[str] = []
+    with watchlock.held(cluster_dir, tmp_path / "p.yaml", say=lines.append) as me:
+        assert me.pid == os.getpid()
+        assert json.loads(watchlock.path(cluster_dir).read_text())["pid"] == os.getpid()
+    assert lines == [f"watch lock: the last watch of cluster lab (pid {dead.pid} on host controller, since "
+                     f"{dead.started}) has ended; taken over"], lines
+    assert watchlock.path(cluster_dir).read_text() == "", "released: it says nobody watches"
+
+
+def test_a_link_planted_as_the_watch_lock_is_refused(tmp_path: Path) -> None:
+    cluster_dir = tmp_path / "lab"
+    cluster_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    watchlock.path(cluster_dir).symlink_to(victim)
+    with pytest.raises(watchlock.WatchRunning, match="cannot open the watch lock"):
+        with watchlock.held(cluster_dir, tmp_path / "p.yaml", say=lambda line: None):
+            pass
+    assert victim.read_text() == "kept"
 
 
 def test_giving_up_is_one_line_naming_the_cluster_the_cause_and_what_to_do(tmp_path: Path) -> None:

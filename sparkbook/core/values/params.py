@@ -67,8 +67,17 @@ def _secret_name(value: str) -> str:
                      "variable that holds the secret")
 
 
+def _not_an_option(value: str) -> str:
+    """A unit name reaches systemctl and journalctl as an argument: one starting with `-` reads as an option there
+    (`-Hroot@host.service` is `-H root@host.service`)."""
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': systemctl would read it as an option; name the unit without it")
+    return value
+
+
 Name = Annotated[str, _matches(_NAME, "name")]
 Pattern = Annotated[str, _matches(_PATTERN, "glob pattern")]
+UnitPattern = Annotated[Pattern, AfterValidator(_not_an_option)]
 RemotePath = Annotated[str, _matches(_PATH, "absolute path")]
 Image = Annotated[str, _matches(_IMAGE, "image reference")]
 EnvName = Annotated[str, _matches(_ENV_NAME, "environment variable name")]
@@ -222,8 +231,9 @@ class ModelSpec(Strict):
 
 class CleanupTargets(Strict):
     containers: list[Pattern] = Field([], description="containers 01 may stop, by name (globs)")
-    systemd_units: list[Pattern] = Field([], description="systemd units 01 may stop and disable, with the processes "
-                                         "of their cgroup and the containers they keep running")
+    systemd_units: list[UnitPattern] = Field([], description="systemd units 01 may stop and disable, with the "
+                                             "processes of their cgroup and the containers they keep running (a name "
+                                             "never starts with '-': systemctl would read it as an option)")
     processes: list[Pattern] = Field([], description="processes 01 may stop, by command name, with their descendants "
                                      "and the containers they keep running")
     order: list[Pattern] = Field([], description="stop targets matching these first, in this order")

@@ -38,13 +38,15 @@ def links(output: str) -> Links:
 
 def stop_command(unit: str, file_state: str) -> str:
     """Stopping an enabled unit also disables it: it would start again at the next boot. The unit is quoted: its
-    name may carry systemd's escapes (`vllm@model\\x2dname.service`), whose backslash a shell or shlex.split drops."""
+    name may carry systemd's escapes (`vllm@model\\x2dname.service`), whose backslash a shell or shlex.split drops;
+    and it follows `--`, so a name that starts with `-` is never read as an option (`-Hroot@host.service` would send
+    the command to another machine)."""
     verb = ["disable", "--now"] if file_state == ENABLED else ["stop"]
-    return shlex.join(["systemctl", *verb, unit])
+    return shlex.join(["systemctl", *verb, "--", unit])
 
 
 def start_command(unit: str, file_state: str) -> str:
     """Bring it back as it was: an enabled unit enabled again (and started), any other only started (quoted as
     stop_command's)."""
     verb = ["enable", "--now"] if file_state == ENABLED else ["start"]
-    return shlex.join(["systemctl", *verb, unit])
+    return shlex.join(["systemctl", *verb, "--", unit])

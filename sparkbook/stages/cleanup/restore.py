@@ -493,9 +493,10 @@ def _not_restorable(node: Node, s: Step) -> tuple[bool, str, float, str]:
 
 
 def _observe_unit(node: Node, s: Step) -> tuple[bool, str, float, str]:
-    active = node.run(["systemctl", "is-active", s.name], timeout=PROBE_TIMEOUT_S).stdout.strip()
-    mem = node.run(["systemctl", "show", "-p", "MemoryCurrent", "--value", s.name], timeout=PROBE_TIMEOUT_S)
-    log = node.run(["journalctl", "-u", s.name, "-n", str(LOG_TAIL_LINES), "--no-pager"], timeout=PROBE_TIMEOUT_S)
+    """The unit after `--` (or in `--unit=`): a name starting with `-` is never read as an option."""
+    active = node.run(["systemctl", "is-active", "--", s.name], timeout=PROBE_TIMEOUT_S).stdout.strip()
+    mem = node.run(["systemctl", "show", "-p", "MemoryCurrent", "--value", "--", s.name], timeout=PROBE_TIMEOUT_S)
+    log = node.run(["journalctl", f"--unit={s.name}", "-n", str(LOG_TAIL_LINES), "--no-pager"], timeout=PROBE_TIMEOUT_S)
     rss = int(mem.stdout.strip()) / (1 << 20) if mem.stdout.strip().isdigit() else 0.0
     return active == "active", active, round(rss, 1), tail(log.stdout, LOG_TAIL_LINES)
 

@@ -40,11 +40,13 @@ TARGETS = CleanupTargets(processes=["python*"])
 
 def old_process(pid: int, *flags: str, cwd: str = "/srv") -> Process:
     argv = [sys.executable, "-c", DUMP, "serve", "/models/x", *flags, "--port", "8000"]
-    return Process(pid, "python3", " ".join(argv), [pid], cwd, argv)
+    return Process(pid, "python3", " ".join(argv), [pid], cwd, argv, (0, 0, []))
 
 
 def node_a(*processes: Process) -> Inventory:
-    return Inventory("a", [], "Docker 28", [], "systemd", list(processes), "no GPU", [], MEM)
+    """Node a as 01's inventory sees it, reached as root (uid 0)."""
+    return Inventory("a", [], "Docker 28", [], "systemd", list(processes), "no GPU", [], MEM,
+                     commands={p.pid: p.args for p in processes}, session_uid=0)
 
 
 @pytest.fixture
@@ -73,10 +75,9 @@ def test_the_plan_and_restore_sh_hold_the_secrets_name_never_its_value(local: Pa
     plan_text, script = (tmp_path / "restore-plan.json").read_text(), (tmp_path / "restore.sh").read_text()
     assert TOKEN not in plan_text + script and "[REDACTED]" not in plan_text + script
     (recorded,) = json.loads(plan_text)["steps"]
-    assert recorded["launch"]["argv"][4:8] == ["/models/x", "--hf-token", {"secret": "HF_TOKEN", "prefix": ""},
-                                               "--port"]
+    assert recorded["launch"]["argv"][4:8] == ["/models/x", "--hf-token", {"template": "${HF_TOKEN}"}, "--port"]
     assert recorded["cannot_restore"] is None
-    assert '--hf-token "$HF_TOKEN" --port 8000' in step.restore  # type: ignore[operator]
+    assert '--hf-token "${HF_TOKEN}" --port 8000' in step.restore  # type: ignore[operator]
     assert '[ -n "${HF_TOKEN-}" ] || {' in script, "restore.sh stops before acting where it is not exported"
     assert """printf '%s\\n' "$HF_TOKEN" | sh -c 'IFS= read -r HF_TOKEN && cd /srv && """ in script
 

@@ -13,12 +13,13 @@ from ...core.values.evidence import Alternative, Decision
 from ...core.values.params import CleanupTargets
 from ...core.values.stagelist import CLEANUP
 from . import boot
+from .guard import Spared
 from .inventory import Inventory, Process, matching
 from .relaunch import Relaunch, RunAs, recorded, unknown_secret
 
 STOP_GRACE_S = 10
 TargetKind = Literal["container", "unit", "process"]
-FIELDS: dict[TargetKind, str] = {"container": "cleanup.containers", "unit": "cleanup.systemd_units",
+FIELDS: dict[str, str] = {"container": "cleanup.containers", "unit": "cleanup.systemd_units",
                                  "process": "cleanup.processes"}
 NO_SECRETS: Mapping[str, str] = MappingProxyType({})
 RELAUNCHED = "relaunched from its recorded argv, working directory and user (not its environment)"
@@ -163,7 +164,7 @@ def plan(inventories: list[Inventory], targets: CleanupTargets, secrets: Mapping
     by_owner = [o for inv in inventories for o in owned(inv, inventories, targets)]
     taken = {(o.node, o.name) for o in by_owner}
     found = [c for inv in inventories for c in _candidates(inv, targets, secrets) if (c.node, c.name) not in taken]
-    refuse_broad(found, targets.max_targets)
+    refuse_broad(found, targets.max_targets, [(inv.node, s) for inv in inventories for s in inv.spared])
     deps = {(c.node, c.name): set(c.depends_on) for c in found}
     for (node, unit), by in _unit_dependents(inventories).items():
         for dependent in by:
@@ -180,12 +181,15 @@ def plan(inventories: list[Inventory], targets: CleanupTargets, secrets: Mapping
     return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps) + spared + lost)
 
 
-def refuse_broad(found: list[CleanupTarget], limit: int) -> None:
-    """Refuse the plan where one pattern matches more than `limit` targets on one node: a typo (`*`, `*python*`)
-    would otherwise plan half the node, and only confirm_cleanup would stand between it and the kill."""
-    by: dict[tuple[str, TargetKind, str], list[str]] = {}
+def refuse_broad(found: list[CleanupTarget], limit: int, spared: list[tuple[str, Spared]]) -> None:
+    """Refuse the plan where one pattern matches more than `limit` targets on one node, those it spares (node,
+    what) counted too: a typo (`*`, `*python*`) would otherwise plan half the node, and only confirm_cleanup would
+    stand between it and the kill; counted after sparing, `*` on a quiet node would pass and plan the rest."""
+    by: dict[tuple[str, str, str], list[str]] = {}
     for c in found:
         by.setdefault((c.node, c.kind, c.pattern), []).append(c.name)
+    for node, s in spared:
+        by.setdefault((node, s.kind, s.pattern), []).append(f"{s.name} (never stopped)")
     broad = [f"{FIELDS[kind]} pattern {pattern!r} matches {len(names)} targets on {node}: {', '.join(names)}"
              for (node, kind, pattern), names in by.items() if len(names) > limit]
     if broad:

@@ -130,19 +130,3 @@ def _verified(into: Path, machine: str) -> None:
                          f"({', '.join(w.name for w in wheels) or 'none'}: sha256 {', '.join(digests) or '-'}, "
                          f"expected {ROUTER_SHA256[machine]}); it was removed",
                          remediation="check the package index this machine's pip uses, then run again")
-    into.mkdir(parents=True, exist_ok=True)
-    platforms = [f"--platform={p}_{machine}" for p in ("manylinux_2_28", "manylinux_2_17", "manylinux2014",
-                                                      "manylinux_2_5", "manylinux1")]
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", *platforms,
-            f"--python-version={python}", "--implementation=cp", "-d", str(into), f"vllm-router=={VERSION}"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise ServeError(f"downloading vllm-router {VERSION} here took over {DOWNLOAD_TIMEOUT_S} s",
-                         remediation="check this machine's access to PyPI") from exc
-    if done.returncode != 0:
-        raise ServeError(f"downloading vllm-router {VERSION} for Python {python} on {machine} here failed: "
-                         f"{done.stderr[-600:]}", remediation="check this machine's access to PyPI (or its pip "
-                         "configuration)")
-    (into / ".complete").touch()
-    return into

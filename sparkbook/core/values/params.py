@@ -57,16 +57,6 @@ def _no_secret(value: str) -> str:
     return value
 
 
-def _no_secret_names(env: dict[str, str]) -> dict[str, str]:
-    """A variable whose name says it holds a secret (HF_TOKEN, *_API_KEY, *_PASSWORD) gets its value from the
-    controller's environment, by `secrets`, never from the params (a flag's value of 3 characters or less passes:
-    `HF_HUB_DISABLE_IMPLICIT_TOKEN: "1"`)."""
-    named = sorted(k for k, v in env.items() if SECRET_NAME.fullmatch(k) and len(v) > 3)
-    if named:
-        raise ValueError(f"{', '.join(named)}: a secret's variable with a value typed in (not shown); {USE_A_REFERENCE}")
-    return env
-
-
 def _secret_name(value: str) -> str:
     """A `secrets` entry names a variable; one that does not is never echoed (it may be the secret itself, pasted
     where its name belongs, and an error lands in CI logs): only its index, and a NAME=VALUE's name, are said."""
@@ -91,7 +81,7 @@ Arg = Annotated[str, _matches(_ARG, "command-line argument"), AfterValidator(_no
 Size = Annotated[str, _matches(_SIZE, "size (e.g. 128M, 1G)")]
 Parser = Annotated[str, _matches(_NAME, "vLLM parser name")]
 Prose = Annotated[str, _matches(_PROSE, "sentence (letters, digits, spaces, .,:?!'\"()/-)")]
-Env = Annotated[dict[EnvName, EnvValue], AfterValidator(_no_secret_names)]
+Env = dict[EnvName, EnvValue]
 
 
 # benchmark.depths left out: 0 and the deepest of these that fits the plan's window with the depth's prompt and output
@@ -680,16 +670,21 @@ class Params(Strict):
         return self
 
     def _typed_secrets(self) -> list[str]:
-        """A named secret's value (as this controller holds it) typed into an env or argv setting, which is recorded,
-        shown and put where the secret must not be; each named by field and variable, never by value."""
-        places: dict[str, list[str]] = {"runtime.env": list(self.runtime.env.values()),
-                                        "ray.env": list(self.ray.env.values()),
-                                        "serve.env": list(self.serve.env.values()),
-                                        "serve.extra_args": self.serve.extra_args}
-        places |= {f"serve.node_env.{node}": list(env.values()) for node, env in self.serve.node_env.items()}
+        """A secret typed into an env or argv setting, which is recorded, shown and put where a secret must not be:
+        a named secret's value (as this controller holds it), or a value given to a variable whose name says it holds
+        a secret (HF_TOKEN, *_API_KEY, *_PASSWORD; 3 characters or less pass: `HF_HUB_DISABLE_IMPLICIT_TOKEN: "1"`).
+        Each named by field and variable, never by value."""
+        envs = {"runtime.env": self.runtime.env, "ray.env": self.ray.env, "serve.env": self.serve.env}
+        envs |= {f"serve.node_env.{node}": env for node, env in self.serve.node_env.items()}
+        places = {where: list(env.values()) for where, env in envs.items()}
+        places["serve.extra_args"] = self.serve.extra_args
         known = {name: value for name, value in self.secret_values().items() if len(value) > 3}
-        return [f"{where}: holds the value of {name} (not shown); it is a secret: {USE_A_REFERENCE}"
-                for where, texts in places.items() for name, value in known.items() if any(value in t for t in texts)]
+        typed = [f"{where}.{name}: a secret's variable with a value typed in (not shown); {USE_A_REFERENCE}"
+                 for where, env in envs.items() for name, value in env.items()
+                 if SECRET_NAME.fullmatch(name) and len(value) > 3]
+        return typed + [f"{where}: holds the value of {name} (not shown); it is a secret: {USE_A_REFERENCE}"
+                        for where, texts in places.items() for name, value in known.items()
+                        if any(value in t for t in texts)]
 
     def _ab_problems(self) -> list[str]:
         """An A/B needs its two arms to differ, and decides at a concurrency the sweep measures."""

@@ -1,8 +1,8 @@
 """What 01 never stops, whatever its patterns match: PID 1, the kernel's threads, sshd, dockerd, containerd and dbus,
 what a login runs (a user's `systemd --user`, a Docker client's `docker system dial-stdio`: this runbook's own
-connections among them), the lab's node processes, the inventory probe with its ancestors (the SSH session 01 reaches the node by), and, on the
-controller's own host, the controller with its ancestors. A typo such as `*` would otherwise plan them all (issue 43,
-item 6); pure over the probed process table, so recorded `ps` texts test it."""
+connections among them), the lab's node processes, the inventory probe with its ancestors (the SSH session 01 reaches
+the node by), and, on the controller's own host, the controller with its ancestors. A typo such as `*` would
+otherwise plan them all (issue 43, item 6); pure over the probed process table, so recorded `ps` texts test it."""
 from __future__ import annotations
 
 import os

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -136,9 +138,9 @@ class Run:
 
     def keep_files(self, files: Mapping[str, str]) -> None:
         """Write the files a stage hands over into the run dir (redacted), as it hands them: 01's restore plan, before
-        it stops anything."""
+        it stops anything. They hold command lines, so they are the owner's alone (mode 0600)."""
         for name, text in files.items():
-            (self.run_dir / name).write_text(self.redactor.text(text))
+            _write_private(self.run_dir / name, self.redactor.text(text))
 
     def write_log(self, name: str, text: str) -> Path:
         path = self.run_dir / LOGS / name
@@ -213,6 +215,19 @@ class Run:
     def close(self) -> None:
         if self._cluster:
             self._cluster.close()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner only: created 0600 beside it (never through a link), then
+    renamed over it, so no reader sees it half written or with a wider mode."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp: mode 0600, O_EXCL
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _display(bundle: dict[str, Any]) -> None:

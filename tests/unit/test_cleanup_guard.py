@@ -123,3 +123,37 @@ def test_max_targets_is_a_parameter_and_a_match_within_it_is_planned() -> None:
     assert CleanupTargets().max_targets == 8
     assert len(plan([_many(8)], CleanupTargets(processes=["*python*"])).targets) == 8
     assert len(plan([_many(9)], CleanupTargets(processes=["*python*"], max_targets=9)).targets) == 9
+
+
+# issue 56: `*` counted before sparing, and the runbook's own connections never planned
+QUIET = ["1 0 /sbin/init", "200 1 sshd: /usr/sbin/sshd -D [listener]", "300 200 sshd-session: root@notty",
+         "301 300 docker system dial-stdio", "310 1 /lib/systemd/systemd --user", "311 310 (sd-pam)",
+         "320 1 @dbus-daemon --system --address=systemd: --nofork", "400 1 python3 /srv/old.py"]
+QUIET_COMM = {1: "systemd", 200: "sshd", 300: "sshd-session", 301: "docker", 310: "systemd", 311: "(sd-pam)",
+              320: "dbus-daemon", 400: "python3"}
+
+
+def _quiet(patterns: list[str]) -> Inventory:
+    """A quiet node as the inventory builds it: the old service, and the processes of logins (the runbook's own
+    Docker connection, a user's systemd) and daemons, none of which `*` may plan."""
+    procs = tree(QUIET)
+    rows = guard.table([f"{pid} {QUIET_COMM[pid]} {args}" for pid, (_, args) in procs.items()], procs)
+    never = guard.spared(rows, guard.roots(None, ""))
+    matched, kept = inventory.matched_processes(rows, patterns, never)
+    return Inventory("lab-0", [], "Docker 28", [], "systemd", [Process(p.pid, p.comm, p.args) for p in matched],
+                     "no GPU", [], MEM, spared=kept)
+
+
+def test_the_runbooks_own_connection_processes_a_users_systemd_and_dbus_are_never_planned() -> None:
+    p = plan([_quiet(["*"])], CleanupTargets(processes=["*"]))
+    assert [t.name for t in p.targets] == ["python3[400]"]
+    spared = " ".join(p.warnings)
+    for name in ("docker[301]", "systemd[310]", "(sd-pam)[311]", "dbus-daemon[320]"):
+        assert f"{name} matches '*' but is never stopped" in spared
+
+
+def test_star_is_counted_before_sparing_so_a_quiet_node_refuses_it() -> None:
+    with pytest.raises(PatternTooBroad) as refused:
+        plan([_quiet(["*"])], CleanupTargets(processes=["*"], max_targets=3))
+    assert "cleanup.processes pattern '*' matches 8 targets on lab-0" in str(refused.value)
+    assert "docker[301] (never stopped)" in str(refused.value)

@@ -167,7 +167,7 @@ def lab_process() -> Process:
                   "  43    42 ssh -o ConnectTimeout=30 -T -- root@10.77.1.11 docker system dial-stdio",
                   "  50     1 docker run --rm --name other base"])
     assert family(40, procs) == [40, 41, 42, 43]
-    return Process(40, "python3", args, family(40, procs), "/", args.split())
+    return Process(40, "python3", args, family(40, procs), "/", args.split(), (0, 0, []))
 
 
 def lab_inventories() -> list[Inventory]:
@@ -177,7 +177,7 @@ def lab_inventories() -> list[Inventory]:
                                Container("vllm_node", "b", "base", "running", [], [101], 30.0),
                                Container("other", "c", "base", "running", [])],
                      "Docker 28", [], "no systemd", [lab_process()], "no GPU", [], MEM, clients=docker_clients(procs),
-                     addresses=["lab-0", "10.77.1.10"])
+                     addresses=["lab-0", "10.77.1.10"], session_uid=0)
     worker = Inventory("lab-1", [Container("vllm_node", "d", "base", "running", [], [201], 30.0)], "Docker 28", [],
                        "no systemd", [], "no GPU", [], MEM, addresses=["lab-1", "10.77.1.11"])
     return [head, worker]
@@ -248,13 +248,25 @@ def test_unit_stop_timeout_is_a_parameter_defaulting_to_90_s() -> None:
     assert t.stop_timeout_s == 300
 
 
-def test_a_matched_process_is_recorded_with_its_exact_argv_and_working_directory() -> None:
-    """LAUNCH_PROBE's reply (cmdline NULs turned into \\x1f): an argument with a space survives, unlike `ps` args."""
+def test_a_matched_process_is_recorded_with_its_exact_argv_working_directory_and_user() -> None:
+    """LAUNCH_PROBE's reply (cmdline NULs turned into \\x1f; then uid, gid and groups from /proc/PID/status): an
+    argument with a space survives, unlike `ps` args; a process a user ran is relaunched as that user."""
     procs = tree(["40 1 python3 /srv/mgr.py --title old cluster", "41 40 docker run --rm --name vllm_node img"])
-    node = FakeNode("lab-0", "==40==\n/srv\npython3\x1f/srv/mgr.py\x1f--title\x1fold cluster\x1f\n")
+    node = FakeNode("lab-0", "==40==\n/srv\npython3\x1f/srv/mgr.py\x1f--title\x1fold cluster\x1f\n1000 1000  27 44\n")
     rows = table(["40 python3 python3 /srv/mgr.py --title old cluster", "41 docker docker run"], procs)
     (pr,) = inventory._processes(node, inventory.matched_processes(rows, ["*mgr.py*"], {})[0], procs)
-    assert (pr.pid, pr.cwd, pr.argv, pr.family) == (40, "/srv", ["python3", "/srv/mgr.py", "--title", "old cluster"],
-                                                     [40, 41])
-    assert planning.relaunch(pr, {}).command() == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old cluster' </dev/null "
-                                    ">/dev/null 2>&1 & }")
+    assert (pr.pid, pr.cwd, pr.argv, pr.family, pr.user) == (
+        40, "/srv", ["python3", "/srv/mgr.py", "--title", "old cluster"], [40, 41], (1000, 1000, [27, 44]))
+    assert planning.relaunch(pr, {}, 1000).command() == ("cd /srv && { setsid python3 /srv/mgr.py --title 'old "
+                                                         "cluster' </dev/null >/dev/null 2>&1 & }")
+    assert planning.relaunch(pr, {}, 0).command() == (
+        "cd /srv && { setpriv --reuid=1000 --regid=1000 --groups=27,44 -- setsid python3 /srv/mgr.py --title "
+        "'old cluster' </dev/null >/dev/null 2>&1 & }"), "root relaunches it as its user, never as root"
+
+
+def test_a_process_of_another_user_or_of_an_unread_user_is_not_relaunched_by_a_non_root_ssh_user() -> None:
+    pr = Process(40, "python3", "python3 /srv/mgr.py", [40], "/srv", ["python3", "/srv/mgr.py"], (1000, 1000, []))
+    assert "it ran as uid 1000, and the SSH user (uid 1001)" in (planning.cannot_relaunch(pr, {}, 1001) or "")
+    assert planning.cannot_relaunch(pr, {}, 1000) is None and planning.cannot_relaunch(pr, {}, 0) is None
+    unread = Process(40, "python3", "python3 /srv/mgr.py", [40], "/srv", ["python3", "/srv/mgr.py"])
+    assert "did not show which user ran it" in (planning.cannot_relaunch(unread, {}, 0) or "")

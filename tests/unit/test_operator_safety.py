@@ -216,7 +216,7 @@ def test_a_second_restore_verifies_the_running_process_and_launches_only_what_is
     steps = [Step("a", "process", "python3[40]", old.command(), launch=old),
              Step("a", "process", "python3[41]", other.command(), launch=other)]
     now = {"a": Inventory("a", [], "Docker 28", [], "systemd", [Process(90, "python3", "python3 /srv/old.py")],
-                          "no GPU", [], MEM)}
+                          "no GPU", [], MEM, commands={90: "python3 /srv/old.py"})}
     running = restore.already_running(steps, now)
     assert running == steps[:1], "the one relaunched by the first restore runs again: planted"
     node = Launcher("a")

@@ -4,6 +4,7 @@ secret's variable NAME, never its value; `sparkbook restore` reads the value fro
 saying why, one whose secret sparkbook does not know instead of relaunching `[REDACTED]`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ from sparkbook.core.values.redact import Redactor
 from sparkbook.stages.cleanup import restore
 from sparkbook.stages.cleanup.inventory import Inventory, Process
 from sparkbook.stages.cleanup.planning import plan
+from sparkbook.stages.cleanup.relaunch import SecretRef
 from sparkbook.stages.cleanup.restore import Seen, judge, restore_files
 
 TOKEN = "hf_abcdefghijklmnopqrstuvwxyz"
@@ -40,11 +42,13 @@ TARGETS = CleanupTargets(processes=["python*"])
 
 def old_process(pid: int, *flags: str, cwd: str = "/srv") -> Process:
     argv = [sys.executable, "-c", DUMP, "serve", "/models/x", *flags, "--port", "8000"]
-    return Process(pid, "python3", " ".join(argv), [pid], cwd, argv)
+    return Process(pid, "python3", " ".join(argv), [pid], cwd, argv, (0, 0, []))
 
 
 def node_a(*processes: Process) -> Inventory:
-    return Inventory("a", [], "Docker 28", [], "systemd", list(processes), "no GPU", [], MEM)
+    """Node a as 01's inventory sees it, reached as root (uid 0)."""
+    return Inventory("a", [], "Docker 28", [], "systemd", list(processes), "no GPU", [], MEM,
+                     commands={p.pid: p.args for p in processes}, session_uid=0)
 
 
 @pytest.fixture
@@ -73,10 +77,9 @@ def test_the_plan_and_restore_sh_hold_the_secrets_name_never_its_value(local: Pa
     plan_text, script = (tmp_path / "restore-plan.json").read_text(), (tmp_path / "restore.sh").read_text()
     assert TOKEN not in plan_text + script and "[REDACTED]" not in plan_text + script
     (recorded,) = json.loads(plan_text)["steps"]
-    assert recorded["launch"]["argv"][4:8] == ["/models/x", "--hf-token", {"secret": "HF_TOKEN", "prefix": ""},
-                                               "--port"]
+    assert recorded["launch"]["argv"][4:8] == ["/models/x", "--hf-token", {"template": "${HF_TOKEN}"}, "--port"]
     assert recorded["cannot_restore"] is None
-    assert '--hf-token "$HF_TOKEN" --port 8000' in step.restore  # type: ignore[operator]
+    assert '--hf-token "${HF_TOKEN}" --port 8000' in step.restore  # type: ignore[operator]
     assert '[ -n "${HF_TOKEN-}" ] || {' in script, "restore.sh stops before acting where it is not exported"
     assert """printf '%s\\n' "$HF_TOKEN" | sh -c 'IFS= read -r HF_TOKEN && cd /srv && """ in script
 
@@ -143,3 +146,77 @@ def test_a_secret_sparkbook_does_not_know_is_a_warning_and_restore_skips_its_tar
     assert cli.main(["restore", str(run_dir)]) == exits.EXIT_FAILED
     out = capsys.readouterr().out
     assert f"FAILED  -  skipped: {why}" in out and f"not restored: {why}" in out and launched == []
+
+
+# issue 56, deliver 3: a secret inside an argv element, the files' mode, verification, and the plan's own record
+PASSWORD = "pa55-w0rd-of-the-proxy"
+
+
+@pytest.fixture
+def two_secrets(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path,
+                monkeypatch: pytest.MonkeyPatch) -> Path:
+    base["secrets"] = ["HF_TOKEN", "PROXY_PASSWORD"]
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("PROXY_PASSWORD", PASSWORD)
+    return local_params(base, write_params, tmp_path)
+
+
+def test_a_secret_inside_an_argv_element_is_its_variable_in_the_plan_and_the_value_again_at_relaunch(
+        two_secrets: Path, tmp_path: Path) -> None:
+    url = f"http://u:{PASSWORD}@proxy:3128/$HOME"  # a `$` of its own, which must stay a `$`
+    params, (step,) = written(two_secrets, tmp_path, old_process(40, "--proxy", url, f"--hf-token={TOKEN}",
+                                                                  cwd=str(tmp_path)))
+    plan_text, script = (tmp_path / "restore-plan.json").read_text(), (tmp_path / "restore.sh").read_text()
+    assert PASSWORD not in plan_text + script and TOKEN not in plan_text + script
+    assert "[REDACTED]" not in plan_text + script, "the scrub found nothing to mask: a relaunch would be faithful"
+    argv = json.loads(plan_text)["steps"][0]["launch"]["argv"]
+    assert {"template": "http://u:${PROXY_PASSWORD}@proxy:3128/$$HOME"} in argv
+    assert {"template": "--hf-token=${HF_TOKEN}"} in argv
+    for name in ("restore-plan.json", "restore.sh"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, f"{name} holds command lines: the owner's alone"
+    node = Launcher("a")
+    secrets = restore.secret_values(steps := [step], params.secrets, params.secret_values())
+    restore.bring_back(SimpleNamespace(nodes={"a": node}), steps, [], secrets)  # type: ignore[arg-type]
+    (command,), (fed,) = node.ran, node.stdin
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "PROXY_PASSWORD")}
+    subprocess.run(command, input=fed, env=env, check=True, timeout=10)
+    argv_file = tmp_path / "argv.json"
+    deadline = time.monotonic() + 10
+    while not argv_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(argv_file.read_text()) == ["serve", "/models/x", "--proxy", url, f"--hf-token={TOKEN}",
+                                                 "--port", "8000"]
+
+
+def test_an_argv_made_only_of_a_secret_reference_identifies_no_process() -> None:
+    planted = restore.Step("a", "process", "x[1]", None, launch=restore.Relaunch("/", [SecretRef("${HF_TOKEN}")]))
+    anything = node_a(Process(1, "systemd", "/sbin/init"), Process(7, "sshd", "sshd: /usr/sbin/sshd -D"))
+    assert restore.already_running([planted], {"a": anything}) == []
+    assert not restore.Relaunch("/", []).identifies("") and not restore.Relaunch("/", [""]).identifies("")
+    ps = SimpleNamespace(name="a", run=lambda argv, timeout=0: SimpleNamespace(stdout="  1 100 /sbin/init\n"))
+    assert restore.observe(ps, planted).running is False  # type: ignore[arg-type]
+
+
+def test_restore_runs_the_relaunch_its_launch_record_makes_never_a_planted_restore_string(
+        local: Path, tmp_path: Path) -> None:
+    _, (step,) = written(local, tmp_path, old_process(40, "--hf-token", TOKEN))
+    planted = dataclasses.replace(step, restore="touch /tmp/owned-by-the-plan")
+    node = Launcher("a")
+    (action,) = restore.bring_back(SimpleNamespace(nodes={"a": node}), [planted], [],  # type: ignore[arg-type]
+                                   {"HF_TOKEN": TOKEN})
+    assert action.ok and node.ran == [["sh", "-c", step.launch.command()]]  # type: ignore[union-attr]
+    assert "owned-by-the-plan" not in action.command + " ".join(node.ran[0])
+
+
+def test_restore_finds_a_relaunched_process_the_params_no_longer_allow_list(local: Path, tmp_path: Path) -> None:
+    """Idempotent by the plan's own record: the inventory's allow-list (cleanup.processes) may have changed since
+    01; the process 01 stopped, running again, is found among all the node's processes."""
+    _, steps = written(local, tmp_path, old_process(40, "--hf-token", TOKEN))
+    again = old_process(90, "--hf-token", TOKEN)
+    not_allow_listed = Inventory("a", [], "Docker 28", [], "systemd", [], "no GPU", [], MEM,
+                                 commands={1: "/sbin/init", 90: again.args})
+    assert restore.already_running(steps, {"a": not_allow_listed}) == steps
+    node = Launcher("a")
+    (action,) = restore.bring_back(SimpleNamespace(nodes={"a": node}), steps,  # type: ignore[arg-type]
+                                   restore.already_running(steps, {"a": not_allow_listed}), {})
+    assert action.detail == "already running: verified, not launched again" and node.ran == []

@@ -249,3 +249,17 @@ def test_the_series_is_saved_whole_at_every_sample_so_a_cut_run_keeps_it(tmp_pat
     data = json.loads((bench / "soak.json").read_text())
     assert data["report"]["ran_s"] == 12.0 and data["report"]["requests_ok"] == 6 and len(data["requests"]) == 6
     assert [p.name for p in bench.iterdir()] == ["soak.json"], "no temporary file left"
+
+
+def test_a_user_process_named_like_an_xid_that_segfaults_is_no_kernel_event() -> None:
+    """Issue 56: the kernel prints a crashing process's name (15 characters at most) at the start of its line; a
+    process named `NVRM: Xid (): 7` (or `oom-kill:`) that segfaults must not end the soak as an Xid (an OOM kill)."""
+    planted = ["2026-03-02T10:15:00,000000+00:00 NVRM: Xid (): 7[4242]: segfault at 0 ip 000055d5c0de sp 00007ffc "
+               "error 4 in python3.11[55d5c0de0000+1000]",
+               "2026-03-02T10:15:00,000000+00:00 oom-kill:[4243]: segfault at 0 ip 0 sp 0 error 4",
+               "2026-03-02T10:15:00+0000 spark-b kernel: traps: NVRM: Xid (): 7[4244] general protection fault"]
+    assert [nodewatch.kernel_event(line) for line in planted] == [None, None, None]
+    real = ("2026-03-02T10:14:07+0000 spark-b kernel: NVRM: Xid (PCI:000f:01:00): 79, pid=4242, "
+            "name=VLLM::EngineCor, GPU has fallen off the bus.")
+    event = nodewatch.kernel_event(real)
+    assert event is not None and (event.kind, event.xid) == ("Xid", 79), "journalctl -k's form is read too"

@@ -23,6 +23,7 @@ from pydantic import (
 
 from .abarm import AbKind
 from .errors import SparkbookError
+from .redact import SECRET_NAME, secret_args, token_shaped
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _PATTERN = re.compile(r"^[A-Za-z0-9._@*?\[\]-]{1,128}$")
@@ -35,13 +36,14 @@ _ARG = re.compile(r"^[A-Za-z0-9._,:/@+=%{}\"'\[\] -]*$")
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SIZE = re.compile(r"^[0-9]+[KMGkmg]?$")
 _PROSE = re.compile(r"^[\w .,:?!'\"()/-]*$")  # a question in any script; no shell operators, no newline
-SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}")
+USE_A_REFERENCE = ("put the value in the controller's environment and name its variable under `secrets` (the "
+                   "processes 04 and 05 start get it by that name; the API key: serve.api_key_env)")
 
 
 def _matches(regex: re.Pattern[str], what: str) -> AfterValidator:
     def check(value: str) -> str:
         if not regex.fullmatch(value):
-            shown = "the value (not shown: it looks like a token)" if SECRET_SHAPES.search(value) else repr(value)
+            shown = "the value (not shown: it looks like a token)" if token_shaped(value) else repr(value)
             raise ValueError(f"{shown} is not a valid {what} (allowed: {regex.pattern})")
         return value
 
@@ -49,8 +51,9 @@ def _matches(regex: re.Pattern[str], what: str) -> AfterValidator:
 
 
 def _no_secret(value: str) -> str:
-    if SECRET_SHAPES.search(value):
-        raise ValueError("looks like a token: put secrets in the environment and name the variable under `secrets`")
+    """A value typed into an env or argv setting is recorded, shown and put on command lines: never a secret."""
+    if token_shaped(value):
+        raise ValueError(f"looks like a token (not shown): {USE_A_REFERENCE}")
     return value
 
 
@@ -430,6 +433,16 @@ class ServeSettings(Strict):
 
     @field_validator("extra_args")
     @classmethod
+    def _no_secret_flags(cls, value: list[str]) -> list[str]:
+        """A secret flag's value in the next element (`--api-key`, `V`), which no element alone shows."""
+        found = secret_args(value)
+        if found:
+            raise ValueError(f"{', '.join(f'extra_args[{i}]' for i in found)}: a secret's value typed in (not "
+                             f"shown); {USE_A_REFERENCE}")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
     def _no_field_flags(cls, value: list[str]) -> list[str]:
         """A flag with a field of its own in extra_args would be given twice, one value silently winning."""
         own = {"--host": "host", "--reasoning-parser": "reasoning_parser", "--tool-call-parser": "tool_call_parser",
@@ -674,10 +687,27 @@ class Params(Strict):
         unknown = sorted(set(self.serve.node_env) - {n.name for n in self.nodes})
         if unknown:
             problems.append(f"serve.node_env: names nodes that are not in nodes: {unknown}")
-        problems += self._soak_problems()
+        problems += self._soak_problems() + self._typed_secrets()
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _typed_secrets(self) -> list[str]:
+        """A secret typed into an env or argv setting, which is recorded, shown and put where a secret must not be:
+        a named secret's value (as this controller holds it), or a value given to a variable whose name says it holds
+        a secret (HF_TOKEN, *_API_KEY, *_PASSWORD; 3 characters or less pass: `HF_HUB_DISABLE_IMPLICIT_TOKEN: "1"`).
+        Each named by field and variable, never by value."""
+        envs = {"runtime.env": self.runtime.env, "ray.env": self.ray.env, "serve.env": self.serve.env}
+        envs |= {f"serve.node_env.{node}": env for node, env in self.serve.node_env.items()}
+        places = {where: list(env.values()) for where, env in envs.items()}
+        places["serve.extra_args"] = self.serve.extra_args
+        known = {name: value for name, value in self.secret_values().items() if len(value) > 3}
+        typed = [f"{where}.{name}: a secret's variable with a value typed in (not shown); {USE_A_REFERENCE}"
+                 for where, env in envs.items() for name, value in env.items()
+                 if SECRET_NAME.fullmatch(name) and len(value) > 3]
+        return typed + [f"{where}: holds the value of {name} (not shown); it is a secret: {USE_A_REFERENCE}"
+                        for where, texts in places.items() for name, value in known.items()
+                        if any(value in t for t in texts)]
 
     def _ab_problems(self) -> list[str]:
         """An A/B needs its two arms to differ, and decides at a concurrency the sweep measures."""

@@ -1,9 +1,11 @@
 """Redaction: secret values and token- or key-shaped strings never reach a display, a log or an archive."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,14 @@ ASSIGNED = re.compile(r"\b((?:[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)
 # `--tokenizer X`, a flag that follows (`--api-key --port`), a shell variable the secret is read from (`"$HF_TOKEN"`).
 SECRET_FLAG = re.compile(r"(?i)(--(?:[a-z0-9]+-)*(?:api-?key|token|password|passwd|secret))(=|\s+)(?!['\"]?\$\{?\w)"
                          r"(?:(['\"])[^'\"]+\3|(?!-)[^\s'\"]{4,})")
+
+
+# A run of letters and digits this long, mixing upper case, lower case and digits, with this much entropy per character
+# and switching between those classes this often, is a random key (an API key, a password manager's), not a word, a
+# CamelCase model name (Qwen3Next80BA3BInstructFP8: switches 0.42) or a hex digest (3.7 bits at most over 16 symbols).
+RANDOM_RUN = re.compile(r"[A-Za-z0-9]{32,}")
+RANDOM_BITS, RANDOM_SWITCHES = 4.0, 0.45
+SECRET_NAME = re.compile(r"[A-Za-z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY)", re.I)
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,21 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return type(value)(self.data(v) for v in value)
         return value
+
+
+def token_shaped(text: str) -> bool:
+    """Whether text holds something shaped like a secret: a known token's shape (hf_, sk-, ghp_, a private key...),
+    a secret flag's or `NAME=`'s value, or a long random-looking run (RANDOM_RUN). What a params value must not be."""
+    return Redactor().text(text) != text or any(_random(run) for run in RANDOM_RUN.findall(text))
+
+
+def _random(run: str) -> bool:
+    kinds = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in run]
+    if len(set(kinds)) < 3:
+        return False
+    bits = -sum(n / len(run) * math.log2(n / len(run)) for n in Counter(run).values())
+    switches = sum(a != b for a, b in zip(kinds, kinds[1:], strict=False)) / (len(run) - 1)
+    return bits >= RANDOM_BITS and switches >= RANDOM_SWITCHES
 
 
 def secret_args(argv: Sequence[str]) -> list[int]:

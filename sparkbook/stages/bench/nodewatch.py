@@ -23,8 +23,13 @@ PROBE = ("cat /proc/meminfo; echo @@psi; cat /proc/pressure/memory 2>&1; echo @@
          "else echo \"@@unreadable dmesg: $out; journalctl: $j\"; fi")
 GPU_PROBE = "; echo @@gpu; " + " ".join(QUERY) + " 2>&1"
 NO_GPUS = "no GPUs listed in params (nodes[].gpus): clocks, temperature and power not sampled"
-XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
-OOM = re.compile(r"Out of memory: Killed process|oom-kill:|invoked oom-killer|Memory cgroup out of memory")
+# Only the kernel's own words, at the start of a line's message, count: a process's name (15 characters at most) is
+# also printed by the kernel (`NAME[PID]: segfault at ...`), so a user process named `NVRM: Xid (): 7` must read as
+# nothing. An Xid names its GPU's PCI address, which no process name holds room for; an OOM line is long or fixed.
+STAMP = re.compile(r"^\S+ (?:\S+ kernel: )?")  # dmesg --time-format iso's stamp; journalctl -k short-iso's and host
+XID = re.compile(r"^NVRM: Xid \((?:PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?\): (\d+),")
+OOM = re.compile(r"^(?:Out of memory: Killed process|oom-kill:constraint=|.{1,15} invoked oom-killer: gfp_mask="
+                 r"|Memory cgroup out of memory: Killed process)")
 PSI = re.compile(r"^(some|full) avg10=([\d.]+)")
 
 
@@ -38,10 +43,12 @@ class KernelEvent:
 
 
 def kernel_event(line: str) -> KernelEvent | None:
-    """What a kernel log line says, where it is an Xid or an OOM kill; None for every other line."""
-    if found := XID.search(line):
-        return KernelEvent("Xid", line.strip(), int(found.group(2)))
-    if OOM.search(line):
+    """What a kernel log line (dmesg's or journalctl's, with its stamp) says, where it is an Xid or an OOM kill in
+    the kernel's own words; None for every other line."""
+    message = STAMP.sub("", line.strip(), count=1)
+    if found := XID.match(message):
+        return KernelEvent("Xid", line.strip(), int(found.group(1)))
+    if OOM.match(message):
         return KernelEvent("OOM kill", line.strip())
     return None
 

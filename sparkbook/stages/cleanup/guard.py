@@ -1,7 +1,8 @@
-"""What 01 never stops, whatever its patterns match: PID 1, the kernel's threads, sshd, dockerd and containerd, the
-lab's node processes, the inventory probe with its ancestors (the SSH session 01 reaches the node by), and, on the
-controller's own host, the controller with its ancestors. A typo such as `*` would otherwise plan them all (issue 43,
-item 6); pure over the probed process table, so recorded `ps` texts test it."""
+"""What 01 never stops, whatever its patterns match: PID 1, the kernel's threads, sshd, dockerd, containerd and dbus,
+what a login runs (a user's `systemd --user`, a Docker client's `docker system dial-stdio`: this runbook's own
+connections among them), the lab's node processes, the inventory probe with its ancestors (the SSH session 01 reaches
+the node by), and, on the controller's own host, the controller with its ancestors. A typo such as `*` would
+otherwise plan them all (issue 43, item 6); pure over the probed process table, so recorded `ps` texts test it."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,11 @@ from pathlib import Path
 
 from .ownership import family
 
-DAEMONS = ("sshd", "sshd-session", "dockerd", "containerd")  # comm names; containerd's shims by prefix below
+# comm names (containerd's shims by prefix below)
+DAEMONS = ("sshd", "sshd-session", "dockerd", "containerd", "dbus-daemon", "dbus-broker", "dbus-broker-lau")
+# what a login over SSH runs, this runbook's own among them: the user's systemd manager (and its PAM helper) that a
+# login starts, and the node end of a Docker client over SSH (docker-py's, as 01 and 04 reach dockerd)
+LOGIN = re.compile(r"^(?:\S*/)?systemd --user\b|^\(sd-pam\)$|^(?:\S*/)?docker system dial-stdio\b")
 # sparkbook/lab/cluster.py's node init (PID 1 of a lab node), and the nsenter/unshare that start it on the host
 LAB_NODE = re.compile(r"cluster\.py node-init |--net=/var/run/netns/sbk-lab-")
 KTHREADD = 2
@@ -61,6 +66,8 @@ def why_spared(p: Proc) -> str | None:
         return f"{p.comm}, which the node is reached and run by"
     if LAB_NODE.search(p.args):
         return "a lab node's own process (its init)"
+    if LOGIN.search(p.args):
+        return "a login's own process (a user's systemd, or a Docker client's SSH end, this runbook's among them)"
     return None
 
 

@@ -66,8 +66,9 @@ class Process:
     comm: str
     args: str
     family: list[int] = field(default_factory=list)  # it and its descendants (what it owns)
-    cwd: str = ""  # with argv: how restore relaunches it
+    cwd: str = ""  # with argv and its user: how restore relaunches it
     argv: list[str] = field(default_factory=list)
+    user: tuple[int, int, list[int]] | None = None  # its real uid, gid and groups (/proc/PID/status); None: unread
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class Inventory:
     clients: list[DockerClientProcess] = field(default_factory=list)  # docker run/start clients running on the node
     addresses: list[str] = field(default_factory=list)  # its hostname and IPs: how other nodes' clients name it
     spared: list[Spared] = field(default_factory=list)  # matched by a pattern, never planned (guard.py)
+    commands: dict[int, str] = field(default_factory=dict)  # every process's command line, allow-listed or not
+    session_uid: int | None = None  # the SSH user's uid: what a relaunch runs as unless it drops to another
 
     def holder(self, pid: int) -> str:
         """The container a process belongs to, else the process itself."""
@@ -163,6 +166,7 @@ echo ==units_rc==; echo $rc; echo ==units==; echo "$units"
 echo ==ps==; ps -eo pid=,comm=,args=
 echo ==tree==; ps -eo pid=,ppid=,args=
 echo ==self==; echo $$
+echo ==uid==; id -u
 echo ==host==; cat /proc/sys/kernel/random/boot_id 2>/dev/null; readlink /proc/self/ns/pid 2>/dev/null
 echo ==addr==; hostname; hostname -I 2>/dev/null | tr ' ' '\n'
 echo ==listen==; ss -Hltnp 2>/dev/null
@@ -235,7 +239,8 @@ def _units(node: Node, rc: int, lines: list[str], patterns: list[str]) -> tuple[
 
 
 LAUNCH_PROBE = ("for p in \"$@\"; do echo \"==$p==\"; readlink /proc/$p/cwd; "
-                "tr '\\0' '\\037' < /proc/$p/cmdline; echo; done")
+                "tr '\\0' '\\037' < /proc/$p/cmdline; echo; "
+                "awk '/^Uid:/{u=$2} /^Gid:/{g=$2} /^Groups:/{$1=\"\"; s=$0} END{print u, g, s}' /proc/$p/status; done")
 
 
 def matched_processes(table: dict[int, Proc], patterns: list[str], never: dict[int, str]) -> tuple[list[Proc],
@@ -269,9 +274,17 @@ def _processes(node: Node, matched: list[Proc], procs: dict[int, tuple[int, str]
     launch = {int(k): v for k, v in zip(markers, parts, strict=False)}
     out = []
     for pid, comm, args in found:
-        cwd, _, cmdline = launch.get(pid, "").strip("\n").partition("\n")
-        out.append(Process(pid, comm, args, family(pid, procs), cwd, [a for a in cmdline.split("\x1f") if a]))
+        cwd, cmdline, ids = (launch.get(pid, "").strip("\n").split("\n") + ["", "", ""])[:3]
+        out.append(Process(pid, comm, args, family(pid, procs), cwd, [a for a in cmdline.split("\x1f") if a],
+                           _ids(ids)))
     return out
+
+
+def _ids(line: str) -> tuple[int, int, list[int]] | None:
+    """LAUNCH_PROBE's `UID GID GROUPS...` line -> its numbers; None where /proc did not say."""
+    words = line.split()
+    return (int(words[0]), int(words[1]), [int(g) for g in words[2:]]) if all(w.isdigit() for w in words) \
+        and len(words) >= 2 else None
 
 
 def _ephemeral_from(lines: list[str]) -> int:
@@ -292,7 +305,7 @@ def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     containers, docker = _containers(node)
     procs = tree(s.get("tree", []))
     rows = guard.table(s.get("ps", []), procs)
-    never = guard.spared(rows, guard.roots(_probe_pid(s.get("self", [])), " ".join(s.get("host", []))))
+    never = guard.spared(rows, guard.roots(_number(s.get("self", [])), " ".join(s.get("host", []))))
     matched, kept = matched_processes(rows, targets.processes, never)
     processes = _processes(node, matched, procs)
     kept += spared_units(units, targets.systemd_units, never)
@@ -301,11 +314,13 @@ def inventory(node: Node, targets: CleanupTargets) -> Inventory:
     ours |= {p.pid for p in processes} | {pid for u in units for pid in u.pids}
     return Inventory(node.name, containers, docker, units, systemd, processes, gpu, apps, memory, socks,
                      health_urls(node, [lis for lis in socks if set(lis.pids) & ours]), docker_clients(procs),
-                     [a for a in s.get("addr", []) if a], kept)
+                     [a for a in s.get("addr", []) if a], kept, {p.pid: p.args for p in rows.values()},
+                     _number(s.get("uid", [])))
 
 
-def _probe_pid(lines: list[str]) -> int | None:
-    """The inventory probe's shell (`$$`), whose ancestry 01 never stops; None where the node did not say."""
+def _number(lines: list[str]) -> int | None:
+    """A probe section's number (the probe's shell `$$`, whose ancestry 01 never stops; the SSH user's uid); None
+    where the node did not say."""
     return int(lines[0]) if lines and lines[0].isdigit() else None
 
 

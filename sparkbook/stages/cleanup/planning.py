@@ -13,15 +13,16 @@ from ...core.values.evidence import Alternative, Decision
 from ...core.values.params import CleanupTargets
 from ...core.values.stagelist import CLEANUP
 from . import boot
+from .guard import Spared
 from .inventory import Inventory, Process, matching
-from .relaunch import Relaunch, recorded, unknown_secret
+from .relaunch import Relaunch, RunAs, recorded, unknown_secret
 
 STOP_GRACE_S = 10
 TargetKind = Literal["container", "unit", "process"]
-FIELDS: dict[TargetKind, str] = {"container": "cleanup.containers", "unit": "cleanup.systemd_units",
+FIELDS: dict[str, str] = {"container": "cleanup.containers", "unit": "cleanup.systemd_units",
                                  "process": "cleanup.processes"}
 NO_SECRETS: Mapping[str, str] = MappingProxyType({})
-RELAUNCHED = "relaunched from its recorded argv and working directory (not its environment)"
+RELAUNCHED = "relaunched from its recorded argv, working directory and user (not its environment)"
 
 
 class PatternTooBroad(SparkbookError):
@@ -73,24 +74,31 @@ class Plan:
 LIVE = ("running", "restarting", "paused")
 
 
-def relaunch(pr: Process, secrets: Mapping[str, str]) -> Relaunch:
-    """How a stopped process is launched again: its exact argv, from its working directory, detached, each known
-    secret by its variable's name (its environment is not recorded: it may hold secrets)."""
-    return recorded(pr.cwd, pr.argv, secrets)
+def relaunch(pr: Process, secrets: Mapping[str, str], session_uid: int | None) -> Relaunch:
+    """How a stopped process is launched again: its exact argv, from its working directory, detached, as the user
+    that ran it, each known secret by its variable's name (its environment is not recorded: it may hold secrets)."""
+    user = RunAs(*pr.user) if pr.user and pr.user[0] != session_uid else None
+    return recorded(pr.cwd, pr.argv, secrets, user)
 
 
-def cannot_relaunch(pr: Process, secrets: Mapping[str, str]) -> str | None:
-    """Why restore cannot launch it again: /proc did not show how it was launched, or its command line carried a
-    secret the controller does not know (names -> values: `secrets`). None where it can."""
+def cannot_relaunch(pr: Process, secrets: Mapping[str, str], session_uid: int | None) -> str | None:
+    """Why restore cannot launch it again: /proc did not show how it was launched or by whom, the SSH user is not
+    root and did not run it (only root relaunches as another user), or its command line carried a secret the
+    controller does not know (names -> values: `secrets`). None where it can."""
     if not pr.argv:
         return f"started as `{pr.args[:120]}`; /proc did not show how: restart it by hand"
+    if pr.user is None or session_uid is None:
+        return "/proc did not show which user ran it (a relaunch as another user is no restore): restart it by hand"
+    if pr.user[0] != session_uid and session_uid != 0:
+        return (f"it ran as uid {pr.user[0]}, and the SSH user (uid {session_uid}) can relaunch neither as that user "
+                "nor without root: restart it by hand as its user")
     return unknown_secret(pr.argv, secrets)
 
 
 def _process(inv: Inventory, pr: Process, t: CleanupTargets, secrets: Mapping[str, str]) -> CleanupTarget:
     pattern = matching(pr.comm, t.processes) or matching(pr.args, t.processes) or "?"
-    why = cannot_relaunch(pr, secrets)
-    how = None if why else relaunch(pr, secrets)
+    why = cannot_relaunch(pr, secrets, inv.session_uid)
+    how = None if why else relaunch(pr, secrets, inv.session_uid)
     return CleanupTarget(inv.node, "process", f"{pr.comm}[{pr.pid}]", pattern, [], f"kill -TERM {pr.pid}",
                          how.command() if how else None, RELAUNCHED if how else "", *inv.held_by(pr.family or [pr.pid]),
                          stop_timeout_s=t.unit_stop_timeout_s, launch=how, cannot_restore=why)
@@ -156,7 +164,7 @@ def plan(inventories: list[Inventory], targets: CleanupTargets, secrets: Mapping
     by_owner = [o for inv in inventories for o in owned(inv, inventories, targets)]
     taken = {(o.node, o.name) for o in by_owner}
     found = [c for inv in inventories for c in _candidates(inv, targets, secrets) if (c.node, c.name) not in taken]
-    refuse_broad(found, targets.max_targets)
+    refuse_broad(found, targets.max_targets, [(inv.node, s) for inv in inventories for s in inv.spared])
     deps = {(c.node, c.name): set(c.depends_on) for c in found}
     for (node, unit), by in _unit_dependents(inventories).items():
         for dependent in by:
@@ -173,12 +181,15 @@ def plan(inventories: list[Inventory], targets: CleanupTargets, secrets: Mapping
     return Plan(_under_owners(ordered, by_owner), _order_conflicts(ordered, deps) + spared + lost)
 
 
-def refuse_broad(found: list[CleanupTarget], limit: int) -> None:
-    """Refuse the plan where one pattern matches more than `limit` targets on one node: a typo (`*`, `*python*`)
-    would otherwise plan half the node, and only confirm_cleanup would stand between it and the kill."""
-    by: dict[tuple[str, TargetKind, str], list[str]] = {}
+def refuse_broad(found: list[CleanupTarget], limit: int, spared: list[tuple[str, Spared]]) -> None:
+    """Refuse the plan where one pattern matches more than `limit` targets on one node, those it spares (node,
+    what) counted too: a typo (`*`, `*python*`) would otherwise plan half the node, and only confirm_cleanup would
+    stand between it and the kill; counted after sparing, `*` on a quiet node would pass and plan the rest."""
+    by: dict[tuple[str, str, str], list[str]] = {}
     for c in found:
         by.setdefault((c.node, c.kind, c.pattern), []).append(c.name)
+    for node, s in spared:
+        by.setdefault((node, s.kind, s.pattern), []).append(f"{s.name} (never stopped)")
     broad = [f"{FIELDS[kind]} pattern {pattern!r} matches {len(names)} targets on {node}: {', '.join(names)}"
              for (node, kind, pattern), names in by.items() if len(names) > limit]
     if broad:

@@ -66,6 +66,11 @@ class Step:
         """The variables its restore reads from the controller's environment."""
         return self.launch.secrets() if self.launch else []
 
+    def command(self) -> str | None:
+        """What restore runs: a process's relaunch as its recorded argv, user and secrets' references make it (never
+        a shell string of the plan's), else the recorded restore command."""
+        return self.launch.command() if self.kind == "process" and self.launch else self.restore
+
     def runs_as(self, args: str) -> bool:
         """Whether a process's command line (ps's args) is this target's, whatever its secrets' values."""
         return self.launch is not None and self.launch.identifies(args)
@@ -290,8 +295,8 @@ def _target_running(inv: Inventory, s: Step) -> bool:
     match s.kind:
         case "container":
             return any(c.name == s.name and c.state == "running" for c in inv.containers)
-        case "process":
-            return any(s.runs_as(p.args) for p in inv.processes)
+        case "process":  # every process, allow-listed now or not: the plan's own record finds it
+            return any(s.runs_as(args) for args in inv.commands.values())
         case "unit":
             return any(u.name == s.name and u.active == "active" for u in inv.units)
     return False
@@ -392,9 +397,9 @@ def _restore_one(node: Node, step: Step, secrets: Mapping[str, str]) -> str:
         case "unit" if step.restore:
             done = node.run(shlex.split(step.restore), timeout=PROBE_TIMEOUT_S * 3, check=True)
             return f"started; {boot.links(done.stdout + done.stderr).describe()}"
-        case "process" if step.restore:
-            node.run(["sh", "-c", step.restore], timeout=PROBE_TIMEOUT_S, check=True,
-                     stdin=step.launch.stdin(secrets) if step.launch else None)
+        case "process" if step.launch:
+            node.run(["sh", "-c", step.launch.command()], timeout=PROBE_TIMEOUT_S, check=True,
+                     stdin=step.launch.stdin(secrets))
             return "launched"
     raise CleanupError(step.note or "no restore command is known", node=node.name)
 
@@ -417,7 +422,7 @@ def bring_back(cluster: Cluster, steps: list[Step], running: list[Step], secrets
             return Action(s.node, s.name, "-", True, "already running: verified, not launched again", 0.0)
         if s.cannot_restore:
             return Action(s.node, s.name, "-", False, f"skipped: {s.cannot_restore}", 0.0)
-        return act(cluster.nodes[s.node], s.name, s.restore or "-", restoring(s))
+        return act(cluster.nodes[s.node], s.name, s.command() or "-", restoring(s))
 
     return [one(s) for s in steps if not s.owner]
 

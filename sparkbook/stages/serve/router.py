@@ -4,7 +4,10 @@ directory (every place mounts it at the same path) and the place installs them i
 (`pip --target`), so the image's own packages are never changed; the router runs from it (PYTHONPATH)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -75,12 +78,31 @@ def ensure(ctx: Context) -> RouterInstall:
     return RouterInstall(where, python, machine, True, time.monotonic() - t0)
 
 
+# sha256 of vllm-router VERSION's wheel per machine, as PyPI serves it (one abi3 wheel each): the download is checked
+# against it, so what lands in the head's place is that release whatever the index or a proxy hands pip; these keys
+# are the machines the router is built for (what a place's platform.machine() must say)
+ROUTER_SHA256 = {"x86_64": "85c96bea4d573a49b5a8ae4c72ee3dfe733aba26b6f1ff1256e6142f1f42694d",
+                 "aarch64": "1ec4d5ce14c19431cc84e36238507dff89020ab024d99f042f091f5e9f2c895a"}
+PYTHON_VERSION = re.compile(r"3\.[0-9]{1,2}")
+
+
 def download(python: str, machine: str) -> Path:
     """The router's wheels and their dependencies for that Python and architecture, fetched here once (PyPI is
-    reachable from the controller, not necessarily from the nodes)."""
+    reachable from the controller, not necessarily from the nodes). `python` and `machine` are what the image said:
+    refused unless an X.Y version and a machine the router is built for (they name paths here and on the node); the
+    router's own wheel is refused unless its sha256 is the pinned one."""
+    if not PYTHON_VERSION.fullmatch(python) or machine not in ROUTER_SHA256:
+        raise ServeError(f"the head's place says Python {python[:40]!r} on {machine[:40]!r}; vllm-router {VERSION} "
+                         f"is installed for Python 3.X on {' or '.join(ROUTER_SHA256)} only",
+                         remediation="serve.layout: replicas needs an image whose python3 is CPython 3 on one of them")
     into = HERE_CACHE / f"{VERSION}-py{python}-{machine}"
-    if (into / ".complete").exists():
-        return into
+    if not (into / ".complete").exists():
+        _fetch(into, python, machine)
+    _verified(into, machine)
+    return into
+
+
+def _fetch(into: Path, python: str, machine: str) -> None:
     into.mkdir(parents=True, exist_ok=True)
     platforms = [f"--platform={p}_{machine}" for p in ("manylinux_2_28", "manylinux_2_17", "manylinux2014",
                                                       "manylinux_2_5", "manylinux1")]
@@ -96,4 +118,15 @@ def download(python: str, machine: str) -> Path:
                          f"{done.stderr[-600:]}", remediation="check this machine's access to PyPI (or its pip "
                          "configuration)")
     (into / ".complete").touch()
-    return into
+
+
+def _verified(into: Path, machine: str) -> None:
+    """The one router wheel in `into` has the pinned sha256; else the download is removed and refused."""
+    wheels = sorted(into.glob(f"vllm_router-{VERSION}-*.whl"))
+    digests = [hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels]
+    if digests != [ROUTER_SHA256[machine]]:
+        shutil.rmtree(into, ignore_errors=True)
+        raise ServeError(f"the vllm-router {VERSION} wheel downloaded into {into} is not the pinned one "
+                         f"({', '.join(w.name for w in wheels) or 'none'}: sha256 {', '.join(digests) or '-'}, "
+                         f"expected {ROUTER_SHA256[machine]}); it was removed",
+                         remediation="check the package index this machine's pip uses, then run again")

@@ -30,6 +30,7 @@ from .runtime import (
     StartSpec,
     Ulimit,
     aside,
+    killed,
 )
 from .topology import LOG_DIR
 
@@ -187,7 +188,8 @@ class DockerNodes:
     def kill(self, node: Node, place: Place, spawned: Spawned, *, grace_s: int = 10) -> None:
         """End the spawned process and its children (its process group), TERM then KILL."""
         if self.alive(node, place):
-            self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s)], timeout=grace_s + 15)
+            killed(node, self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s)],
+                                   timeout=grace_s + 15))
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]

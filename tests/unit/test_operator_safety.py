@@ -20,6 +20,7 @@ from sparkbook import cli
 from sparkbook.cli import exits
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.nodestate import lock_path
 from sparkbook.core.values import state
 from sparkbook.core.values.handoff import Endpoint, ImageChoice
 from sparkbook.core.values.params import CleanupTargets, load_params

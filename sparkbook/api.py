@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .core.cluster.context import Context
 from .core.cluster.nodes import Cluster, NodeError
+from .core.cluster.nodestate import lock_path
 from .core.cluster.runtimes import runtime_for
 from .core.values.errors import ExitKind, SparkbookError
 from .core.values.evidence import Shown, to_data
@@ -236,11 +237,12 @@ def unlock(params_file: Path, *, force: bool = False) -> UnlockResult:
     cluster = Cluster(params)
     try:
         done = lock.unlock(params, cluster.head, force=force)
+        where = f"{lock_path(cluster.head)} on {params.head.name}"
     except NodeError as exc:
         raise LockError(f"cannot reach the run lock on the head: {exc}") from None
     finally:
         cluster.close()
-    return UnlockResult(f"{params.run_lock.path} on {params.head.name}", done)
+    return UnlockResult(where, done)
 
 
 # the records

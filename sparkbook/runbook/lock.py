@@ -2,7 +2,8 @@
 
 Taking it is one atomic rename on the head (a fresh directory holding `holder.json` becomes the lock
 directory, or the rename fails because a lock is there). The lock is a directory sparkbook made: it holds
-`holder.json` alone, marked `"sparkbook_lock": 1`; anything else at `run_lock.path` is refused and left alone, and
+`holder.json` alone, marked `"sparkbook_lock": 1`, in the head's state dir (core.cluster.nodestate: the runbook's own,
+so no one else can rename it away or plant one); anything else at its path is refused and left alone, and
 clearing a lock removes that one file and the then empty directory, nothing more. A lock whose holder is provably gone
 (it ran in this controller's boot and PID namespace, and its PID is gone or now another process) or older than
 `run_lock.stale_after_s` is reported as stale. One whose holder is provably gone is taken over by the next run, which
@@ -25,6 +26,7 @@ from pydantic import TypeAdapter
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
 from ..core.cluster.nodes import Node, NodeError, shell
+from ..core.cluster.nodestate import lock_path
 from ..core.values.errors import SparkbookError
 from ..core.values.params import Params
 
@@ -205,8 +207,7 @@ def _contents(names: list[str]) -> str:
 
 def _not_a_lock(node: Node, path: str, why: str) -> LockError:
     return LockError(f"{path} on {node.name} ({node.spec.host}) is not a run lock sparkbook made: {why}; it is "
-                     "left as it is", remediation=f"if it really is a lock, remove it by hand on {node.name}; else set "
-                     "run_lock.path to a path of sparkbook's own")
+                     "left as it is", remediation=f"if it really is a lock, remove it by hand on {node.name}")
 
 
 def _remove(node: Node, path: str, raw: str) -> bool:
@@ -218,7 +219,7 @@ def acquire(params: Params, node: Node, holder: Holder, *, params_file: str, bre
     """Take the lock for `holder`; refuse (LockHeld) while another run holds it. A stale lock is taken over
     when `break_stale` is set, when it is `same_run`'s own (a resume after that run was killed), or when its
     holder ran on this controller and its PID is gone (the returned lock names it in `took_over`)."""
-    path = params.run_lock.path
+    path = lock_path(node)
     took_over: list[str] = []
 
     def take() -> RunLock | None:
@@ -281,7 +282,7 @@ class Unlocked:
 
 def unlock(params: Params, node: Node, *, force: bool = False) -> Unlocked:
     """Clear the lock deliberately; a holder still running on this very host is kept unless `force`."""
-    path = params.run_lock.path
+    path = lock_path(node)
     held = _read(node, path)
     if held is None:
         return Unlocked(None, None, False)

@@ -25,6 +25,7 @@ from typing import NoReturn
 import httpx
 
 from ..core.cluster.nodes import Node, NodeError
+from ..core.cluster.nodestate import lock_path
 from ..core.values.errors import SparkbookError
 from ..core.values.evidence import now
 from ..core.values.params import bearer, load_params
@@ -265,7 +266,7 @@ class Watch:
 
     def _lock_holder(self, session: Run) -> lock.Holder | None:
         try:
-            return lock.read(session.cluster.head, self.params.run_lock.path)
+            return lock.read(session.cluster.head, lock_path(session.cluster.head))
         except (lock.LockError, NodeError):
             return None  # unreadable here: `up` takes the lock itself and says why it cannot
 

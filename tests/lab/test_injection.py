@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from sparkbook.core.cluster.nodes import Cluster, NodeError
+from sparkbook.core.cluster.nodestate import DEFAULT_ROOT, LOCK
 from sparkbook.core.cluster.runtime import Place
 from sparkbook.core.cluster.runtimes import runtime_for
 from sparkbook.core.values.params import load_params
@@ -118,7 +119,8 @@ def test_host_key_mismatch_is_refused_naming_the_node_before_any_command(params_
         assert text in proc.stderr, (text, proc.stderr)
     assert f"{head.name}:" not in proc.stderr, "only the worker is named"
     assert not (tmp_path / "o").exists(), "no run dir"
-    assert node_shells[head.name].run(["test", "-e", params.run_lock.path], check=False)[0] == 1, "no lock taken"
+    lock = f"/root/{DEFAULT_ROOT}/{head.name}/{LOCK}"  # in the head's state dir (root's ~/.sparkbook/NODE)
+    assert node_shells[head.name].run(["test", "-e", lock], check=False)[0] == 1, "no lock taken"
     print(f"host-key mismatch refused in {time.monotonic() - t0:.1f} s: {proc.stderr.strip()}")
 
 

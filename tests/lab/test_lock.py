@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkbook.core.cluster.nodestate import DEFAULT_ROOT, LOCK
 from sparkbook.core.values.params import load_params
 
 pytestmark = pytest.mark.lab
@@ -33,7 +34,8 @@ def head(params_file: Path, node_shells):
 
 
 def _holder(head, params_file: Path) -> dict | None:
-    rc, out, _ = head.run(["cat", f"{load_params(params_file).run_lock.path}/holder.json"], check=False)
+    head_name = load_params(params_file).head.name  # its state dir: the SSH user's (root's) ~/.sparkbook/NODE
+    rc, out, _ = head.run(["cat", f"/root/{DEFAULT_ROOT}/{head_name}/{LOCK}/holder.json"], check=False)
     return json.loads(out) if rc == 0 else None
 
 

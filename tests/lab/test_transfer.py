@@ -23,6 +23,7 @@ import yaml
 
 import sparkbook
 import sparkbook.lab as sblab
+from sparkbook.core.cluster.nodestate import ensure
 from sparkbook.core.cluster.runtimes import image_source_for
 from sparkbook.lab.models import hf_cache
 from sparkbook.stages.diagnose import checks
@@ -137,17 +138,17 @@ def test_killed_copy_resumes_without_resending_finished_files(open_run) -> None:
     size, files = 24_000_000, 6
     make_bulk(files, size)
     stage = hub("lab-1") / f".{BULK_REPO}{modelcopy.INCOMING}"
-    pid_file = node_dir("lab-0") / "tmp" / modelcopy.pid_file("lab-1", 0).removeprefix("/tmp/")
-    pid_file.unlink(missing_ok=True)
     try:
         run = open_run(hf_id=BULK_ID, streams=1, bwlimit_mbs=20)
+        pid_file = Path(modelcopy.pid_file(ensure(run.cluster.head), "lab-1", 0))  # lab-0's state dir: /root is shared
+        pid_file.unlink(missing_ok=True)
         result: list[modelcopy.ModelCopy] = []
         copier = threading.Thread(target=lambda: result.append(modelcopy.copy_model(run.context())), daemon=True)
         copier.start()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(finished(stage, size)) < 2:
             time.sleep(0.2)
-        pid = pid_file.read_text().strip()  # a PID of the head's own PID namespace: killed there
+        pid = pid_file.read_text().split()[0]  # a PID of the head's own PID namespace: killed there
         head = run.cluster.head
         assert "rsync" in head.run(["cat", f"/proc/{pid}/cmdline"], timeout=30).stdout, "the PID is the stream's rsync"
         head.run(["kill", "-9", pid], timeout=30, check=True)

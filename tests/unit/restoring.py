@@ -20,7 +20,8 @@ def local_params(base: dict[str, Any], write_params: Callable[..., Path], tmp_pa
     """Params of a cluster on this machine (local transport), its run lock under tmp_path."""
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"root": str(tmp_path / "locks"), "path": str(tmp_path / "locks" / "run.lock")}
+    for node in base["nodes"]:  # the run lock, in the head's state dir: this test's own
+        node["state_dir"] = str(tmp_path / "state" / node["name"])
     return write_params(base)
 
 

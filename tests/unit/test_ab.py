@@ -164,7 +164,8 @@ def ab_notebooks(tmp_path: Path) -> Path:
 def ab_params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"root": str(tmp_path), "path": str(tmp_path / "run.lock")}
+    for node in base["nodes"]:  # the run lock, in the head's state dir: this test's own
+        node["state_dir"] = str(tmp_path / "state" / node["name"])
     base["serve"]["speculative"] = NGRAM
     base["benchmark"] = {"ab": "speculative"}
     return write_params(base)

@@ -86,7 +86,8 @@ def test_a_held_lock_exits_3_with_its_remediation(base: dict[str, Any], write_pa
                                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for node in base["nodes"]:
         node["transport"] = "local"
-    base["run_lock"] = {"root": str(tmp_path), "path": str(tmp_path / "locks" / "run.lock")}
+    for node in base["nodes"]:  # the run lock, in the head's state dir: this test's own
+        node["state_dir"] = str(tmp_path / "state" / node["name"])
     params_file = write_params(base)
     params = load_params(params_file)
     cluster = Cluster(params)

@@ -20,6 +20,7 @@ from sparkbook import cli
 from sparkbook.cli import exits
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.nodes import Cluster
+from sparkbook.core.cluster.nodestate import lock_path
 from sparkbook.core.values import state
 from sparkbook.core.values.handoff import Endpoint, ImageChoice
 from sparkbook.core.values.params import CleanupTargets, load_params
@@ -175,14 +176,14 @@ def test_restore_takes_the_lock_and_releases_it(local: Path, tmp_path: Path, mon
     seen: list[lock.Holder | None] = []
 
     def restoring(ctx: Any, *args: Any) -> Iterator[restore.RestoreEvent]:
-        seen.append(lock.read(ctx.cluster.head, ctx.params.run_lock.path))
+        seen.append(lock.read(ctx.cluster.head, lock_path(ctx.cluster.head)))
         yield restore.RestoreEvent("restore_outcome", restore.RestoreOutcome("restored"))
 
     monkeypatch.setattr(restore, "restore_deployment", restoring)
     run_dir = restorable_run(tmp_path, local)
     assert cli.main(["restore", str(run_dir)]) == 0
     assert seen[0] is not None and seen[0].run_id == f"restore-{run_dir.name}", "held while it restores"
-    assert not Path(load_params(local).run_lock.path).exists(), "released after"
+    assert not (Path(load_params(local).head.state_dir or "/nonexistent") / "run.lock").exists(), "released after"
 
 
 def _deployed(outputs: Path) -> Path:

@@ -76,7 +76,7 @@ MALFORMED = [
     ("substitution in model path", "model", {"path": "/srv/$(id)", "served_name": "m", "cache_dir": "/srv"},
      "model.path"),
     ("secret value pasted as a secret name", "secrets", ["hf_abcdefghijklmnopqrstuvwxyz"], "secrets[0]"),
-    ("relative run lock path", "run_lock", {"path": "run.lock"}, "run_lock.path"),
+    ("relative state dir", "nodes.0.state_dir", "state", "nodes[0].state_dir"),
     ("shell in host", "nodes.0.host", "10.0.0.1;reboot", "nodes[0].host"),
     ("fabric ip is a name", "nodes.0.fabric_ip", "node-a", "nodes[0].fabric_ip"),
     ("unknown ssh key", "ssh.password", "hunter2", "ssh.password"),

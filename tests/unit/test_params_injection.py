@@ -59,8 +59,7 @@ STRING_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None], str]] = [
     ("serve.speculative.model", lambda d, v: d["serve"].update(
         speculative={"method": "eagle3", "num_speculative_tokens": 2, "model": v}), "serve.speculative.model"),
     ("secrets", lambda d, v: d.update(secrets=[v]), "secrets[0]"),
-    ("run_lock.path", lambda d, v: d.update(run_lock={"path": v}), "run_lock.path"),
-    ("run_lock.root", lambda d, v: d.update(run_lock={"root": v}), "run_lock.root"),
+    ("nodes.state_dir", lambda d, v: d["nodes"][0].update(state_dir=v), "nodes[0].state_dir"),
 ]
 CASES = [(path, put, field, value) for path, put, field in STRING_FIELDS for value in HOSTILE]
 

@@ -23,10 +23,14 @@ from sparkbook.runbook.driver import RunOptions
 @pytest.fixture
 def params(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Params:
     for node in base["nodes"]:
-        node["transport"] = "local"
-    base["run_lock"] = {"root": str(tmp_path / "locks"), "path": str(tmp_path / "locks" / "run.lock"),
-                        "stale_after_s": 3600}
+        node.update(transport="local", state_dir=str(tmp_path / "state" / node["name"]))
+    base["run_lock"] = {"stale_after_s": 3600}
     return load_params(write_params(base))
+
+
+def _path(params: Params) -> str:
+    """The lock, in the head's state dir."""
+    return f"{params.head.state_dir}/run.lock"
 
 
 @pytest.fixture
@@ -63,14 +67,14 @@ def _other_boot() -> str:
 
 def test_take_writes_the_holder_and_release_removes_it(params: Params, head) -> None:
     held = lock.acquire(params, head, lock.me("run-a", "cluster.yaml"), params_file="cluster.yaml")
-    written = json.loads((Path(params.run_lock.path) / "holder.json").read_text())
+    written = json.loads((Path(_path(params)) / "holder.json").read_text())
     assert written["run_id"] == "run-a" and written["sparkbook_lock"] == 1
     assert set(written) >= {"host", "host_id", "pid", "pid_started", "user", "started"}
     assert written["host_id"] == lock._host_id() and lock._host_id().count(" ") == 1, "boot id and PID namespace"
-    assert lock.read(head, params.run_lock.path) == held.holder
+    assert lock.read(head, _path(params)) == held.holder
     assert held.release()
-    assert not Path(params.run_lock.path).exists()
-    assert not list(Path(params.run_lock.path).parent.iterdir()), "no temporary directory is left behind"
+    assert not Path(_path(params)).exists()
+    assert not list(Path(_path(params)).parent.iterdir()), "no temporary directory is left behind"
 
 
 def test_second_run_is_refused_naming_the_holder(params: Params, head, live_pid: int) -> None:
@@ -78,16 +82,16 @@ def test_second_run_is_refused_naming_the_holder(params: Params, head, live_pid:
     with pytest.raises(lock.LockHeld) as refused:
         lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml", break_stale=True)
     text = str(refused.value)
-    assert "run-a" in text and f"pid {live_pid}" in text and params.run_lock.path in text and head.name in text
+    assert "run-a" in text and f"pid {live_pid}" in text and _path(params) in text and head.name in text
     assert "sparkbook unlock cluster.yaml" in text and not refused.value.stale
-    assert lock.read(head, params.run_lock.path).run_id == "run-a", "a refused run leaves the lock alone"
+    assert lock.read(head, _path(params)).run_id == "run-a", "a refused run leaves the lock alone"
 
 
 def test_lock_of_a_dead_process_here_is_taken_over_saying_so(params: Params, head) -> None:
     dead = _dead_pid()
     lock.acquire(params, head, _holder("run-a", dead), params_file="cluster.yaml")
     held = lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml")
-    assert lock.read(head, params.run_lock.path).run_id == "run-b"
+    assert lock.read(head, _path(params)).run_id == "run-b"
     line = held.took_over_line()
     assert line and "took over the lock of run run-a" in line and f"pid {dead} is not running" in line, line
     held.release()
@@ -107,13 +111,13 @@ def test_lock_of_a_dead_pid_on_another_host_still_refuses(params: Params, head, 
     with pytest.raises(lock.LockHeld) as refused:
         lock.acquire(params, head, lock.me("run-b", "cluster.yaml"), params_file="cluster.yaml")
     assert "may still be going" in str(refused.value), "its PID cannot be checked from here"
-    assert lock.read(head, params.run_lock.path).run_id == "run-a"
+    assert lock.read(head, _path(params)).run_id == "run-a"
 
 
 def test_lock_older_than_the_limit_is_stale_even_from_another_host(params: Params, head, live_pid: int) -> None:
     old = (datetime.now(UTC) - timedelta(hours=2)).isoformat(timespec="seconds")
     lock.acquire(params, head, _holder("run-a", live_pid, host_id=_other_boot(), started=old), params_file="x")
-    assert "more than run_lock.stale_after_s" in lock.staleness(lock.read(head, params.run_lock.path), 3600)
+    assert "more than run_lock.stale_after_s" in lock.staleness(lock.read(head, _path(params)), 3600)
     recent = _holder("run-a", live_pid, host_id=_other_boot())
     assert lock.staleness(recent, 3600) is None, "another host's recent lock may be live: never assumed stale"
 
@@ -143,7 +147,7 @@ def test_release_leaves_a_lock_that_is_no_longer_ours(params: Params, head, live
     lock.unlock(params, head, force=True)
     lock.acquire(params, head, _holder("run-b", live_pid), params_file="x")
     assert not held.release()
-    assert lock.read(head, params.run_lock.path).run_id == "run-b"
+    assert lock.read(head, _path(params)).run_id == "run-b"
 
 
 def test_unlock_keeps_a_live_local_holder_unless_forced(params: Params, head, live_pid: int) -> None:
@@ -168,8 +172,8 @@ def test_cli_run_refuses_and_unlock_clears(params: Params, head, live_pid: int, 
     subprocess.run(["kill", str(live_pid)], check=True)
     cleared = subprocess.run([*cli, "unlock", str(params_file)], capture_output=True, text=True, timeout=60)
     assert cleared.returncode == 0 and "removed the lock of run run-a" in cleared.stdout, cleared.stdout
-    assert lock.read(head, params.run_lock.path) is None
-    assert not list(Path(params.run_lock.path).parent.iterdir()), "the lock removed, and nothing left of it"
+    assert lock.read(head, _path(params)) is None
+    assert not list(Path(_path(params)).parent.iterdir()), "the lock removed, and nothing left of it"
 
 
 def lock_exit() -> int:
@@ -184,13 +188,13 @@ def test_interrupted_run_releases_the_lock(params: Params, tmp_path: Path) -> No
 
     def interrupt(line: str) -> None:
         if line.startswith("[1/"):
-            seen.append(Path(params.run_lock.path).is_dir())
+            seen.append(Path(_path(params)).is_dir())
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         driver.execute(params_file, RunOptions(out_root=tmp_path / "out"), say=interrupt)
     assert seen == [True], "the lock is held while notebooks run"
-    assert not Path(params.run_lock.path).exists()
+    assert not Path(_path(params)).exists()
 
 
 def _plant(path: Path, what: str) -> None:
@@ -201,7 +205,7 @@ def _plant(path: Path, what: str) -> None:
         path.write_text("data\n")
         return
     if what == "a link to a lock":
-        (path.parent.parent / "elsewhere").mkdir()
+        (path.parent.parent / "elsewhere").mkdir(parents=True)
         (path.parent.parent / "elsewhere" / "holder.json").write_text(marked)
         path.parent.mkdir(parents=True)
         path.symlink_to(path.parent.parent / "elsewhere")
@@ -237,9 +241,9 @@ def test_what_sparkbook_did_not_make_is_refused_and_never_removed(what: str, par
                                                                   tmp_path: Path) -> None:
     """The issue's case: run_lock.path naming a directory that holds data; unlock, break-lock and a run's take-over
     all refuse it, naming the path, and leave every file as it was."""
-    path = Path(params.run_lock.path)
+    path = Path(_path(params))
     _plant(path, what)
-    before = _tree(tmp_path / "locks") | _tree(tmp_path)
+    before = _tree(tmp_path)
     attempts: list[Callable[[], object]] = [
         lambda: lock.unlock(params, head, force=True),
         lambda: lock.acquire(params, head, lock.me("run-b", "x"), params_file="x", break_stale=True),
@@ -253,11 +257,11 @@ def test_what_sparkbook_did_not_make_is_refused_and_never_removed(what: str, par
         assert not isinstance(refused.value, lock.LockHeld), text
         assert f"{path} on {head.name}" in text and "is not a run lock sparkbook made" in text, text
         assert "remove it by hand" in text and "\n" not in text, text
-    assert _tree(tmp_path / "locks") | _tree(tmp_path) == before, "nothing was removed or changed"
+    assert _tree(tmp_path) == before, "nothing was removed or changed"
 
 
 def test_cli_unlock_refuses_a_directory_of_data(params: Params, tmp_path: Path) -> None:
-    path = Path(params.run_lock.path)
+    path = Path(_path(params))
     _plant(path, "data, no holder.json")
     params_file = next(tmp_path.glob("*.yaml"))
     done = subprocess.run([sys.executable, "-m", "sparkbook.cli", "unlock", str(params_file)], capture_output=True,
@@ -270,44 +274,31 @@ def test_cli_unlock_refuses_a_directory_of_data(params: Params, tmp_path: Path) 
 
 def test_a_lock_that_changed_since_it_was_read_is_not_removed(params: Params, head, live_pid: int) -> None:
     lock.acquire(params, head, _holder("run-a", live_pid), params_file="x")
-    assert not lock._remove(head, params.run_lock.path, json.dumps({"sparkbook_lock": 1, "run_id": "run-old"}))
-    assert lock.read(head, params.run_lock.path).run_id == "run-a"
+    assert not lock._remove(head, _path(params), json.dumps({"sparkbook_lock": 1, "run_id": "run-old"}))
+    assert lock.read(head, _path(params)).run_id == "run-a"
 
 
 @pytest.mark.parametrize("root", ["/", "/tmp", "/tmp/", "//tmp", "/run", "/run/lock", "/var", "/var/tmp", "/home",
                                   "/root", "/etc", "/usr", "/usr/local", "/dev/shm", "/srv/x/..", "srv/sparkbook"])
-def test_schema_refuses_a_system_directory_as_the_lock_root(root: str, base: dict[str, Any],
-                                                            write_params: Callable[..., Path]) -> None:
-    base["run_lock"] = {"root": root, "path": "/tmp/run.lock"}
+def test_schema_refuses_a_system_directory_as_a_state_dir(root: str, base: dict[str, Any],
+                                                          write_params: Callable[..., Path]) -> None:
+    base["nodes"][0]["state_dir"] = root
     with pytest.raises(ParamsError) as refused:
         load_params(write_params(base))
-    problems = [p for p in refused.value.problems if p.field.startswith("run_lock")]
-    assert [p.field for p in problems] == ["run_lock.root"], problems
-    assert problems[0].line is not None, "the line of run_lock.root is named"
+    problems = [p for p in refused.value.problems if p.field.startswith("nodes")]
+    assert [p.field for p in problems] == ["nodes[0].state_dir"], problems
+    assert problems[0].line is not None, "the line of state_dir is named"
 
 
-@pytest.mark.parametrize("lock_path,why", [
-    ("/tmp/victim", "not below run_lock.root (/tmp/sparkbook)"),
-    ("/tmp/sparkbook/../victim", "has a `..` component"),
-    ("/tmp/sparkbook/locks/../../victim", "has a `..` component"),
-    ("/tmp/sparkbook", "not below run_lock.root"),
-    ("/tmp/sparkbook/", "not below run_lock.root"),
-    ("/tmp/sparkbook-other/run.lock", "not below run_lock.root"),
-    ("/run/lock", "not below run_lock.root"),
-    ("/home", "not below run_lock.root"),
-])
-def test_schema_keeps_the_lock_path_below_its_root(lock_path: str, why: str, base: dict[str, Any],
-                                                   write_params: Callable[..., Path]) -> None:
-    base["run_lock"] = {"path": lock_path}
+def test_schema_refuses_the_old_lock_paths(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
+    """The lock lives in the head's state dir alone: a params file still naming run_lock.path is refused, not read."""
+    base["run_lock"] = {"path": "/tmp/sparkbook/run.lock"}
     with pytest.raises(ParamsError) as refused:
         load_params(write_params(base))
-    problems = [p for p in refused.value.problems if p.field.startswith("run_lock")]
-    assert [p.field for p in problems] == ["run_lock.path"] and why in problems[0].message, problems
-    assert problems[0].line is not None
+    assert [p.field for p in refused.value.problems] == ["run_lock.path"]
 
 
-def test_schema_takes_a_root_of_sparkbooks_own(base: dict[str, Any], write_params: Callable[..., Path]) -> None:
-    assert load_params(write_params(base)).run_lock.path == "/tmp/sparkbook/run.lock"
-    base["run_lock"] = {"root": "/srv/sparkbook/", "path": "/srv//sparkbook/./locks/run.lock"}
-    settings = load_params(write_params(base)).run_lock
-    assert (settings.root, settings.path) == ("/srv/sparkbook", "/srv/sparkbook/locks/run.lock")
+def test_the_lock_lies_in_the_heads_state_dir(params: Params, head) -> None:  # type: ignore[no-untyped-def]
+    with lock.held(params, head, lock.me("run-a", "cluster.yaml"), params_file="cluster.yaml", say=print):
+        assert (Path(_path(params)) / "holder.json").is_file()
+        assert oct(Path(_path(params)).parent.stat().st_mode & 0o777) == "0o700", "the state dir is made 0700"

@@ -43,9 +43,8 @@ def notebooks(tmp_path: Path) -> Path:
 @pytest.fixture
 def params_file(base: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> Path:
     """Nodes on this machine (local transport): the run lock is real, in a directory of this test."""
-    for node in base["nodes"]:
-        node["transport"] = "local"
-    base["run_lock"] = {"root": str(tmp_path), "path": str(tmp_path / "run.lock")}
+    for node in base["nodes"]:  # the run lock, in the head's state dir: this test's own
+        node.update(transport="local", state_dir=str(tmp_path / "state" / node["name"]))
     return write_params(base)
 
 

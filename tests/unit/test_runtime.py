@@ -15,6 +15,7 @@ import pytest
 
 from sparkbook.core.cluster import topology
 from sparkbook.core.cluster.nodes import Cluster, LocalNode, Node
+from sparkbook.core.cluster.nodestate import NodeStateError, ensure
 from sparkbook.core.cluster.runtime import ImageSource, Place, Runtime
 from sparkbook.core.cluster.runtime_docker import DockerImages, DockerNodes
 from sparkbook.core.cluster.runtime_python import PythonImages, PythonNodes
@@ -34,12 +35,14 @@ esac
 
 
 @pytest.fixture
-def local(write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any],
+def local(write_params: Callable[[dict[str, Any]], Path], base: dict[str, Any], tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, Any]], Cluster]:
-    """A cluster of `transport: local` nodes (a, b, c) with the given runtime; closed at the end."""
+    """A cluster of `transport: local` nodes (a, b, c) with the given runtime, each with a state dir of this test's
+    own; closed at the end."""
     monkeypatch.setenv("SPARKBOOK_HEADLESS", "1")
-    base["nodes"] = [{**n, "transport": "local"} for n in base["nodes"]]
     base["nodes"].append({**base["nodes"][1], "name": "c", "fabric_ip": "10.9.0.3"})
+    base["nodes"] = [{**n, "transport": "local", "state_dir": str(tmp_path / "state" / n["name"])}
+                     for n in base["nodes"]]
     clusters: list[Cluster] = []
 
     def make(runtime: dict[str, Any]) -> Cluster:
@@ -139,27 +142,34 @@ def test_a_python_place_keeps_no_secret_and_a_spawn_gets_them_from_stdin_only(lo
 
 def test_session_ids_in_a_place_dir_others_may_write_are_never_trusted(local) -> None:  # type: ignore[no-untyped-def]
     """Issue 43 (read, not run): the IDs behind `pkill -s` came from world-writable /tmp. A place dir someone else could
-    write (planted, mode 777) naming a live session is neither alive nor stopped; its session lives on."""
+    write (planted, mode 777) naming a live session is neither alive nor stopped; its session lives on. In a dir of
+    our own a record naming the session with another start time (issue 56) is refused, said, and it lives on too."""
     import subprocess
 
     cluster = local({"kind": "python", "python": sys.executable})
     rt, node = runtime_for(cluster.params), cluster.head
     place = Place(node.name, f"sparkbook-unit-{uuid.uuid4().hex[:8]}")
     victim = subprocess.Popen(["setsid", "sleep", "30"])
-    d = Path(f"/tmp/sparkbook/{place.name}")
+    d = Path(ensure(node)) / place.name
     try:
         d.mkdir(parents=True)
         d.chmod(0o777)
         time.sleep(0.3)
-        (d / "sids").write_text(f"{victim.pid}\n")
+        start = Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        (d / "sids").write_text(f"{victim.pid} {start}\n")
         assert not rt.alive(node, place)
         rt.stop(node, place)
         assert victim.poll() is None, "a planted session ID killed another session"
-        d.mkdir(mode=0o700)  # stop removed the dir; ours, mode 0700: trusted
-        (d / "sids").write_text(f"{victim.pid}\n")
+        d.mkdir(mode=0o700)  # stop removed the dir; ours, mode 0700: read
+        (d / "sids").write_text(f"{victim.pid} {start}\n")
         assert rt.alive(node, place)
+        (d / "sids").write_text(f"{victim.pid} {int(start) + 1}\n")  # the session, but not the leader recorded
+        with pytest.raises(NodeStateError, match=f"pid {victim.pid} is not the session leader recorded"):
+            rt.stop(node, place)
+        assert victim.poll() is None, "a session whose leader is not the one recorded is not signalled"
     finally:
         victim.kill()
+        victim.wait()
         subprocess.run(["rm", "-rf", str(d)], check=False)
 
 

@@ -35,6 +35,7 @@ from typing import Protocol, runtime_checkable
 
 from ..values.fanout import FanOut
 from .nodes import Cluster, Node, Result
+from .nodestate import IDENTITY_SH, REFUSED, NodeStateError, pid_record_sh
 
 ID_TIMEOUT_S = 30  # reading an image's ID on a node
 
@@ -44,22 +45,30 @@ def aside(name: str) -> str:
     return f"{name}-replaced"
 
 # The shell scripts of both implementations' process control.
-# Start argv as the leader of a new session, its ID in "$1.pid", output to "$1" ($0 is the log path).
-SPAWN_SH = ('mkdir -p "$(dirname "$0")"; '
-            'exec setsid sh -c \'echo $$ >"$0.pid"; exec "$@" >"$0" 2>&1 </dev/null\' "$0" "$@"')
+# Start argv as the leader of a new session, its identity (nodestate.pid_record_sh) in "$0.pid", output to "$0" (the
+# log path), each created afresh without following a link planted there.
+SPAWN_SH = ('mkdir -p "$(dirname "$0")"; exec setsid sh -c \''
+            + pid_record_sh('"$0.pid"') + '; rm -f "$0"; set -C; exec "$@" >"$0" 2>&1 </dev/null\' "$0" "$@"')
 # Export the `K='v'` lines of the file "$0" (mode 0600, written for this one spawn), remove it, exec "$@".
 SECRETS_SH = 'set -a; . "$0"; set +a; rm -f "$0"; exec "$@"'
-# 0 if the session leader in "$0" is alive and not a zombie.
-RUNNING_SH = ('p=$(cat "$0" 2>/dev/null) && s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && '
-              'case $s in " Z"*|" X"*) exit 1;; esac')
-# With $2 > 0 (a drain): TERM the session leader alone and wait up to $2 s for it to end (vLLM's API server finishes
-# what it runs, its engine processes stay until it lets them go); then TERM the leader's process group, wait up to
-# $1 s, then KILL what is left.
-KILL_SH = ('p=$(cat "$0" 2>/dev/null) || exit 0; i=0; if [ "${2:-0}" -gt 0 ]; then kill -TERM "$p" 2>/dev/null; '
-           'while s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && case $s in " Z"*|" X"*) false;; esac '
+# 0 if the session leader recorded in "$0" is the one spawned, alive and not a zombie.
+RUNNING_SH = IDENTITY_SH + '; case $(echo "$s" | cut -d" " -f2) in Z|X) exit 1;; esac'
+# TERM the recorded session leader's process group (only once it is the process spawned: IDENTITY_SH), wait up to
+# $1 s, then KILL what is left; exit REFUSED, saying why, where the PID file names another process. With $2 > 0 (a
+# drain) the leader alone is TERMed first and given up to $2 s to end (vLLM's API server finishes what it runs; its
+# engine processes stay until it lets them go).
+KILL_SH = (IDENTITY_SH + '; i=0; if [ "${2:-0}" -gt 0 ]; then kill -TERM "$p" 2>/dev/null; '
+           'while t=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null) && case $t in " Z"*|" X"*) false;; esac '
            '&& [ $i -lt "$2" ]; do sleep 1; i=$((i+1)); done; fi; kill -TERM -"$p" 2>/dev/null; i=0; '
            'while kill -0 -"$p" 2>/dev/null && [ $i -lt "$1" ]; do sleep 1; i=$((i+1)); done; '
            'kill -KILL -"$p" 2>/dev/null; rm -f "$0"; exit 0')
+
+
+def killed(node: Node, result: Result) -> None:
+    """KILL_SH's answer: a PID file naming a process the runbook did not spawn is refused, and said."""
+    if result.exit_code == REFUSED:
+        raise NodeStateError(f"{node.name}: not signalled: {result.stderr.strip()[-300:]}", node=node.name,
+                             remediation="look at that process and its PID file by hand; nothing was killed")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from .runtime import (
     StartSpec,
     Ulimit,
     aside,
+    killed,
 )
 from .topology import LOG_DIR
 
@@ -188,8 +189,8 @@ class DockerNodes:
         """End the spawned process and its children (its process group), TERM then KILL; with `drain_s`, the
         process alone first (it finishes what it serves)."""
         if self.alive(node, place):
-            self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s), str(drain_s)],
-                      timeout=grace_s + drain_s + 15)
+            killed(node, self.exec(node, place, ["sh", "-c", KILL_SH, spawned.pid_file, str(grace_s), str(drain_s)],
+                                   timeout=grace_s + drain_s + 15))
 
     def read(self, node: Node, place: Place, path: str, *, tail_bytes: int = 0) -> str:
         argv = ["tail", "-c", str(tail_bytes), path] if tail_bytes else ["cat", path]

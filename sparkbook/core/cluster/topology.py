@@ -12,8 +12,12 @@ from ..values.params import NodeSpec, Params
 from .nodes import Cluster, Node
 from .runtime import Place, Runtime, Spawned
 
-LOG_DIR = "/tmp/sparkbook/logs"  # in the node containers: every process the stages spawn there logs here
-RAY_TEMP_DIR = "/tmp/sparkbook/ray"
+# The place's own files as the stages name them: a container's own /tmp (no host path is mounted there); the Python
+# runtime, whose places share the node, maps them into the node's state dir (core.cluster.nodestate), never the
+# node's /tmp, where anyone could have made them first.
+PLACE_ROOT = "/tmp/sparkbook"
+LOG_DIR = f"{PLACE_ROOT}/logs"  # every process the stages spawn in a place logs here
+RAY_TEMP_DIR = f"{PLACE_ROOT}/ray"
 RAY_LOG = f"{LOG_DIR}/ray.log"
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's place: what 05 serves there now (05 keeps it, 04 would end it)
 HEALTH_TIMEOUT_S = 5.0

@@ -100,6 +100,33 @@ PLAIN_TOKENS = 32
 DEPTH_INPUT_LEN, DEPTH_OUTPUT_LEN = 512, 32
 
 
+SYSTEM_DIRS = frozenset({"/run/lock", "/run/user", "/var/lock", "/var/run", "/var/tmp", "/var/lib", "/var/log",
+                         "/var/cache", "/usr/local", "/usr/lib", "/usr/share", "/dev/shm"})  # and every top-level one
+
+
+def _no_climb(value: str) -> str:
+    """The path with `.` and doubled slashes folded (`//tmp` is `/tmp`); `..` refused, as it leads out of the
+    directory it seems to be below."""
+    if ".." in value.split("/"):
+        raise ValueError(f"{value} has a `..` component; write the directory it leads to without `..`")
+    return posixpath.normpath("/" + value.lstrip("/"))
+
+
+PlainPath = Annotated[RemotePath, AfterValidator(_no_climb)]
+
+
+def _own_dir(value: str) -> str:
+    """A directory of sparkbook's own: not a system one other programs keep files in (it is made 0700 and the runbook
+    writes as root there)."""
+    if len(PurePosixPath(value).parts) < 3 or value in SYSTEM_DIRS:
+        raise ValueError(f"{value} is a system directory that other programs keep files in; name a directory of "
+                         "sparkbook's own below it (the default: ~/.sparkbook/NAME)")
+    return value
+
+
+OwnDir = Annotated[PlainPath, AfterValidator(_own_dir)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -153,6 +180,10 @@ class NodeSpec(Strict):
     ssh_port: int | None = Field(None, ge=1, le=65535, description="this node's SSH port (default: ssh.port)")
     unified_memory: bool | None = Field(None, description="the GPU allocates from the OS's memory (GB10): 05 drops the "
                                         "page cache first (null: where nvidia-smi reports no GPU memory)")
+    state_dir: OwnDir | None = Field(None, description="the runbook's own directory on the node (PID files, the "
+                                        "Python runtime's places and logs, the run lock): made mode 0700 by the SSH "
+                                        "user and refused where anyone else owns or can change it or a parent "
+                                        "(default: ~/.sparkbook/NAME in the SSH user's home)")
 
     @field_validator("host")
     @classmethod
@@ -554,45 +585,13 @@ class WatchSettings(Strict):
         return self
 
 
-SYSTEM_DIRS = frozenset({"/run/lock", "/run/user", "/var/lock", "/var/run", "/var/tmp", "/var/lib", "/var/log",
-                         "/var/cache", "/usr/local", "/usr/lib", "/usr/share", "/dev/shm"})  # and every top-level one
-
-
-def _no_climb(value: str) -> str:
-    """The path with `.` and doubled slashes folded (`//tmp` is `/tmp`); `..` refused, as it leads out of the
-    directory it seems to be below."""
-    if ".." in value.split("/"):
-        raise ValueError(f"{value} has a `..` component; write the directory it leads to without `..`")
-    return posixpath.normpath("/" + value.lstrip("/"))
-
-
-PlainPath = Annotated[RemotePath, AfterValidator(_no_climb)]
 
 
 class RunLockSettings(Strict):
-    """Where the run lock lives: strictly below a directory of sparkbook's own, never a system one, so a mistyped
-    path cannot name a directory other programs keep data in."""
+    """How the run lock ages; it lives in the head's state dir (NodeSpec.state_dir), the runbook's own, so no path
+    can name a directory other programs or users keep files in."""
 
-    root: PlainPath = Field("/tmp/sparkbook", description="directory on the head the lock must lie below: one of "
-                            "sparkbook's own, not a system directory (/, /tmp, /run/lock, /home, ...)")
-    path: PlainPath = Field("/tmp/sparkbook/run.lock", description="lock directory on the head node, below "
-                            "run_lock.root")
     stale_after_s: float = Field(43200, gt=0, description="a lock older than this is reported as stale")
-
-    @field_validator("root")
-    @classmethod
-    def _own_root(cls, value: str) -> str:
-        if len(PurePosixPath(value).parts) < 3 or value in SYSTEM_DIRS:
-            raise ValueError(f"{value} is a system directory that other programs keep files in; name a directory of "
-                             "sparkbook's own below it (the default: /tmp/sparkbook)")
-        return value
-
-    @model_validator(mode="after")
-    def _below_root(self) -> RunLockSettings:
-        if not PurePosixPath(self.path).is_relative_to(self.root) or self.path == self.root:
-            raise ValueError(f"path: {self.path} is not below run_lock.root ({self.root}); put the lock there (e.g. "
-                             f"{self.root}/run.lock) or set run_lock.root to a directory of sparkbook's own above it")
-        return self
 
 
 class Params(Strict):

@@ -25,13 +25,13 @@ from typing import Literal
 
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import Node, shell
+from ...core.cluster.nodestate import ensure
 from ...core.cluster.progress import Progress
 from ...core.values.errors import SparkbookError
 from ...core.values.params import ModelSpec, NodeSpec, Params
 from ...core.values.stagelist import IMAGES
 
 INCOMING = ".sparkbook-incoming"
-PID_DIR = "/tmp/sparkbook"
 LIST_TIMEOUT_S = 60
 POLL_S = 2.0
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -62,7 +62,8 @@ if [ -d refs ]; then
 fi
 cd / && rm -rf "$stage"
 """
-RSYNC = 'mkdir -p {piddir} && echo $$ > {pidfile} && exec rsync "$@"'
+# the stream's PID in the source's state dir (the runbook's own), written afresh: a link there is not followed
+RSYNC = 'rm -f {pidfile}; ( set -C; echo $$ >{pidfile} ) && exec rsync "$@"'
 
 
 @dataclass(frozen=True)
@@ -341,12 +342,13 @@ def hash_mismatches(expected: dict[str, str], sha256sum_output: str) -> list[str
     return sorted(p for p, want in expected.items() if got.get(p) != want)
 
 
-def pid_file(target: str, i: int) -> str:
-    """Where the source node writes the PID of the rsync stream `i` towards `target` (to stop one by PID)."""
-    return f"{PID_DIR}/modelcopy-{target}-{i}.pid"
+def pid_file(state_dir: str, target: str, i: int) -> str:
+    """Where the source node writes the PID of the rsync stream `i` towards `target` (to stop one by PID): its
+    state dir (core.cluster.nodestate)."""
+    return f"{state_dir}/modelcopy-{target}-{i}.pid"
 
 
-def rsync_argv(spec: NodeSpec, params: Params, src_root: str, stage: str, stream: int) -> list[str]:
+def rsync_argv(spec: NodeSpec, params: Params, src_root: str, stage: str, stream: int, state_dir: str) -> list[str]:
     """rsync on the source pushing a --files-from list (stdin) to the target's fabric IP, resumably."""
     t = params.model.transfer
     ssh = shlex.join(["ssh", "-p", str(spec.ssh_port or params.ssh.port), "-o", "BatchMode=yes",
@@ -355,7 +357,7 @@ def rsync_argv(spec: NodeSpec, params: Params, src_root: str, stage: str, stream
     argv = ["-a", "--partial", "--size-only", "--stats", "--files-from=-", "-e", ssh,
             *([f"--bwlimit={int(t.bwlimit_mbs * 1000)}"] if t.bwlimit_mbs else []),
             f"{src_root}/", f"{user}@{spec.fabric_ip}:{stage}/"]
-    return ["sh", "-c", RSYNC.format(piddir=shlex.quote(PID_DIR), pidfile=shlex.quote(pid_file(spec.name, stream))),
+    return ["sh", "-c", RSYNC.format(pidfile=shlex.quote(pid_file(state_dir, spec.name, stream))),
             "rsync", *argv]
 
 
@@ -370,6 +372,7 @@ def copy_node(ctx: Context, cp: ModelCopyPlan, p: NodePlan) -> NodeCopy:
     params, t = ctx.params, ctx.params.model.transfer
     source, target = ctx.cluster.nodes[cp.source], ctx.cluster.nodes[p.node]
     stage = staging_dir(p.root)
+    ensure(source)  # its state dir (the streams' PID files) refused here, before anything is sent, if not our own
     target.run(["mkdir", "-p", stage], timeout=LIST_TIMEOUT_S, check=True)
     files = list(p.entries)
     results: list[tuple[int, str]] = []
@@ -406,7 +409,8 @@ def _stream(source: Node, params: Params, p: NodePlan, src_root: str, stage: str
     spec = params.node(p.node)
     listing_bytes = "".join(f"{e.path}\n" for e in group).encode()
     try:
-        r = source.run(rsync_argv(spec, params, src_root, stage, i), timeout=timeout, stdin=listing_bytes)
+        r = source.run(rsync_argv(spec, params, src_root, stage, i, ensure(source)), timeout=timeout,
+                       stdin=listing_bytes)
     except Exception as exc:  # the stream's failure is reported with its node, not raised from a thread
         results.append((0, f"{source.name} -> {p.node}: stream {i} failed: {exc}"))
         return

@@ -65,7 +65,8 @@ IDENTITY_SH = ('[ ! -L "$0" ] || { echo "$0 is a symbolic link: refused" >&2; ex
                '[ "$p" -gt 1 ] || { echo "$0 names pid $p: refused" >&2; exit 3; }; '
                's=$(cat /proc/$p/stat 2>/dev/null) || exit 4; s=${s##*\\)}; '
                '[ "$(echo "$s" | cut -d" " -f21)" = "$t" ] && [ "$(echo "$s" | cut -d" " -f5)" = "$p" ] || '
-               '{ echo "pid $p is not the process $0 recorded (start time or session differs): refused" >&2; exit 3; }')
+               '{ echo "pid $p is not the process $0 recorded (start time or session differs): that one has ended, '
+               'this one is not signalled" >&2; exit 4; }')
 
 REFUSED, GONE = 3, 4
 

@@ -18,7 +18,7 @@ from ..core.cluster.nodes import Cluster, Result
 from ..core.cluster.progress import Progress
 from ..core.cluster.qualityapi import save_reference
 from ..core.cluster.runtimes import runtime_for
-from ..core.values import state
+from ..core.values import atomic, seal, state
 from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
 from ..core.values.evidence import (
     Decision,
@@ -34,7 +34,7 @@ from ..core.values.evidence import (
 )
 from ..core.values.params import Params, load_params
 from ..core.values.redact import Redactor
-from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
+from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths
 from ..core.values.state import H, Handoffs
 from ..core.values.sweeppoint import SweepPoint, write_point
 from ..records.earlier import earlier_sweep, probed_before
@@ -136,9 +136,11 @@ class Run:
 
     def keep_files(self, files: Mapping[str, str]) -> None:
         """Write the files a stage hands over into the run dir (redacted), as it hands them: 01's restore plan, before
-        it stops anything."""
+        it stops anything. Each whole, readable by its owner alone (they hold command lines); those the runbook acts
+        on later (the restore plan) sealed."""
         for name, text in files.items():
-            (self.run_dir / name).write_text(self.redactor.text(text))
+            write = seal.write if name in SEALED else atomic.write
+            write(self.run_dir / name, self.redactor.text(text), 0o600)
 
     def write_log(self, name: str, text: str) -> Path:
         path = self.run_dir / LOGS / name

@@ -1,10 +1,12 @@
 """Synthetic run dirs for the archive tests: a manifest, state, events and bench points as the runbook driver and the
-notebooks write them."""
+notebooks write them (the manifest and state sealed with the test session's key, core.values.seal)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from sparkbook.core.values import seal
 
 NAMES = ["01-cleanup.ipynb", "02-diagnosis.ipynb", "03-image-selection.ipynb", "04-ray-cluster.ipynb",
          "05-serve.ipynb", "06-benchmark.ipynb"]
@@ -40,7 +42,7 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
                      for i in range(4)]
             (run_dir / name).write_text(json.dumps({"cells": cells}))
     failed = "failed" in statuses
-    (run_dir / "manifest.json").write_text(json.dumps({
+    seal.write(run_dir / "manifest.json", json.dumps({
         "cluster": cluster_dir.name, "run_id": run_id, "params_file": "/p/lab.yaml", "parameters": {},
         "started": "2026-12-01T10:00:00+00:00", "finished": "2026-12-01T10:10:00+00:00",
         "status": "failed" if failed else "ok", "notebooks": notebooks}))
@@ -53,7 +55,7 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
     if statuses[4] == "ok":
         state["endpoint"] = {"executor": "mp", "ready_s": 70.0,
                              "addresses": {"management": "http://10.1.230.180:8000", "fabric": "http://192.168.200.12:8000"}}
-    (run_dir / "state.json").write_text(json.dumps(state))
+    seal.write(run_dir / "state.json", json.dumps(state))  # sealed, as the runbook writes it
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events or []))
     for p in points or []:
         (run_dir / "bench" / f"c{p['max_concurrency']:04d}.json").write_text(json.dumps(p))

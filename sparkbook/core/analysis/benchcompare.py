@@ -76,7 +76,7 @@ def params_of(run_dir: Path) -> dict[str, Any] | None:
 def image_of(run_dir: Path) -> ImageChoice | None:
     """The image 03 chose in the run (None: 03 did not hand one on, or state.json cannot be read)."""
     try:
-        return load(run_dir, ImageChoice)
+        return load(run_dir, ImageChoice, sealed=False)  # shown beside the figures, never acted on
     except StateError:
         return None
 

@@ -3,10 +3,12 @@ notebooks write them (the manifest and state sealed with the test session's key,
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from sparkbook.core.values import seal
+from sparkbook.core.values.rundir import SEALED
 
 NAMES = ["01-cleanup.ipynb", "02-diagnosis.ipynb", "03-image-selection.ipynb", "04-ray-cluster.ipynb",
          "05-serve.ipynb", "06-benchmark.ipynb"]
@@ -62,3 +64,19 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
     if params_yaml is not None:
         (run_dir / "params.yaml").write_text(params_yaml)
     return run_dir
+
+
+def reseal(path: Path) -> Path:
+    """Seal `path` as it now stands, as the runbook does when it writes it (a test's edit made by the runbook)."""
+    seal.write(path, path.read_bytes())
+    return path
+
+
+def sealed_copy(tree: Path, into: Path) -> Path:
+    """A copy of `tree` (committed records, written on another machine) whose manifests, states and restore plans are
+    sealed with this test session's key: records this controller's runbook wrote, for the commands that act on them."""
+    shutil.copytree(tree, into)
+    for name in SEALED:
+        for path in into.rglob(name):
+            reseal(path)
+    return into

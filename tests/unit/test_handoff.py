@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkbook import open_run
+from sparkbook.core.values import seal
 from sparkbook.core.values.errors import SparkbookError
 from sparkbook.core.values.evidence import Finding
 from sparkbook.core.values.handoff import (
@@ -24,7 +25,6 @@ from sparkbook.core.values.handoff import (
 from sparkbook.core.values.imagefacts import RegistryProbe
 from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.rundir import STATE
-from sparkbook.core.values import seal
 from sparkbook.core.values.state import VERSION, VERSION_KEY, Handoff, MissingState, StateError
 from sparkbook.runbook.session import Run
 

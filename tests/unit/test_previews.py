@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rundirs import reseal
 
 from sparkbook import cli
 from sparkbook.core.cluster.context import Context
@@ -17,8 +18,6 @@ from sparkbook.core.values.evidence import NotKnownYet, Shown
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.stagelist import STAGES
 from sparkbook.core.values.state import Handoff, MissingState
-
-from rundirs import reseal
 from sparkbook.runbook import previews
 from sparkbook.runbook.previews import StagePlan, shown_for
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from restoring import local_params, restorable_run
 
 from sparkbook import cli
 from sparkbook.cli import exits
@@ -18,8 +19,6 @@ from sparkbook.core.values.handoff import Endpoint, ImageChoice
 from sparkbook.runbook import driver, lock
 from sparkbook.runbook.manifest import Manifest, NotebookRun
 from sparkbook.stages.cleanup import restore
-
-from restoring import local_params, restorable_run
 
 IMAGE = "example/vllm:0.17"  # conftest's candidate
 RUN = "20261203T000000Z"
@@ -201,8 +200,8 @@ def test_a_hand_off_beyond_the_params_is_refused_by_every_operator_command(
 
 def test_an_endpoint_within_the_params_is_acted_on(local: Path, tmp_path: Path) -> None:
     """The same record unplanted passes the bounds (the refusals above are the planted values' alone)."""
-    from sparkbook.runbook import operate
     from sparkbook.core.values.params import load_params
+    from sparkbook.runbook import operate
 
     _deployed(tmp_path / "outputs", api_key_env="SPARKBOOK_TEST_TOKEN", router_log="logs/router.log")
     d = operate.last_good(load_params(local), tmp_path / "outputs")
@@ -265,3 +264,39 @@ def test_a_file_sealed_under_another_key_is_refused(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "other"))
     with pytest.raises(seal.SealError, match="its seal does not match"):
         seal.read(path)
+
+
+# --- records read back for display --------------------------------------------------------------------------------
+def test_compare_of_a_run_whose_params_copy_is_not_yaml_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rundirs import make_run
+
+    lab = tmp_path / "lab"
+    a = make_run(lab, "20261201T100000Z")
+    make_run(lab, "20261201T110000Z", params_yaml="cluster: [lab\n  serve: {")
+    assert cli.main(["compare", a.name, "20261201T110000Z", "--outputs", str(tmp_path)]) == exits.EXIT_INVALID
+    _one_line(capsys.readouterr().err, "20261201T110000Z/params.yaml: not YAML")
+
+
+def test_a_duration_that_is_not_a_number_is_said_on_the_page_not_a_traceback(tmp_path: Path) -> None:
+    from rundirs import make_run
+
+    run_dir = make_run(tmp_path / "lab", "20261201T100000Z")
+    m = json.loads((run_dir / "manifest.json").read_text())
+    m["notebooks"][0]["duration_s"] = "a while"
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+    page = driver.write_index(run_dir, Manifest.read(run_dir, sealed=False)).read_text()
+    assert "a while (not a number" in page
+    assert not list(run_dir.glob(".index.html.*")), "written whole: no temporary file left"
+
+
+def test_a_malformed_restore_outcome_event_is_said_on_the_page(tmp_path: Path) -> None:
+    from rundirs import make_run
+
+    from sparkbook.records.restore_section import restore_section
+
+    run_dir = make_run(tmp_path / "lab", "20261201T100000Z", events=[
+        {"at": "t1", "stage": "restore", "kind": "restore_outcome", "data": {"result": "restored"}},
+        {"at": "t2", "stage": "restore", "kind": "restore_outcome", "data": "not an outcome"}])
+    section = restore_section(run_dir)
+    assert section.count("is not one sparkbook writes: not shown") == 2 and "t2" in section

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rundirs import reseal
 
 from sparkbook import cli
 from sparkbook.cli import exits
@@ -26,8 +27,6 @@ from sparkbook.runbook import operate, watch
 from sparkbook.runbook.operate import NodeStatus
 from sparkbook.runbook.restarts import Restarts, backoff_s
 from sparkbook.stages.serve.failures import classify
-
-from rundirs import reseal
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "outputs" / "examples"

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import seal
-from .errors import SparkbookError
+from .errors import ExitKind, SparkbookError
 from .rundir import STATE
 
 VERSION_KEY = "schema_version"
@@ -30,14 +30,14 @@ H = TypeVar("H", bound=Handoff)
 class StateError(SparkbookError):
     """state.json cannot give a value: another schema version wrote it, or the value fails its schema."""
 
-    exit_kind = "invalid"
+    exit_kind: ClassVar[ExitKind] = "invalid"
 
 
 class MissingState(StateError):
     """No notebook of this run has stored the hand-off yet: the one exception every notebook falls back on, naming
     the hand-off and the notebook that makes it."""
 
-    exit_kind = "failed"
+    exit_kind: ClassVar[ExitKind] = "failed"
 
 
 class Handoffs:

@@ -286,5 +286,5 @@ def compare(run_a: str, run_b: str, outputs: Path = OUTPUTS, *, html: Path | Non
     """What changed between two runs (dirs, or run ids under `outputs`), its page written to `html` (None: beside
     run B's cluster outputs)."""
     comparison = compare_runs(archive.find_run(run_a, outputs), archive.find_run(run_b, outputs))
-    page = html or page_path(comparison.a, comparison.b)
+    page = html or page_path(comparison.a, comparison.b, outputs)
     return Compared(comparison, pages.write_compare(comparison, page))

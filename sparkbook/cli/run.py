@@ -16,7 +16,11 @@ def _parameter(text: str) -> tuple[str, Any]:
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, yaml.safe_load(value)
+    try:
+        return name, yaml.safe_load(value)
+    except yaml.YAMLError as exc:  # its value is read as YAML: one line naming it, never a traceback
+        where = getattr(exc, "problem", None) or type(exc).__name__
+        raise argparse.ArgumentTypeError(f"{name}: the value is not YAML ({where}); quote it") from None
 
 
 def arguments(p: argparse.ArgumentParser) -> None:

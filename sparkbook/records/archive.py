@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from ..core.analysis.benchcompare import fmt, params_of
+from ..core.analysis.benchcompare import UnreadableParams, fmt, params_of
 from ..core.values.abarm import BASELINE, serves
 from ..core.values.errors import SparkbookError
 from ..core.values.evidence import read_events
@@ -247,9 +246,9 @@ def layout_of(run_dir: Path) -> str | None:
     knew no other layout); None where the run kept no readable params copy."""
     try:
         params = params_of(run_dir)
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnreadableParams):
         return None
-    if not isinstance(params, dict):
+    if params is None:
         return None
     serve = params.get("serve")
     layout = serve.get("layout") if isinstance(serve, dict) else None

@@ -85,12 +85,16 @@ class Comparison:
         return "\n".join(lines)
 
 
-def page_path(a: RunRecord, b: RunRecord) -> Path:
+def page_path(a: RunRecord, b: RunRecord, outputs: Path) -> Path:
     """Where `sparkbook compare` writes its page: compare/ in the cluster's outputs that hold run B, named by the two
-    run dirs' own names, never by a manifest's run id or cluster (`run_id: ../../x` would lead out of the tree); for
-    the committed records (outputs/examples/<cluster>) under outputs/<cluster>/compare/, never into what git tracks."""
+    run dirs' own names, never by a manifest's run id or cluster (`run_id: ../../x` would lead out of the tree). Only
+    a cluster dir of `outputs` (the command's) is written into: for run B elsewhere or in a committed examples tree
+    (any .../examples/<cluster>), the page goes under `outputs`/<cluster>/compare/ (`outputs` being examples/: the
+    outputs that hold it), never into or beside what git tracks."""
     cluster = outputs_tree(b.run_dir.resolve().parent, "name the page to write with --html FILE")
-    root = cluster.parent.parent / cluster.name if cluster.parent.name == COMMITTED else cluster
+    mine = outputs.resolve()
+    own = cluster.is_relative_to(mine) and cluster.parent.name != COMMITTED
+    root = cluster if own else (mine.parent if mine.name == COMMITTED else mine) / cluster.name
     return root / COMPARE_DIR / f"{a.run_dir.resolve().name}-vs-{b.run_dir.resolve().name}.html"
 
 

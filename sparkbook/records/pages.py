@@ -170,11 +170,20 @@ def _written_by(r: RunRecord) -> str:
     return f"written by sparkbook {e(fmt(r.sparkbook_version))}, commit {e(fmt(r.sparkbook_commit)[:12])}"
 
 
+def _duration(value: Any) -> str:
+    """A notebook's duration as the manifest holds it; a value that is not a number is said so, never formatted."""
+    if value is None:
+        return ""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.0f} s"
+    return f"{e(str(value)[:40])} (not a number: the manifest is not as sparkbook wrote it)"
+
+
 def _notebook_rows(r: RunRecord) -> list[dict[str, str]]:
     rows = []
     for nb in r.notebooks:
         exc = nb.get("exception") or {}
-        duration = f"{nb['duration_s']:.0f} s" if nb.get("duration_s") is not None else ""
+        duration = _duration(nb.get("duration_s"))
         if nb.get("cell_limit_s"):
             duration += f"<br><small>cell limit {e(nb['cell_limit_s'])} s: {e(nb.get('cell_limit_reason', ''))}</small>"
         status = f'<span class="{e(nb.get("status"))}">{e(nb.get("status"))}</span>'

@@ -27,7 +27,12 @@ def restore_section(run_dir: Path) -> str:
     and each target's verdict ('' when none ran)."""
     items = []
     for event in read_events(run_dir, "restore_outcome"):
-        out = event["data"]
-        items.append(f'<li class="{html.escape(out["result"])}"><b>{html.escape(out["result"])}</b> at '
-                     f"{html.escape(event['at'])}<ul>{''.join(f'<li>{line}</li>' for line in _lines(out))}</ul></li>")
+        try:
+            out = event["data"]
+            items.append(f'<li class="{html.escape(out["result"])}"><b>{html.escape(out["result"])}</b> at '
+                         f"{html.escape(event['at'])}<ul>{''.join(f'<li>{line}</li>' for line in _lines(out))}"
+                         "</ul></li>")
+        except (KeyError, TypeError, AttributeError):  # a planted or older event: said, never half-rendered
+            items.append(f"<li>a restore_outcome event at {html.escape(str(event.get('at')))} is not one sparkbook "
+                         "writes: not shown</li>")
     return f"<h2>Restore</h2><ul>{''.join(items)}</ul>" if items else ""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.values.abarm import BASELINE, KEPT, AbKind, second_arm
+from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbKind, second_arm
 from ..core.values.handoff import AbVerdict
 from ..core.values.params import Params
 from ..core.values.stagelist import BENCH, SERVE
@@ -29,6 +29,15 @@ def source(name: str) -> str:
     """The notebook an output name runs: `05-serve.ab-baseline.ipynb` runs `05-serve.ipynb`."""
     stem, _, arm = name.removesuffix(".ipynb").partition(".ab-")
     return f"{stem}.ipynb" if arm else name
+
+
+def known(name: str, names: list[str]) -> bool:
+    """Whether `name` is an output name the runbook gives a notebook of `names` (the folder's, from the stage list):
+    the notebook itself, or 05's or 06's under an arm; never a path (a manifest's `../../x.ipynb` is none)."""
+    if name in names:
+        return True
+    src, arm = source(name), arm_of(name)
+    return src in names and arm in AB_ARMS and (SERVE.owns(src) or BENCH.owns(src)) and name == arm_name(src, arm)
 
 
 def arm_of(name: str) -> str | None:

@@ -17,12 +17,21 @@ import yaml
 
 from ..core.cluster.nodes import Cluster, HostKeyMismatch
 from ..core.cluster.progress import Progress
-from ..core.values import abarm, state
+from ..core.values import abarm, atomic, seal, state
 from ..core.values.errors import SparkbookError
 from ..core.values.evidence import now, read_events
 from ..core.values.params import Params, ParamsError, load_params
 from ..core.values.redact import Redactor, text_files
-from ..core.values.rundir import INDEX, MANIFEST, PARAMS_COPY, STATE, new_run_id, params_hash, relative_text
+from ..core.values.rundir import (
+    INDEX,
+    MANIFEST,
+    PARAMS_COPY,
+    SEALED,
+    STATE,
+    new_run_id,
+    params_hash,
+    relative_text,
+)
 from ..core.values.stagelist import RAYCLUSTER, SERVE, STAGES
 from ..records import pages
 from ..records.archive import read_run
@@ -131,7 +140,7 @@ def execute(params_file: Path, options: RunOptions, say: Say = silent) -> tuple[
     carried = None  # a new run past 01: the hand-offs it starts from
     if resume:
         run_dir = resume.resolve()
-        manifest = _resumed(run_dir)
+        manifest = _resumed(run_dir, params, names)
         recorded = [nb.name for nb in manifest.notebooks]
         first_bad = next((nb.name for nb in manifest.notebooks if nb.status != "ok"), None)
         if not first_bad and not start and not only:
@@ -141,6 +150,7 @@ def execute(params_file: Path, options: RunOptions, say: Say = silent) -> tuple[
         todo = recorded[recorded.index(first_bad):] if first_bad and not start and not only \
             else arms.with_arms(select(names, start, only, upto), params)
         parameters = {**manifest.parameters, **parameters}
+        check_parameters(parameters, folder)  # the manifest's too: it never sets the driver's own
         run_id = manifest.run_id
     else:
         run_id = new_run_id()
@@ -158,7 +168,7 @@ def execute(params_file: Path, options: RunOptions, say: Say = silent) -> tuple[
     with _run_lock(params, params_file, run_id, resumed=resume is not None, break_lock=o.break_lock, say=say):
         run_dir.mkdir(parents=True, exist_ok=resume is not None)
         if seed:
-            shutil.copyfile(seed / STATE, run_dir / STATE)
+            seal.write(run_dir / STATE, seal.read(seed / STATE))  # only a state this runbook sealed
             say(f"{run_dir.name}: starts from the hand-offs of run {seed.name}; {', '.join(todo)} run")
         elif carried is not None:
             for value, _ in carried.values:
@@ -183,16 +193,28 @@ def _kept_again(seed: Path, chosen: list[str], todo: list[str], params: Params) 
     return arms.serving_again(seed, params)
 
 
-def _resumed(run_dir: Path) -> Manifest:
-    """The manifest of the run dir `--resume` names; RunbookError where it is no run dir or its manifest is torn."""
+def _resumed(run_dir: Path, params: Params, names: list[str]) -> Manifest:
+    """The manifest of the run dir `--resume` names, sealed by this runbook and within its schema: the params'
+    cluster, notebooks of the stage list only (`names`, the folder's). RunbookError where it is no run dir or its
+    manifest is torn or foreign; nothing runs."""
+    path = run_dir / MANIFEST
     try:
-        return Manifest.read(run_dir)
+        manifest = Manifest.read(run_dir)
     except FileNotFoundError:
         raise RunbookError(f"--resume {run_dir}: no run dir (it holds no {MANIFEST})",
                            remediation="name a run dir: `sparkbook runs PARAMS` lists the cluster's") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:
         raise RunbookError(f"--resume {run_dir}: its {MANIFEST} cannot be read ({type(exc).__name__})",
                            remediation="start a new run instead: `sparkbook run PARAMS`") from None
+    if manifest.cluster != params.cluster:
+        raise RunbookError(f"--resume {run_dir}: {path} is cluster {manifest.cluster!r}'s, the params' is "
+                           f"{params.cluster!r}", remediation="resume it with that cluster's params file")
+    foreign = [nb.name for nb in manifest.notebooks if not arms.known(nb.name, names)]
+    if foreign:
+        raise RunbookError(f"--resume {run_dir}: {path} names notebooks that are not the runbook's: "
+                           f"{', '.join(map(repr, foreign))[:200]}; nothing ran",
+                           remediation="start a new run instead: `sparkbook run PARAMS`")
+    return manifest
 
 
 @contextmanager
@@ -354,16 +376,18 @@ def _scrub(run_dir: Path, redactor: Redactor) -> None:
     the dir can move."""
     for path, text in text_files(run_dir):
         clean = relative_text(redactor.text(text), run_dir)
-        if clean != text:
+        if clean == text:
+            continue
+        if path.parent == run_dir and path.name in SEALED and seal.problem(path) is None:
+            seal.write(path, clean)  # sealed again only where the seal held before
+        else:
             path.write_text(clean)
 
 
 def write_index(run_dir: Path, manifest: Manifest) -> Path:
     """A static page a person can open: status (ok / failed at NN / partial), key figures, findings, the failing
     cell, each notebook with its decisions, and the Restore section."""
-    path = run_dir / INDEX
-    path.write_text(pages.run_page(read_run(run_dir, manifest.data()), restore_section(run_dir)))
-    return path
+    return atomic.write(run_dir / INDEX, pages.run_page(read_run(run_dir, manifest.data()), restore_section(run_dir)))
 
 
 def pack_run(run_dir: Path) -> Path:

@@ -9,12 +9,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..core.values import seal
+from ..core.values.errors import SparkbookError
 from ..core.values.rundir import MANIFEST
 
 # A notebook's status: pending (not reached yet) and running while the run goes on; ok | failed | not run (after a
 # failure) | skipped (--only NN) | skipped (--from NN) once it ended.
 NOT_RUN = "not run"
 REPO = Path(__file__).resolve().parents[2]
+
+
+class ManifestError(SparkbookError):
+    """manifest.json is not one this sparkbook can act on."""
+
+    exit_kind = "invalid"
 
 
 @dataclass
@@ -50,15 +58,23 @@ class Manifest:
         return asdict(self)
 
     def write(self, run_dir: Path) -> Path:
-        path = run_dir / MANIFEST
-        path.write_text(json.dumps(self.data(), indent=2))
-        return path
+        """manifest.json, whole (a reader never meets half of it) and sealed (what --resume, up and the operator
+        commands trust)."""
+        return seal.write(run_dir / MANIFEST, json.dumps(self.data(), indent=2))
 
     @classmethod
-    def read(cls, run_dir: Path) -> Manifest:
-        data = json.loads((run_dir / MANIFEST).read_text())
-        data["notebooks"] = [NotebookRun(**nb) for nb in data["notebooks"]]
-        return cls(**data)
+    def read(cls, run_dir: Path, *, sealed: bool = True) -> Manifest:
+        """The run dir's manifest, sealed by this controller's runbook (seal.SealError where not; `sealed=False`:
+        for display only); FileNotFoundError where there is none; ManifestError where it is not a manifest."""
+        path = run_dir / MANIFEST
+        raw = seal.read(path) if sealed else path.read_bytes()
+        try:
+            data = json.loads(raw)
+            data["notebooks"] = [NotebookRun(**nb) for nb in data["notebooks"]]
+            return cls(**data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ManifestError(f"{path}: not a manifest sparkbook reads ({type(exc).__name__})",
+                                remediation="start a new run instead: `sparkbook run PARAMS`") from None
 
     def first_failed(self) -> NotebookRun | None:
         """The notebook the run stopped at (None: none failed)."""

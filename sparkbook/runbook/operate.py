@@ -22,9 +22,10 @@ from ..core.cluster.topology import LOG_DIR, lost, without_ray
 from ..core.values import state
 from ..core.values.errors import SparkbookError
 from ..core.values.evidence import now, read_events
-from ..core.values.handoff import Endpoint, ImageChoice
+from ..core.values.handoff import Endpoint, ImageChoice, OldDeployment
+from ..core.values.handoffbounds import endpoint_problems, image_problems
 from ..core.values.params import Params, load_params
-from ..core.values.rundir import is_run_dir
+from ..core.values.rundir import RUN_ID, STATE, is_run_dir
 from ..core.values.stagelist import RAYCLUSTER, SERVE
 from ..stages.serve.endpoints import ClientAddress, client_addresses
 from . import driver, lock, logfollow, stoprecord
@@ -39,6 +40,12 @@ PROBE_TIMEOUT_S = 60.0
 
 class NothingDeployed(SparkbookError):
     """No run of this cluster left a serving deployment to operate on."""
+
+
+class UntrustedDeployment(SparkbookError):
+    """The newest deployment's record names what its params could not have deployed, or cannot be read."""
+
+    exit_kind = "invalid"
 
 
 @dataclass(frozen=True)
@@ -75,17 +82,18 @@ class Deployment:
 def _served(run_dir: Path) -> Deployment | None:
     """What serves since the run: its own deployment when its 05 ended ok and its state holds the image and the
     endpoint; where its 05 failed and rolled back, the deployment of the run whose plan it relaunched (issue 40: the
-    deployment follows what serves, so status, logs, stop and up find it after a failure)."""
+    deployment follows what serves, so status, logs, stop and up find it after a failure). None where the run
+    deployed nothing; a SparkbookError naming the file where its record is torn, foreign or unsealed."""
     try:
         manifest = Manifest.read(run_dir)
-        if any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks):
-            return _deployment(run_dir)
-        back = rolled_back_to(run_dir)
-        if back is None:
-            return None
-        return dataclasses.replace(_deployment(run_dir.parent / back), rolled_back_by=run_dir.name)
-    except (OSError, ValueError, TypeError, KeyError, SparkbookError):
-        return None  # an unreadable or partial run dir deployed nothing usable
+    except FileNotFoundError:
+        return None  # a run cut short before its first notebook: it deployed nothing
+    if any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks):
+        return _deployment(run_dir)
+    back = rolled_back_to(run_dir)
+    if back is None:
+        return None
+    return dataclasses.replace(_deployment(run_dir.parent / back), rolled_back_by=run_dir.name)
 
 
 def _deployment(run_dir: Path) -> Deployment:
@@ -94,26 +102,53 @@ def _deployment(run_dir: Path) -> Deployment:
 
 def rolled_back_to(run_dir: Path) -> str | None:
     """The run whose plan the run's last rollback brought back serving; None where it rolled back nothing (or the
-    rollback failed too)."""
+    rollback failed too). A run id only: never a path out of the cluster's outputs."""
     rollbacks = read_events(run_dir, "serve_rollback")
     last = rollbacks[-1]["data"] if rollbacks else {}
-    return str(last["rolled_back_to_run"]) if last.get("ok") and last.get("rolled_back_to_run") else None
+    run = str(last.get("rolled_back_to_run")) if isinstance(last, dict) and last.get("ok") else ""
+    return run if RUN_ID.match(run) else None
 
 
 def deployments(cluster_dir: Path) -> list[Deployment]:
-    """Every run of the cluster that deployed a server, newest first."""
+    """Every run of the cluster that deployed a server, newest first (a run whose record cannot be read is left
+    out: for naming the run that started a server, never for choosing what to act on)."""
     if not cluster_dir.is_dir():
         return []
-    found = (_served(d) for d in sorted(cluster_dir.iterdir(), reverse=True) if is_run_dir(d))
+    found = []
+    for d in sorted(cluster_dir.iterdir(), reverse=True):
+        try:
+            found.append(_served(d) if is_run_dir(d) else None)
+        except (OSError, SparkbookError):
+            continue
     return [d for d in found if d is not None]
 
 
 def last_good(params: Params, outputs: Path) -> Deployment:
-    found = deployments(outputs / params.cluster)
-    if not found:
-        raise NothingDeployed(f"no run under {outputs / params.cluster} deployed a server ({SERVE.id} ended ok)",
-                              remediation="run the runbook first: sparkbook run PARAMS -p confirm_cleanup=true")
-    return found[0]
+    """The newest run's deployment, checked against the params (core.values.handoffbounds); a run dir newer than it
+    whose record is torn, foreign or unsealed stops the command naming its file, never passed over in silence."""
+    cluster_dir = outputs / params.cluster
+    runs = sorted((d for d in cluster_dir.iterdir() if is_run_dir(d)), reverse=True) if cluster_dir.is_dir() else []
+    for run_dir in runs:
+        try:
+            d = _served(run_dir)
+        except OSError as exc:
+            raise UntrustedDeployment(f"{run_dir}: its record cannot be read ({exc.strerror})",
+                                      remediation=f"move {run_dir} aside") from None
+        if d is not None:
+            return _bounded(d, params)
+    raise NothingDeployed(f"no run under {cluster_dir} deployed a server ({SERVE.id} ended ok)",
+                          remediation="run the runbook first: sparkbook run PARAMS -p confirm_cleanup=true")
+
+
+def _bounded(d: Deployment, params: Params) -> Deployment:
+    """`d` where its image and endpoint are ones these params could have deployed; UntrustedDeployment otherwise."""
+    old = state.Handoffs(d.run_dir, stage="status").get(OldDeployment)
+    problems = [*image_problems(d.image, params, old.images if old else ()),
+                *endpoint_problems(d.endpoint, params, LOG_DIR)]
+    if problems:
+        raise UntrustedDeployment(f"{d.run_dir / STATE}: {'; '.join(problems)[:400]}; nothing was acted on",
+                                  remediation="check who wrote that run dir; start a new run (`sparkbook run PARAMS`)")
+    return d
 
 
 def opened(params_file: Path, outputs: Path) -> tuple[Run, Deployment]:

@@ -10,7 +10,7 @@ from ..core.values.evidence import read_events
 from ..core.values.rundir import MANIFEST, PARAMS_COPY, RESTORE_PLAN
 from ..core.values.stagelist import CLEANUP
 from ..stages.cleanup import restore
-from ..stages.cleanup.restore import RestoreFailed, RestoreOutcome, RestoreRefused, Step
+from ..stages.cleanup.restore import RestoreFailed, RestoreOutcome, RestorePlanError, RestoreRefused, Step
 from . import driver
 from .driver import RunbookError, Say, silent
 from .manifest import Manifest
@@ -29,6 +29,7 @@ def restore_run(run_dir: Path, *, stop_new: bool, say: Say = silent) -> RestoreO
     session = open_run(run_dir / params_file, run_dir, stage="restore")
     out = RestoreOutcome("nothing to restore")
     try:
+        _known_nodes(run_dir, steps, [n.name for n in session.params.nodes])
         with operator_lock(session, f"restore-{run_dir.name}", say) if steps else nullcontext():  # none: no node
             for event in restore.restore_deployment(session.context(), steps, session.params.cleanup, stop_new):
                 # each step as it is taken: one that fails later keeps the earlier
@@ -38,7 +39,7 @@ def restore_run(run_dir: Path, *, stop_new: bool, say: Say = silent) -> RestoreO
     finally:
         session.close()
         if (run_dir / MANIFEST).is_file():
-            driver.write_index(run_dir, Manifest.read(run_dir))
+            driver.write_index(run_dir, Manifest.read(run_dir, sealed=False))  # the page shows, never acts
     _check(run_dir, out)
     return out
 
@@ -56,6 +57,15 @@ def _planned(run_dir: Path) -> tuple[str, list[Step]] | None:
         return None
     own = run_dir / PARAMS_COPY  # the run's own copy, which loads wherever the source has moved
     return str(own) if own.is_file() else Manifest.read(run_dir).params_file, []
+
+
+def _known_nodes(run_dir: Path, steps: list[Step], nodes: list[str]) -> None:
+    """RestorePlanError where a step names a node the params do not: nothing is restored."""
+    unknown = sorted({s.node for s in steps} - set(nodes))
+    if unknown:
+        raise RestorePlanError(f"{run_dir / RESTORE_PLAN}: steps name node(s) {', '.join(unknown)}, which the run's "
+                               f"params do not ({', '.join(nodes)}); nothing was restored",
+                               remediation="bring those targets back by hand (restore.sh lists each command)")
 
 
 def _check(run_dir: Path, out: RestoreOutcome) -> None:

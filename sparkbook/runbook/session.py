@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -20,7 +18,7 @@ from ..core.cluster.nodes import Cluster, Result
 from ..core.cluster.progress import Progress
 from ..core.cluster.qualityapi import save_reference
 from ..core.cluster.runtimes import runtime_for
-from ..core.values import state
+from ..core.values import atomic, seal, state
 from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
 from ..core.values.evidence import (
     Decision,
@@ -36,7 +34,7 @@ from ..core.values.evidence import (
 )
 from ..core.values.params import Params, load_params
 from ..core.values.redact import Redactor
-from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, relative_paths
+from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths
 from ..core.values.state import H, Handoffs
 from ..core.values.sweeppoint import SweepPoint, write_point
 from ..records.earlier import earlier_sweep, probed_before
@@ -138,9 +136,11 @@ class Run:
 
     def keep_files(self, files: Mapping[str, str]) -> None:
         """Write the files a stage hands over into the run dir (redacted), as it hands them: 01's restore plan, before
-        it stops anything. They hold command lines, so they are the owner's alone (mode 0600)."""
+        it stops anything. Each whole, readable by its owner alone (they hold command lines); those the runbook acts
+        on later (the restore plan) sealed."""
         for name, text in files.items():
-            _write_private(self.run_dir / name, self.redactor.text(text))
+            write = seal.write if name in SEALED else atomic.write
+            write(self.run_dir / name, self.redactor.text(text), 0o600)
 
     def write_log(self, name: str, text: str) -> Path:
         path = self.run_dir / LOGS / name
@@ -215,19 +215,6 @@ class Run:
     def close(self) -> None:
         if self._cluster:
             self._cluster.close()
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by its owner only: created 0600 beside it (never through a link), then
-    renamed over it, so no reader sees it half written or with a wider mode."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp: mode 0600, O_EXCL
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _display(bundle: dict[str, Any]) -> None:

@@ -54,3 +54,11 @@ def lab(tmp_path: Path) -> Params:
         text = text.replace(f"  {key}:", f"  # {key}:")
     (tmp_path / "lab.yaml").write_text(text)
     return load_params(tmp_path / "lab.yaml")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sealing_key(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The controller's sealing key (core.values.seal) in a directory of the test session's own, never the user's."""
+    import os
+
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))

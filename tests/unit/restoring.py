@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sparkbook.core.values import seal
 from sparkbook.core.values.params import Params, load_params
 from sparkbook.core.values.rundir import RESTORE_PLAN
 from sparkbook.runbook import driver
@@ -32,11 +33,12 @@ def kept(files: RestoreFiles, params: Params, run_dir: Path) -> list[Step]:
 
 
 def restorable_run(tmp_path: Path, local: Path) -> Path:
-    """A run dir whose 01 stopped one process: its params copy, manifest and restore plan."""
+    """A run dir whose 01 stopped one process: its params copy, manifest and restore plan (sealed, as 01 writes
+    it)."""
     run_dir = tmp_path / "20261203T000000Z"
     run_dir.mkdir()
     driver.copy_params(local, load_params(local), run_dir)
-    (run_dir / "restore-plan.json").write_text(json.dumps({"params_file": "params.yaml", "steps": [
+    seal.write(run_dir / "restore-plan.json", json.dumps({"params_file": "params.yaml", "steps": [
         {"node": "a", "kind": "process", "name": "python3[40]", "restore": "true"}]}))
     Manifest("unit", run_dir.name, str(local), {}, "2026-12-03T00:00:00+00:00",
              notebooks=[NotebookRun("01-cleanup.ipynb", "ok")]).write(run_dir)

@@ -1,10 +1,14 @@
 """Synthetic run dirs for the archive tests: a manifest, state, events and bench points as the runbook driver and the
-notebooks write them."""
+notebooks write them (the manifest and state sealed with the test session's key, core.values.seal)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
+
+from sparkbook.core.values import seal
+from sparkbook.core.values.rundir import SEALED
 
 NAMES = ["01-cleanup.ipynb", "02-diagnosis.ipynb", "03-image-selection.ipynb", "04-ray-cluster.ipynb",
          "05-serve.ipynb", "06-benchmark.ipynb"]
@@ -40,7 +44,7 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
                      for i in range(4)]
             (run_dir / name).write_text(json.dumps({"cells": cells}))
     failed = "failed" in statuses
-    (run_dir / "manifest.json").write_text(json.dumps({
+    seal.write(run_dir / "manifest.json", json.dumps({
         "cluster": cluster_dir.name, "run_id": run_id, "params_file": "/p/lab.yaml", "parameters": {},
         "started": "2026-12-01T10:00:00+00:00", "finished": "2026-12-01T10:10:00+00:00",
         "status": "failed" if failed else "ok", "notebooks": notebooks}))
@@ -53,10 +57,26 @@ def make_run(cluster_dir: Path, run_id: str, *, statuses: list[str] | None = Non
     if statuses[4] == "ok":
         state["endpoint"] = {"executor": "mp", "ready_s": 70.0,
                              "addresses": {"management": "http://10.1.230.180:8000", "fabric": "http://192.168.200.12:8000"}}
-    (run_dir / "state.json").write_text(json.dumps(state))
+    seal.write(run_dir / "state.json", json.dumps(state))  # sealed, as the runbook writes it
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events or []))
     for p in points or []:
         (run_dir / "bench" / f"c{p['max_concurrency']:04d}.json").write_text(json.dumps(p))
     if params_yaml is not None:
         (run_dir / "params.yaml").write_text(params_yaml)
     return run_dir
+
+
+def reseal(path: Path) -> Path:
+    """Seal `path` as it now stands, as the runbook does when it writes it (a test's edit made by the runbook)."""
+    seal.write(path, path.read_bytes())
+    return path
+
+
+def sealed_copy(tree: Path, into: Path) -> Path:
+    """A copy of `tree` (committed records, written on another machine) whose manifests, states and restore plans are
+    sealed with this test session's key: records this controller's runbook wrote, for the commands that act on them."""
+    shutil.copytree(tree, into)
+    for name in SEALED:
+        for path in into.rglob(name):
+            reseal(path)
+    return into

@@ -27,8 +27,8 @@ def _deployed(outputs: Path) -> Path:
     run_dir.mkdir(parents=True)
     Manifest("unit", run_dir.name, "/p.yaml", {}, "t", status="ok",
              notebooks=[NotebookRun("05-serve.ipynb", "ok")]).write(run_dir)
-    state.store(run_dir, ImageChoice(ref="img:1", id="sha256:1", vllm_version="0.25.0", ray_version=None, nodes={}),
-                lambda x: x)
+    state.store(run_dir, ImageChoice(ref="example/vllm:0.17", id="sha256:1", vllm_version="0.25.0", ray_version=None,
+                                     nodes={}), lambda x: x)
     state.store(run_dir, Endpoint(base_url="http://127.0.0.1:9/v1", model="m", executor="mp",
                                   commands={"a": ["vllm", "serve"]}, env={}, logs={}, ready_s=1.0, attempts=1,
                                   reused=False), lambda x: x)

@@ -132,7 +132,20 @@ def test_the_committed_ok_lab_runs_claim_no_band_wider_than_their_repeats(tmp_pa
     c = compare.compare_runs(a, b)
     assert c.deltas and all(d.noise_pct is None and d.verdict == "no noise estimate" for d in c.deltas)
     assert "WORSE" not in c.text() and "worse" not in {d.verdict for d in c.deltas}
-    assert compare.page_path(c.a, c.b) == examples().parent / "lab/compare" / f"{a.name}-vs-{b.name}.html"
+    page = f"lab/compare/{a.name}-vs-{b.name}.html"
+    assert compare.page_path(c.a, c.b, examples().parent) == examples().parent / page, "not into the committed tree"
+    assert compare.page_path(c.a, c.b, tmp_path) == tmp_path / page
+
+
+def test_compare_of_any_examples_tree_writes_under_the_commands_outputs_never_beside_it(tmp_path: Path) -> None:
+    """Issue 56: a tree named examples anywhere (a checkout of another project) is not written beside."""
+    tree = tmp_path / "elsewhere" / "examples" / "lab"
+    a, b = make_run(tree, "20261201T100000Z", points=[point(1, 100.0)]), make_run(tree, "20261201T110000Z")
+    c = compare.compare_runs(a, b)
+    page = compare.page_path(c.a, c.b, tmp_path / "outputs")
+    assert page == tmp_path / "outputs" / "lab" / "compare" / f"{a.name}-vs-{b.name}.html"
+    own = make_run(tmp_path / "outputs" / "lab", "20261201T120000Z")
+    assert compare.page_path(c.a, compare.compare_runs(a, own).b, tmp_path / "outputs").parent == own.parent / "compare"
 
 
 def test_the_layout_stands_beside_the_image_and_executor(tmp_path: Path) -> None:

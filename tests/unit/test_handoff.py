@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkbook import open_run
+from sparkbook.core.values import seal
 from sparkbook.core.values.errors import SparkbookError
 from sparkbook.core.values.evidence import Finding
 from sparkbook.core.values.handoff import (
@@ -64,7 +65,8 @@ def run(write_params, base, tmp_path: Path) -> Run:
 
 
 def write_state(run: Run, data: object) -> None:
-    (run.run_dir / STATE).write_text(json.dumps(data))
+    """A state.json as this controller's runbook sealed it (another version's, or one that fails its schema)."""
+    seal.write(run.run_dir / STATE, json.dumps(data))
 
 
 @pytest.mark.parametrize("value", SAMPLES, ids=[f"{type(v).__name__}-{i}" for i, v in enumerate(SAMPLES)])
@@ -137,9 +139,29 @@ def test_a_value_that_fails_its_schema_names_the_key_the_field_and_the_notebook(
 
 
 def test_a_state_json_that_is_not_json_is_refused_clearly(run: Run) -> None:
-    (run.run_dir / STATE).write_text('{"image": ')
+    seal.write(run.run_dir / STATE, '{"image": ')
     with pytest.raises(StateError, match="is not JSON"):
         run.recall(ImageChoice)
+
+
+@pytest.mark.parametrize("tamper", ["torn", "planted", "no seal"])
+def test_a_state_json_the_runbook_did_not_seal_is_refused_before_any_value_is_read(run: Run, tamper: str) -> None:
+    """A state.json changed after the runbook wrote it (torn by hand, planted by a colleague), or with no seal at
+    all, gives no hand-off: neither to a notebook nor to a store that would seal it anew."""
+    run.remember(IMAGE)
+    path = run.run_dir / STATE
+    if tamper == "torn":
+        path.write_text(path.read_text()[:40])
+    elif tamper == "planted":
+        path.write_text(path.read_text().replace(IMAGE.ref, "evil/vllm:latest"))
+    else:
+        seal.sig_file(path).unlink()
+    for act in (lambda: run.recall(ImageChoice), lambda: run.remember(IMAGE)):
+        with pytest.raises(seal.SealError) as caught:
+            act()
+        assert str(path) in str(caught.value) and "not sealed" in str(caught.value)
+        assert caught.value.exit_kind == "invalid"
+    assert seal.problem(path) is not None, "the store refused: the tampered file was not sealed anew"
 
 
 def test_01_and_02_build_their_hand_offs(tmp_path: Path) -> None:

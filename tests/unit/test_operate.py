@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from rundirs import reseal, sealed_copy
 
 from sparkbook import cli
 from sparkbook.core.values.params import load_params
@@ -20,17 +20,24 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "outputs" / "examples"
 LAB = Path(__file__).resolve().parents[2] / "params" / "lab.yaml"
 
 
-def test_the_last_good_deployment_skips_a_run_whose_05_failed() -> None:
-    found = operate.deployments(EXAMPLES / "lab")
+@pytest.fixture
+def examples(tmp_path: Path) -> Path:
+    """The committed lab records, sealed as this controller's runbook would have written them (read with the params
+    they ran with: the lab's fabric has moved since, and an endpoint on no node of the params is refused)."""
+    return sealed_copy(EXAMPLES, tmp_path / "examples")
+
+
+def test_the_last_good_deployment_skips_a_run_whose_05_failed(examples: Path) -> None:
+    found = operate.deployments(examples / "lab")
     assert found and all(d.run_id != "20261201T200508Z" for d in found), "that run's new server died at 05"
-    d = operate.last_good(load_params(LAB), EXAMPLES)
+    d = operate.last_good(load_params(examples / "lab" / "20261201T195946Z" / "params.yaml"), examples)
     assert d.run_id == "20261201T195946Z" and d.endpoint.model == "hyv4-tiny"
     assert d.image.ref == "sparkbook-lab/vllm-cpu:0.32.0" and len(d.plan_hash) == 12
     assert d.started_by() == d.run_id, "it started its own server (not reused)"
 
 
-def test_the_plan_hash_follows_the_argv_and_env_names_not_values() -> None:
-    d = operate.last_good(load_params(LAB), EXAMPLES)
+def test_the_plan_hash_follows_the_argv_and_env_names_not_values(examples: Path) -> None:
+    d = operate.last_good(load_params(examples / "lab" / "20261201T195946Z" / "params.yaml"), examples)
     node = next(iter(d.endpoint.commands))
     other = d.endpoint.model_copy(update={"commands": {**d.endpoint.commands,
                                                         node: [*d.endpoint.commands[node], "--enforce-eager"]}})
@@ -46,7 +53,7 @@ def test_up_runs_04_and_05_only() -> None:
 
 
 def test_no_deployment_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    shutil.copytree(EXAMPLES / "lab" / "20261201T200508Z", tmp_path / "lab" / "20261201T200508Z")
+    sealed_copy(EXAMPLES / "lab" / "20261201T200508Z", tmp_path / "lab" / "20261201T200508Z")
     for command in (["status"], ["logs"], ["stop"], ["up"]):
         assert cli.main([*command, str(LAB), "--outputs", str(tmp_path)]) == 1
         err = capsys.readouterr().err
@@ -55,12 +62,12 @@ def test_no_deployment_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Cap
 
 def _deployed_run(cluster: Path, run_id: str, serve_status: str, ref: str, rollback: dict | None = None) -> Path:
     """A run dir whose 05 ended `serve_status`, its state holding what 03 and 05 hand on (05's only where ok)."""
-    from sparkbook.core.values import state
+    from sparkbook.core.values import seal, state
     from sparkbook.core.values.handoff import Endpoint, ImageChoice
 
     d = cluster / run_id
     d.mkdir(parents=True)
-    (d / "manifest.json").write_text(json.dumps({
+    seal.write(d / "manifest.json", json.dumps({
         "cluster": cluster.name, "run_id": run_id, "params_file": "/p.yaml", "parameters": {}, "started": "t",
         "status": "ok" if serve_status == "ok" else "failed",
         "notebooks": [{"name": "03-image-selection.ipynb", "status": "ok"}, {"name": "05-serve.ipynb",
@@ -91,6 +98,7 @@ def test_after_a_rollback_the_deployment_is_the_plan_that_serves_again(tmp_path:
     resumed = _deployed_run(cluster, "20261203T130000Z", "ok", "vllm:0.25")  # its 05 later resumed, failed, rolled back
     (resumed / "manifest.json").write_text((resumed / "manifest.json").read_text().replace('"status": "ok"}]',
                                                                                           '"status": "failed"}]'))
+    reseal(resumed / "manifest.json")
     (resumed / "events.jsonl").write_text(json.dumps({"at": "t", "stage": "05-serve", "kind": "serve_rollback",
                                                       "data": {"rolled_back_to_run": resumed.name, "ok": True}}))
     d = operate.deployments(cluster)[0]
@@ -114,7 +122,7 @@ class _LocalRuntime:
 
 
 def test_logs_follow_reads_only_what_was_appended_and_a_log_written_anew_from_its_start(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, examples: Path) -> None:
     """Before, every 2 s poll read the whole log again (a day's log: megabytes a poll). Planted: a 300 kB log; each
     poll now brings back its appended bytes (and one line of size) only, and a log written anew is read whole."""
     log = tmp_path / "serve-1.log"
@@ -123,7 +131,7 @@ def test_logs_follow_reads_only_what_was_appended_and_a_log_written_anew_from_it
     ctx = SimpleNamespace(runtime=runtime, cluster=SimpleNamespace(nodes={"lab-0": SimpleNamespace(name="lab-0")}),
                           places={"lab-0": SimpleNamespace(name="sparkbook-lab-0")})
     session = SimpleNamespace(context=lambda ref: ctx, params=SimpleNamespace(head=SimpleNamespace(name="lab-0")))
-    d = operate.last_good(load_params(LAB), EXAMPLES)
+    d = operate.last_good(load_params(examples / "lab" / "20261201T195946Z" / "params.yaml"), examples)
     d = dataclasses.replace(d, endpoint=d.endpoint.model_copy(update={"logs": {"lab-0": str(log)}}))
     polls = iter([lambda: log.open("a").write("new 1\nnew 2\n"), lambda: None,
                   lambda: log.write_text("fresh start\n"), lambda: log.open("a").write("more\n")])

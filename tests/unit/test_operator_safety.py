@@ -21,7 +21,7 @@ from sparkbook.cli import exits
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.nodes import Cluster
 from sparkbook.core.cluster.nodestate import lock_path
-from sparkbook.core.values import state
+from sparkbook.core.values import seal, state
 from sparkbook.core.values.handoff import Endpoint, ImageChoice
 from sparkbook.core.values.params import CleanupTargets, load_params
 from sparkbook.runbook import driver, lock, operate
@@ -91,9 +91,9 @@ def test_resume_of_a_dir_that_is_no_run_dir_is_one_line(unreachable: Path, tmp_p
     assert cli.main(["run", str(unreachable), "--resume", str(tmp_path / "notes")]) == exits.EXIT_INVALID
     assert "--resume" in (err := _one_line(capsys.readouterr().err)) and "no run dir (it holds no manifest.json)" in err
     (tmp_path / "torn").mkdir()
-    (tmp_path / "torn" / "manifest.json").write_text('{"cluster": "unit"}')
+    seal.write(tmp_path / "torn" / "manifest.json", '{"cluster": "unit"}')  # sealed, yet no manifest
     assert cli.main(["run", str(unreachable), "--resume", str(tmp_path / "torn")]) == exits.EXIT_INVALID
-    assert "manifest.json cannot be read (KeyError)" in _one_line(capsys.readouterr().err)
+    assert "manifest.json: not a manifest sparkbook reads (KeyError)" in _one_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("text, where", [
@@ -105,7 +105,7 @@ def test_resume_of_a_dir_that_is_no_run_dir_is_one_line(unreachable: Path, tmp_p
 ])
 def test_a_malformed_restore_plan_is_one_line_and_exit_2(text: str, where: str, tmp_path: Path, no_remote: None,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "restore-plan.json").write_text(text.replace("x", f"x --hf-token {TOKEN}"))
+    seal.write(tmp_path / "restore-plan.json", text.replace("x", f"x --hf-token {TOKEN}"))  # the runbook's, yet torn
     assert cli.main(["restore", str(tmp_path)]) == exits.EXIT_INVALID
     err = _one_line(capsys.readouterr().err)
     assert err.startswith("invalid restore plan (restore): ") and where in err and "restore.sh" in err
@@ -191,9 +191,9 @@ def _deployed(outputs: Path) -> Path:
     d.mkdir(parents=True)
     Manifest("unit", d.name, "/p.yaml", {}, "t", status="ok",
              notebooks=[NotebookRun("05-serve.ipynb", "ok")]).write(d)
-    state.store(d, ImageChoice(ref="img:1", id="sha256:1", vllm_version="0.25.0", ray_version=None, nodes={}),
-                lambda x: x)
-    state.store(d, Endpoint(base_url="http://h:8000", model="m", executor="default", commands={"a": ["vllm"]},
+    state.store(d, ImageChoice(ref="example/vllm:0.17", id="sha256:1", vllm_version="0.25.0", ray_version=None,
+                               nodes={}), lambda x: x)
+    state.store(d, Endpoint(base_url="http://10.9.0.1:8000", model="m", executor="default", commands={"a": ["vllm"]},
                             env={}, logs={}, ready_s=1.0, attempts=1, reused=False), lambda x: x)
     return d
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rundirs import reseal
 
 from sparkbook import cli
 from sparkbook.core.cluster.context import Context
@@ -26,13 +27,14 @@ GOOD, FAILED = "20261201T195946Z", "20261201T200508Z"  # 05 ended ok; 05 failed 
 
 
 def _copy(run: str, outputs: Path, *names: str) -> None:
+    """Files of a committed run, sealed as this controller's runbook would have written them."""
     (outputs / "lab" / run).mkdir(parents=True)
     for name in names:
-        shutil.copy(EXAMPLES / run / name, outputs / "lab" / run / name)
+        reseal(Path(shutil.copy(EXAMPLES / run / name, outputs / "lab" / run / name)))
 
 
 def test_the_stages_after_03_are_shown_for_the_deployment_else_the_newest_03_choice(tmp_path: Path) -> None:
-    params = load_params(LAB)
+    params = load_params(EXAMPLES / GOOD / "params.yaml")  # the params it deployed with: the lab's fabric has moved
     assert shown_for(params, tmp_path) is None, "no run: 03's first candidate"
     _copy(FAILED, tmp_path, "state.json", "manifest.json")
     found = shown_for(params, tmp_path)

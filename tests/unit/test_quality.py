@@ -189,3 +189,26 @@ def test_each_depth_s_prompt_fits_the_window_less_the_answer_and_holds_the_fact_
     middle = api.asked[1].split("\n\n")[0]
     at = middle.index(quality.fact(answers[1].answer))
     assert 0.45 < at / len(middle) < 0.55, "the fact sits in the middle of the filler"
+
+
+@pytest.mark.parametrize("planted, said", [
+    ('{"key": "abc", "run": "r", "at": "t", "image": "i", "traces": []}', "holds no trace"),
+    ("{not json", "not a quality reference"),
+    ('{"key": "abc", "run": "r", "at": "t", "image": "i", "traces": [{"prompt": "p", "prompt_ids": [1], '
+     '"tokens": [2, 3], "logprobs": [-0.1]}]}', "as many logprobs"),
+    (None, "reference of key 'other', not 'abc'"),
+])
+def test_a_reference_that_is_empty_torn_or_another_keys_is_refused_not_passed(
+        tmp_path: Path, planted: str | None, said: str) -> None:
+    """Issue 56: a reference with no traces passed every agreement check comparing nothing; one copied under another
+    key's name judged this run by another model's or plan's traces."""
+    run_dir = tmp_path / "lab" / "20261206T010000Z"
+    path = qualityapi.save_reference(run_dir, Reference("other", run_dir.name, "t", "img:1", [REF]))
+    target = path.with_name("abc.json")
+    if planted is None:
+        path.rename(target)
+    else:
+        target.write_text(planted)
+    with pytest.raises(qualityapi.BadReference) as err:
+        qualityapi.load_reference(run_dir, "abc")
+    assert said in str(err.value) and str(target) in str(err.value) and err.value.exit_kind == "invalid"

@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 import yaml
+from rundirs import reseal
 
 from sparkbook import cli
 from sparkbook.cli import exits
 from sparkbook.core.cluster.nodes import NodeError
 from sparkbook.core.cluster.runtime import Place
+from sparkbook.core.values import seal
 from sparkbook.core.values.evidence import now, read_events
 from sparkbook.core.values.fanout import FanOut, Outcome
 from sparkbook.core.values.params import ParamsError, WatchSettings, load_params
@@ -138,7 +140,8 @@ def test_what_is_seen_gone_names_each_node_and_the_engine_death_is_the_classifie
 
 # --- the loop, on a committed record (no node touched) -------------------------------------------------
 def _deployed(tmp_path: Path) -> tuple[Path, Path]:
-    """The committed lab deployment under tmp outputs, its endpoint moved to a port that refuses connections."""
+    """The committed lab deployment under tmp outputs, its endpoint moved to a port on this machine that refuses
+    connections, with params whose head is this machine."""
     src, dst = EXAMPLES / "lab" / RUN, tmp_path / "outputs" / "lab" / RUN
     dst.mkdir(parents=True)
     for name in ("manifest.json", "state.json", "events.jsonl"):
@@ -147,10 +150,12 @@ def _deployed(tmp_path: Path) -> tuple[Path, Path]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     state = json.loads((dst / "state.json").read_text())
-    state["endpoint"]["base_url"] = f"http://127.0.0.1:{port}"
-    (dst / "state.json").write_text(json.dumps(state))
+    state["endpoint"].update(base_url=f"http://127.0.0.1:{port}", addresses={})
+    seal.write(dst / "state.json", json.dumps(state))  # as this controller's runbook would have written them
+    reseal(dst / "manifest.json")
     data = yaml.safe_load(LAB.read_text())
     data["watch"] = {"interval_s": 0.05, "failures_to_restart": 2}
+    data["nodes"][0]["host"] = "127.0.0.1"  # the endpoint on this machine is on a node of the params
     params = tmp_path / "lab.yaml"
     params.write_text(yaml.safe_dump(data))
     return params, dst
@@ -192,8 +197,8 @@ def _router(answer: bool) -> Iterator[str]:
 def _serving(run_dir: Path, **endpoint: object) -> operate.Deployment:
     state = json.loads((run_dir / "state.json").read_text())
     state["endpoint"].update(endpoint)
-    (run_dir / "state.json").write_text(json.dumps(state))
-    return operate.last_good(load_params(LAB), run_dir.parents[1])
+    seal.write(run_dir / "state.json", json.dumps(state))
+    return operate.last_good(load_params(run_dir.parents[2] / "lab.yaml"), run_dir.parents[1])
 
 
 def test_a_dead_replica_behind_a_green_router_fails_the_check_naming_its_node(tmp_path: Path) -> None:
@@ -222,8 +227,8 @@ def test_an_operators_stop_is_never_undone_and_the_record_says_so_once(tmp_path:
 
 
 def test_a_stop_before_the_last_answer_is_not_the_failures_reason(tmp_path: Path) -> None:
-    _, run_dir = _deployed(tmp_path)
-    d = operate.last_good(load_params(LAB), tmp_path / "outputs")
+    params, run_dir = _deployed(tmp_path)
+    d = operate.last_good(load_params(params), tmp_path / "outputs")
     assert watch.stopped(d, None) is None
     _stop(run_dir, "2026-12-06T01:00:00+00:00")
     stop = watch.stopped(d, None)

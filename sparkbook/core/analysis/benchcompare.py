@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..values.errors import SparkbookError
 from ..values.handoff import ImageChoice
 from ..values.rundir import PARAMS_COPY, is_run_dir, params_hash
 from ..values.state import StateError, load
@@ -66,17 +67,34 @@ def changes(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
     return [Change(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+class UnreadableParams(SparkbookError):
+    """A run's params copy is not a YAML mapping: nothing is compared against it."""
+
+    exit_kind = "invalid"
+
+
 def params_of(run_dir: Path) -> dict[str, Any] | None:
-    """The params file the run copied, parsed (None: it kept none)."""
+    """The params file the run copied, parsed (None: it kept none); UnreadableParams naming it where it is not a
+    YAML mapping."""
     path = run_dir / PARAMS_COPY
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_bytes().decode())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UnreadableParams(f"{path}: not YAML ({type(exc).__name__})",
+                               remediation="compare runs whose params copy is the one sparkbook wrote") from None
+    if not isinstance(data, dict):
+        raise UnreadableParams(f"{path}: not a YAML mapping of params",
+                               remediation="compare runs whose params copy is the one sparkbook wrote")
+    return data
 
 
 
 def image_of(run_dir: Path) -> ImageChoice | None:
     """The image 03 chose in the run (None: 03 did not hand one on, or state.json cannot be read)."""
     try:
-        return load(run_dir, ImageChoice)
+        return load(run_dir, ImageChoice, sealed=False)  # shown beside the figures, never acted on
     except StateError:
         return None
 

@@ -154,8 +154,28 @@ class Reference:
 
     @classmethod
     def from_json(cls, text: str) -> Reference:
+        """The reference `to_json` wrote; ValueError saying what is not (an empty one compares nothing, so it is
+        none)."""
         data = json.loads(text)
-        return cls(data["key"], data["run"], data["at"], data["image"], [Trace(**t) for t in data["traces"]])
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("key", "run", "at", "image")):
+            raise ValueError("not a reference: key, run, at and image must be text")
+        traces = data.get("traces")
+        if not isinstance(traces, list) or not traces:
+            raise ValueError("it holds no trace: it would pass every agreement check comparing nothing")
+        return cls(data["key"], data["run"], data["at"], data["image"], [_trace(t) for t in traces])
+
+
+def _trace(data: object) -> Trace:
+    """One trace as written; ValueError where it could not be compared with (ids, tokens and logprobs of its own)."""
+    if not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
+        raise ValueError("a trace without its prompt's name")
+    ids, tokens, logprobs = (data.get(k) or [] for k in ("prompt_ids", "tokens", "logprobs"))
+    ints = all(isinstance(x, list) and x and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+               for x in (ids, tokens))
+    floats = isinstance(logprobs, list) and all(isinstance(v, int | float) for v in logprobs)
+    if not ints or not floats or len(logprobs) != len(tokens):
+        raise ValueError(f"trace {data['prompt']!r}: token ids, tokens and as many logprobs are needed")
+    return Trace(data["prompt"], list(ids), list(tokens), [float(v) for v in logprobs])
 
 
 @dataclass(frozen=True)

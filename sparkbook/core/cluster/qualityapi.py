@@ -36,6 +36,7 @@ from ..analysis.quality import (
     step,
     verdict,
 )
+from ..values.errors import SparkbookError
 from ..values.params import ServeSettings
 from ..values.rundir import quality_reference
 
@@ -179,9 +180,27 @@ def check(base_url: str, model: str, settings: ServeSettings, key: str, referenc
     return QualityReport(key, window, skipped, answers, reference, agreements, own, time.monotonic() - t0)
 
 
+class BadReference(SparkbookError):
+    """A quality reference beside the cluster's runs is not one 05 wrote for its key: nothing is compared with it."""
+
+    exit_kind = "invalid"
+
+
 def load_reference(run_dir: Path, key: str) -> Reference | None:
+    """The reference recorded for `key` (None: none yet); BadReference naming the file where it is torn, empty or
+    another key's (a foreign one would pass or fail this run by another model's or plan's traces)."""
     path = quality_reference(run_dir, key)
-    return Reference.from_json(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    remediation = f"move {path} aside: the next run that answers right records a new one"
+    try:
+        reference = Reference.from_json(path.read_bytes().decode())
+    except (ValueError, KeyError) as exc:  # not JSON, not UTF-8, or not a reference
+        raise BadReference(f"{path}: not a quality reference ({str(exc)[:120]})", remediation=remediation) from None
+    if reference.key != key:
+        raise BadReference(f"{path}: it is the reference of key {reference.key!r}, not {key!r}",
+                           remediation=remediation)
+    return reference
 
 
 def save_reference(run_dir: Path, reference: Reference) -> Path:

@@ -159,10 +159,27 @@ class ProbedBefore:
     run: str  # that run's id
 
 
+class EventsError(SparkbookError, ValueError):
+    """A line of events.jsonl is not an event the session writes (torn by a write cut short, or planted)."""
+
+    exit_kind = "invalid"
+
+
 def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The run's recorded events (all, or of one kind), oldest first."""
+    """The run's recorded events (all, or of one kind), oldest first; EventsError naming the first line that is not
+    an event (a JSON object with its stage, kind and data)."""
     path = run_dir / EVENTS
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines() if path.exists() else [], 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not (isinstance(row, dict) and isinstance(row.get("kind"), str) and "data" in row
+                and isinstance(row.get("at", ""), str)):
+            raise EventsError(f"{path}:{number}: not an event sparkbook writes (a torn or foreign line)",
+                              remediation=f"move {path} aside, or delete that line, and run the command again")
+        rows.append(row)
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 

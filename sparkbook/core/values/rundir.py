@@ -26,6 +26,8 @@ SOAK_FIGURE = "soak.png"  # 06's soak over time, in bench/ beside its series (so
 AB_BASELINE = "ab-baseline"  # the A/B's baseline arm (benchmark.ab): its 06 keeps its sweep points in its own bench/
 RESTORE_PLAN = "restore-plan.json"  # 01's plan of what it stopped, for `sparkbook restore`
 RESTORE_SCRIPT = "restore.sh"  # the same steps as a shell script, for a node without sparkbook
+# what the runbook acts on when it reads it back: sealed when written (core.values.seal), verified before use
+SEALED = (MANIFEST, STATE, RESTORE_PLAN)
 # beside the cluster's runs: the agreement check's references, one file per key (core.cluster.qualityapi)
 QUALITY = "quality"
 INTERACTIVE = "interactive"  # the run dir of notebooks opened by hand (no driver, no run id)

@@ -8,7 +8,8 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import SparkbookError
+from . import seal
+from .errors import ExitKind, SparkbookError
 from .rundir import STATE
 
 VERSION_KEY = "schema_version"
@@ -29,10 +30,14 @@ H = TypeVar("H", bound=Handoff)
 class StateError(SparkbookError):
     """state.json cannot give a value: another schema version wrote it, or the value fails its schema."""
 
+    exit_kind: ClassVar[ExitKind] = "invalid"
+
 
 class MissingState(StateError):
     """No notebook of this run has stored the hand-off yet: the one exception every notebook falls back on, naming
     the hand-off and the notebook that makes it."""
+
+    exit_kind: ClassVar[ExitKind] = "failed"
 
 
 class Handoffs:
@@ -65,9 +70,10 @@ class Handoffs:
         return Handoffs(self.run_dir, (*values, *self.given), self.stage)
 
 
-def load(run_dir: Path, kind: type[H], stage: str | None = None) -> H:
-    """The value of type `kind` stored in the run dir, validated."""
-    data = _read(run_dir, kind, stage)
+def load(run_dir: Path, kind: type[H], stage: str | None = None, *, sealed: bool = True) -> H:
+    """The value of type `kind` stored in the run dir, validated; with `sealed` (anything acted on) only from a
+    state.json this controller's runbook sealed. `sealed=False`: for display only (a record from elsewhere)."""
+    data = _read(run_dir, kind, stage, sealed)
     rerun = f"run {kind.notebook} (it writes {kind.key!r}) in this run dir again"
     if kind.key not in data:
         raise MissingState(f"{kind.key!r} is not in {run_dir / STATE}", stage=stage,
@@ -85,18 +91,19 @@ def store(run_dir: Path, value: Handoff, redact: Callable[[Any], Any], stage: st
     data = _read(run_dir, type(value), stage)
     data[value.key] = redact(value.model_dump(mode="json"))
     data[VERSION_KEY] = VERSION
-    (run_dir / STATE).write_text(json.dumps(data, indent=2, sort_keys=True))
+    seal.write(run_dir / STATE, json.dumps(data, indent=2, sort_keys=True))
 
 
-def _read(run_dir: Path, kind: type[Handoff], stage: str | None) -> dict[str, Any]:
-    """The whole state ({} before the first value); a StateError when it is not this schema version's."""
+def _read(run_dir: Path, kind: type[Handoff], stage: str | None, sealed: bool = True) -> dict[str, Any]:
+    """The whole state ({} before the first value), verified against its seal (seal.SealError where this
+    controller's runbook did not write it); a StateError when it is not this schema version's."""
     path = run_dir / STATE
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        problem = f"is not JSON ({exc})"
+        data = json.loads(seal.read(path) if sealed else path.read_bytes())
+    except ValueError as exc:  # not JSON, or not UTF-8
+        problem = f"is not JSON ({str(exc)[:100]})"
     else:
         version = data.get(VERSION_KEY) if isinstance(data, dict) else None
         if version == VERSION:

@@ -18,6 +18,7 @@ from ...core.cluster.context import Context
 from ...core.cluster.docker_ssh import docker_client
 from ...core.cluster.nodes import Cluster, Node, SSHNode
 from ...core.cluster.topology import container_name
+from ...core.values import seal
 from ...core.values.evidence import tail
 from ...core.values.handoff import Action, RayCluster
 from ...core.values.params import CleanupTargets
@@ -260,7 +261,7 @@ def read_plan(plan_file: Path) -> RestorePlan:
     """The run dir's restore plan, validated; RestorePlanError naming the first bad field (never its value: a
     command line may carry a secret)."""
     try:
-        return _PLAN.validate_json(plan_file.read_bytes())
+        return _PLAN.validate_json(seal.read(plan_file))  # only the plan this controller's 01 wrote
     except OSError as exc:
         raise RestorePlanError(f"{plan_file}: cannot be read ({exc.strerror})",
                                remediation="run `sparkbook restore` on the run dir as its own user") from None

@@ -39,6 +39,7 @@ def fronted(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory
     data = yaml.safe_load(Path(first.params_file).read_text())
     data.update(cluster="lab-front", secrets=[])
     data["serve"].update(FRONT)
+    data["ray"] = {**data.get("ray", {}), "port": 6479}  # the full run's Ray holds 6379 beside it
     path = tmp_path_factory.mktemp("lab-front-params") / "lab-front.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()

@@ -161,3 +161,13 @@ def test_status_serves_only_with_the_router_running_and_every_replica_answering(
     assert "router on lab-0: running (/tmp/sparkbook/logs/router-1.log)" in lines
     assert "replica on lab-1 http://10.77.0.11:8001: /health NOT answering (ConnectError: refused)" in lines
     assert d.plan_hash != operate.Deployment(tmp_path, d.image, d.endpoint.model_copy(update={"router": []})).plan_hash
+
+
+def test_each_replica_binds_its_own_nodes_address_where_serve_host_names_one(lab):
+    """Issue 56, item 5: serve.host set to the head's fabric address (as `check` advises) went to every replica, and
+    the worker's could not bind an address it lacks; now each binds its own, 0.0.0.0 staying 0.0.0.0."""
+    plan = replicas.plan(as_replicas(lab, host="10.77.0.10"), "default", model_dir="")
+    assert [value(c.argv, "--host") for c in plan.commands] == ["10.77.0.10", "10.77.0.11"]
+    assert value(plan.router.argv, "--host") == "10.77.0.10"
+    everywhere = replicas.plan(as_replicas(lab), "default", model_dir="")
+    assert [value(c.argv, "--host") for c in everywhere.commands] == ["0.0.0.0", "0.0.0.0"]

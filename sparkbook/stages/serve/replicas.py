@@ -3,6 +3,8 @@ node's GPUs, one node's ranks only: no Ray, no --nnodes), on serve.replica_port,
 vllm-project/router) in the head's place on serve.port in front of them, so clients see one endpoint."""
 from __future__ import annotations
 
+import ipaddress
+
 from ...core.values.evidence import Alternative, Decision
 from ...core.values.modelinfo import ModelFacts, utilization_floor
 from ...core.values.params import NodeSpec, Params, ServeSettings
@@ -32,9 +34,13 @@ def executor(params: Params, platform: Platform) -> tuple[str, Decision]:
 
 
 def replica_settings(settings: ServeSettings, spec: NodeSpec) -> ServeSettings:
-    """The settings one node's replica serves with: its own port, its node's GPUs as the split."""
+    """The settings one node's replica serves with: its own port, its node's GPUs as the split, and its own node's
+    fabric address where serve.host names one address (the head's: a worker cannot bind it) rather than every
+    interface (where the router reaches it: worker_url)."""
+    host = settings.host if ipaddress.IPv4Address(str(settings.host)).is_unspecified else ipaddress.IPv4Address(
+        spec.fabric_ip)
     return settings.model_copy(update={"port": settings.replica_port, "tensor_parallel_size": ranks(spec),
-                                       "pipeline_parallel_size": 1})
+                                       "pipeline_parallel_size": 1, "host": host})
 
 
 def worker_url(spec: NodeSpec, settings: ServeSettings) -> str:

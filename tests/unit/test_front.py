@@ -36,6 +36,7 @@ def test_the_tp_server_answers_the_front_on_its_own_port(lab):
     assert launch.replica_urls(plan) == {"lab-0": "http://10.77.0.10:8001"}  # readiness waits for it, then the front
     assert value(plan.router.argv, "--retry-max-retries") == "30"  # 30 s at the longest backoff of 1 s
     assert "--disable-circuit-breaker" in plan.router.argv
+    assert value(plan.router.argv, "--policy") == "round_robin"  # vllm-router refuses power_of_two for one worker
     assert launch.router_log(plan, 3) == front.LOG  # one front, whatever the attempt
     assert front.drains(plan)
 

@@ -33,9 +33,10 @@ def retries(settings: ServeSettings) -> int:
 def argv(settings: ServeSettings, workers: list[str]) -> list[str]:
     """vllm-router before `workers`: it waits for them as long as 05 does (serve.ready_timeout_s), and holds a request
     no backend answers by retrying it with backoff (no circuit breaker, no health check that would drop a restarting
-    server and answer 503 at once). It runs as a module from its own install (router.site, PYTHONPATH)."""
+    server and answer 503 at once). One backend is routed round robin (vllm-router refuses power_of_two with fewer
+    than two). It runs as a module from its own install (router.site, PYTHONPATH)."""
     return ["python3", "-m", "vllm_router.launch_router", "--host", str(settings.host), "--port", str(settings.port),
-            "--policy", settings.router_policy,
+            "--policy", settings.router_policy if len(workers) > 1 else "round_robin",  # power_of_two needs two
             "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),
             "--worker-startup-check-interval", str(STARTUP_CHECK_S),
             "--retry-max-retries", str(retries(settings)), "--retry-initial-backoff-ms", str(BACKOFF_MS[0]),

@@ -63,9 +63,10 @@ def test_a_front_with_an_api_key_or_on_the_servers_port_is_refused(write_params,
         load_params(write_params(base))
 
 
-class _Models(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = b'{"data": [{"id": "m"}]}'
+class _Completions(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["content-length"]))
+        body = b'{"choices": [{"text": "2"}]}'
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -76,7 +77,7 @@ class _Models(BaseHTTPRequestHandler):
 
 
 def _serve(port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Models)
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Completions)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -84,7 +85,7 @@ def _serve(port: int) -> ThreadingHTTPServer:
 def test_the_watcher_counts_a_gap_as_a_client_sees_it():
     server = _serve(0)
     port = server.server_address[1]
-    with front.Watcher(f"http://127.0.0.1:{port}", {}, hold_s=5) as watching:
+    with front.Watcher(f"http://127.0.0.1:{port}", "m", {}, hold_s=5) as watching:
         time.sleep(1.2)
         server.shutdown()
         server.server_close()

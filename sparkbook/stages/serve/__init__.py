@@ -337,7 +337,8 @@ def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, m
     if standing_front(ctx, preview.plan) is None:
         _make_room(ctx, preview, outcome, model)
         return _bring_up(ctx, preview, outcome)
-    with front.Watcher(preview.plan.base_url, preview.plan.settings.headers(), preview.plan.settings.hold_s) as w:
+    plan = preview.plan
+    with front.Watcher(plan.base_url, plan.model, plan.settings.headers(), plan.settings.hold_s) as w:
         _make_room(ctx, preview, outcome, model)
         up = _bring_up(ctx, preview, outcome)
     if outcome.room is not None and outcome.room.kept is None:

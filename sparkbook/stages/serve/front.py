@@ -88,13 +88,15 @@ class ClientView:
 
 
 class Watcher:
-    """Ask the front's /v1/models from here every POLL_S, in a thread, from entering until leaving; a held ask waits
-    up to `hold_s` (the front answers it once a server does)."""
+    """Ask the front from here every POLL_S, in a thread, from entering until leaving, what a client asks: a one-token
+    completion (the front holds it while no server answers, and it waits up to `hold_s` for it; vllm-router answers
+    /v1/models with an error meanwhile, so listing the models is no client's view of a gap)."""
 
     POLL_S = 0.5
 
-    def __init__(self, base_url: str, headers: dict[str, str], hold_s: float) -> None:
-        self._url, self._headers, self._wait_s = f"{base_url}/v1/models", headers, hold_s + 10
+    def __init__(self, base_url: str, model: str, headers: dict[str, str], hold_s: float) -> None:
+        self._url, self._headers, self._wait_s = f"{base_url}/v1/completions", headers, hold_s + 10
+        self._body = {"model": model, "prompt": "1", "max_tokens": 1}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._asks = self._refused = self._failed = 0
@@ -123,7 +125,7 @@ class Watcher:
         """One ask; the stretch since the last answer, less one poll interval, where this one answers."""
         self._asks += 1
         try:
-            ok = client.get(self._url).status_code == 200
+            ok = client.post(self._url, json=self._body).status_code == 200
         except httpx.ConnectError:
             self._refused += 1
             return

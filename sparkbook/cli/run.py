@@ -8,24 +8,31 @@ from typing import Any
 
 import yaml
 
+from ..core.values.errors import SparkbookError
 from . import show
 from .command import Command
+
+
+class ParameterError(SparkbookError):
+    """A `-p NAME=VALUE` that is not one: one line and exit 2, nothing run (argparse's own refusal adds its usage)."""
+
+    exit_kind = "invalid"
 
 
 def _parameter(text: str) -> tuple[str, Any]:
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+        raise ParameterError(f"-p {text!r}: expected NAME=VALUE", remediation="e.g. -p confirm_cleanup=true")
     try:
         return name, yaml.safe_load(value)
     except yaml.YAMLError as exc:  # its value is read as YAML: one line naming it, never a traceback
         where = getattr(exc, "problem", None) or type(exc).__name__
-        raise argparse.ArgumentTypeError(f"{name}: the value is not YAML ({where}); quote it") from None
+        raise ParameterError(f"-p {name}: the value is not YAML ({where})", remediation="quote it") from None
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("params")
-    p.add_argument("-p", "--parameter", type=_parameter, action="append", metavar="NAME=VALUE",
+    p.add_argument("-p", "--parameter", action="append", metavar="NAME=VALUE",
                    help="notebook parameter, e.g. -p confirm_cleanup=true")
     p.add_argument("--from", dest="start", metavar="NN", help="start at notebook NN")
     p.add_argument("--to", dest="upto", metavar="NN", help="stop after notebook NN (with --from: NN..MM)")
@@ -41,7 +48,8 @@ def handle(args: argparse.Namespace) -> int:
     from .. import api
 
     options = api.RunOptions(out_root=Path(args.outputs), resume=args.resume, start=args.start, upto=args.upto,
-                             only=args.only, parameters=dict(args.parameter or []), break_lock=args.break_lock)
+                             only=args.only, parameters=dict(map(_parameter, args.parameter or [])),
+                             break_lock=args.break_lock)
     done = api.run(Path(args.params), options, archive=args.archive, say=print)
     show.run_dir(done.run_dir)
     if done.archive:

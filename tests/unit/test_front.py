@@ -54,7 +54,7 @@ def test_front_none_serves_directly(lab):
 
 
 @pytest.mark.parametrize(("serve", "said"), [
-    ({"api_key_env": "VLLM_KEY"}, "serve.front: vllm-router takes an API key only as --api-key"),
+    ({"api_key_env": "VLLM_KEY"}, "serve.front: vllm-router answers /add_worker and /remove_worker to anyone"),
     ({"replica_port": 8000}, "serve.replica_port: 8000 is serve.port")])
 def test_a_front_with_an_api_key_or_on_the_servers_port_is_refused(write_params, base, serve, said):
     base["serve"] = {"front": "router", **serve}

@@ -80,8 +80,8 @@ def test_tp_plans_have_no_router(lab):
 
 @pytest.mark.parametrize(("serve", "said"), [
     ({"replica_port": 8000}, "serve.replica_port: 8000 is serve.port, where the router answers"),
-    ({"api_key_env": "VLLM_KEY"}, "serve.api_key_env: vllm-router, before the replicas, takes the key for them only "
-                                  "as --api-key on its command line"),
+    ({"api_key_env": "VLLM_KEY"}, "serve.api_key_env: vllm-router, before the replicas, passes a client's key "
+                                  "through to them but answers /add_worker and /remove_worker to anyone"),
     ({"executor": "ray"}, "serve.executor: ray joins ranks over the nodes, and a replica serves on one node")])
 def test_params_that_cannot_serve_replicas_are_refused_by_name(write_params, base, serve, said):
     base["serve"] = {"tensor_parallel_size": 2, "layout": "replicas", **serve}

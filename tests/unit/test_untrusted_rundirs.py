@@ -154,11 +154,12 @@ def test_the_arms_own_names_are_the_runbooks() -> None:
 
 def test_a_parameter_value_that_is_not_yaml_is_refused_without_a_traceback(
         local: Path, untouched: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as ended:
-        cli.main(["run", str(local), "-p", "confirm_cleanup=[unclosed"])
-    err = capsys.readouterr().err
-    assert ended.value.code == exits.EXIT_INVALID and "Traceback" not in err
-    assert "confirm_cleanup: the value is not YAML" in err and untouched == []
+    for bad, said in (("confirm_cleanup=[unclosed", "-p confirm_cleanup: the value is not YAML"),
+                      ("no-equals-sign", "expected NAME=VALUE")):
+        assert cli.main(["run", str(local), "-p", bad]) == exits.EXIT_INVALID
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert untouched == []
 
 
 # --- state.json's hand-offs, as the operator commands read them ---------------------------------------------------

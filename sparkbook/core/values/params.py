@@ -664,12 +664,14 @@ class Params(Strict):
             problems.append("serve.executor: ray joins ranks over the nodes, and a replica serves on one node (leave "
                             "serve.executor out with serve.layout: replicas)")
         if self.serve.layout == "replicas" and self.serve.api_key_env:
-            problems.append("serve.api_key_env: vllm-router, before the replicas, takes the key for them only as "
-                            "--api-key on its command line, where sparkbook puts no secret (argvs are recorded and "
-                            "shown by ps); serve replicas on a trusted network without a key, or set serve.layout: tp")
+            problems.append("serve.api_key_env: vllm-router, before the replicas, passes a client's key through to "
+                            "them but answers /add_worker and /remove_worker to anyone, key or not (vllm-router "
+                            "0.1.17, measured), so a stranger could add a server of theirs and receive the clients' "
+                            "keys; serve replicas on a trusted network without a key, or set serve.layout: tp")
         if self.serve.front == "router" and self.serve.api_key_env:
-            problems.append("serve.front: vllm-router takes an API key only as --api-key on its command line, where "
-                            "sparkbook puts no secret; serve.front: none serves with serve.api_key_env")
+            problems.append("serve.front: vllm-router answers /add_worker and /remove_worker to anyone, key or not "
+                            "(0.1.17, measured), so with serve.api_key_env a stranger could add a server of theirs "
+                            "behind the front and receive the clients' keys; serve.front: none serves with the key")
         if (self.serve.layout == "replicas" or self.serve.front == "router") and \
                 self.serve.replica_port == self.serve.port:
             problems.append(f"serve.replica_port: {self.serve.replica_port} is serve.port, where the router answers "

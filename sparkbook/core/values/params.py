@@ -401,6 +401,10 @@ class ServeSettings(Strict):
                                              "on the head, a front door that outlives the servers behind it (they "
                                              "listen on replica_port), so a replacement or restart holds requests "
                                              "instead of refusing them; none: vLLM answers on port itself")
+    switch: Literal["auto", "drain"] = Field("auto", description="front router, a replacement: auto stands the new "
+                                             "server up beside the old where 05 measures that both fit (blue-green: "
+                                             "the front moves to it after its checks, then the old drains), else "
+                                             "a drained stop; drain: always the drained stop")
     hold_s: float = Field(120, gt=0, le=3600, description="front router: how long the front holds a request while no "
                           "server behind it answers (a replacement's or a restart's gap), retrying with backoff")
     drain_timeout_s: int = Field(30, ge=0, le=3600, description="front router: how long a stopped server may finish "

@@ -19,18 +19,33 @@ from ...core.cluster.context import Context
 from ...core.cluster.progress import Progress
 from ...core.cluster.topology import cache_dir
 from ...core.values.errors import SparkbookError
-from ...core.values.evidence import Decision, Shown, StageOutcome, tail
+from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, tail
 from ...core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
 from ...core.values.modelinfo import ModelFacts, utilization_floor
 from ...core.values.state import Handoff
-from . import answers, bringup, commands, endpoints, environ, front, memory, replace, replicas, reuse, rollback, smoke
+from . import (
+    answers,
+    bluegreen,
+    bringup,
+    commands,
+    endpoints,
+    environ,
+    front,
+    memory,
+    replace,
+    replicas,
+    reuse,
+    rollback,
+    smoke,
+)
 from .answers import AnswerChecks
+from .bluegreen import Beside
 from .bringup import Room
 from .commands import Platform, ServeError, ServePlan
 from .endpoints import ClientAddress
 from .environ import NodeEnviron
 from .front import ClientView
-from .launch import BringUp, standing_front
+from .launch import BringUp, standing_front, stop_earlier, stop_serving
 from .memory import BeforeLaunch
 from .replace import Replacement
 from .rollback import Rollback
@@ -118,12 +133,22 @@ def preview(ctx: Context) -> ServePreview:
 
 
 def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str, Decision, ServePlan]:
-    """serve.layout picks the executor (a replica spans one node) and the commands (bringup.layout_plan)."""
+    """serve.layout picks the executor (a replica spans one node) and the commands (bringup.layout_plan), behind the
+    front in the slot the running server is in (so a server of this very plan is kept)."""
     if ctx.params.serve.layout == "replicas":
         executor, decision = replicas.executor(ctx.params, platform)
     else:
         executor, decision = commands.choose_executor(ctx, platform)
-    return executor, decision, bringup.layout_plan(ctx, executor, ctx.params.serve, model_dir, platform.drains)
+    return executor, decision, bringup.layout_plan(ctx, executor, ctx.params.serve, model_dir, platform.drains,
+                                                   _running_slot(ctx))
+
+
+def _running_slot(ctx: Context) -> int:
+    """The slot behind the front the recorded server runs in (0 without a front or a record)."""
+    if ctx.params.serve.front != "router":
+        return 0
+    serving = reuse.read_serving(ctx, ctx.head.name)
+    return front.slot_of(serving.running) if serving is not None else 0
 
 
 def _floor(ctx: Context, model: ModelFacts | None, diagnosis: Diagnosis | None) -> float | None:
@@ -154,6 +179,8 @@ class ServeOutcome(StageOutcome):
     answers: AnswerChecks | None = None
     answers_off: bool = False  # serve.quality.enabled is false: nothing checked, said so
     client_view: ClientView | None = None  # behind a standing front: what a client saw while the servers changed
+    quality_key: str | None = None  # the reference the answers were checked against (None: not checked)
+    beside: Beside | None = None  # behind the front, a replacement: whether the new plan fit beside the old
     endpoint: Endpoint | None = None
     addresses: list[ClientAddress] = field(default_factory=list)
 
@@ -285,8 +312,10 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         _started(ctx, preview, outcome, up)
         _held(ctx, outcome, up)
         _serving_env(ctx, outcome, up)
-        _smoke(ctx, outcome, up)
-        key = _check_answers(ctx, preview, outcome, up)
+        if outcome.smoke is None:  # a blue-green server was checked on its own port before the front moved
+            _smoke(ctx, outcome, up)
+            outcome.quality_key = _check_answers(ctx, preview, outcome, up)
+        key = outcome.quality_key
         _drop_aside(ctx, preview, outcome)
         outcome.addresses = endpoints.client_addresses(ctx.params)
         outcome.endpoint = bringup.endpoint(up, outcome.addresses).model_copy(update={
@@ -332,20 +361,92 @@ def _replace(preview: ServePreview, outcome: ServeOutcome, confirm_replace: bool
 
 
 def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> BringUp:
-    """Make room and bring up; behind a standing front (serve.front: router), a client's view of it is measured
-    meanwhile from here and recorded as the replacement's seconds without service."""
+    """Make room and bring up; behind a standing front (serve.front: router), a replacement stands up beside the old
+    server where both fit (blue-green), else stops it drained, a client's view of it measured meanwhile from here
+    and recorded as the replacement's seconds without service."""
     if standing_front(ctx, preview.plan) is None:
         _make_room(ctx, preview, outcome, model)
         return _bring_up(ctx, preview, outcome)
-    plan = preview.plan
+    plan, green = preview.plan, _green(ctx, preview, outcome, model)
     with front.Watcher(plan.base_url, plan.model, plan.settings.headers(), plan.settings.hold_s) as w:
-        _make_room(ctx, preview, outcome, model)
-        up = _bring_up(ctx, preview, outcome)
+        if green is not None:
+            up = _blue_green(ctx, preview, outcome, model, green)
+        else:
+            _make_room(ctx, preview, outcome, model)
+            up = _bring_up(ctx, preview, outcome)
     if outcome.room is not None and outcome.room.kept is None:
         outcome.client_view = w.view()
-        outcome.event("front_held", {"way": "drained stop" if outcome.room.drain_s else "stop behind the front",
-                                     "drain_timeout_s": outcome.room.drain_s, **w.view().event()})
+        way = ("blue-green" if green is not None else "drained stop" if outcome.room.drain_s
+               else "stop behind the front")
+        outcome.event("front_held", {"way": way, "drain_timeout_s": outcome.room.drain_s, **w.view().event()})
     return up
+
+
+def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> ServePlan | None:
+    """The new plan in the other slot where it replaces a server and fits beside it (serve.switch auto, the tp
+    layout), the decision recorded either way; None: a drained stop."""
+    settings = preview.plan.settings
+    if preview.replacing is None or settings.layout != "tp":
+        return None
+    question = "Blue-green or a drained stop?"
+    if settings.switch == "drain":
+        outcome.decide(Decision(question, "drained stop", "serve.switch is drain", [
+            Alternative("blue-green", "not asked for")]))
+        return None
+    green = bringup.layout_plan(ctx, preview.plan.executor, settings, preview.plan.model_dir,
+                                front.drains(preview.plan), 1 - front.slot_of(preview.plan))
+    outcome.beside = bluegreen.beside(ctx, green, model)
+    outcome.event("fit_beside", outcome.beside.event())
+    chosen = "blue-green" if outcome.beside.fits else "drained stop"
+    outcome.decide(Decision(question, chosen, f"the new plan: {outcome.beside.why()}", [
+        Alternative("drained stop" if outcome.beside.fits else "blue-green",
+                    "requests held while no server answers" if outcome.beside.fits else "it does not fit")]))
+    return green if outcome.beside.fits else None
+
+
+def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts,
+                green: ServePlan) -> BringUp:
+    """The new server in the other slot while the old one serves: launched, ready, checked on its own port (smoke
+    test, answers); then the front moves to it and the old one drains and stops. A failure before the move stops the
+    new server alone: ServeError, the old one untouched and serving (0 s without service)."""
+    serving = reuse.read_serving(ctx, ctx.head.name)
+    assert serving is not None, "a replacement has a serving record"
+    outcome.room = Room(None, "blue-green: the server of the other plan serves until the front moves", None)
+    outcome.before = memory.before_launch(ctx, green, model)
+    outcome.event("memory_before_launch", outcome.before)
+    with Progress("serve ready (s of the timeout)", total=ctx.params.serve.ready_timeout_s) as bar:
+        up = bringup.bring_up(ctx, green, on_round=bar.update, floor=preview.floor,
+                              available=outcome.before.available, room=outcome.room, keep=False)
+    outcome.up = up
+    outcome.event("serve_attempts", up.table())
+    try:
+        if not up.ok:
+            raise ServeError(bringup.failure_message(up))
+        outcome.held = memory.held(ctx, outcome.before)  # recorded with the new server once the front moved to it
+        outcome.event("memory_held_by_server", outcome.held)
+        checked = _on_own_port(up, green)
+        _smoke(ctx, outcome, checked)
+        outcome.quality_key = _check_answers(ctx, preview, outcome, checked)
+        bluegreen.move(green.base_url, bluegreen.backend(green), bluegreen.backend(serving.running))
+    except ServeError as exc:
+        stop_serving(ctx, up.launched)
+        raise ServeError(f"the replacement was refused before the front moved, the server of run {serving.run} "
+                         f"serves on, untouched (0 s without service): {exc}") from exc
+    stop_earlier(ctx, ctx.params.serve.max_remedies + 1, ctx.params.serve.drain_timeout_s
+                 if front.drains(serving.running) else 0, slots=(front.slot_of(serving.running),))
+    reuse.remember(ctx, green, up)
+    if outcome.held is not None:
+        reuse.record_held(ctx, green.commands[0].node, outcome.held)
+    outcome.room = dataclasses.replace(outcome.room, drain_s=ctx.params.serve.drain_timeout_s
+                                       if front.drains(serving.running) else None)
+    return up
+
+
+def _on_own_port(up: BringUp, green: ServePlan) -> BringUp:
+    """The bring-up as the checks before the move see it: its server on its own port, not through the front."""
+    launched, ready = up.attempts[-1]
+    direct = dataclasses.replace(launched, plan=dataclasses.replace(launched.plan, base_url=bluegreen.backend(green)))
+    return dataclasses.replace(up, attempts=[*up.attempts[:-1], (direct, ready)])
 
 
 def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> None:
@@ -405,8 +506,8 @@ def _started(ctx: Context, preview: ServePreview, outcome: ServeOutcome, up: Bri
 
 def _held(ctx: Context, outcome: ServeOutcome, up: BringUp) -> None:
     """A server this run started (memory was measured before its launch; a kept one was not): what it holds per
-    node, measured and recorded beside it in the head's place."""
-    if outcome.before is None:
+    node, measured and recorded beside it in the head's place (a blue-green one's before the old one stops)."""
+    if outcome.before is None or outcome.held is not None:
         return
     outcome.held = memory.held(ctx, outcome.before)
     outcome.event("memory_held_by_server", outcome.held)

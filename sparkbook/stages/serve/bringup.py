@@ -181,7 +181,7 @@ def _front_for(ctx: Context, serve_plan: ServePlan, serving: Serving | None) -> 
     if standing is None:
         return 0
     old_front = serving.running.router if serving is not None else None
-    if old_front is None or serve_plan.router is None or old_front.argv != serve_plan.router.argv:
+    if old_front is None or serve_plan.router is None or not front.routes_alike(old_front, serve_plan.router):
         ctx.runtime.kill(ctx.cluster.nodes[standing.node], ctx.places[standing.node], standing)
         return 0
     return serve_plan.settings.drain_timeout_s if serving is not None and front.drains(serving.running) else 0
@@ -189,7 +189,7 @@ def _front_for(ctx: Context, serve_plan: ServePlan, serving: Serving | None) -> 
 
 def bring_up(ctx: Context, serve_plan: ServePlan,
              on_round: Callable[[float, str], None] = lambda s, note: None, floor: float | None = None,
-             available: dict[str, int] | None = None, room: Room | None = None) -> BringUp:
+             available: dict[str, int] | None = None, room: Room | None = None, keep: bool = True) -> BringUp:
     """Launch and wait; on a failure with a known remediation (and serve.retry_with_remediation), stop the
     serve processes, apply it and try again (at most serve.max_remedies times). `floor` is the lowest
     gpu_memory_utilization that still holds weights and KV cache (`modelinfo.utilization_floor`; None: unknown,
@@ -220,7 +220,8 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
         ready = wait_ready(ctx, launched, params.serve.ready_timeout_s, on_round)
         result.attempts.append((launched, ready))
         if ready.ok:
-            remember(ctx, serve_plan, result)
+            if keep:  # a blue-green server is written down as serving only once the front moved to it
+                remember(ctx, serve_plan, result)
             return result
         stop_serving(ctx, launched)
         if available:
@@ -232,20 +233,21 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
         if fix is None or attempt > params.serve.max_remedies:
             return result
         result.remedies.append(fix)
-        current = layout_plan(ctx, current.executor, fix.settings, current.model_dir, front.drains(current))
+        current = layout_plan(ctx, current.executor, fix.settings, current.model_dir, front.drains(current),
+                              front.slot_of(current))
     return result
 
 
 def layout_plan(ctx: Context, executor: str, settings: ServeSettings, model_dir: str,
-                drains: bool = False) -> ServePlan:
+                drains: bool = False, slot: int = 0) -> ServePlan:
     """The commands of serve.layout: tp, one server split over the nodes; replicas, a whole copy on each node behind
     the router (the preview's plan, and each remedy's again in the layout it serves). `model_dir` is 02's snapshot
     of model.hf_id on the nodes ('' without 02); `drains`: the image's vLLM has --shutdown-timeout (behind the front
-    its servers stop drained)."""
+    its servers stop drained); `slot`: behind the front, which of the two server slots (front.backend_settings)."""
     if settings.layout == "replicas":
         return replicas.plan(ctx.params, executor, settings, model_dir)
     if settings.front == "router":
-        backend = plan(ctx, executor, settings.model_copy(update={"port": settings.replica_port}), model_dir)
+        backend = plan(ctx, executor, front.backend_settings(settings, slot), model_dir)
         return front.behind(ctx.params, backend, settings, drains)
     return plan(ctx, executor, settings, model_dir)
 
@@ -291,7 +293,7 @@ def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> E
                     addresses={a.network: a.url for a in addresses if a.not_listening is None},
                     commands={c.node: c.argv for c in serve_plan.commands},
                     env={c.node: c.env for c in serve_plan.commands},
-                    logs={c.node: log_path(1) for c in serve_plan.commands},
+                    logs={c.node: log_path(1, front.slot_of(serve_plan)) for c in serve_plan.commands},
                     router=serve_plan.router.argv if serve_plan.router else None,
                     router_log=router_log(serve_plan, 1) if serve_plan.router else None,
                     replicas=replica_urls(serve_plan), ready_s=0.0, attempts=0, reused=False)

@@ -54,6 +54,26 @@ def drained(argv_: list[str], settings: ServeSettings) -> list[str]:
     return [*argv_, "--shutdown-timeout", str(settings.drain_timeout_s)]
 
 
+def backend_settings(settings: ServeSettings, slot: int) -> ServeSettings:
+    """The settings a server behind the front is planned with: slot 0 on serve.replica_port (and master_port),
+    slot 1 one above each, where a blue-green replacement stands up beside the server of slot 0 (and back)."""
+    return settings.model_copy(update={"port": settings.replica_port + slot,
+                                       "master_port": settings.master_port + slot})
+
+
+def slot_of(serve_plan: ServePlan) -> int:
+    """The slot a plan's servers are in (0 for a plan without a front, and for replicas)."""
+    if serve_plan.router is None or serve_plan.settings.front != "router" or serve_plan.settings.layout != "tp":
+        return 0
+    argv = serve_plan.commands[0].argv
+    return int(argv[argv.index("--port") + 1]) - serve_plan.settings.replica_port
+
+
+def routes_alike(a: ServeCommand, b: ServeCommand) -> bool:
+    """Two fronts' argvs alike but for the servers behind them (a blue-green switch changes those at run time)."""
+    return a.argv[:a.argv.index(WORKERS)] == b.argv[:b.argv.index(WORKERS)]
+
+
 def behind(params: Params, backend: ServePlan, settings: ServeSettings, drains: bool) -> ServePlan:
     """The tp layout's plan behind the front: `backend` (planned on serve.replica_port) answers the front, which
     answers clients at serve.port on the head; with `drains`, the head's server stops drained."""

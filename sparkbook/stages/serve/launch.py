@@ -39,8 +39,10 @@ class Launch:
     router: Spawned | None = None  # serve.layout replicas: the router in the head's place
 
 
-def log_path(attempt: int) -> str:
-    return f"{LOG_DIR}/serve-{attempt}.log"
+def log_path(attempt: int, slot: int = 0) -> str:
+    """A server's log (its PID file beside it): per attempt, and per slot behind the front (front.slot_of), so a
+    blue-green replacement's servers never take the old ones' files."""
+    return f"{LOG_DIR}/serve-{attempt}{'' if slot == 0 else f'-slot{slot}'}.log"
 
 
 def router_log_path(attempt: int) -> str:
@@ -92,13 +94,15 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     follow = probes.source("follow")
     key = api_key(serve_plan.settings.api_key_env)
     secret = {"VLLM_API_KEY": key} if key else {}
-    alone = serve_plan.router is not None
+    alone = serve_plan.settings.layout == "replicas"  # every replica is a server of its own, with the key
 
     def argv(rank: int, c: ServeCommand) -> list[str]:
         return c.argv if rank == 0 or alone else ["python3", "-c", follow, host, port, *c.argv]
 
+    slot = front.slot_of(serve_plan)
     spawned = {c.node: ctx.runtime.spawn(ctx.cluster.nodes[c.node], ctx.places[c.node], argv(rank, c),
-                                         log_path(attempt), env=c.env, secrets=secret if rank == 0 or alone else None)
+                                         log_path(attempt, slot), env=c.env,
+                                         secrets=secret if rank == 0 or alone else None)
                for rank, c in enumerate(serve_plan.commands)}
     r = serve_plan.router
     router = standing_front(ctx, serve_plan) or (
@@ -176,15 +180,16 @@ def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
     return dead
 
 
-def stop_earlier(ctx: Context, attempts: int, drain_s: int = 0) -> None:
+def stop_earlier(ctx: Context, attempts: int, drain_s: int = 0, slots: tuple[int, ...] = (0, 1)) -> None:
     """End serve processes (and routers, not the front) an earlier run of this stage left in the containers (by
-    their recorded IDs); with `drain_s`, each server first finishes what it runs (at most that long)."""
+    their recorded IDs), in the slots named; with `drain_s`, each server first finishes what it runs (at most that
+    long)."""
     def kill_all(node: Node) -> None:
         place = ctx.places[node.name]
         routers = [router_log_path(a) for a in range(1, attempts + 1)] if node.name == ctx.head.name else []
         for log in routers:
             ctx.runtime.kill(node, place, Spawned(node.name, place.name, log))
-        for log in [log_path(a) for a in range(1, attempts + 1)]:
+        for log in [log_path(a, slot) for slot in slots for a in range(1, attempts + 1)]:
             ctx.runtime.kill(node, place, Spawned(node.name, place.name, log), drain_s=drain_s)
 
     ctx.cluster.fan_out(kill_all, [ctx.cluster.nodes[n] for n in ctx.places])

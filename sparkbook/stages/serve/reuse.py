@@ -15,6 +15,7 @@ from ...core.cluster.runtime import Spawned
 from ...core.cluster.topology import SERVING
 from ...core.values.evidence import Alternative, Decision, now
 from ...core.values.params import ServeSettings
+from . import front
 from .commands import ServeCommand, ServePlan
 from .launch import BringUp, Kept, Launch, Readiness, get, listed, log_path, router_log, tails
 from .plandiff import differences
@@ -100,7 +101,8 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
         fields = sorted({d.field.split("[")[0].split(".env")[0] for d in changed})
         return None, f"the running server was started from another plan (differs in: {', '.join(fields)})"
     running = record.running
-    spawned = {c.node: Spawned(c.node, where[c.node].name, log_path(record.attempt)) for c in running.commands}
+    spawned = {c.node: Spawned(c.node, where[c.node].name, log_path(record.attempt, front.slot_of(running)))
+               for c in running.commands}
     dead = [n for n, sp in spawned.items() if not ctx.runtime.running(ctx.cluster.nodes[n], where[n], sp)]
     if dead:
         return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"

@@ -9,7 +9,7 @@ export SPARKBOOK_HEADLESS := 1
 
 BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 
-.PHONY: setup lab runbook test test-all unit bench lint docs
+.PHONY: setup lab runbook test test-all unit bench lint docs router-pins
 setup: $(BIN)/sparkbook
 # Debian's Chromium and chromedriver for the browser test (tests/lab/test_browser.py); no browser downloads
 $(BROWSER) &:
@@ -45,6 +45,11 @@ unit: setup lint
 # docs/params.md rendered from the params schema (tests/unit/test_paramsdoc.py fails while it differs)
 docs: setup
 	$(BIN)/python -c 'from sparkbook.core.values.paramsdoc import render; print(render(), end="")' > docs/params.md
+
+# sparkbook/stages/serve/router-pins/: vllm-router's wheels pinned by sha256 per Python and machine, from PyPI, each
+# file then checked (pip --require-hashes --no-deps fetches exactly the set); `ARGS=--check` only checks them
+router-pins: setup
+	$(BIN)/python tests/router_pins.py $(ARGS)
 
 # make test: every capability with at least one lab proof (tests/README.md), inside CI's time; pytest's 30 slowest
 # durations at its end. make test-all adds the heavy scenarios marked `slow` (what they add: tests/README.md).

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NoReturn
 
 from ...core.cluster.context import Context
 from ...core.cluster.topology import cache_dir
@@ -78,36 +79,74 @@ def ensure(ctx: Context) -> RouterInstall:
     return RouterInstall(where, python, machine, True, time.monotonic() - t0)
 
 
-# sha256 of vllm-router VERSION's wheel per machine, as PyPI serves it (one abi3 wheel each): the download is checked
-# against it, so what lands in the head's place is that release whatever the index or a proxy hands pip; these keys
-# are the machines the router is built for (what a place's platform.machine() must say)
-ROUTER_SHA256 = {"x86_64": "85c96bea4d573a49b5a8ae4c72ee3dfe733aba26b6f1ff1256e6142f1f42694d",
-                 "aarch64": "1ec4d5ce14c19431cc84e36238507dff89020ab024d99f042f091f5e9f2c895a"}
+# every wheel the router needs, pinned by name, version and sha256, one file per Python X.Y and machine the router is
+# installed for (router-pins/pyX.Y-MACHINE.txt, pip's hash-checking requirements, the router's own wheel included):
+# the set is complete, so pip downloads it with --no-deps and --require-hashes, and what lands in the head's place is
+# that set whatever the index or a proxy hands pip. `make router-pins` (tests/router_pins.py) writes them from PyPI.
+PINS = Path(__file__).parent / "router-pins"
 PYTHON_VERSION = re.compile(r"3\.[0-9]{1,2}")
+MACHINE = re.compile(r"[a-z0-9_]{1,20}")
+_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s]+)\s+--hash=sha256:([0-9a-f]{64})")
+# the manylinux tags pip may take for a node (newest first), the same for the download and for tests/router_pins.py
+MANYLINUX = ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1")
+
+
+def supported() -> list[str]:
+    """The (Python, machine) targets a pins file exists for, as `pyX.Y-MACHINE`."""
+    return sorted(p.stem for p in PINS.glob("py*-*.txt"))
+
+
+def pins_file(python: str, machine: str) -> Path:
+    return PINS / f"py{python}-{machine}.txt"
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares it (a wheel's file name says aiohttp_x for aiohttp-x)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: Path) -> dict[str, tuple[str, str]]:
+    """canonical name -> (version, sha256) of each `name==version --hash=sha256:...` line of a pins file; ValueError
+    naming the line for any other line than a comment or a blank one."""
+    found: dict[str, tuple[str, str]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _PIN.fullmatch(line)
+        if not m or canonical(m[1]) in found:
+            raise ValueError(f"{path}:{n}: not one `name==version --hash=sha256:HEX` of a name not pinned above")
+        found[canonical(m[1])] = (m[2], m[3])
+    return found
+
+
+def pip_platforms(machine: str) -> list[str]:
+    return [f"--platform={p}_{machine}" for p in MANYLINUX]
 
 
 def download(python: str, machine: str) -> Path:
     """The router's wheels and their dependencies for that Python and architecture, fetched here once (PyPI is
-    reachable from the controller, not necessarily from the nodes). `python` and `machine` are what the image said:
-    refused unless an X.Y version and a machine the router is built for (they name paths here and on the node); the
-    router's own wheel is refused unless its sha256 is the pinned one."""
-    if not PYTHON_VERSION.fullmatch(python) or machine not in ROUTER_SHA256:
+    reachable from the controller, not necessarily from the nodes) from the pinned set for it. `python` and `machine`
+    are what the image said: refused unless a pins file exists for them (they name paths here and on the node);
+    every wheel in the cache is checked against the pins each time (ServeError naming a wheel not pinned or with
+    another sha256, the cache removed)."""
+    if not (PYTHON_VERSION.fullmatch(python) and MACHINE.fullmatch(machine) and pins_file(python, machine).is_file()):
         raise ServeError(f"the head's place says Python {python[:40]!r} on {machine[:40]!r}; vllm-router {VERSION} "
-                         f"is installed for Python 3.X on {' or '.join(ROUTER_SHA256)} only",
-                         remediation="serve.layout: replicas needs an image whose python3 is CPython 3 on one of them")
+                         f"is pinned for {', '.join(supported())} only",
+                         remediation="serve.layout: replicas needs an image whose python3 is one of them; to add "
+                         "one, name it in tests/router_pins.py's TARGETS and run `make router-pins`")
     into = HERE_CACHE / f"{VERSION}-py{python}-{machine}"
     if not (into / ".complete").exists():
         _fetch(into, python, machine)
-    _verified(into, machine)
+    _verified(into, pins_file(python, machine))
     return into
 
 
 def _fetch(into: Path, python: str, machine: str) -> None:
     into.mkdir(parents=True, exist_ok=True)
-    platforms = [f"--platform={p}_{machine}" for p in ("manylinux_2_28", "manylinux_2_17", "manylinux2014",
-                                                      "manylinux_2_5", "manylinux1")]
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", *platforms,
-            f"--python-version={python}", "--implementation=cp", "-d", str(into), f"vllm-router=={VERSION}"]
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", *pip_platforms(machine),
+            f"--python-version={python}", "--implementation=cp", "--no-deps", "--require-hashes", "-d", str(into),
+            "-r", str(pins_file(python, machine))]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -120,13 +159,25 @@ def _fetch(into: Path, python: str, machine: str) -> None:
     (into / ".complete").touch()
 
 
-def _verified(into: Path, machine: str) -> None:
-    """The one router wheel in `into` has the pinned sha256; else the download is removed and refused."""
-    wheels = sorted(into.glob(f"vllm_router-{VERSION}-*.whl"))
-    digests = [hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels]
-    if digests != [ROUTER_SHA256[machine]]:
-        shutil.rmtree(into, ignore_errors=True)
-        raise ServeError(f"the vllm-router {VERSION} wheel downloaded into {into} is not the pinned one "
-                         f"({', '.join(w.name for w in wheels) or 'none'}: sha256 {', '.join(digests) or '-'}, "
-                         f"expected {ROUTER_SHA256[machine]}); it was removed",
-                         remediation="check the package index this machine's pip uses, then run again")
+def _verified(into: Path, pinned: Path) -> None:
+    """Every wheel in `into` is a pinned one (its name, version and sha256), and every pinned wheel is there; else the
+    cache is removed and refused, naming the first wheel that differs."""
+    want, seen = pins(pinned), set[str]()
+    for wheel in sorted(into.glob("*.whl")):
+        name, version = (wheel.name.split("-") + [""])[:2]
+        pin = want.get(canonical(name))
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if pin is None or pin[0] != version:
+            _refuse(into, f"{wheel.name} is not in {pinned.name}")
+        elif digest != pin[1]:
+            _refuse(into, f"{wheel.name} has sha256 {digest}, {pinned.name} pins {pin[1]}")
+        seen.add(canonical(name))
+    missing = sorted(set(want) - seen)
+    if missing:
+        _refuse(into, f"{', '.join(missing)} pinned in {pinned.name} but not downloaded")
+
+
+def _refuse(into: Path, why: str) -> NoReturn:
+    shutil.rmtree(into, ignore_errors=True)
+    raise ServeError(f"vllm-router {VERSION}'s wheels in {into}: {why}; the download was removed",
+                     remediation="check the package index this machine's pip uses, then run again")

@@ -1,9 +1,11 @@
 """serve.front: router on the lab (issue 55): 04 and 05 seeded from the session's full run under a cluster name and
-ports of its own, serving behind vllm-router (the front) on the head; then 05 again with a changed plan
-(max_num_seqs halved, confirmed) while a bounded streaming load at concurrency 4 runs through the front: the old
-server is stopped drained (vLLM's --shutdown-timeout), the front stays up (the same process) and holds the requests
-that arrive while no server answers, so none is refused and none fails; the run records the seconds without service
-a client saw. The module's containers are removed after it."""
+ports of its own, serving behind vllm-router (the front) on the head; then 05 again three times, each confirmed,
+while a bounded streaming load at concurrency 4 runs through the front and counts refused and failed requests: a
+changed plan that fits beside the old (blue-green: the new server in the other slot, checked, the front moved, the
+old drained; none refused or failed, the same front process), a new plan that fails before the move (the old serves
+on, untouched), and a plan forced to a drained stop (serve.switch: drain; vLLM's --shutdown-timeout, requests held
+by the front meanwhile). Each records the way it went and the seconds without service a client saw. The module's
+containers are removed after it."""
 from __future__ import annotations
 
 import json
@@ -110,36 +112,84 @@ def _front_pid(node_shells, data: dict[str, Any]) -> str:
     return out.split()[0] if out.split() else ""
 
 
-def test_a_changed_plan_behind_the_front_is_a_drained_stop_no_client_sees_refused(
-        fronted, node_shells, tmp_path: Path) -> None:
-    data, run_dir, manifest = fronted
-    assert {nb.name[:2]: nb.status for nb in manifest.notebooks if nb.status != "skipped"} == {"04": "ok", "05": "ok"}
-    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
-    head_ip = data["nodes"][0]["fabric_ip"]
-    assert endpoint["base_url"] == f"http://{head_ip}:8200" and endpoint["router_log"] == front.LOG, endpoint
-    assert endpoint["replicas"] == {data["nodes"][0]["name"]: f"http://{head_ip}:8201"}, endpoint
-    assert "--shutdown-timeout" in endpoint["commands"][data["nodes"][0]["name"]], "the lab's vLLM 0.32 drains"
-    pid = _front_pid(node_shells, data)
-    assert pid
-    data = {k: v for k, v in data.items() if k != "_params"} | {"_params": data["_params"]}
-    changed = {k: v for k, v in data.items() if k != "_params"} | {"serve": {**data["serve"], "max_num_seqs": data["serve"]["max_num_seqs"] // 2}}
-    path = tmp_path / "lab-front-changed.yaml"
+def _replace_under_load(data: dict[str, Any], run_dir: Path, tmp_path: Path, name: str,
+                        serve: dict[str, Any]) -> tuple[Manifest, Load, float]:
+    """05 again (confirmed) with `serve` changed, while the bounded streaming load runs through the front."""
+    changed = {k: v for k, v in data.items() if k != "_params"}
+    changed["serve"] = {**changed["serve"], **serve}
+    path = tmp_path / f"lab-front-{name}.yaml"
     path.write_text(yaml.safe_dump(changed, sort_keys=False))
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
     t0 = time.monotonic()
     with Load(endpoint["base_url"], endpoint["model"]) as load:
         time.sleep(3)  # requests in flight when 05 starts
         _, again = driver.execute(path, RunOptions(resume=run_dir, only="05", parameters={"confirm_replace": True}),
                                   say=print)
         time.sleep(3)
-    print(f"redeploy behind the front: {time.monotonic() - t0:.0f} s; load: {load.ok} ok, {load.refused} refused, "
-          f"{load.failed} failed; first errors: {load.errors[:3]}")
-    nb = next(n for n in again.notebooks if n.name.startswith("05"))
-    assert nb.status == "ok", nb.exception
+    seconds = time.monotonic() - t0
+    print(f"{name} behind the front: {seconds:.0f} s; load: {load.ok} ok, {load.refused} refused, {load.failed} "
+          f"failed; first errors: {load.errors[:3]}")
+    return again, load, seconds
+
+
+def _held(run_dir: Path) -> dict[str, Any]:
     (held,) = read_events(run_dir, "front_held")[-1:]
     print("front_held:", held["data"])
-    assert held["data"]["way"] == "drained stop" and held["data"]["refused"] == 0, held["data"]
+    return held["data"]
+
+
+def test_the_first_deploy_serves_behind_the_front(fronted) -> None:
+    data, run_dir, manifest = fronted
+    assert {nb.name[:2]: nb.status for nb in manifest.notebooks if nb.status != "skipped"} == {"04": "ok", "05": "ok"}
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    head, head_ip = data["nodes"][0]["name"], data["nodes"][0]["fabric_ip"]
+    assert endpoint["base_url"] == f"http://{head_ip}:8200" and endpoint["router_log"] == front.LOG, endpoint
+    assert endpoint["replicas"] == {head: f"http://{head_ip}:8201"}, endpoint
+    assert "--shutdown-timeout" in endpoint["commands"][head], "the lab's vLLM 0.32 drains"
+
+
+def test_a_changed_plan_that_fits_beside_is_blue_green_no_client_sees_a_gap(fronted, node_shells,
+                                                                           tmp_path: Path) -> None:
+    data, run_dir, _ = fronted
+    pid = _front_pid(node_shells, data)
+    again, load, _ = _replace_under_load(data, run_dir, tmp_path, "blue-green",
+                                         {"max_num_seqs": data["serve"]["max_num_seqs"] // 2})
+    nb = next(n for n in again.notebooks if n.name.startswith("05"))
+    assert nb.status == "ok", nb.exception
+    held = _held(run_dir)
+    assert held["way"] == "blue-green" and held["refused"] == 0 and held["failed"] == 0, held
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    head_ip = data["nodes"][0]["fabric_ip"]
+    assert endpoint["replicas"] == {data["nodes"][0]["name"]: f"http://{head_ip}:8202"}, "the other slot serves"
+    assert (load.refused, load.failed) == (0, 0), load.errors[:5]
+    assert load.ok > LOAD_CONCURRENCY
+    assert _front_pid(node_shells, data) == pid, "the front outlived the servers behind it"
+    with pytest.raises(httpx.ConnectError):  # the old server drained and stopped
+        httpx.get(f"http://{head_ip}:8201/health", timeout=5)
+
+
+def test_a_replacement_that_fails_before_the_move_leaves_the_old_serving(fronted, tmp_path: Path) -> None:
+    data, run_dir, _ = fronted
+    before = json.loads((run_dir / "state.json").read_text())["endpoint"]["replicas"]
+    again, load, _ = _replace_under_load(data, run_dir, tmp_path, "refused",
+                                         {"max_num_seqs": 5, "max_model_len": 8192})  # beyond the model's window
+    nb = next(n for n in again.notebooks if n.name.startswith("05"))
+    assert nb.status == "failed" and "refused before the front moved" in nb.exception["evalue"], nb.exception
+    assert (load.refused, load.failed) == (0, 0), load.errors[:5]
+    (url,) = before.values()
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200, "the old server serves on, untouched"
+
+
+def test_a_plan_forced_to_a_drained_stop_loses_nothing_in_flight(fronted, node_shells, tmp_path: Path) -> None:
+    data, run_dir, _ = fronted
+    pid = _front_pid(node_shells, data)
+    again, load, _ = _replace_under_load(data, run_dir, tmp_path, "drained",
+                                         {"max_num_seqs": 6, "switch": "drain"})
+    nb = next(n for n in again.notebooks if n.name.startswith("05"))
+    assert nb.status == "ok", nb.exception
+    held = _held(run_dir)
+    assert held["way"] == "drained stop" and held["refused"] == 0, held
     after = json.loads((run_dir / "state.json").read_text())["endpoint"]
     assert after["front_refused"] == 0 and after["seconds_without_service"] is not None, after
     assert (load.refused, load.failed) == (0, 0), load.errors[:5]
-    assert load.ok > LOAD_CONCURRENCY
     assert _front_pid(node_shells, data) == pid, "the front outlived the servers behind it"

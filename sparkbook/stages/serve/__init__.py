@@ -418,7 +418,10 @@ def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, mode
         up = bringup.bring_up(ctx, green, on_round=bar.update, floor=preview.floor,
                               available=outcome.before.available, room=outcome.room, keep=False)
     outcome.up = up
+    for change in up.decisions():
+        outcome.decide(change)
     outcome.event("serve_attempts", up.table())
+    outcome.logs.update(bringup.log_tails(up))
     try:
         if not up.ok:
             raise ServeError(bringup.failure_message(up))

@@ -4,11 +4,15 @@ while a bounded streaming load at concurrency 4 runs through the front and count
 changed plan that fits beside the old (blue-green: the new server in the other slot, checked, the front moved, the
 old drained; none refused or failed, the same front process), a new plan that fails before the move (the old serves
 on, untouched), and a plan forced to a drained stop (serve.switch: drain; vLLM's --shutdown-timeout, requests held
-by the front meanwhile). Each records the way it went and the seconds without service a client saw. The module's
-containers are removed after it."""
+by the front meanwhile); then the engine killed by PID under the load and `watch` restarting it behind the same
+front. Each records the way it went and the seconds without service a client saw. The module's containers are
+removed after it."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +22,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from test_operate_watch import _engine_pid
 
 from sparkbook.core.cluster.topology import container_name
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.stagelist import RAYCLUSTER, SERVE
+from sparkbook.records import watchlog
 from sparkbook.runbook import driver
 from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
@@ -193,3 +199,45 @@ def test_a_plan_forced_to_a_drained_stop_loses_nothing_in_flight(fronted, node_s
     assert after["front_refused"] == 0 and after["seconds_without_service"] is not None, after
     assert (load.refused, load.failed) == (0, 0), load.errors[:5]
     assert _front_pid(node_shells, data) == pid, "the front outlived the servers behind it"
+
+
+def test_a_watch_restart_behind_the_front_holds_what_arrives(fronted, node_shells, tmp_path: Path) -> None:
+    """The engine killed by PID while the load runs: the watch restarts the same plan (`up`'s 04 and 05), the front
+    stays up and holds what arrives meanwhile; none refused."""
+    data, run_dir, _ = fronted
+    params = data["_params"]
+    watched = {k: v for k, v in data.items() if k != "_params"}
+    watched["serve"] = {**watched["serve"], "max_num_seqs": 6, "switch": "drain"}  # the plan that serves (above)
+    watched["watch"] = {"interval_s": 3, "check_timeout_s": 30, "failures_to_restart": 2, "max_restarts": 1,
+                        "backoff_s": 5, "backoff_max_s": 5}
+    params_file = tmp_path / "lab-front-watch.yaml"
+    params_file.write_text(yaml.safe_dump(watched, sort_keys=False))
+    outputs = run_dir.parent.parent
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    log = (tmp_path / "watch.out").open("w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "sparkbook"), "watch", str(params_file), "--outputs",
+                             str(outputs), "--for", "900"], stdout=log, stderr=subprocess.STDOUT)
+    cluster_dir = outputs / params.cluster
+    try:
+        with Load(endpoint["base_url"], endpoint["model"]) as load:
+            time.sleep(10)  # the watch has seen it serve
+            pid, what = _engine_pid(node_shells["lab-0"], container_name(params, "lab-0"))
+            node_shells["lab-0"].run(["docker", "exec", container_name(params, "lab-0"), "sh", "-c",
+                                      'kill -KILL "$0"', str(pid)])
+            killed = time.monotonic()
+            while not any(e.kind in ("back", "gave_up") for e in watchlog.read(cluster_dir)):
+                assert proc.poll() is None, (tmp_path / "watch.out").read_text()[-3000:]
+                assert time.monotonic() - killed < 900, watchlog.read(cluster_dir)
+                time.sleep(2)
+            time.sleep(3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        log.close()
+    print(f"watch restart behind the front: the kill to back {time.monotonic() - killed:.0f} s; load: {load.ok} ok, "
+          f"{load.refused} refused, {load.failed} failed; first errors: {load.errors[:3]}")
+    kinds = [e.kind for e in watchlog.read(cluster_dir)]
+    assert "back" in kinds, (kinds, (tmp_path / "watch.out").read_text()[-3000:])
+    assert load.refused == 0, load.errors[:5]
+    # a stream the kill cut is lost (the engine died under it); nothing that arrived afterwards fails
+    assert load.failed <= LOAD_CONCURRENCY, load.errors[:8]

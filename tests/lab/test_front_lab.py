@@ -241,3 +241,60 @@ def test_a_watch_restart_behind_the_front_holds_what_arrives(fronted, node_shell
     assert load.refused == 0, load.errors[:5]
     # a stream the kill cut is lost (the engine died under it); nothing that arrived afterwards fails
     assert load.failed <= LOAD_CONCURRENCY, load.errors[:8]
+
+
+def _point(base_url: str, model: str, concurrency: int, requests: int) -> tuple[float, float]:
+    """`requests` streamed chat completions (64 tokens each, ignore_eos) at `concurrency`: output tok/s over the
+    point's wall time and the mean time to the first content."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 64, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    ttfts: list[float] = []
+    tokens = [0]
+    lock = threading.Lock()
+    todo = iter(range(requests))
+
+    def client() -> None:
+        with httpx.Client(timeout=120) as c:
+            while next(todo, None) is not None:
+                t0, first = time.monotonic(), None
+                with c.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
+                    for line in r.iter_lines():
+                        if not line.startswith("data: {"):
+                            continue
+                        chunk = json.loads(line[6:])
+                        if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                            first = time.monotonic() - t0
+                        if chunk.get("usage"):
+                            with lock:
+                                tokens[0] += chunk["usage"]["completion_tokens"]
+                with lock:
+                    ttfts.append(first or 0.0)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tokens[0] / (time.monotonic() - t0), sum(ttfts) / len(ttfts)
+
+
+@pytest.mark.benchmark
+def test_the_fronts_cost_against_direct(fronted) -> None:
+    """Issue 55 item 1's figure (make bench, reported, not asserted as a timing): the same server through the front
+    and on its own port, alternating, at concurrency 1 and 16."""
+    data, run_dir, _ = fronted
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    (direct,) = endpoint["replicas"].values()
+    ways = {"front": endpoint["base_url"], "direct": direct}
+    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for _ in range(3):
+        for c, n in ((1, 8), (16, 48)):
+            for way, url in ways.items():
+                rows.setdefault((way, c), []).append(_point(url, endpoint["model"], c, n))
+    for c in (1, 16):
+        (f_tps, f_ttft), (d_tps, d_ttft) = (
+            [sorted(x)[len(x) // 2] for x in zip(*rows[(way, c)], strict=True)] for way in ("front", "direct"))
+        print(f"c={c}: front {f_tps:.1f} tok/s TTFT {f_ttft * 1000:.0f} ms; direct {d_tps:.1f} tok/s TTFT "
+              f"{d_ttft * 1000:.0f} ms; front/direct tok/s {f_tps / d_tps:.3f}, TTFT {f_ttft / d_ttft:.3f}")
+        assert f_tps > 0 and d_tps > 0

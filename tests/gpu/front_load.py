@@ -118,7 +118,7 @@ async def main() -> None:
     counts = {k: sum(r["outcome"] == k for r in records) for k in ("ok", "refused", "failed")}
     ends = sorted(r["end"] for r in records if r["outcome"] == "ok")
     marks = [0.0, *ends, t_end]
-    gaps = [(b - a_, a_, b) for a_, b in zip(marks, marks[1:])]
+    gaps = [(b - a_, a_, b) for a_, b in zip(marks, marks[1:], strict=False)]
     worst = max(gaps) if gaps else (t_end, 0.0, t_end)
     ttfts = sorted(((r["first"] - r["start"]), r["start"]) for r in records if r["first"] is not None)
     held = [r for r in records if r["outcome"] == "ok" and r["first"] is not None and r["first"] - r["start"] > 5]

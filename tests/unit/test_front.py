@@ -127,3 +127,10 @@ def test_the_beside_decision_names_each_node_that_cannot_hold_both():
     tight = bluegreen.Beside([_row("lab-0", 2.0, 20.0), _row("lab-1", 9.0, 3.0)])
     assert not tight.fits and "lab-1: takes 9.0 GiB, 3.0 GiB free now" in tight.why() and "lab-0" not in tight.why()
     assert not bluegreen.Beside([]).fits  # nothing measured: no blue-green
+
+
+def test_behind_the_front_the_worker_rank_follows_its_head_server_not_the_front(lab):
+    params = with_front(lab)
+    plan = bringup.layout_plan(ctx(params), "mp", params.serve, "", slot=1)
+    assert launch._head_api(plan) == ("10.77.0.10", "8002")
+    assert launch._head_api(bringup.layout_plan(ctx(lab), "mp", lab.serve, "")) == ("10.77.0.10", "8000")

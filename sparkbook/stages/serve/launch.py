@@ -83,6 +83,16 @@ def host_port(serve_plan: ServePlan) -> tuple[str, str]:
     return host, port
 
 
+def _head_api(serve_plan: ServePlan) -> tuple[str, str]:
+    """The head server's own address (host, port), which worker ranks follow: behind the front, its port there,
+    not the front's (which outlives it)."""
+    own = replica_urls(serve_plan).get(serve_plan.commands[0].node) if serve_plan.settings.layout == "tp" else None
+    if own is None:
+        return host_port(serve_plan)
+    host, port = own.rsplit("/", 1)[-1].rsplit(":", 1)
+    return host, port
+
+
 def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
     follow the head's API (they end when it is gone: probes/follow.py), while replicas are servers of their own, each
@@ -90,7 +100,7 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     The head gets serve.api_key_env's value as VLLM_API_KEY in its process environment only, as the runtime gives
     secrets (never on an argv, in the plan, which is recorded, or in a place's inspectable env)."""
     t0 = time.monotonic()
-    host, port = host_port(serve_plan)
+    host, port = _head_api(serve_plan)
     follow = probes.source("follow")
     key = api_key(serve_plan.settings.api_key_env)
     secret = {"VLLM_API_KEY": key} if key else {}

@@ -244,7 +244,8 @@ def _in(shells, where, node: str, script: str, *args: str, check: bool = True, d
                              *args], timeout=60, check=check)
 
 
-KILL_GROUP = 'kill -KILL -"$(cat "$0")"'  # the process group of a spawned process, from its pid file
+# the process group of a spawned process, from its pid file ("PID START": the runbook's identity record)
+KILL_GROUP = 'read -r p _ <"$0" && kill -KILL -"$p"'
 
 
 def test_serving_port_taken_on_the_head(nodes, cluster, node_shells, watch, report):
@@ -291,7 +292,7 @@ def test_worker_container_killed_while_vllm_starts(cluster, node_shells, watch, 
     before = watch.seen()
     bring_up = faults.start(lambda: bringup.bring_up(ctx, plan))
     end = time.monotonic() + 120
-    while _in(node_shells, where, "lab-1", 'kill -0 "$(cat "$0")"', launch.log_path(1) + ".pid", check=False)[0]:
+    while _in(node_shells, where, "lab-1", 'read -r p _ <"$0" && kill -0 "$p"', launch.log_path(1) + ".pid", check=False)[0]:
         assert time.monotonic() < end, "lab-1's vllm serve never started"
         time.sleep(1)
     time.sleep(3)

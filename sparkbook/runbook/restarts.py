@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.values import atomic
 from ..core.values.errors import SparkbookError
 from ..core.values.params import WatchSettings
 
@@ -86,14 +86,7 @@ class Restarts:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"restarts": self.at}, fh)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic.write(self.path, json.dumps({"restarts": self.at}), 0o600)
 
 
 def _unreadable(path: Path, why: str) -> BudgetUnreadable:

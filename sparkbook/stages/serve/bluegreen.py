@@ -10,6 +10,7 @@ import httpx
 
 from ...core.cluster.context import Context
 from ...core.values.modelinfo import FitRow, ModelFacts, memory_fit
+from . import front
 from .commands import ServeError, ServePlan
 from .memory import samples
 
@@ -49,7 +50,8 @@ def beside(ctx: Context, serve_plan: ServePlan, model: ModelFacts) -> Beside:
 def backend(serve_plan: ServePlan) -> str:
     """The URL the front reaches the plan's server at (the tp layout: one server behind it)."""
     assert serve_plan.router is not None, "a plan behind the front"
-    return serve_plan.router.argv[-1]
+    (url,) = front.workers(serve_plan.router)
+    return url
 
 
 def move(front_url: str, new: str, old: str) -> None:

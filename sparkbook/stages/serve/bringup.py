@@ -22,6 +22,7 @@ from .failures import FailureCause, classify, remedy
 from .launch import (
     ROUTER,
     BringUp,
+    address,
     host_port,
     launch,
     log_path,
@@ -44,7 +45,7 @@ def port_taken(ctx: Context, serve_plan: ServePlan) -> FailureCause | None:
     host = str(serve_plan.settings.host)  # where vLLM will bind: 0.0.0.0 collides with a listener on any address
     kept_front = standing_front(ctx, serve_plan) is not None  # the front's own port: it stays and answers there
     wanted = [] if kept_front else [(serve_plan.commands[0].node, host_port(serve_plan)[1])]
-    wanted += [(node, url.rsplit(":", 1)[1]) for node, url in replica_urls(serve_plan).items()]  # behind a router
+    wanted += [(node, address(url)[1]) for node, url in replica_urls(serve_plan).items()]  # behind a router
     for node, port in wanted:
         r = ctx.runtime.exec(ctx.cluster.nodes[node], ctx.place(node),
                              ["python3", "-c", probes.source("bind"), host, port], timeout=30)

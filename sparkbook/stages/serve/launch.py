@@ -77,20 +77,22 @@ def replica_urls(serve_plan: ServePlan) -> dict[str, str]:
     return {c.node: url for c, url in zip(nodes, urls, strict=True)}
 
 
+def address(url: str) -> tuple[str, str]:
+    """A server's URL (http://HOST:PORT) as (host, port)."""
+    host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+    return host, port
+
+
 def host_port(serve_plan: ServePlan) -> tuple[str, str]:
     """The serve address of the plan's base URL, as (host, port)."""
-    host, port = serve_plan.base_url.rsplit("/", 1)[-1].rsplit(":", 1)
-    return host, port
+    return address(serve_plan.base_url)
 
 
 def _head_api(serve_plan: ServePlan) -> tuple[str, str]:
     """The head server's own address (host, port), which worker ranks follow: behind the front, its port there,
     not the front's (which outlives it)."""
     own = replica_urls(serve_plan).get(serve_plan.commands[0].node) if serve_plan.settings.layout == "tp" else None
-    if own is None:
-        return host_port(serve_plan)
-    host, port = own.rsplit("/", 1)[-1].rsplit(":", 1)
-    return host, port
+    return address(own) if own is not None else host_port(serve_plan)
 
 
 def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:

@@ -69,7 +69,7 @@ def steps(monkeypatch, ready: bool = True, room: Room | None = None) -> list[str
         called.append("make_room")
         return room or Room(None, "nothing serving", 0.0)
 
-    def bring_up(ctx, plan, on_round, floor, available, room):
+    def bring_up(ctx, plan, on_round, floor, available, room, keep=True):
         called.append("bring_up")
         return up_with(plan, ready)
 
@@ -264,7 +264,7 @@ def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_fr
 
     called = steps(monkeypatch, room=Room(None, "nothing serving", None))
     seen: list[Room] = []
-    monkeypatch.setattr(bringup, "bring_up", lambda ctx, plan, on_round, floor, available, room: seen.append(room)
+    monkeypatch.setattr(bringup, "bring_up", lambda ctx, plan, on_round, floor, available, room, keep=True: seen.append(room)
                         or up_with(plan, True))
     ctx = context(lab, tmp_path)
     stopped = (datetime.now(UTC) - timedelta(seconds=30)).isoformat(timespec="seconds")

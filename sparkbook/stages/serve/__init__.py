@@ -414,13 +414,7 @@ def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, mode
     outcome.room = Room(None, "blue-green: the server of the other plan serves until the front moves", None)
     outcome.before = memory.before_launch(ctx, green, model)
     outcome.event("memory_before_launch", outcome.before)
-    with Progress("serve ready (s of the timeout)", total=ctx.params.serve.ready_timeout_s) as bar:
-        up = bringup.bring_up(ctx, green, on_round=bar.update, floor=preview.floor,
-                              available=outcome.before.available, room=outcome.room, keep=False)
-    outcome.up = up
-    for change in up.decisions():
-        outcome.decide(change)
-    outcome.event("serve_attempts", up.table())
+    up = _bring_up(ctx, preview, outcome, green, keep=False)
     outcome.logs.update(bringup.log_tails(up))
     try:
         if not up.ok:
@@ -465,16 +459,18 @@ def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model
     memory.check_fit(outcome.before)
 
 
-def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome) -> BringUp:
-    """Launch and wait (a progress bar over the ready timeout), with the remedies decided between attempts. Where
-    this run's 04 stopped a live server with its containers, the cluster has served nothing since then."""
+def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome, serve_plan: ServePlan | None = None,
+              keep: bool = True) -> BringUp:
+    """Launch and wait (a progress bar over the ready timeout), with the remedies decided between attempts: the
+    preview's plan, or blue-green's `serve_plan`, recorded as serving only with `keep`. Where this run's 04 stopped a
+    live server with its containers, the cluster has served nothing since then."""
     before, room = outcome.before, outcome.room
     stopped_by_04 = preview.ray.stopped_server_at if preview.ray else None
     if room is not None and room.stopped_at is None and room.kept is None and stopped_by_04:
         room = dataclasses.replace(room, stopped_at=time.monotonic() - seconds_since(stopped_by_04))
     with Progress("serve ready (s of the timeout)", total=ctx.params.serve.ready_timeout_s) as bar:
-        up = bringup.bring_up(ctx, preview.plan, on_round=bar.update, floor=preview.floor,
-                              available=before.available if before else None, room=room)
+        up = bringup.bring_up(ctx, serve_plan or preview.plan, on_round=bar.update, floor=preview.floor,
+                              available=before.available if before else None, room=room, keep=keep)
     outcome.up = up
     if up.router_install is not None:
         outcome.event("router_installed", up.router_install.event())

@@ -48,7 +48,8 @@ def test_without_the_images_drain_the_server_is_stopped_plainly(lab):
 
 
 def test_front_none_serves_directly(lab):
-    plan = bringup.layout_plan(ctx(lab), "mp", lab.serve, "")
+    params = with_front(lab, front="none")
+    plan = bringup.layout_plan(ctx(params), "mp", params.serve, "")
     assert plan.router is None and value(plan.commands[0].argv, "--port") == "8000"
     assert launch.router_log(plan, 2).endswith("router-2.log")
 
@@ -61,6 +62,16 @@ def test_a_front_with_an_api_key_or_on_the_servers_port_is_refused(write_params,
     base["secrets"] = ["VLLM_KEY"] if "api_key_env" in serve else []
     with pytest.raises(ParamsError, match=said):
         load_params(write_params(base))
+
+
+@pytest.mark.parametrize(("serve", "secrets", "resolved"), [
+    ({}, [], "router"),  # the default: a front door, as params/lab.yaml has it
+    ({"front": "auto"}, [], "router"),
+    ({"api_key_env": "VLLM_KEY"}, ["VLLM_KEY"], "none"),  # the router's open /add_worker would hand out the key
+    ({"front": "none"}, [], "none")])
+def test_front_auto_is_the_router_unless_a_key_is_set(write_params, base, serve, secrets, resolved):
+    base["serve"], base["secrets"] = serve, secrets
+    assert load_params(write_params(base)).serve.front == resolved
 
 
 class _Completions(BaseHTTPRequestHandler):
@@ -133,4 +144,20 @@ def test_behind_the_front_the_worker_rank_follows_its_head_server_not_the_front(
     params = with_front(lab)
     plan = bringup.layout_plan(ctx(params), "mp", params.serve, "", slot=1)
     assert launch._head_api(plan) == ("10.77.0.10", "8002")
-    assert launch._head_api(bringup.layout_plan(ctx(lab), "mp", lab.serve, "")) == ("10.77.0.10", "8000")
+    direct = with_front(lab, front="none")
+    assert launch._head_api(bringup.layout_plan(ctx(direct), "mp", direct.serve, "")) == ("10.77.0.10", "8000")
+
+
+def test_a_front_is_kept_only_where_it_routes_as_the_new_plan_would(lab):
+    """The drained stop keeps a standing front whose whole argv is the new plan's (bringup._front_for compares it):
+    a tp plan and a replicas plan under the same policy route to different servers, and a changed hold_s is another
+    front even for blue-green (which needs the serving front to stay)."""
+    params = with_front(lab, router_policy="round_robin")
+    tp = bringup.layout_plan(ctx(params), "mp", params.serve, "")
+    both = with_front(lab, router_policy="round_robin", layout="replicas")
+    replicas = bringup.layout_plan(ctx(both), "mp", both.serve, "")
+    assert front.routes_alike(tp.router, replicas.router)  # the same front settings ...
+    assert tp.router.argv != replicas.router.argv  # ... to other servers: not kept through a drained stop
+    longer = with_front(lab, router_policy="round_robin", hold_s=300)
+    held_longer = bringup.layout_plan(ctx(longer), "mp", longer.serve, "")
+    assert not front.routes_alike(tp.router, held_longer.router)

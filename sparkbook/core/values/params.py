@@ -397,10 +397,11 @@ class ServeSettings(Strict):
                                               "copy on each node behind one endpoint, where 02 finds that one fits")
     replica_port: int = Field(8001, ge=1, le=65535, description="layout replicas: the port of each node's own "
                               "server; the router answers clients on port")
-    front: Literal["none", "router"] = Field("none", description="router: clients reach port through vllm-router "
-                                             "on the head, a front door that outlives the servers behind it (they "
-                                             "listen on replica_port), so a replacement or restart holds requests "
-                                             "instead of refusing them; none: vLLM answers on port itself")
+    front: Literal["auto", "none", "router"] = Field(
+        "auto", description="router: clients reach port through vllm-router on the head, a front door that outlives "
+        "the servers behind it (they listen on replica_port), so a replacement or restart holds requests instead of "
+        "refusing them; none: vLLM answers on port itself; auto: router, or none where api_key_env is set "
+        "(vllm-router 0.1.17 lets anyone add a server behind it, who would then receive the clients' key)")
     switch: Literal["auto", "drain"] = Field("auto", description="front router, a replacement: auto stands the new "
                                              "server up beside the old where 05 measures that both fit (blue-green: "
                                              "the front moves to it after its checks, then the old drains), else "
@@ -456,6 +457,14 @@ class ServeSettings(Strict):
                                       "served before it (kept by the run that started it)")
     api_key_env: EnvName | None = Field(None, description="environment variable (also listed in `secrets`) whose value "
                                         "vLLM requires as its API key: every request of 05 and 06 sends it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _front_resolved(cls, data: object) -> object:
+        """serve.front: auto becomes what it means here, once, so every reader sees router or none."""
+        if isinstance(data, dict) and data.get("front", "auto") == "auto":
+            return {**data, "front": "none" if data.get("api_key_env") else "router"}
+        return data
 
     def smoke_tokens(self) -> int:
         """max_tokens per smoke or known-answer request: smoke_max_tokens, else room to think where a reasoning

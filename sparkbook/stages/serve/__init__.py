@@ -395,6 +395,13 @@ def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: Mo
         return None
     green = bringup.layout_plan(ctx, preview.plan.executor, settings, preview.plan.model_dir,
                                 front.drains(preview.plan), 1 - front.slot_of(preview.plan))
+    serving = reuse.read_serving(ctx, ctx.head.name)
+    old_front = serving.running.router if serving is not None else None
+    if old_front is None or green.router is None or not front.routes_alike(old_front, green.router):
+        outcome.decide(Decision(question, "drained stop", "the front itself changes (its own settings), so it "
+                                "starts again with the new plan", [Alternative("blue-green", "it needs the front "
+                                                                               "that serves now to stay")]))
+        return None
     outcome.beside = bluegreen.beside(ctx, green, model)
     outcome.event("fit_beside", outcome.beside.event())
     chosen = "blue-green" if outcome.beside.fits else "drained stop"

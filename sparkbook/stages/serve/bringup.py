@@ -174,13 +174,14 @@ def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
 
 
 def _front_for(ctx: Context, serve_plan: ServePlan, serving: Serving | None) -> int:
-    """Keep a standing front that routes as the new plan's does (it holds requests through the stop), else end it;
-    the seconds the old servers may drain behind a kept front (0: no front kept, or they do not drain)."""
+    """Keep a standing front whose argv is the new plan's, servers behind it included (it holds requests through
+    the stop, and routes to the new servers where the old ones were), else end it; the seconds the old servers may
+    drain behind a kept front (0: no front kept, or they do not drain)."""
     standing = standing_front(ctx, serve_plan)
     if standing is None:
         return 0
     old_front = serving.running.router if serving is not None else None
-    if old_front is None or serve_plan.router is None or not front.routes_alike(old_front, serve_plan.router):
+    if old_front is None or serve_plan.router is None or old_front.argv != serve_plan.router.argv:
         ctx.runtime.kill(ctx.cluster.nodes[standing.node], ctx.places[standing.node], standing)
         return 0
     return serve_plan.settings.drain_timeout_s if serving is not None and front.drains(serving.running) else 0

@@ -161,3 +161,41 @@ def test_a_front_is_kept_only_where_it_routes_as_the_new_plan_would(lab):
     longer = with_front(lab, router_policy="round_robin", hold_s=300)
     held_longer = bringup.layout_plan(ctx(longer), "mp", longer.serve, "")
     assert not front.routes_alike(tp.router, held_longer.router)
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    """vLLM's /metrics with vllm:num_requests_running going down by one per look (two engines' lines summed), or a
+    page without it (`running` None)."""
+
+    running: list[float | None] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        left = self.running.pop(0) if len(self.running) > 1 else self.running[0]
+        lines = ["# TYPE vllm:num_requests_running gauge",
+                 f'vllm:num_requests_running{{engine="0"}} {left / 2}',
+                 f'vllm:num_requests_running{{engine="1"}} {left / 2}'] if left is not None else ["# nothing"]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("running", "timeout_s", "left", "looks_at_least"), [
+    ([4.0, 2.0, 2.0, 0.0], 30, 0, 3),  # drained: the old server's last requests finished
+    ([3.0], 1.2, 3, 2),  # still running at the bound: stopped all the same, said so
+    ([None], 0.6, None, 1)])  # no such gauge: not a vLLM page, unknown
+def test_blue_greens_old_server_is_stopped_once_it_runs_nothing(running, timeout_s, left, looks_at_least):
+    handler = type("Metrics", (_Metrics,), {"running": list(running)})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settled = bluegreen.settle(f"http://127.0.0.1:{server.server_address[1]}", timeout_s, {})
+    finally:
+        server.shutdown()
+    assert settled.running == left
+    assert settled.seconds >= (looks_at_least - 1) * bluegreen.POLL_S
+    assert settled.seconds < timeout_s + 1

@@ -436,6 +436,9 @@ def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, mode
         stop_serving(ctx, up.launched)
         raise ServeError(f"the replacement was refused before the front moved, the server of run {serving.run} "
                          f"serves on, untouched (0 s without service): {exc}") from exc
+    outcome.event("old_server_settled", bluegreen.settle(bluegreen.backend(serving.running),
+                                                          ctx.params.serve.drain_timeout_s,
+                                                          serving.running.settings.headers()).event())
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1, ctx.params.serve.drain_timeout_s
                  if front.drains(serving.running) else 0, slots=(front.slot_of(serving.running),))
     reuse.remember(ctx, green, up)

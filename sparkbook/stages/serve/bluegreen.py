@@ -4,10 +4,12 @@ starts in the other slot (front.backend_settings), is checked directly on its ow
 moves new requests to it; the old one drains and stops. Before the move nothing of the old server is touched."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import httpx
 
+from ...core.analysis.benchstats import prometheus_totals
 from ...core.cluster.context import Context
 from ...core.values.modelinfo import FitRow, ModelFacts, memory_fit
 from . import front
@@ -15,6 +17,8 @@ from .commands import ServeError, ServePlan
 from .memory import samples
 
 ADMIN_TIMEOUT_S = 60.0  # /add_worker returns once the router sees the server healthy: it already is
+RUNNING = "vllm:num_requests_running"
+POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -66,3 +70,37 @@ def move(front_url: str, new: str, old: str) -> None:
             if r.status_code != 200:
                 raise ServeError(f"the front's /{verb} for {url} answered {r.status_code}: {r.text[:200]}")
 
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How the old server's own work ran out after the front moved away from it: the seconds waited and the requests
+    it still ran then (0: drained; None: its /metrics did not say)."""
+
+    seconds: float
+    running: int | None
+
+    def event(self) -> dict[str, object]:
+        return {"seconds": round(self.seconds, 1), "requests still running": self.running}
+
+
+def settle(url: str, timeout_s: float, headers: dict[str, str]) -> Settled:
+    """Wait until the server at `url`, which gets no new requests, runs none (vLLM's vllm:num_requests_running on its
+    /metrics), at most `timeout_s`: the drain of an image whose vLLM has no --shutdown-timeout, and a check on one
+    that has it before it is stopped."""
+    t0, running = time.monotonic(), None
+    with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
+        while True:
+            running = _running(client, url)
+            if running == 0 or time.monotonic() - t0 >= timeout_s:
+                return Settled(time.monotonic() - t0, running)
+            time.sleep(POLL_S)
+
+
+def _running(client: httpx.Client, url: str) -> int | None:
+    try:
+        page = client.get(f"{url}/metrics")
+    except httpx.HTTPError:
+        return None
+    found = prometheus_totals(page.text).get(RUNNING) if page.status_code == 200 else None
+    return None if found is None else int(found)

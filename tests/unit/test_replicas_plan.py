@@ -112,7 +112,8 @@ def test_preview_shows_every_command_the_router_included(lab):
     (table,) = [s for s in shown if s.title.startswith("vllm serve")]
     assert table.title.startswith("vllm serve, a whole copy per node, then vllm-router on the head before them")
     assert [r["command"].split()[:3] for r in table.value][-1] == ["python3", "-m", "vllm_router.launch_router"]
-    assert serve._layout_plan(ctx(lab).with_image("img"), CPU, "")[2].router is None  # tp: no router
+    direct = lab.model_copy(update={"serve": lab.serve.model_copy(update={"front": "none"})})
+    assert serve._layout_plan(ctx(direct).with_image("img"), CPU, "")[2].router is None  # tp, no front: no router
 
 
 def test_readiness_waits_for_every_replica_by_the_router_s_own_worker_urls(lab):
@@ -124,7 +125,7 @@ def test_readiness_waits_for_every_replica_by_the_router_s_own_worker_urls(lab):
 def test_the_endpoint_and_the_reuse_record_keep_the_router(lab):
     plan = replicas.plan(as_replicas(lab), "default")
     e = bringup.planned_endpoint(plan, [])
-    assert e.router == plan.router.argv and e.router_log == "/tmp/sparkbook/logs/router-1.log"  # type: ignore[union-attr]
+    assert e.router == plan.router.argv and e.router_log == "/tmp/sparkbook/logs/front.log"  # type: ignore[union-attr]
     assert e.replicas == launch.replica_urls(plan) and e.base_url == "http://10.77.0.10:8000"
     again = reuse._plan_from(reuse.plan_data(plan))
     assert again == plan, "a later run compares its plan, the router included, with the recorded one"
@@ -158,7 +159,7 @@ def test_status_serves_only_with_the_router_running_and_every_replica_answering(
     assert not operate.Status(d, nodes, None, router=half).serving, "the router answers while one replica does"
     assert not operate.Status(d, nodes, None, router=gone).serving
     lines = operate.Status(d, nodes, None, router=half).lines()
-    assert "router on lab-0: running (/tmp/sparkbook/logs/router-1.log)" in lines
+    assert "router on lab-0: running (/tmp/sparkbook/logs/front.log)" in lines
     assert "replica on lab-1 http://10.77.0.11:8001: /health NOT answering (ConnectError: refused)" in lines
     assert d.plan_hash != operate.Deployment(tmp_path, d.image, d.endpoint.model_copy(update={"router": []})).plan_hash
 

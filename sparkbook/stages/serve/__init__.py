@@ -144,8 +144,9 @@ def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str,
 
 
 def _running_slot(ctx: Context) -> int:
-    """The slot behind the front the recorded server runs in (0 without a front or a record)."""
-    if ctx.params.serve.front != "router":
+    """The slot behind the front the recorded server runs in (0 without a front or a record, and for replicas,
+    which stand in one slot)."""
+    if ctx.params.serve.front != "router" or ctx.params.serve.layout != "tp":
         return 0
     serving = reuse.read_serving(ctx, ctx.head.name)
     return front.slot_of(serving.running) if serving is not None else 0

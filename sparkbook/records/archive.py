@@ -57,6 +57,7 @@ class RunRecord:
     ready_s: float | None = None
     addresses: list[str] = field(default_factory=list)  # "network: URL" clients use (05's endpoint), as recorded
     ab_kept: str | None = None  # benchmark.ab: which configuration stays serving and why (06's verdict)
+    redeploy: str | None = None  # behind the front: the way 05's replacement went and what a client saw (front_held)
     single_tok_s: float | None = None
     peak_tok_s: float | None = None
     peak_concurrency: int | None = None
@@ -187,6 +188,18 @@ def _notebook_dir(events: list[dict[str, Any]]) -> dict[str, Any]:
         for stage in stages]}
 
 
+def redeploy(events: list[dict[str, Any]]) -> str | None:
+    """The last replacement behind the front (05's front_held event): its way, the seconds a client went unanswered,
+    and the asks held, refused and failed; None where the run replaced nothing behind a front."""
+    held = next((e["data"] for e in reversed(events) if e["kind"] == "front_held"), None)
+    if not isinstance(held, dict):
+        return None
+    dark = held.get("seconds without service (as a client saw it)")
+    drain = f", drain {held['drain_timeout_s']} s at most" if held.get("drain_timeout_s") else ""
+    return (f"{held.get('way')}: {fmt(dark)} s without service, {fmt(held.get('held'))} held, "
+            f"{fmt(held.get('refused'))} refused, {fmt(held.get('failed'))} failed{drain}")
+
+
 def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     manifest = manifest if manifest is not None else _json(run_dir / MANIFEST)
     state = _json(run_dir / STATE) or {}
@@ -226,6 +239,7 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     if record.ready_s is None and not state and not events:
         record.ready_s = notebook_field(run_dir, SERVE.notebook, "ready_s")
     record.ab_kept = ab_kept(verdict)
+    record.redeploy = redeploy(events)
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
@@ -396,4 +410,4 @@ def row(r: RunRecord) -> dict[str, str]:
             "layout": fmt(r.layout), "ready s": fmt(r.ready_s),
             "single tok/s": fmt(r.single_tok_s), "peak tok/s": fmt(r.peak_tok_s) + (
                 f" @{r.peak_concurrency}" if r.peak_tok_s is not None and r.peak_concurrency else ""),
-            "% roofline": fmt(r.roofline_pct), "cause": fmt(r.cause)}
+            "% roofline": fmt(r.roofline_pct), "redeploy": fmt(r.redeploy), "cause": fmt(r.cause)}

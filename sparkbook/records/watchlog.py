@@ -35,6 +35,7 @@ class WatchEvent(BaseModel):
     wait_s: float | None = None  # the back-off waited before it
     up_run: str | None = None  # the run of 04 and 05 that the restart made
     seconds_without_service: float | None = None  # first failed check -> first check answered again
+    redeploy: str | None = None  # the restart's own 05 behind the front: its way and what a client saw meanwhile
 
     def line(self) -> str:
         """The event as the watch prints it (a journal line)."""

@@ -27,11 +27,11 @@ import httpx
 from ..core.cluster.nodes import Node, NodeError
 from ..core.cluster.nodestate import lock_path
 from ..core.values.errors import SparkbookError
-from ..core.values.evidence import now
+from ..core.values.evidence import EventsError, now, read_events
 from ..core.values.params import bearer, load_params
 from ..core.values.redact import Redactor
 from ..core.values.rundir import WATCH_BUDGET
-from ..records import pages, watchlog
+from ..records import archive, pages, watchlog
 from ..records.watchlog import WatchEvent, WatchKind
 from ..stages.serve.failures import SIGNATURES, FailureCause, classify
 from ..stages.serve.memory import kernel_lines
@@ -155,6 +155,7 @@ class Watch:
         self.last_ok: str | None = None  # when a check last answered
         self.noted: str | None = None  # the deferral or pause last recorded (each is recorded once)
         self.up_run: str | None = None  # the run of the last restart that came up
+        self.up_dir: Path | None = None  # its run dir
         self.terminated = False  # SIGTERM ended it (systemd's stop: exit 0), not Ctrl-C
 
     @contextmanager
@@ -231,9 +232,18 @@ class Watch:
             dark = round(time.monotonic() - self.dark_since, 1)
             mine = self.up_run if self.up_run == d.run_id else None  # else another run brought it back, or itself
             by = f"the watch's restart, run {mine}" if mine else f"run {d.run_id}"
+            seen = self._behind_front() if mine else None
             self.record("back", d, f"the deployment answers again ({by}) after {dark:g} s without service (from the "
-                        "first failed check)", up_run=mine, seconds_without_service=dark)
+                        "first failed check)" + (f"; behind the front, {seen}" if seen else ""), up_run=mine,
+                        seconds_without_service=dark, redeploy=seen)
         self.failed, self.dark_since, self.noted, self.last_ok = 0, None, None, now()
+
+    def _behind_front(self) -> str | None:
+        """What the restart's own 05 recorded of its replacement behind the front (None: no front, or unreadable)."""
+        try:
+            return archive.redeploy(read_events(self.up_dir)) if self.up_dir else None
+        except EventsError:
+            return None
 
     def _note(self, kind: WatchKind, d: Deployment, text: str) -> None:
         """Record a deferral or a pause once, not at every check while it lasts."""
@@ -337,6 +347,6 @@ class Watch:
             self.record("restart_failed", d, f"restart {n} failed at {failed[0].name} (run {run_dir.name}): "
                         f"{exc_text}"[:600], restart=n, up_run=run_dir.name)
             return False
-        self.up_run = run_dir.name
+        self.up_run, self.up_dir = run_dir.name, run_dir
         self.say(f"{now()} restart {n}: run {run_dir.name} brought the deployment up")
         return True

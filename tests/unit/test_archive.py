@@ -216,3 +216,15 @@ def test_the_run_page_lists_where_clients_reach_the_api_on_each_network(tmp_path
     assert "clients reach the API at" in page and "management: http://10.1.230.180:8000" in page
     unserved = archive.read_run(make_run(tmp_path / "lab", "20261202T110000Z", statuses=["ok"] * 4 + ["failed", "pending"]))
     assert unserved.addresses == []
+
+
+def test_runs_says_how_a_replacement_behind_the_front_went(tmp_path: Path) -> None:
+    """Issue 55: `runs` and the cluster index show the way 05's replacement went and what a client saw."""
+    held = {"at": "t", "stage": "05-serve", "kind": "front_held",
+            "data": {"way": "drained stop", "drain_timeout_s": 30, "asks": 80, "held": 12, "refused": 0, "failed": 0,
+                     "seconds without service (as a client saw it)": 41.5}}
+    lab = tmp_path / "lab"
+    fronted = archive.read_run(make_run(lab, "20261201T100000Z", events=[held]))
+    assert archive.row(fronted)["redeploy"] == ("drained stop: 41.5 s without service, 12 held, 0 refused, 0 failed, "
+                                                "drain 30 s at most")
+    assert archive.row(archive.read_run(make_run(lab, "20261201T110000Z", events=[OOM])))["redeploy"] == "-"

@@ -101,10 +101,11 @@ class ClientView:
     asks: int
     refused: int
     failed: int
+    held: int  # answered, but after more than HELD_S: the front held it while no server answered
 
     def event(self) -> dict[str, object]:
         return {"seconds without service (as a client saw it)": self.dark_s, "asks": self.asks,
-                "refused": self.refused, "failed": self.failed}
+                "held": self.held, "refused": self.refused, "failed": self.failed}
 
 
 class Watcher:
@@ -113,13 +114,14 @@ class Watcher:
     /v1/models with an error meanwhile, so listing the models is no client's view of a gap)."""
 
     POLL_S = 0.5
+    HELD_S = 2.0  # a one-token completion that took longer was held (the lab's CPU engine answers one in < 0.5 s)
 
     def __init__(self, base_url: str, model: str, headers: dict[str, str], hold_s: float) -> None:
         self._url, self._headers, self._wait_s = f"{base_url}/v1/completions", headers, hold_s + 10
         self._body = {"model": model, "prompt": "1", "max_tokens": 1}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._asks = self._refused = self._failed = 0
+        self._asks = self._refused = self._failed = self._held = 0
         self._last_ok = time.monotonic()
         self._dark = 0.0
 
@@ -133,7 +135,7 @@ class Watcher:
         self._dark = max(self._dark, time.monotonic() - self._last_ok - self.POLL_S)
 
     def view(self) -> ClientView:
-        return ClientView(round(max(self._dark, 0.0), 1), self._asks, self._refused, self._failed)
+        return ClientView(round(max(self._dark, 0.0), 1), self._asks, self._refused, self._failed, self._held)
 
     def _watch(self) -> None:
         with httpx.Client(timeout=httpx.Timeout(self._wait_s, connect=2.0), headers=self._headers) as client:
@@ -144,6 +146,7 @@ class Watcher:
     def _ask(self, client: httpx.Client) -> None:
         """One ask; the stretch since the last answer, less one poll interval, where this one answers."""
         self._asks += 1
+        asked = time.monotonic()
         try:
             ok = client.post(self._url, json=self._body).status_code == 200
         except httpx.ConnectError:
@@ -155,5 +158,6 @@ class Watcher:
             self._failed += 1
             return
         now = time.monotonic()
+        self._held += now - asked > self.HELD_S
         self._dark = max(self._dark, now - self._last_ok - self.POLL_S)
         self._last_ok = now

@@ -21,7 +21,6 @@ from ..values.modelinfo import ModelFacts, served_kv_bytes_per_token
 from ..values.params import BenchmarkSettings
 from ..values.sweeppoint import FIGURES, LATENCIES, STATS, Stall, SweepPoint
 
-KNOWN_BANDWIDTH_GBS = {"GB10": 273.0, "H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 # Higher is better for these; every *_ms metric is better lower.
 HIGHER_IS_BETTER = ("output_throughput", "request_throughput", "total_token_throughput")
 
@@ -247,11 +246,6 @@ class Roofline:
     measured_tok_s: float | None
     percent_of_ceiling: float | None
     assumption: str
-
-
-def known_bandwidth_gbs(gpu_name: str) -> float | None:
-    """Memory bandwidth of a GPU named like one of KNOWN_BANDWIDTH_GBS (e.g. 'NVIDIA GB10')."""
-    return next((bw for key, bw in KNOWN_BANDWIDTH_GBS.items() if key.lower() in gpu_name.lower()), None)
 
 
 # The two single-stream figures, named the same on every page and table: the first is the one the runs are known by.

@@ -156,6 +156,15 @@ def _figures(record: RunRecord, state: dict[str, Any], events: list[dict[str, An
     record.roofline_pct = summary.get("roofline_percent", roof.get("percent_of_ceiling"))
 
 
+def bandwidth_findings(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """06's line where the params' memory bandwidth is far from the card's datasheet figure (its last roofline
+    event's; none where the figures agree, or no card was reported)."""
+    roof: Any = next((e["data"] for e in reversed(events) if e["kind"] == "roofline"), None)
+    bandwidth = roof.get("bandwidth") if isinstance(roof, dict) else None
+    finding = bandwidth.get("finding") if isinstance(bandwidth, dict) else None
+    return [{**finding, "resolved_by": None}] if isinstance(finding, dict) else []
+
+
 FIELD_ROW = re.compile(r"<tr>\s*<td>([^<]+)</td>\s*<td>([^<]*)</td>\s*</tr>")
 
 
@@ -241,6 +250,7 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     record.ab_kept = ab_kept(verdict)
     record.redeploy = redeploy(events)
     record.findings = _resolved(list((state.get("diagnosis") or {}).get("findings") or []), notebooks)
+    record.findings += bandwidth_findings(events)
     record.bench = read_points(run_dir)
     _figures(record, state, events)
     if record.roofline_pct is None and not state and not events:

@@ -3,7 +3,7 @@
 The sweep points are compared by core.analysis.benchcompare (06 shares it): per concurrency and metric the % change and
 the noise band, the figure's spread over repeats (within the two runs where they have them, else over the earlier
 runs of the same params and image); a move inside the band is neither worse nor better, and without any estimate
-it says so.
+it says so. Runs whose serving plan or image differ are said to at the top, and their changes are not judged.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..core.analysis.benchcompare import (
     CLOCK_DIFF,
     POINT_METRICS,
     Change,
+    Setups,
     band,
     change_lines,
     changes,
@@ -24,9 +25,11 @@ from ..core.analysis.benchcompare import (
     delta_rows,
     flatten,
     history_bands,
+    judged,
     mean_sm_mhz,
     params_of,
     points_of,
+    setups,
 )
 from ..core.analysis.benchstats import SINGLE_STREAM, Delta, compare
 from ..core.analysis.depthsweep import DepthDelta
@@ -42,6 +45,7 @@ COMMITTED = "examples"  # outputs/examples/: the records git tracks
 
 RECORD_FIGURES = (("time to ready s", "ready_s"), (SINGLE_STREAM, "single_tok_s"), ("peak tok/s", "peak_tok_s"),
            ("peak at concurrency", "peak_concurrency"), ("% of roofline", "roofline_pct"))
+IMAGE_FACTS = ("image", "image id", "vllm", "ray")  # of setup_side_by_side's rows, those of the image
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class Comparison:
     params: list[Change]  # the params keys (and -p parameters) that differ
     params_note: str | None  # why the params could not be compared (None: they were)
     setup: list[Change]  # image, its ID and versions, executor, layout: all of them, changed or not
+    setups: Setups  # the serving plan and image differences: the deltas are not judged where there are any
     decisions: list[Change]  # "notebook: question" whose choice differs
     figures: list[FigurePair]
     deltas: list[Delta]  # per concurrency and metric, B against A
@@ -71,7 +76,9 @@ class Comparison:
 
     def text(self, sweep: bool = True) -> str:
         """The comparison as plain text (the terminal; 06 shows the sweep points as a table instead)."""
-        lines = [f"A: {self.a.run_dir} ({self.a.status})", f"B: {self.b.run_dir} ({self.b.status})", ""]
+        differ = self.setups.line()
+        lines = ([differ, ""] if differ else []) + [f"A: {self.a.run_dir} ({self.a.status})",
+                                                    f"B: {self.b.run_dir} ({self.b.status})", ""]
         lines += change_lines("params", self.params, self.params_note or "the same")
         lines += ["", "image and versions:"]
         lines += [f"  {c.what}: {fmt(c.a)}  (same)" if c.a == c.b else f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}  "
@@ -132,6 +139,12 @@ def setup_side_by_side(a: RunRecord, b: RunRecord) -> list[Change]:
             Change("executor", a.executor, b.executor), Change("layout", a.layout, b.layout)]
 
 
+def setups_of(params: list[Change], setup: list[Change]) -> Setups:
+    """What makes the two runs two setups: the serving params, the executor 05 chose, and the image."""
+    found = setups(params, [c for c in setup if c.what in IMAGE_FACTS])
+    return Setups(found.plan + [c for c in setup if c.what == "executor" and c.differs], found.image)
+
+
 def decision_changes(a: RunRecord, b: RunRecord) -> list[Change]:
     """Each question either run decided whose choice is not the same in both."""
     def choices(r: RunRecord) -> dict[str, str | None]:
@@ -152,8 +165,11 @@ def compare_runs(a_dir: Path, b_dir: Path) -> Comparison:
     da, db = depthsweep.read(a_dir), depthsweep.read(b_dir)
     params, note = params_changes(a, b)
     figures = [FigurePair(name, getattr(a, attr), getattr(b, attr)) for name, attr in RECORD_FIGURES]
-    return Comparison(a, b, params, note, setup_side_by_side(a, b), decision_changes(a, b),
+    setup = setup_side_by_side(a, b)
+    between = setups_of(params, setup)
+    return Comparison(a, b, params, note, setup, between, decision_changes(a, b),
                       [f for f in figures if f.a is not None or f.b is not None],
-                      compare(_points(b), _points(a), POINT_METRICS, history(a, b)),
-                      clock_causes(_points(a), _points(b)), depthsweep.compare(da, db), depthsweep.ratios(da, db))
+                      judged(compare(_points(b), _points(a), POINT_METRICS, history(a, b)), between),
+                      clock_causes(_points(a), _points(b)), judged(depthsweep.compare(da, db), between),
+                      depthsweep.ratios(da, db))
 

@@ -283,13 +283,16 @@ def compare_page(c: Comparison, here: Path) -> str:
     deltas = [{"concurrency": str(d.max_concurrency), "metric": d.metric, "A": f"{d.earlier:,.2f}",
                "B": f"{d.now:,.2f}", "change %": f"{d.change_pct:+.1f}", "noise band": band(d),
                "verdict": f'<span class="{e(d.verdict)}">{e(d.verdict)}</span>'} for d in c.deltas]
-    body = (f"<h1>sparkbook compare</h1><p>A: {link(c.a)} ({e(c.a.status)}) — B: {link(c.b)} ({e(c.b.status)})</p>"
+    differ = c.setups.line()
+    top = f'<p class="setups"><b>{e(differ)}</b></p>' if differ else ""
+    body = (f"<h1>sparkbook compare</h1>{top}<p>A: {link(c.a)} ({e(c.a.status)}) — B: {link(c.b)} "
+            f"({e(c.b.status)})</p>"
             f"<h2>Params that differ</h2>{'<p>' + e(c.params_note) + '</p>' if c.params_note else ''}"
             f"{_table(params)}<h2>Image and versions</h2>{_table(image)}<h2>Decisions that differ</h2>"
             f"{_table(decisions)}<h2>Figures</h2>{_table(figures)}<h2>Sweep points</h2><p>noise band: the figure's "
             f"spread (max - min) over the points' repeats where the runs have them, else over earlier runs of the "
             f"same params and image; never the spread of single requests. Worse or better only outside the band; "
-            f"with no estimate the change is not judged.</p>"
+            f"with no estimate, or between different setups (the line at the top), the change is not judged.</p>"
             f"{_table(deltas, raw=('verdict',))}{_depth_comparison(c)}<h2>GPU clocks</h2>"
             + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in c.clock_causes) + "</ul>" if c.clock_causes else
                "<p>no point of both runs has clocks clearly apart (or one run did not sample them)</p>"))

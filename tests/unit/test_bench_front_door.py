@@ -16,7 +16,7 @@ from sparkbook.core.values.modelinfo import ModelFacts
 from sparkbook.core.values.params import Params, Speculative, load_params
 from sparkbook.core.values.rundir import AB_BASELINE
 from sparkbook.core.values.sweeppoint import SweepPoint, read_points, write_point
-from sparkbook.records import compare
+from sparkbook.records import archive, compare, pages
 from sparkbook.stages import bench
 from sparkbook.stages.bench.client import CompletionsServer
 from sparkbook.stages.bench.soak import SoakResult
@@ -120,9 +120,11 @@ def test_a_preview_of_a_server_not_up_yet_says_it_did_not_answer(tmp_path):
     assert shown.value["server lists"].startswith("no answer: ") and shown.value["endpoint"] == endpoint.base_url
 
 
-def _measured(monkeypatch, fresh: list[SweepPoint]) -> list[str]:
-    """06's remote steps replaced by values: the sweep measures `fresh`, no soak runs; the steps called, in order."""
+def _measured(monkeypatch, fresh: list[SweepPoint], gpu: str | None = None) -> list[str]:
+    """06's remote steps replaced by values: the sweep measures `fresh`, the head reports `gpu` (None: no card), no
+    soak runs; the steps called, in order."""
     called: list[str] = []
+    monkeypatch.setattr(bench.sweep, "gpu_name", lambda head: gpu)
     monkeypatch.setattr(bench.sweep, "run_sweep", lambda target, s, on_point, nodes: called.append("sweep") or [])
     monkeypatch.setattr(bench.sweep, "saved_points", lambda points, target, s, clients: fresh)
     monkeypatch.setattr(bench.sweep, "load_generator_verdict",
@@ -134,14 +136,16 @@ def _measured(monkeypatch, fresh: list[SweepPoint]) -> list[str]:
 
 
 class NoNodes(list[object]):
-    """A cluster without nodes: 06's steps that would reach one are replaced (its bandwidth is the params')."""
+    """A cluster without nodes: 06's steps that would reach one are replaced."""
 
     head = None
 
 
-def _run_ctx(params_file: Path, run_dir: Path) -> Context:
+def _run_ctx(params_file: Path, run_dir: Path, bandwidth_gbs: float | None = 20.0) -> Context:
+    """The params without depths, benchmark.memory_bandwidth_gbs as given (lab.yaml's 20; None: from the card)."""
     params = load_params(params_file)
-    params = params.model_copy(update={"benchmark": params.benchmark.model_copy(update={"depths": []})})
+    params = params.model_copy(update={"benchmark": params.benchmark.model_copy(
+        update={"depths": [], "memory_bandwidth_gbs": bandwidth_gbs})})
     return Context(params, NoNodes(), None, run_dir)  # type: ignore[arg-type]  # no node is reached
 
 
@@ -185,3 +189,45 @@ def test_the_baseline_arm_keeps_its_points_apart_and_compares_with_no_earlier_ru
     assert out.comparison is None and out.summary is not None and out.summary.compared_with is None
     assert [s.value for s in out.comparison_shown()] == [bench.NOT_COMPARED_IN_BASELINE]
     assert out.paths == [b / AB_BASELINE / "bench" / "c0001.json"]
+
+
+def _bench(tmp_path: Path, monkeypatch, gpu: str | None, bandwidth_gbs: float | None) -> tuple[Path, bench.BenchOutcome]:
+    """06 run on a head that reports `gpu`, with benchmark.memory_bandwidth_gbs `bandwidth_gbs`, and recorded."""
+    b = make_run(tmp_path / "lab", "20261201T110000Z", points=[])
+    _measured(monkeypatch, [SweepPoint.model_validate(point(1, 60.0))], gpu=gpu)
+    ctx = _run_ctx(PARAMS, b, bandwidth_gbs)
+    preview = bench.BenchPreview(ctx.params.benchmark, CompletionsServer("http://x:8000", "m"), None, FACTS, None)
+    session = open_run(PARAMS, b, stage="06-benchmark")
+    out = bench.run(ctx, preview, ab_arm=None, bench_root=session.bench_root, earlier=None, keep=session.keep_sweep)
+    session.record_outcome(out)
+    return b, out
+
+
+def test_the_roofline_uses_the_card_the_head_reports_and_says_so(tmp_path, monkeypatch):
+    b, out = _bench(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3", None)
+    assert out.bandwidth is not None and out.bandwidth.gbs == 3350.0 and out.roof is not None
+    assert out.roof.node_bandwidth_gbs == 3350.0 and out.step is not None and out.step.node_bandwidth_gbs == 3350.0
+    assert "3350 GB/s from the table entry for NVIDIA H100 80GB HBM3 (H100 SXM datasheet)" in \
+        out.roofline_shown()[0].title and len(out.roofline_shown()) == 1, "no finding where nothing disagrees"
+    assert archive.read_run(b).findings == []
+
+
+def test_an_override_far_from_the_reported_card_is_a_finding_on_the_run_page(tmp_path, monkeypatch):
+    b, out = _bench(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3", 4800.0)
+    assert out.roof is not None and out.roof.node_bandwidth_gbs == 4800.0, "the override is used"
+    assert "4800 GB/s from the override in params" in out.roofline_shown()[0].title
+    said = out.roofline_shown()[1].value
+    assert isinstance(said, str) and "+43 % from the 3350 GB/s of the NVIDIA H100 80GB HBM3" in said
+    (found,) = archive.read_run(b).findings
+    assert (found["severity"], found["topic"], found["text"]) == ("warning", "bandwidth", said)
+    assert pages.e(said) in pages.run_page(archive.read_run(b)), "one line in the run page's findings"
+
+
+def test_a_card_the_table_lacks_without_an_override_gets_no_roofline_and_says_why(tmp_path, monkeypatch):
+    b, out = _bench(tmp_path, monkeypatch, "NVIDIA Quadro K2200", None)
+    assert out.roof is None and out.step is None and out.ceilings == [] and out.ceiling_formula == ""
+    assert out.summary is not None and out.summary.roofline_ceiling_tok_s is None
+    (shown,) = out.roofline_shown()
+    assert shown.value == ("not computed: unknown card 'NVIDIA Quadro K2200' (not in the table of known cards): no "
+                           "roofline; set benchmark.memory_bandwidth_gbs for one")
+    assert archive.read_run(b).roofline_pct is None and archive.read_run(b).findings == []

@@ -9,7 +9,6 @@ from sparkbook.core.analysis.benchstats import (
     compare,
     cross_check,
     describe_ms,
-    known_bandwidth_gbs,
     prometheus_totals,
     roofline,
     served_bytes_per_param,
@@ -138,10 +137,7 @@ def test_roofline_of_the_gpu_facts_example():
     assert "2 node(s)" in r.assumption
 
 
-def test_known_bandwidths_and_served_dtype():
-    assert known_bandwidth_gbs("NVIDIA GB10") == 273.0
-    assert known_bandwidth_gbs("NVIDIA H200 NVL") == 4800.0
-    assert known_bandwidth_gbs("Intel CPU") is None
+def test_served_dtype():
     assert served_bytes_per_param(2.0, "float32") == 4.0
     assert served_bytes_per_param(0.5, "auto") == 0.5
 

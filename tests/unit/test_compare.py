@@ -11,8 +11,12 @@ from committed import examples
 from rundirs import make_run, point
 
 from sparkbook import cli
-from sparkbook.core.analysis.benchstats import SINGLE_STREAM
+from sparkbook.core.analysis import benchcompare
+from sparkbook.core.analysis.benchstats import ACROSS_SETUPS, SINGLE_STREAM
+from sparkbook.core.analysis.depthsweep import DepthDelta
+from sparkbook.core.values.sweeppoint import read_points
 from sparkbook.records import archive, compare, pages
+from sparkbook.stages.bench import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = {"03": [{"question": "Which image serves X?", "choice": "img:1", "reason": "r", "alternatives": []}]}
@@ -43,10 +47,10 @@ def test_params_image_decisions_and_figures_that_changed(two_runs: tuple[Path, P
     assert figures[SINGLE_STREAM].change_pct == pytest.approx(1.0)
     assert figures["% of roofline"].b is None and figures["% of roofline"].change_pct is None
     throughput = {d.max_concurrency: d for d in c.deltas if d.metric == "output_throughput"}
-    assert {throughput[8].verdict, throughput[1].verdict} == {"no noise estimate"}  # no repeats, no earlier runs
+    assert {throughput[8].noise_pct, throughput[1].noise_pct} == {None}  # no repeats, no earlier runs
     text = c.text()
     assert "image: img:1 -> img:2  (changed)" in text and "vllm: 0.32.0  (same)" in text
-    assert "c=8 output_throughput: 500.00 -> 400.00  -20.0 %: no noise estimate" in text
+    assert "c=8 output_throughput: 500.00 -> 400.00  -20.0 %: different setups: not judged" in text
     assert ("no noise estimate (no repeats in either run and no earlier runs of the same params and image): such "
             "changes are not judged") in text
     assert "sweep points" not in c.text(sweep=False)
@@ -90,6 +94,7 @@ def test_the_committed_gpu_records_ray_against_mp() -> None:
     c = compare.compare_runs(examples() / "h200-duo/20261130T144302Z",
                           examples() / "h200-duo-mp/20261130T161541Z")
     assert [(x.a, x.b) for x in c.setup if x.what == "executor"] == [("ray", "mp")]
+    assert [(x.what, x.a, x.b) for x in c.setups.plan][-1] == ("executor", "ray", "mp"), "a plan of its own"
     assert [x.what for x in c.decisions] == ["05: Which distributed executor serves the model?"]
     c64 = next(d for d in c.deltas if d.max_concurrency == 64 and d.metric == "output_throughput")
     assert (round(c64.earlier, 1), round(c64.now, 1), round(c64.change_pct, 1)) == (3405.6, 5536.5, 62.6)
@@ -130,7 +135,8 @@ def test_the_committed_ok_lab_runs_claim_no_band_wider_than_their_repeats(tmp_pa
     run of their params: no estimate, said plainly, nothing called worse or better; the page goes under compare/."""
     a, b = examples() / "lab/20261130T150551Z", examples() / "lab/20261201T195946Z"
     c = compare.compare_runs(a, b)
-    assert c.deltas and all(d.noise_pct is None and d.verdict == "no noise estimate" for d in c.deltas)
+    assert c.deltas and all(d.noise_pct is None for d in c.deltas)
+    assert c.setups.plan == [] and [x.what for x in c.setups.image] == ["image id"], "the image was rebuilt"
     assert "WORSE" not in c.text() and "worse" not in {d.verdict for d in c.deltas}
     page = f"lab/compare/{a.name}-vs-{b.name}.html"
     assert compare.page_path(c.a, c.b, examples().parent) == examples().parent / page, "not into the committed tree"
@@ -165,3 +171,70 @@ def test_the_layout_stands_beside_the_image_and_executor(tmp_path: Path) -> None
     assert "  layout: tp -> replicas  (changed)" in c.text()
     assert {"figure": "layout (serve.layout)", "value": "replicas"} in pages.key_figures(rb)
     assert "<th>layout</th>" in pages.cluster_page("lab", [rb, ra])
+
+
+def test_runs_of_other_plans_and_images_say_so_first_and_call_no_change_worse(two_runs: tuple[Path, Path],
+                                                                            tmp_path: Path) -> None:
+    c = compare.compare_runs(*two_runs)
+    said = ("These runs differ in plan (serve.max_num_seqs 16 -> 32) and image (image img:1 -> img:2, image id "
+            "sha256:1 -> sha256:2): their figures are not a regression test of each other")
+    assert c.setups.line() == said and c.text().splitlines()[0] == said
+    assert {d.verdict for d in c.deltas} == {ACROSS_SETUPS} and "worse" not in c.text()
+    c8 = next(d for d in c.deltas if d.max_concurrency == 8 and d.metric == "output_throughput")
+    assert (c8.earlier, c8.now, c8.change_pct) == (500.0, 400.0, -20.0), "the deltas themselves are kept"
+    page = pages.write_compare(c, tmp_path / "c.html").read_text()
+    assert page.index(pages.e(said)) < page.index("<p>A: "), "at the top of the page"
+    assert 'class="worse"' not in page and 'class="better"' not in page
+
+
+def _redeploy(lab: Path, b_params: str) -> tuple[Path, Path]:
+    """Runs A and B of one image, B's params `b_params`, with two earlier runs of B's params for the noise band
+    (+-4 %): B's TTFT at c=4 is +109 % on A's."""
+    for run_id, ttft in (("20261201T080000Z", 50.0), ("20261201T090000Z", 52.0)):
+        make_run(lab, run_id, points=[point(4, 400.0, ttft)], params_yaml=b_params)
+    a = make_run(lab, "20261201T100000Z", points=[point(4, 400.0, 50.0)],
+                 params_yaml="cluster: lab\nserve:\n  max_num_seqs: 128\n")
+    return a, make_run(lab, "20261201T110000Z", points=[point(4, 400.0, 104.5)], params_yaml=b_params)
+
+
+def test_a_redeploy_with_another_max_num_seqs_is_no_regression_of_the_plan_before(tmp_path: Path) -> None:
+    """Issue 57: a redeploy with max_num_seqs 64 showed '+109 % TTFT at c=4' beside the run of 128 as if it were
+    a regression."""
+    a, b = _redeploy(tmp_path / "lab", "cluster: lab\nserve:\n  max_num_seqs: 64\n")
+    c = compare.compare_runs(a, b)
+    ttft = next(d for d in c.deltas if d.max_concurrency == 4 and d.metric == "median_ttft_ms")
+    assert round(ttft.change_pct) == 109 and ttft.noise_pct is not None and ttft.verdict == ACROSS_SETUPS
+    assert c.text().startswith("These runs differ in plan (serve.max_num_seqs 128 -> 64): their figures are not a "
+                               "regression test of each other\n")
+    assert "c=4 median_ttft_ms: 50.00 -> 104.50  +109.0 %: different setups: not judged" in c.text()
+    ours = benchcompare.compare_dirs(a, b)
+    assert ours.text().startswith(c.text().splitlines()[0]) and ours.deltas == c.deltas, "06 says the same"
+    assert sweep.summary(read_points(b), None, b, a, ours.deltas).worse_than_earlier == [], \
+        "06's summary names no regression"
+
+
+def test_runs_that_differ_only_in_benchmark_settings_are_judged_as_before(tmp_path: Path) -> None:
+    params = "cluster: lab\nserve:\n  max_num_seqs: 128\nbenchmark:\n  num_prompts: 64\n  repeats: 1\n"
+    a, b = _redeploy(tmp_path / "lab", params)
+    c = compare.compare_runs(a, b)
+    assert c.setups.line() is None and not c.text().startswith("These runs")
+    assert [x.what for x in c.params] == ["params.benchmark.num_prompts", "params.benchmark.repeats"]
+    ttft = next(d for d in c.deltas if d.max_concurrency == 4 and d.metric == "median_ttft_ms")
+    assert ttft.verdict == "worse", "+109 % outside +-4 %: the same plan, a regression"
+
+
+def test_what_shapes_serving_among_the_params() -> None:
+    serving = ["serve.max_num_seqs", "serve.max_model_len", "serve.dtype", "serve.tensor_parallel_size",
+               "serve.speculative.method", "serve.extra_args[0]", "model.path", "model.hf_id", "nodes[0].gpus[1]",
+               "runtime.env.NCCL_IB_HCA"]
+    other = ["serve.smoke.prompt", "serve.quality.depths[0]", "serve.port", "serve.ready_timeout_s",
+             "serve.max_remedies", "model.cache_dir", "nodes[0].host", "benchmark.concurrency[0]", "cluster"]
+    assert [k for k in serving + other if benchcompare.serving(k)] == serving
+
+
+def test_depth_changes_between_setups_are_not_judged_either() -> None:
+    d = DepthDelta(1024, "ttft_ms", 100.0, 200.0, 100.0, 2.0)
+    assert d.verdict == "worse"
+    (across,) = benchcompare.judged([d], benchcompare.Setups([compare.Change("serve.dtype", "auto", "float16")], []))
+    assert across.verdict == ACROSS_SETUPS and not across.worse and across.change_pct == 100.0
+    assert benchcompare.judged([d], benchcompare.Setups([], [])) == [d], "the same setup: judged as before"

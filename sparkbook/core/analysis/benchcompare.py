@@ -4,13 +4,17 @@ differ, the GPU clocks that ran apart. Pure over the run dirs' sweep points, par
 
 The noise band is core.analysis.benchstats.compare's: the figure's spread over repeats within the two runs where they
 have them, else over the earlier runs of the same params and image; a move inside the band is neither worse nor better.
+Two runs whose serving plan or image differ measure two setups: the comparison says so first, and no change between
+them is called worse or better (a redeploy with a smaller max_num_seqs once read as a +109 % TTFT regression).
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -174,8 +178,8 @@ def delta_lines(deltas: list[Delta]) -> list[str]:
     reasons = sorted({d.noise_from for d in deltas if d.noise_pct is None})
     lines += [f"  no noise estimate ({r}): such changes are not judged" for r in reasons]
     lines += [f"  c={d.max_concurrency} {d.metric}: {d.earlier:,.2f} -> {d.now:,.2f}  {d.change_pct:+.1f} %: "
-              + (f"{d.verdict} (noise +-{d.noise_pct:.1f} % from {d.noise_from})" if d.noise_pct is not None
-                 else "no noise estimate") for d in deltas] or ["  no concurrency measured in both"]
+              + d.verdict + (f" (noise +-{d.noise_pct:.1f} % from {d.noise_from})" if d.noise_pct is not None else "")
+              for d in deltas] or ["  no concurrency measured in both"]
     return lines
 
 
@@ -189,6 +193,56 @@ def change_lines(title: str, found: list[Change], none: str) -> list[str]:
     return [f"{title}:"] + ([f"  {c.what}: {fmt(c.a)} -> {fmt(c.b)}" for c in found] or [f"  {none}"])
 
 
+# The params that shape what serves, and so what the figures measure: the model, vLLM's serve settings and the GPUs
+# and environment it runs with. serve's settings of 05's own checks, of how it gets there (timeouts, retries, the
+# front's switch-over) and of where it listens are not.
+SERVING = re.compile(r"model\.(path|hf_id)|serve\..+|nodes\[\d+\]\.gpus(\[\d+\])?|runtime\.env\..+")
+NOT_SERVING = re.compile(r"serve\.(smoke|quality|smoke_max_tokens|port|replica_port|host|master_port|api_key_env|"
+                         r"ready_timeout_s|retry_with_remediation|max_remedies|settle_gib|settle_timeout_s|"
+                         r"utilization_step|rollback_on_failure|switch|hold_s|drain_timeout_s)\b.*")
+
+
+def serving(key: str) -> bool:
+    """Whether a params key (flattened, as `serve.max_num_seqs`) shapes what serves."""
+    return bool(SERVING.fullmatch(key)) and not NOT_SERVING.fullmatch(key)
+
+
+@dataclass(frozen=True)
+class Setups:
+    """What two runs served with that differs: the serving plan's params (and executor) and the image; where either
+    does, their figures measure two setups, not one setup twice."""
+
+    plan: list[Change]
+    image: list[Change]
+
+    @property
+    def differ(self) -> bool:
+        return bool(self.plan or self.image)
+
+    def line(self) -> str | None:
+        """The sentence a comparison starts with where the setups differ (None: the same setup)."""
+        parts = [f"{name} ({', '.join(f'{c.what} {fmt(c.a)} -> {fmt(c.b)}' for c in found)})"
+                 for name, found in (("plan", self.plan), ("image", self.image)) if found]
+        return (f"These runs differ in {' and '.join(parts)}: their figures are not a regression test of each other"
+                if parts else None)
+
+
+def setups(params: list[Change], image: list[Change]) -> Setups:
+    """The serving params among a comparison's changed params (named without their 'params.' prefix) and the image
+    changes both runs record."""
+    plan = [Change(key, c.a, c.b) for c in params if c.what.startswith("params.")
+            and serving(key := c.what.removeprefix("params."))]
+    return Setups(plan, [c for c in image if c.differs])
+
+
+D = TypeVar("D", Delta, DepthDelta)
+
+
+def judged(deltas: list[D], between: Setups) -> list[D]:
+    """The deltas as the two setups let them be judged: each marked across setups where they differ."""
+    return [dataclasses.replace(d, across_setups=True) for d in deltas] if between.differ else deltas
+
+
 @dataclass(frozen=True)
 class SweepComparison:
     """Run B's sweep against run A's (06: this run against the earlier one): what differs in the params file and
@@ -199,6 +253,7 @@ class SweepComparison:
     params: list[Change]  # params keys that differ (none where a run kept no params: see params_note)
     params_note: str | None
     image_differences: list[Change]  # the image 03 chose, its ID and versions, where they differ
+    setups: Setups  # the plan and image differences among those: the deltas are not judged where there are any
     deltas: list[Delta]
     clock_causes: list[str]
     depth_deltas: list[DepthDelta] = field(default_factory=list)  # per depth and figure, B against A
@@ -206,7 +261,8 @@ class SweepComparison:
 
     def text(self) -> str:
         """What changed between the runs, in plain text (the sweep and depth points are `rows`, tables)."""
-        lines = [f"A: {self.a}", f"B: {self.b}", ""]
+        differ = self.setups.line()
+        lines = ([differ, ""] if differ else []) + [f"A: {self.a}", f"B: {self.b}", ""]
         lines += change_lines("params", self.params, self.params_note or "the same")
         lines += ["", *change_lines("image and versions", self.image_differences, "the same (or not recorded)"), ""]
         lines += [f"prefix cache, second TTFT / first: {depthsweep.ratio_text(self.prefix_ratios)}", ""]
@@ -249,9 +305,11 @@ def compare_sweeps(a: RunSweep, b: RunSweep, history: list[list[SweepPoint]]) ->
     missing = [r.run_dir.name for r in (a, b) if r.params is None]
     note = f"run(s) {', '.join(missing)} did not keep their params file ({PARAMS_COPY})" if missing else None
     found = [] if missing else changes(flatten({"params": a.params}), flatten({"params": b.params}))
-    return SweepComparison(a.run_dir, b.run_dir, found, note, image_differences(a.image, b.image),
-                           compare(b.points, a.points, POINT_METRICS, history_bands(history)),
-                           clock_causes(a.points, b.points), depthsweep.compare(a.depth, b.depth),
+    image = image_differences(a.image, b.image)
+    between = setups(found, image)
+    return SweepComparison(a.run_dir, b.run_dir, found, note, image, between,
+                           judged(compare(b.points, a.points, POINT_METRICS, history_bands(history)), between),
+                           clock_causes(a.points, b.points), judged(depthsweep.compare(a.depth, b.depth), between),
                            depthsweep.ratios(a.depth, b.depth))
 
 

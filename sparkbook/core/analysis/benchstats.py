@@ -21,7 +21,9 @@ from ..values.modelinfo import ModelFacts, served_kv_bytes_per_token
 from ..values.params import BenchmarkSettings
 from ..values.sweeppoint import FIGURES, LATENCIES, STATS, Stall, SweepPoint
 
-KNOWN_BANDWIDTH_GBS = {"GB10": 273.0, "H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+# The verdict of a change between two runs whose serving plan or image differ: they measure two setups, so neither is
+# a regression test of the other.
+ACROSS_SETUPS = "different setups: not judged"
 # Higher is better for these; every *_ms metric is better lower.
 HIGHER_IS_BETTER = ("output_throughput", "request_throughput", "total_token_throughput")
 
@@ -249,11 +251,6 @@ class Roofline:
     assumption: str
 
 
-def known_bandwidth_gbs(gpu_name: str) -> float | None:
-    """Memory bandwidth of a GPU named like one of KNOWN_BANDWIDTH_GBS (e.g. 'NVIDIA GB10')."""
-    return next((bw for key, bw in KNOWN_BANDWIDTH_GBS.items() if key.lower() in gpu_name.lower()), None)
-
-
 # The two single-stream figures, named the same on every page and table: the first is the one the runs are known by.
 SINGLE_STREAM = "single-stream output tok/s (concurrency 1, wall clock)"
 TPOT_DECODE = "decode tok/s from TPOT (1000 / median TPOT at concurrency 1; no prefill)"
@@ -384,11 +381,14 @@ class Delta:
     change_pct: float
     noise_pct: float | None  # None: no repeats in either run nor earlier runs to estimate the noise from
     noise_from: str  # where the band comes from: "repeats", "earlier runs", or why there is none
+    across_setups: bool = False  # the two runs served different plans or images (benchcompare.Setups)
 
     @property
     def verdict(self) -> str:
         """worse | better (outside the band, in the metric's bad or good direction) | within noise | no noise
-        estimate (a change that nothing measured the noise of is not called either)."""
+        estimate (a change that nothing measured the noise of is not called either) | ACROSS_SETUPS."""
+        if self.across_setups:
+            return ACROSS_SETUPS
         if self.noise_pct is None:
             return "no noise estimate"
         good = self.change_pct if self.metric in HIGHER_IS_BETTER else -self.change_pct

@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..values.rundir import BENCH
-from .benchstats import RequestRecord, spread_band_pct
+from .benchstats import ACROSS_SETUPS, RequestRecord, spread_band_pct
 
 DEPTH_FILE = "depth.json"
 HITS = "vllm:prefix_cache_hits_total"  # tokens the server took from its prefix cache (vLLM V1)
@@ -192,10 +192,13 @@ class DepthDelta:
     now: float
     change_pct: float
     noise_pct: float | None  # None: fewer than two repeats in both points
+    across_setups: bool = False  # the two runs served different plans or images (benchcompare.Setups)
 
     @property
     def verdict(self) -> str:
-        """worse | better (outside the band) | within noise | no noise estimate (not judged)."""
+        """worse | better (outside the band) | within noise | no noise estimate (not judged) | ACROSS_SETUPS."""
+        if self.across_setups:
+            return ACROSS_SETUPS
         if self.noise_pct is None:
             return "no noise estimate"
         good = self.change_pct if dict(DEPTH_METRICS)[self.metric] else -self.change_pct

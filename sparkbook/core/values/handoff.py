@@ -191,7 +191,7 @@ class BenchmarkSummary(Handoff):
     peak_output_tok_s: float | None
     peak_at_concurrency: int
     failed_requests: int
-    roofline_ceiling_tok_s: float
+    roofline_ceiling_tok_s: float | None  # None: no memory bandwidth known for the card (06's roofline event says why)
     roofline_percent: float | None
     bench_dir: str
     compared_with: str | None

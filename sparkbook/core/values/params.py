@@ -533,7 +533,9 @@ class BenchmarkSettings(SoakSettings):
     repeats: int = Field(1, ge=1, le=20, description="measurements per point after its warm-up, fresh prompts each; "
                          "the point reports their median and spread (default 3 where the nodes list GPUs, else 1)")
     clients: int = Field(1, ge=1, le=64, description="client processes sending the load")
-    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node; default from the GPU model")
+    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="per node, overriding the datasheet figure of "
+                                               "the card the head reports (more than 10 % apart: a finding); null: "
+                                               "that figure, and no roofline for a card the table lacks")
     clock_drop: float = Field(0.10, gt=0, lt=1, description="06 flags a point whose GPU SM clock fell more than "
                               "this fraction below its start (sampled with nvidia-smi where nodes list GPUs)")
     ab: AbKind | None = Field(None, description="speculative: 05 and 06 run twice, the plan without "

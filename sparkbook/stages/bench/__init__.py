@@ -19,10 +19,11 @@ from typing import Any
 import aiohttp
 from matplotlib.figure import Figure
 
-from ...core.analysis import benchstats, depthsweep, fabric
+from ...core.analysis import benchstats, depthsweep, fabric, membandwidth
 from ...core.analysis.benchcompare import EarlierSweep, SweepComparison
 from ...core.analysis.benchstats import BatchCeiling, Roofline, StepModel
 from ...core.analysis.depthsweep import DepthSweep
+from ...core.analysis.membandwidth import Bandwidth
 from ...core.cluster.context import Context
 from ...core.cluster.progress import Progress
 from ...core.values import rundir
@@ -128,8 +129,8 @@ class BenchOutcome(StageOutcome):
     results: list[SweepPoint] = field(default_factory=list)  # each point as its file holds it, by concurrency
     stalls: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
-    roof: Roofline | None = None
-    bandwidth_source: str | None = None
+    roof: Roofline | None = None  # None: no bandwidth known (`bandwidth` says why)
+    bandwidth: Bandwidth | None = None
     step: StepModel | None = None
     ceilings: list[BatchCeiling] = field(default_factory=list)
     fabric: list[dict[str, object]] = field(default_factory=list)
@@ -169,9 +170,14 @@ class BenchOutcome(StageOutcome):
         return [Shown("/metrics deltas against the client's counts", self.checks)]
 
     def roofline_shown(self) -> list[Shown]:
+        bw = self.bandwidth
+        if self.roof is None or bw is None:
+            return [Shown("Single-stream decode roofline", f"not computed: {bw.source if bw else 'the sweep failed'}")]
         spec = ", in decode steps: speculation is on" if self.single and self.single.sparkbook.speculation else ""
-        return [Shown(f"Single-stream decode roofline (bandwidth from {self.bandwidth_source}); its measured_tok_s "
-                      f"is the {benchstats.TPOT_DECODE}, not the {benchstats.SINGLE_STREAM}{spec}", self.roof)]
+        shown = [Shown(f"Single-stream decode roofline (bandwidth {bw.gbs:g} GB/s from the {bw.source}); its "
+                       f"measured_tok_s is the {benchstats.TPOT_DECODE}, not the {benchstats.SINGLE_STREAM}{spec}",
+                       self.roof)]
+        return shown + ([Shown("Bandwidth of the params against the card's", bw.finding.text)] if bw.finding else [])
 
     @property
     def ceiling_formula(self) -> str:
@@ -276,18 +282,21 @@ def _depths(ctx: Context, target: CompletionsServer, s: BenchmarkSettings) -> De
             note=note))
 
 
-def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline:
-    """The single-stream roofline and the ceiling at each concurrency, recorded as one "roofline" event."""
+def _roofline(ctx: Context, model: ModelFacts, out: BenchOutcome) -> Roofline | None:
+    """The single-stream roofline and the ceiling at each concurrency, recorded as one "roofline" event with the
+    bandwidth and where it came from (None, said so: no bandwidth known for the card)."""
     serve, s = ctx.params.serve, out.settings
-    bandwidth, out.bandwidth_source = sweep.memory_bandwidth(s, ctx.head)
-    out.roof = benchstats.roofline(model.active_params,
-                                   benchstats.served_bytes_per_param(model.bytes_per_param, serve.dtype),
-                                   serve.tensor_parallel_size, bandwidth, benchstats.decode_steps_from_tpot(out.single))
-    out.step = benchstats.step_model(model, serve.dtype, serve.tensor_parallel_size, bandwidth, s.input_len,
-                                     s.output_len)
-    out.ceilings = benchstats.batch_ceilings(out.step, out.results)
-    out.event("roofline", {"roofline": out.roof, "bandwidth_source": out.bandwidth_source,
-                           "by_concurrency": out.ceilings})
+    out.bandwidth = membandwidth.bandwidth(s.memory_bandwidth_gbs, sweep.gpu_name(ctx.head))
+    bandwidth = out.bandwidth.gbs
+    if bandwidth is not None:
+        out.roof = benchstats.roofline(model.active_params,
+                                       benchstats.served_bytes_per_param(model.bytes_per_param, serve.dtype),
+                                       serve.tensor_parallel_size, bandwidth,
+                                       benchstats.decode_steps_from_tpot(out.single))
+        out.step = benchstats.step_model(model, serve.dtype, serve.tensor_parallel_size, bandwidth, s.input_len,
+                                         s.output_len)
+        out.ceilings = benchstats.batch_ceilings(out.step, out.results)
+    out.event("roofline", {"roofline": out.roof, "bandwidth": out.bandwidth, "by_concurrency": out.ceilings})
     return out.roof
 
 

@@ -29,7 +29,6 @@ from ...core.analysis.benchstats import (
     client_load,
     cross_check,
     find_stall,
-    known_bandwidth_gbs,
     median_ttft_ms,
     prefill_group_sizes,
     prometheus_totals,
@@ -246,16 +245,11 @@ def run_sweep(target: CompletionsServer, settings: BenchmarkSettings,
         return sweep(target, settings, engines.runner(target), on_point=on_point, sampler=sampler)
 
 
-def memory_bandwidth(settings: BenchmarkSettings, head: Node) -> tuple[float, str]:
-    """Per-node memory bandwidth in GB/s and where it came from: params, else the head's GPU model."""
-    if settings.memory_bandwidth_gbs:
-        return settings.memory_bandwidth_gbs, "params (benchmark.memory_bandwidth_gbs)"
-    name = head.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30).stdout.strip()
-    known = known_bandwidth_gbs(name)
-    if known is None:
-        raise BenchmarkError(f"no known memory bandwidth for GPU {name!r}", node=head.name,
-                             remediation="set benchmark.memory_bandwidth_gbs in params")
-    return known, f"known value for {name.splitlines()[0]}"
+def gpu_name(head: Node) -> str | None:
+    """The card the head reports, as nvidia-smi names it (its first GPU; None: nvidia-smi names none)."""
+    listed = head.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30)
+    names = listed.stdout.strip().splitlines() if listed.ok else []
+    return (names[0].strip() or None) if names else None
 
 
 def load_generator_verdict(points: list[Point], clients: int, busy: float = 0.7) -> Decision:
@@ -318,7 +312,7 @@ def depth_figures(depth: DepthSweep | None) -> dict[str, Any]:
                                               ratio=pair.ratio, reuse=pair.reuse()) if pair else None}
 
 
-def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier: Path | None,
+def summary(results: list[SweepPoint], roof: Roofline | None, bench_dir: Path, earlier: Path | None,
             deltas: list[Delta], depth: DepthSweep | None = None,
             depth_deltas: list[DepthDelta] | None = None) -> BenchmarkSummary:
     """What later readers need: single stream, peak, roofline share, the depth axis and the prefix-cache pair,
@@ -333,7 +327,8 @@ def summary(results: list[SweepPoint], roof: Roofline, bench_dir: Path, earlier:
         single_stream_median_ttft_ms=single.median_ttft_ms if single else None,
         peak_output_tok_s=peak.output_throughput, peak_at_concurrency=peak.max_concurrency,
         failed_requests=sum(r.failed for r in results) + failed_depth_requests(depth),
-        roofline_ceiling_tok_s=roof.ceiling_tok_s, roofline_percent=roof.percent_of_ceiling,
+        roofline_ceiling_tok_s=roof.ceiling_tok_s if roof else None,
+        roofline_percent=roof.percent_of_ceiling if roof else None,
         bench_dir=str(bench_dir), compared_with=str(earlier) if earlier else None,
         worse_than_earlier=worse,
         points=[BenchPoint.model_validate(r.model_dump(include=set(BenchPoint.model_fields))) for r in results],

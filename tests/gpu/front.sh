@@ -18,6 +18,14 @@
 #                                    first `--from 02 --to 02` (02's ModelFacts of the big model for 05's fit), then
 #                                    --from 05 --to 05, confirm_replace, under the same load: it does not fit beside
 #                                    the small server, so 05 stops it drained while the front holds requests
+#   T0=$(date +%s) ...; bash tests/gpu/front.sh firstwatch   as `first` (the small model), but 01..05 only (--to 05)
+#   bash tests/gpu/front.sh watch    a `watch` restart behind the front under load: `sparkbook watch` (params
+#                                    + watch: interval 3 s, check_timeout 5 s, 2 failures, 1 restart) beside
+#                                    front_load.py (C=8), health_gap.py and port_watch.py; after 15 s the engine
+#                                    core's PID (its process title, read from /proc, checked against nvidia-smi) is
+#                                    killed; the watch's `up` brings it back; 15 s more load; all of it in
+#                                    $OUT/watch.tar.gz (watch.out, watch.jsonl, the load, pollers, the `up` run dir).
+#                                    The call's end: T0 + CALL_S (default 580) - 15 s
 #   bash tests/gpu/front.sh bench [ROUNDS]   `vllm bench serve` through the front and directly on the live server's
 #                                    own port (read from the newest run's endpoint), alternating, C=1 and C=16; a
 #                                    table of output tok/s and mean TTFT; then all stopped
@@ -28,7 +36,7 @@ HERE="$(dirname "${BASH_SOURCE[0]}")"
 source "$HERE/env.sh"
 cd "$REPO"
 OUT="${OUT:-/tmp/out_local}"; mkdir -p "$OUT"
-STEP="${1:?router|first|second|third|bench}"
+STEP="${1:?router|first|firstwatch|second|third|watch|bench}"
 BASE="${BASE:-params/h200-one.yaml}"
 HOLD_S="${HOLD_S:-300}"
 SMALL=/tmp/carry/model-qwen3moe-small
@@ -81,7 +89,7 @@ newest() {  # the newest run dir that recorded an endpoint
 }
 
 report() {  # what the newest run recorded
-  "$PY" - "$(ls -td $RUNS/*/*/ | head -1)" <<'EOF3'
+  "$PY" - "$(ls -td $RUNS/*/2*/ | head -1)" <<'EOF3'
 import datetime, json, os, sys
 d = sys.argv[1]
 print("run dir", d)
@@ -183,6 +191,98 @@ first)
   kill -TERM "$(cat $gap)"; sleep 1; echo "health poller: $(tail -1 "$OUT/gap-first.txt")"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
   report ;;
+firstwatch)
+  small_model; params
+  # the run gets at most 300 s and leaves the watch step 165 s of the call (T0 + CALL_S)
+  left=$(( ${T0:-$(date +%s)} + ${CALL_S:-580} - 165 - $(date +%s) ))
+  BUDGET="${BUDGET:-$(( left < 300 ? left : 300 ))}"; echo "sparkbook run budget $BUDGET s (01..05)"
+  KEEP=1 TAG=firstwatch BUDGET="$BUDGET" bash "$HERE/run_runbook.sh" "$P/first.yaml" --to 05 -p confirm_cleanup=true \
+    | grep -v "^  \|WARNING" | tail -10
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  report | grep -v "^  " ;;
+watch)
+  END=$(( ${T0:-$(date +%s)} + ${CALL_S:-580} - 15 ))
+  W=/tmp/front/watch; rm -rf "$W"; mkdir -p "$W"
+  # the params the run ran with (run_runbook.sh's copy names this host's address), plus the watch's settings
+  src=/tmp/run-first.yaml; [ -f "$src" ] || src="$P/first.yaml"
+  "$PY" - "$src" "$W/watch.yaml" <<'EOF6'
+import sys, yaml
+data = yaml.safe_load(open(sys.argv[1]))
+data["watch"] = {"interval_s": 3, "check_timeout_s": 5, "failures_to_restart": 2, "max_restarts": 1,
+                 "backoff_s": 5, "backoff_max_s": 5}
+yaml.safe_dump(data, open(sys.argv[2], "w"), sort_keys=False)
+print("watch params", sys.argv[2], "from", sys.argv[1], data["watch"])
+EOF6
+  urls
+  d=${DIRECT%:*}
+  cluster_dir=$RUNS/$("$PY" -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["cluster"])' "$W/watch.yaml")
+  seen=$(cat "$cluster_dir/watch.jsonl" 2>/dev/null | wc -l)
+  date -u +"watch start %FT%T.%3NZ epoch %s"
+  "$PY" -m sparkbook.cli watch "$W/watch.yaml" --outputs "$RUNS" --for $(( END - $(date +%s) )) > "$W/watch.out" 2>&1 &
+  WATCH=$!
+  "$PY" "$HERE/front_load.py" "$FRONT" qwen3moe "$W/load-watch" --concurrency 8 --hold-s "$HOLD_S" --max-s 540 \
+    > "$W/load-watch.txt" 2>&1 & LOAD=$!
+  "$PY" "$HERE/health_gap.py" "$FRONT" > "$W/gap-watch.txt" 2>&1 & GAP=$!
+  "$PY" "$HERE/port_watch.py" "$d:8001" "$d:8002" > "$W/ports-watch.txt" 2>&1 & PORTS=$!
+  sleep 15
+  # the engine core: the process whose title (vLLM sets it) or command line names EngineCore, read from /proc (never
+  # looked up or killed by name); it must be the one GPU process of the server; exactly one PID is killed
+  ENGINE=$("$PY" - "$W/engine.txt" <<'EOF7'
+import os, subprocess, sys
+rows = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        comm = open(f"/proc/{pid}/comm").read().strip()
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+        ppid = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        continue
+    rows.append((int(pid), int(ppid), comm, cmd))
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=10).stdout
+except (OSError, subprocess.SubprocessError) as exc:
+    gpu = ""
+    print(f"nvidia-smi: {exc}", file=sys.stderr)
+gpu_pids = {int(line.split(",")[0]) for line in gpu.splitlines() if line.strip()}
+engines = [r for r in rows if "EngineCore" in r[2] + " " + r[3]]
+with open(sys.argv[1], "w") as f:
+    f.write(f"gpu processes: {gpu.strip()!r}\n")
+    for r in rows:
+        if "vllm" in r[3].lower() or "EngineCore" in r[2] + r[3] or "router" in r[3] or r[0] in gpu_pids:
+            f.write(f"pid {r[0]} ppid {r[1]} comm {r[2]!r} cmd {r[3][:300]!r}{' GPU' if r[0] in gpu_pids else ''}\n")
+    pick = [r for r in engines if r[0] in gpu_pids] or engines
+    if len(pick) != 1:
+        pick = [r for r in rows if r[0] in gpu_pids] if not engines else []
+    f.write(f"engine candidates {[(r[0], r[2]) for r in engines]}; picked {[(r[0], r[2]) for r in pick]}\n")
+print(pick[0][0] if len(pick) == 1 else "")
+EOF7
+)
+  cat "$W/engine.txt"
+  if [ -n "$ENGINE" ]; then
+    KILLED=$(date +%s.%N); kill -KILL "$ENGINE"; echo "killed engine core pid $ENGINE at epoch $KILLED" | tee -a "$W/engine.txt"
+    while [ "$(date +%s)" -lt $(( END - 35 )) ] && kill -0 $WATCH 2>/dev/null; do
+      tail -n +$((seen + 1)) "$cluster_dir/watch.jsonl" 2>/dev/null | grep -q '"kind":"\(back\|gave_up\)"' && break
+      sleep 1
+    done
+    echo "watch recorded back/gave_up (or the wait ended) $(( $(date +%s) - ${KILLED%.*} )) s after the kill"
+    sleep 15
+  else
+    echo "NO ENGINE PID FOUND: nothing killed"
+  fi
+  kill -TERM $LOAD $GAP $PORTS $WATCH 2>/dev/null
+  for i in $(seq 1 20); do kill -0 $LOAD 2>/dev/null || kill -0 $WATCH 2>/dev/null || break; sleep 1; done
+  for p in $LOAD $WATCH; do kill -0 $p 2>/dev/null && { echo "pid $p still running after 20 s: killed"; kill -KILL $p; }; done
+  echo "=== watch.out"; grep -v "^  " "$W/watch.out" | cut -c1-400 | tail -30
+  echo "=== watch record (new lines)"; tail -n +$((seen + 1)) "$cluster_dir/watch.jsonl" | tee "$W/watch.jsonl" | cut -c1-700
+  echo "=== load"; grep -v "^ *[0-9.]* s worker" "$W/load-watch.txt" | tail -3
+  echo "non-ok requests: $(grep -c " s worker" "$W/load-watch.txt")"; grep " s worker" "$W/load-watch.txt" | head -10
+  echo "=== health poller (/v1/models)"; tail -4 "$W/gap-watch.txt"
+  echo "=== backends and GPU processes"; cat "$W/ports-watch.txt"
+  echo "=== the newest run (the watch's up)"; report | grep -v "^  "
+  up=$(ls -td "$cluster_dir"/2*/ | head -1); cp -r "${up%/}" "$W/"
+  gzip -f "$W/load-watch.jsonl"
+  tar czf "$OUT/watch.tar.gz" -C /tmp/front watch; ls -l "$OUT" ;;
 second)
   [ -f "$SMALL/config.json" ] || small_model
   [ -f "$P/second.yaml" ] || params

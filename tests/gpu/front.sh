@@ -5,63 +5,165 @@
 #                                    ~/.cache/sparkbook/vllm-router/0.1.17-py<X.Y>-<machine>/ with its .complete marker
 #                                    (the device has no network: router.download() finds them there), a trial
 #                                    offline install; then probe-docker.sh (shared/gpu or .carry) -> $OUT/probe-docker.txt
-#   then the staging calls (stage.sh 1..K, README.md), the last one followed by:
-#   bash tests/gpu/front.sh first    a whole run of params/h200-one.yaml with serve.front: router (hold_s $HOLD_S, a
-#                                    short benchmark), server left up
-#   bash tests/gpu/front.sh second   --from 05 --to 05 with serve.max_num_seqs changed, confirm_replace, while
-#                                    front_load.py (C=8, chat, stream, ignore_eos, 64..128 tokens) and health_gap.py
-#                                    run through the front; then what 05 recorded
-#   bash tests/gpu/front.sh bench [ROUNDS]   `vllm bench serve` through the front and directly on replica_port,
-#                                    alternating, C=1 and C=16; a table of output tok/s and mean TTFT; then all stopped
-# Run dirs come back as $OUT/run-h200-one-STEP.tar.gz, the load's records as $OUT/load-second.json(l).
+#   then the staging calls (stage.sh 1..K, README.md), the last one followed by (T0 = the call's start, epoch s):
+#   T0=$(date +%s) ...; bash tests/gpu/front.sh first
+#                                    a whole run behind the front of a SMALL model that fits twice on the card:
+#                                    /tmp/carry/model-qwen3moe-small (the carried Qwen3-30B-A3B config cut to
+#                                    num_hidden_layers 4, dummy weights, ~6 GB), serve.gpu_memory_utilization 0.35,
+#                                    hold_s $HOLD_S, a short benchmark; server left up
+#   bash tests/gpu/front.sh second   the small plan with serve.max_num_seqs 64, --from 05 --to 05, confirm_replace,
+#                                    under front_load.py (C=8, chat, stream, ignore_eos, 64..128 tokens), health_gap.py
+#                                    and port_watch.py: it fits beside, so 05 goes blue-green; then what 05 recorded
+#   bash tests/gpu/front.sh third    the big model (/tmp/carry/model-qwen3moe, utilization as params/h200-one.yaml):
+#                                    first `--from 02 --to 02` (02's ModelFacts of the big model for 05's fit), then
+#                                    --from 05 --to 05, confirm_replace, under the same load: it does not fit beside
+#                                    the small server, so 05 stops it drained while the front holds requests
+#   T0=$(date +%s) ...; bash tests/gpu/front.sh firstwatch   as `first` (the small model), but 01..05 only (--to 05)
+#   bash tests/gpu/front.sh watch    a `watch` restart behind the front under load: `sparkbook watch` (params
+#                                    + watch: interval 3 s, check_timeout 5 s, 2 failures, 1 restart) beside
+#                                    front_load.py (C=8), health_gap.py and port_watch.py; after 15 s the engine
+#                                    core's PID (its process title, read from /proc, checked against nvidia-smi) is
+#                                    killed; the watch's `up` brings it back; 15 s more load; all of it in
+#                                    $OUT/watch.tar.gz (watch.out, watch.jsonl, the load, pollers, the `up` run dir).
+#                                    The call's end: T0 + CALL_S (default 580) - 15 s
+#   bash tests/gpu/front.sh bench [ROUNDS]   `vllm bench serve` through the front and directly on the live server's
+#                                    own port (read from the newest run's endpoint), alternating, C=1 and C=16; a
+#                                    table of output tok/s and mean TTFT; then all stopped
+# Run dirs come back as $OUT/run-h200-one-STEP.tar.gz, the load's records as $OUT/load-STEP.json(l), the backends'
+# and GPU processes' changes as $OUT/ports-STEP.txt (at most 8 files come back per call).
 set -uo pipefail
 HERE="$(dirname "${BASH_SOURCE[0]}")"
 source "$HERE/env.sh"
 cd "$REPO"
 OUT="${OUT:-/tmp/out_local}"; mkdir -p "$OUT"
-STEP="${1:?router|first|second|bench}"
+STEP="${1:?router|first|firstwatch|second|third|watch|bench}"
 BASE="${BASE:-params/h200-one.yaml}"
 HOLD_S="${HOLD_S:-300}"
+SMALL=/tmp/carry/model-qwen3moe-small
 P=/tmp/front; mkdir -p "$P"
 RUNS=/tmp/sparkbook-runs
 
-params() {
-  "$PY" - "$P" "$BASE" "$HOLD_S" <<'EOF2'
+small_model() {  # the carried config cut to 4 layers (tokenizer files linked): ~6 GB of dummy weights
+  rm -rf "$SMALL"; mkdir -p "$SMALL"
+  for f in /tmp/carry/model-qwen3moe/*; do [ "$(basename "$f")" = config.json ] || ln -s "$f" "$SMALL/"; done
+  "$PY" - /tmp/carry/model-qwen3moe/config.json "$SMALL/config.json" <<'EOF1'
+import json, sys
+c = json.load(open(sys.argv[1]))
+n = 4
+c["num_hidden_layers"] = n
+if "max_window_layers" in c:
+    c["max_window_layers"] = min(c["max_window_layers"], n)
+for k in ("mlp_only_layers", "layer_types"):
+    if isinstance(c.get(k), list):
+        c[k] = [x for x in c[k] if not isinstance(x, int) or x < n] if k == "mlp_only_layers" else c[k][:n]
+json.dump(c, open(sys.argv[2], "w"), indent=2)
+print("small model:", sys.argv[2], {k: c.get(k) for k in ("num_hidden_layers", "max_window_layers", "mlp_only_layers",
+                                                          "num_experts", "hidden_size")})
+EOF1
+  ls -l "$SMALL"
+}
+
+params() {  # first (small, fits twice), second (small, max_num_seqs 64), third (the big model, utilization as BASE)
+  "$PY" - "$P" "$BASE" "$HOLD_S" "$SMALL" <<'EOF2'
 import copy, sys, yaml
 base = yaml.safe_load(open(sys.argv[2]))
 base["serve"].update(front="router", hold_s=float(sys.argv[3]))
 base["benchmark"].update(num_prompts=32, concurrency=[1, 16], output_len=128)  # 06 in under a minute
-second = copy.deepcopy(base); second["serve"]["max_num_seqs"] = 64
-for name, data in (("first", base), ("second", second)):
+first = copy.deepcopy(base)
+first["model"]["path"] = sys.argv[4]
+first["serve"]["gpu_memory_utilization"] = 0.35  # two of them fit on an 80 GB card
+second = copy.deepcopy(first); second["serve"]["max_num_seqs"] = 64
+third = copy.deepcopy(base)  # model.path /tmp/carry/model-qwen3moe, gpu_memory_utilization as BASE has it
+for name, data in (("first", first), ("second", second), ("third", third)):
     yaml.safe_dump(data, open(f"{sys.argv[1]}/{name}.yaml", "w"), sort_keys=False)
+    print(name, "model", data["model"]["path"], "serve", {k: data["serve"].get(k) for k in (
+        "front", "hold_s", "gpu_memory_utilization", "max_num_seqs", "max_model_len")})
 EOF2
 }
 
+newest() {  # the newest run dir that recorded an endpoint
+  for d in $(ls -td $RUNS/*/*/ 2>/dev/null); do
+    "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("endpoint") else 1)' "${d}state.json" \
+      2>/dev/null && { echo "$d"; return; }
+  done
+}
+
 report() {  # what the newest run recorded
-  "$PY" - "$(ls -td $RUNS/*/*/ | head -1)" <<'EOF3'
-import json, os, sys
+  "$PY" - "$(ls -td $RUNS/*/2*/ | head -1)" <<'EOF3'
+import datetime, json, os, sys
 d = sys.argv[1]
+print("run dir", d)
 ev = [json.loads(line) for line in open(d + "events.jsonl")] if os.path.exists(d + "events.jsonl") else []
+keep = ("front_held", "fit_beside", "serve_replaced", "serve_rollback", "serve_args_checked", "router_installed",
+        "memory_before_launch", "memory_held_by_server", "serve_attempts", "smoke_test")
+at = {}
 for e in ev:
-    if e["kind"] in ("front_held", "serve_replaced", "serve_rollback", "serve_args_checked", "router_installed",
-                     "memory_fit", "memory_held_by_server") or "front" in e["kind"] or "router" in e["kind"]:
-        print(e.get("ts", e.get("time", "")), e["kind"], json.dumps(e["data"])[:700])
+    if e.get("stage", "").startswith("05") or e["kind"] in keep:
+        at.setdefault(e["kind"], e.get("at"))
+    if e["kind"] in keep or "front" in e["kind"] or "router" in e["kind"]:
+        print(e.get("at", ""), e["kind"], json.dumps(e["data"])[:900])
+    elif e["kind"] == "decision" and e.get("stage", "").startswith("05"):
+        x = e["data"]
+        print(e.get("at", ""), "decision", x.get("question"), "->", x.get("choice"), "|", str(x.get("reason"))[:400])
+def t(k):
+    return datetime.datetime.fromisoformat(at[k]) if at.get(k) else None
+if t("serve_args_checked") and t("memory_before_launch"):
+    print("stop (args checked -> memory measured after the stop, 1 s resolution):",
+          (t("memory_before_launch") - t("serve_args_checked")).total_seconds(), "s")
 s = json.load(open(d + "state.json")) if os.path.exists(d + "state.json") else {}
 e = s.get("endpoint") or {}
 print("endpoint:", json.dumps({k: e.get(k) for k in ("base_url", "ready_s", "attempts", "reused",
       "seconds_without_service", "front_refused", "front_failed", "router", "replicas")}))
 print("serve argv:", " ".join(next(iter((e.get("commands") or {}).values()), [])))
+m = s.get("model") or {}
+if m:
+    print("ModelFacts:", {k: m.get(k) for k in ("num_layers", "weight_bytes", "dir_on_nodes")})
 m = json.load(open(d + "manifest.json")) if os.path.exists(d + "manifest.json") else {}
+print("manifest:", m.get("status"))
 for n in m.get("notebooks", []):
-    print(f"  {n['name']:24s} {n['status']:8s} {n['duration_s']} s")
+    print(f"  {n['name']:24s} {n['status']:8s} {n['duration_s']} s", str((n.get('exception') or {}).get('evalue', ''))[:300])
 EOF3
 }
 
-urls() {  # FRONT and DIRECT from the newest run's endpoint (the head's fabric address; replica_port 8001)
-  FRONT=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["endpoint"]["base_url"])' \
-    "$(ls -td $RUNS/*/*/ | head -1)state.json")
-  DIRECT="${FRONT%:*}:8001"
-  echo "front $FRONT direct $DIRECT"
+urls() {  # FRONT (the endpoint's base_url) and DIRECT (the live server's own port, from its argv), from the newest run
+  local d; d=$(newest)
+  read -r FRONT DIRECT < <("$PY" - "${d}state.json" <<'EOF5'
+import json, sys
+e = json.load(open(sys.argv[1]))["endpoint"]
+argv = next(iter(e["commands"].values()))
+front = e["base_url"].rstrip("/")
+print(front, f"{front.rsplit(':', 1)[0]}:{argv[argv.index('--port') + 1]}")
+EOF5
+)
+  echo "front $FRONT direct $DIRECT (from ${d}state.json)"
+  for path in list_workers workers; do
+    echo "GET $FRONT/$path: $(curl -s -m 3 "$FRONT/$path" | head -c 400)"
+  done
+}
+
+replace() {  # replace TAG PARAMS: --from 05 --to 05 under the load, the pollers and the port watcher
+  local tag=$1 params=$2 d
+  urls
+  d=${DIRECT%:*}
+  date -u +"load start %FT%T.%3NZ epoch %s"
+  "$PY" "$HERE/front_load.py" "$FRONT" qwen3moe "$OUT/load-$tag" --concurrency 8 --hold-s "$HOLD_S" --max-s 540 \
+    > "$OUT/load-$tag.txt" 2>&1 & LOAD=$!
+  "$PY" "$HERE/health_gap.py" "$FRONT" > "$OUT/gap-$tag.txt" 2>&1 & GAP=$!
+  "$PY" "$HERE/port_watch.py" "$d:8001" "$d:8002" > "$OUT/ports-$tag.txt" 2>&1 & PORTS=$!
+  sleep 15
+  date -u +"run start %FT%T.%3NZ epoch %s"
+  KEEP=1 TAG=$tag BUDGET="${BUDGET:-400}" bash "$HERE/run_runbook.sh" "$params" --from 05 --to 05 \
+    -p confirm_replace=true | grep -v "^  \|WARNING" | tail -14
+  date -u +"run end %FT%T.%3NZ epoch %s"
+  sleep 15
+  kill -TERM $LOAD $GAP $PORTS
+  for i in $(seq 1 90); do kill -0 $LOAD 2>/dev/null || break; sleep 1; done
+  kill -0 $LOAD 2>/dev/null && { echo "load still running after 90 s: killed"; kill -KILL $LOAD; }
+  echo "=== load"; grep -v "^ *[0-9.]* s worker" "$OUT/load-$tag.txt" | tail -5
+  echo "non-ok requests: $(grep -c " s worker" "$OUT/load-$tag.txt")"; grep " s worker" "$OUT/load-$tag.txt" | head -5
+  echo "=== health poller (/v1/models)"; cat "$OUT/gap-$tag.txt"
+  echo "=== backends and GPU processes"; cat "$OUT/ports-$tag.txt"
+  echo "=== 05 recorded"; report
 }
 
 case "$STEP" in
@@ -78,37 +180,126 @@ router)
   PROBE=shared/gpu/probe-docker.sh; [ -f "$PROBE" ] || PROBE=.carry/probe-docker.sh
   echo "=== probe-docker ($PROBE)"; bash "$PROBE" > "$OUT/probe-docker.txt" 2>&1; cat "$OUT/probe-docker.txt" ;;
 first)
-  params
+  small_model; params
+  # what is left of the call's 600 s (T0: the call's start, set in the command before stage.sh), less 40 s
+  left=$(( 560 - ($(date +%s) - ${T0:-$(date +%s)}) ))
+  BUDGET="${BUDGET:-$(( left < 420 ? left : 420 ))}"; echo "sparkbook run budget $BUDGET s"
   gap=/tmp/front/gap-first.pid
   "$PY" "$HERE/health_gap.py" http://127.0.0.1:8000 >"$OUT/gap-first.txt" 2>&1 & echo $! > $gap
-  KEEP=1 TAG=first BUDGET="${BUDGET:-420}" bash "$HERE/run_runbook.sh" "$P/first.yaml" -p confirm_cleanup=true \
+  KEEP=1 TAG=first BUDGET="$BUDGET" bash "$HERE/run_runbook.sh" "$P/first.yaml" -p confirm_cleanup=true \
     | grep -v "^  \|WARNING" | tail -14
   kill -TERM "$(cat $gap)"; sleep 1; echo "health poller: $(tail -1 "$OUT/gap-first.txt")"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
   report ;;
-second)
-  [ -f "$P/second.yaml" ] || params
+firstwatch)
+  small_model; params
+  # the run gets at most 300 s and leaves the watch step 165 s of the call (T0 + CALL_S)
+  left=$(( ${T0:-$(date +%s)} + ${CALL_S:-580} - 165 - $(date +%s) ))
+  BUDGET="${BUDGET:-$(( left < 300 ? left : 300 ))}"; echo "sparkbook run budget $BUDGET s (01..05)"
+  KEEP=1 TAG=firstwatch BUDGET="$BUDGET" bash "$HERE/run_runbook.sh" "$P/first.yaml" --to 05 -p confirm_cleanup=true \
+    | grep -v "^  \|WARNING" | tail -10
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  report | grep -v "^  " ;;
+watch)
+  END=$(( ${T0:-$(date +%s)} + ${CALL_S:-580} - 15 ))
+  W=/tmp/front/watch; rm -rf "$W"; mkdir -p "$W"
+  # the params the run ran with (run_runbook.sh's copy names this host's address), plus the watch's settings
+  src=/tmp/run-first.yaml; [ -f "$src" ] || src="$P/first.yaml"
+  "$PY" - "$src" "$W/watch.yaml" <<'EOF6'
+import sys, yaml
+data = yaml.safe_load(open(sys.argv[1]))
+data["watch"] = {"interval_s": 3, "check_timeout_s": 5, "failures_to_restart": 2, "max_restarts": 1,
+                 "backoff_s": 5, "backoff_max_s": 5}
+yaml.safe_dump(data, open(sys.argv[2], "w"), sort_keys=False)
+print("watch params", sys.argv[2], "from", sys.argv[1], data["watch"])
+EOF6
   urls
-  date -u +"load start %FT%T.%3NZ epoch %s"
-  "$PY" "$HERE/front_load.py" "$FRONT" qwen3moe "$OUT/load-second" --concurrency 8 --hold-s "$HOLD_S" --max-s 540 \
-    > "$OUT/load-second.txt" 2>&1 & LOAD=$!
-  "$PY" "$HERE/health_gap.py" "$FRONT" > "$OUT/gap-second.txt" 2>&1 & GAP=$!
+  d=${DIRECT%:*}
+  cluster_dir=$RUNS/$("$PY" -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["cluster"])' "$W/watch.yaml")
+  seen=$(cat "$cluster_dir/watch.jsonl" 2>/dev/null | wc -l)
+  date -u +"watch start %FT%T.%3NZ epoch %s"
+  "$PY" -m sparkbook.cli watch "$W/watch.yaml" --outputs "$RUNS" --for $(( END - $(date +%s) )) > "$W/watch.out" 2>&1 &
+  WATCH=$!
+  "$PY" "$HERE/front_load.py" "$FRONT" qwen3moe "$W/load-watch" --concurrency 8 --hold-s "$HOLD_S" --max-s 540 \
+    > "$W/load-watch.txt" 2>&1 & LOAD=$!
+  "$PY" "$HERE/health_gap.py" "$FRONT" > "$W/gap-watch.txt" 2>&1 & GAP=$!
+  "$PY" "$HERE/port_watch.py" "$d:8001" "$d:8002" > "$W/ports-watch.txt" 2>&1 & PORTS=$!
   sleep 15
-  date -u +"run start %FT%T.%3NZ epoch %s"
-  KEEP=1 TAG=second BUDGET="${BUDGET:-420}" bash "$HERE/run_runbook.sh" "$P/second.yaml" --from 05 --to 05 \
-    -p confirm_replace=true | grep -v "^  \|WARNING" | tail -14
-  date -u +"run end %FT%T.%3NZ epoch %s"
-  sleep 15
-  kill -TERM $LOAD $GAP
-  for i in $(seq 1 90); do kill -0 $LOAD 2>/dev/null || break; sleep 1; done
-  kill -0 $LOAD 2>/dev/null && { echo "load still running after 90 s: killed"; kill -KILL $LOAD; }
-  echo "=== load"; grep -v "^ *[0-9.]* s worker" "$OUT/load-second.txt" | tail -5
-  echo "non-ok requests: $(grep -c " s worker" "$OUT/load-second.txt")"; grep " s worker" "$OUT/load-second.txt" | head -5
-  echo "=== health poller (/v1/models)"; cat "$OUT/gap-second.txt"
-  echo "=== 05 recorded"; report ;;
+  # the engine core: the process whose title (vLLM sets it) or command line names EngineCore, read from /proc (never
+  # looked up or killed by name); it must be the one GPU process of the server; exactly one PID is killed
+  ENGINE=$("$PY" - "$W/engine.txt" <<'EOF7'
+import os, subprocess, sys
+rows = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        comm = open(f"/proc/{pid}/comm").read().strip()
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+        ppid = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        continue
+    rows.append((int(pid), int(ppid), comm, cmd))
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=10).stdout
+except (OSError, subprocess.SubprocessError) as exc:
+    gpu = ""
+    print(f"nvidia-smi: {exc}", file=sys.stderr)
+gpu_pids = {int(line.split(",")[0]) for line in gpu.splitlines() if line.strip()}
+engines = [r for r in rows if "EngineCore" in r[2] + " " + r[3]]
+with open(sys.argv[1], "w") as f:
+    f.write(f"gpu processes: {gpu.strip()!r}\n")
+    for r in rows:
+        if "vllm" in r[3].lower() or "EngineCore" in r[2] + r[3] or "router" in r[3] or r[0] in gpu_pids:
+            f.write(f"pid {r[0]} ppid {r[1]} comm {r[2]!r} cmd {r[3][:300]!r}{' GPU' if r[0] in gpu_pids else ''}\n")
+    pick = [r for r in engines if r[0] in gpu_pids] or engines
+    if len(pick) != 1:
+        pick = [r for r in rows if r[0] in gpu_pids] if not engines else []
+    f.write(f"engine candidates {[(r[0], r[2]) for r in engines]}; picked {[(r[0], r[2]) for r in pick]}\n")
+print(pick[0][0] if len(pick) == 1 else "")
+EOF7
+)
+  cat "$W/engine.txt"
+  if [ -n "$ENGINE" ]; then
+    KILLED=$(date +%s.%N); kill -KILL "$ENGINE"; echo "killed engine core pid $ENGINE at epoch $KILLED" | tee -a "$W/engine.txt"
+    while [ "$(date +%s)" -lt $(( END - 35 )) ] && kill -0 $WATCH 2>/dev/null; do
+      tail -n +$((seen + 1)) "$cluster_dir/watch.jsonl" 2>/dev/null | grep -q '"kind":"\(back\|gave_up\)"' && break
+      sleep 1
+    done
+    echo "watch recorded back/gave_up (or the wait ended) $(( $(date +%s) - ${KILLED%.*} )) s after the kill"
+    sleep 15
+  else
+    echo "NO ENGINE PID FOUND: nothing killed"
+  fi
+  kill -TERM $LOAD $GAP $PORTS $WATCH 2>/dev/null
+  for i in $(seq 1 20); do kill -0 $LOAD 2>/dev/null || kill -0 $WATCH 2>/dev/null || break; sleep 1; done
+  for p in $LOAD $WATCH; do kill -0 $p 2>/dev/null && { echo "pid $p still running after 20 s: killed"; kill -KILL $p; }; done
+  echo "=== watch.out"; grep -v "^  " "$W/watch.out" | cut -c1-400 | tail -30
+  echo "=== watch record (new lines)"; tail -n +$((seen + 1)) "$cluster_dir/watch.jsonl" | tee "$W/watch.jsonl" | cut -c1-700
+  echo "=== load"; grep -v "^ *[0-9.]* s worker" "$W/load-watch.txt" | tail -3
+  echo "non-ok requests: $(grep -c " s worker" "$W/load-watch.txt")"; grep " s worker" "$W/load-watch.txt" | head -10
+  echo "=== health poller (/v1/models)"; tail -4 "$W/gap-watch.txt"
+  echo "=== backends and GPU processes"; cat "$W/ports-watch.txt"
+  echo "=== the newest run (the watch's up)"; report | grep -v "^  "
+  up=$(ls -td "$cluster_dir"/2*/ | head -1); cp -r "${up%/}" "$W/"
+  gzip -f "$W/load-watch.jsonl"
+  tar czf "$OUT/watch.tar.gz" -C /tmp/front watch; ls -l "$OUT" ;;
+second)
+  [ -f "$SMALL/config.json" ] || small_model
+  [ -f "$P/second.yaml" ] || params
+  replace second "$P/second.yaml" ;;
+third)
+  [ -f "$P/third.yaml" ] || params
+  echo "=== 02 of the big model (ModelFacts for 05's fit), the small server serving"
+  KEEP=1 TAG=third02 BUDGET=90 bash "$HERE/run_runbook.sh" "$P/third.yaml" --from 02 --to 02 \
+    | grep -v "WARNING" | tail -8; rm -f "$OUT"/run-*-third02.tar.gz
+  "$PY" -c 'import json,sys; m=json.load(open(sys.argv[1])).get("model") or {}; print("02 ModelFacts:", {k: m.get(k) for k in ("num_layers", "weight_bytes", "dir_on_nodes")})' \
+    "$(ls -td $RUNS/*/*/ | head -1)state.json"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  replace third "$P/third.yaml" ;;
 bench)
   urls
-  eval "$("$PY" "$HERE/bench_pair.py" env "$P/second.yaml")"; export PYTHONPATH="$SITE:$REPO"
-  mkdir -p "$OUT/bench"
+  eval "$("$PY" "$HERE/bench_pair.py" env "$P/third.yaml")"; export PYTHONPATH="$SITE:$REPO"
+  B=/tmp/front/bench; rm -rf "$B"; mkdir -p "$B"
   for r in $(seq 1 "${2:-2}"); do
     if [ $((r % 2)) = 1 ]; then order="front direct"; else order="direct front"; fi
     for label in $order; do
@@ -119,14 +310,14 @@ bench)
           --model qwen3moe --tokenizer /tmp/carry/model-qwen3moe --dataset-name random --random-input-len 64 \
           --random-output-len 128 --ignore-eos --max-concurrency $c --num-prompts $n --num-warmups 2 \
           --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result \
-          --result-dir "$OUT/bench" --result-filename "$label-r$r-c$c.json" > "$OUT/bench/$label-r$r-c$c.log" 2>&1 \
-          || { echo "bench $label r$r c$c failed"; tail -5 "$OUT/bench/$label-r$r-c$c.log"; }
+          --result-dir "$B" --result-filename "$label-r$r-c$c.json" > "$B/$label-r$r-c$c.log" 2>&1 \
+          || { echo "bench $label r$r c$c failed"; tail -5 "$B/$label-r$r-c$c.log"; }
         "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], "tok/s %.1f" % d["output_throughput"], "mean TTFT %.1f ms" % d["mean_ttft_ms"], "median TTFT %.1f" % d["median_ttft_ms"], "mean TPOT %.2f" % d["mean_tpot_ms"], "failed", d.get("failed"))' \
-          "$OUT/bench/$label-r$r-c$c.json" "$label r$r c$c" 2>/dev/null
+          "$B/$label-r$r-c$c.json" "$label r$r c$c" 2>/dev/null
       done
     done
   done
-  "$PY" - "$OUT/bench" <<'EOF4' | tee "$OUT/bench/table.md"
+  "$PY" - "$B" <<'EOF4' | tee "$OUT/bench-table.md"
 import glob, json, os, statistics, sys
 rows = {}
 for f in glob.glob(sys.argv[1] + "/*-r*-c*.json"):
@@ -138,7 +329,10 @@ for (c, label), v in sorted(rows.items()):
     print(f"| {c} | {label} | {', '.join(f'{x[0]:.1f}' for x in v)} | {', '.join(f'{x[1]:.1f}' for x in v)} | "
           f"{statistics.median(x[0] for x in v):.1f} | {statistics.median(x[1] for x in v):.1f} |")
 EOF4
-  sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
+  tar czf "$OUT/bench.tar.gz" -C /tmp/front bench
+  # the Python runtime's places lie in the node's state dir (~/.sparkbook/NODE/...; before: /tmp/sparkbook/PLACE):
+  # its `sids` lines are "SID START"; by session ID only, never by name
+  sids=$(cat /tmp/sparkbook/*/sids "$HOME"/.sparkbook/*/sids "$HOME"/.sparkbook/*/*/sids 2>/dev/null | cut -d' ' -f1 | sort -u)
   for s in $sids; do pkill -TERM -s "$s"; done; sleep 5; for s in $sids; do pkill -KILL -s "$s"; done
   echo "stopped sessions: ${sids:-none}" ;;
 esac

@@ -6,7 +6,9 @@ CONCURRENCY workers each send chat completions (stream, ignore_eos, 64..128 outp
 SIGTERM (each finishes the request it has in flight) or MAX_S. Every request is one of:
   ok       status 200 and the stream ended with `data: [DONE]`
   refused  no connection (httpx.ConnectError): what a client sees without a front while no server listens
-  failed   a status other than 200, a stream cut before [DONE], or no answer within HOLD_S + 60 s
+  failed   a status other than 200, a stream cut before [DONE], a stream that carried an error object or ended
+           without a finish_reason (vLLM ends a stream its engine died under with an error chunk, then [DONE]), or no
+           answer within HOLD_S + 60 s
 Writes OUT_PREFIX.jsonl (one line per request: start, first token, end in s since the load began, outcome, tokens,
 status, error) and OUT_PREFIX.json (the counts, the longest stretch with no completion finished, the slowest TTFT);
 prints the summary. A first request decides chat or plain completions (a model without a chat template)."""
@@ -33,7 +35,7 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> dic
             if resp.status_code != 200:
                 rec["error"] = (await resp.aread()).decode(errors="replace")[:300]
             else:
-                done = False
+                done, finish, problem = False, None, None
                 async for line in resp.aiter_lines():
                     if not line.startswith("data: "):
                         continue
@@ -45,16 +47,22 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> dic
                         chunk = json.loads(data)
                     except ValueError:
                         continue
+                    if isinstance(chunk, dict) and chunk.get("error") is not None and problem is None:
+                        problem = f"error in the stream: {json.dumps(chunk['error'])[:200]}"
                     for choice in chunk.get("choices") or []:
+                        finish = choice.get("finish_reason") or finish
                         text = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
                         if text:
                             if rec["first"] is None:
                                 rec["first"] = round(time.monotonic() - t0, 3)
                             rec["tokens"] += 1
-                if done:
-                    rec["outcome"] = "ok"
+                rec["finish"] = finish
+                if not done:
+                    rec["error"] = problem or "stream ended without [DONE]"
+                elif problem or finish is None:
+                    rec["error"] = problem or "[DONE] without a finish_reason"
                 else:
-                    rec["error"] = "stream ended without [DONE]"
+                    rec["outcome"] = "ok"
     except httpx.ConnectError as exc:
         rec["outcome"], rec["error"] = "refused", repr(exc)[:200]
     except httpx.HTTPError as exc:

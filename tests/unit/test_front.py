@@ -199,3 +199,14 @@ def test_blue_greens_old_server_is_stopped_once_it_runs_nothing(running, timeout
     assert settled.running == left
     assert settled.seconds >= (looks_at_least - 1) * bluegreen.POLL_S
     assert settled.seconds < timeout_s + 1
+
+
+@pytest.mark.parametrize(("blue_green", "replaced", "drain_s", "way"), [
+    (True, True, 30, "blue-green"),
+    (False, True, 30, "drained stop"),
+    (False, True, None, "stop behind the front"),  # the image's vLLM has no --shutdown-timeout
+    (False, False, 30, "restart behind the front")])  # a watch restart: its server died, nothing drained
+def test_the_way_a_bring_up_behind_the_front_went(blue_green, replaced, drain_s, way):
+    from sparkbook.stages import serve
+
+    assert serve._way(blue_green, replaced, drain_s) == way

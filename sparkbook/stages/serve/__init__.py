@@ -377,10 +377,20 @@ def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, m
             up = _bring_up(ctx, preview, outcome)
     if outcome.room is not None and outcome.room.kept is None:
         outcome.client_view = w.view()
-        way = ("blue-green" if green is not None else "drained stop" if outcome.room.drain_s
-               else "stop behind the front")
-        outcome.event("front_held", {"way": way, "drain_timeout_s": outcome.room.drain_s, **w.view().event()})
+        way = _way(green is not None, outcome.replaced is not None, outcome.room.drain_s)
+        drain_s = outcome.room.drain_s if outcome.replaced is not None else None
+        outcome.event("front_held", {"way": way, "drain_timeout_s": drain_s, **w.view().event()})
     return up
+
+
+def _way(blue_green: bool, replaced: bool, drain_s: int | None) -> str:
+    """How a bring-up behind a standing front went, in the words the records use: the same plan started again (a
+    watch restart, `up` after a crash) drains nothing, whatever its server's argv allows."""
+    if blue_green:
+        return "blue-green"
+    if not replaced:
+        return "restart behind the front"
+    return "drained stop" if drain_s else "stop behind the front"
 
 
 def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> ServePlan | None:

@@ -13,6 +13,7 @@ from ..core.analysis import depthsweep
 from ..core.analysis.benchcompare import EarlierSweep
 from ..core.analysis.depthsweep import DepthSweep
 from ..core.analysis.quality import Reference
+from ..core.cluster import imagememo
 from ..core.cluster.context import Context
 from ..core.cluster.nodes import Cluster, Result
 from ..core.cluster.progress import Progress
@@ -94,7 +95,8 @@ class Run:
 
     def record_outcome(self, outcome: StageOutcome) -> None:
         """Record what a stage's run returned: its logs, its decisions (shown) and events in their order, its
-        hand-offs; then raise the error that ended it, so a failed stage's evidence is kept as a good one's."""
+        hand-offs, what it learned about an image (kept beside the cluster's runs for later runs); then raise the
+        error that ended it, so a failed stage's evidence is kept as a good one's."""
         for name, text in outcome.logs.items():
             self.write_log(name, text)
         for item in outcome.records:
@@ -104,6 +106,8 @@ class Run:
                 self.decide(item)
         for value in outcome.handoffs:
             self.remember(value)
+        for learned in outcome.learned:
+            imagememo.keep(self.run_dir, learned)
         if outcome.error is not None:
             raise outcome.error
 

@@ -38,7 +38,7 @@ from ..core.values.redact import Redactor
 from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths
 from ..core.values.state import H, Handoffs
 from ..core.values.sweeppoint import SweepPoint, write_point
-from ..records.earlier import earlier_sweep, probed_before
+from ..records.earlier import earlier_sweep, images_before, probed_before
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -126,6 +126,10 @@ class Run:
     def probed_before(self, refs: Iterable[str]) -> dict[str, ProbedBefore]:
         """For 03: the image ID the newest earlier run of the cluster probed under each of `refs`."""
         return probed_before(self.run_dir, refs)
+
+    def images_before(self) -> dict[str, ProbedBefore]:
+        """For 02: the image ID the cluster's last run (sealed) recorded under each candidate's name."""
+        return images_before(self.run_dir)
 
     def earlier_sweep(self) -> EarlierSweep | None:
         """For 06: the earlier run's sweep to compare with, and this run's setup's history (None: no earlier run)."""

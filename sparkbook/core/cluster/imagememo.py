@@ -38,7 +38,10 @@ def recall(run_dir: Path, kind: str, image_id: str | None, parts: Mapping[str, s
         return None, None
     try:
         return _read(path, kind, image_id, key, cls), None
-    except (OSError, ValueError, ValidationError, TypeError) as exc:
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:2])
+        return None, f"{path.name} refused (not {cls.__name__}'s schema: {wrong[:200]}): asked again"
+    except (OSError, ValueError, TypeError) as exc:
         return None, f"{path.name} refused ({str(exc).splitlines()[0][:200]}): asked again"
 
 

@@ -6,7 +6,8 @@
     probe_inspection(ctx, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
     compute_capabilities(ctx) / node_machines(ctx)     what the nodes need
     classify(facts, registry, inspection, ...) -> ImageVerdict
-    evaluate(ctx, image, target, caps, machines) -> Candidate   every probe of one candidate, and its verdict
+    evaluate(ctx, image, target, caps, machines, known=None) -> Candidate   every probe of one candidate (or the
+                                                       Probes an earlier run kept: memo.py), and its verdict
                                                        (with one GPU operation where it is usable: gpuop.py)
     rows / inspection_logs / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision
     image_policy(ctx) / image_state / summary

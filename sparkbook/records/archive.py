@@ -50,7 +50,7 @@ class RunRecord:
     params_source: str | None = None  # the params file it copied, relative to the repo (None: outside it, or unknown)
     params_hash: str | None = None
     image: str | None = None
-    versions: dict[str, str | None] = field(default_factory=dict)  # image id, vllm, ray
+    versions: dict[str, str | None] = field(default_factory=dict)  # image id, image digest, vllm, ray
     image_changed: bool | None = None  # against the run before it (None: nothing to compare with)
     executor: str | None = None
     layout: str | None = None  # serve.layout of its params copy ("tp" where they name none; None: no copy kept)
@@ -234,7 +234,8 @@ def _read(run_dir: Path, manifest: dict[str, Any] | None) -> RunRecord:
     record.image = image.get("ref") or _decision(notebooks, "image", "Which image")
     probes = [e["data"].get("facts") or {} for e in events if e["kind"] == "image_probe"]
     probe = next((f for f in probes if f.get("image") == record.image), {})
-    record.versions = {"image id": image.get("id") or probe.get("image_id"),
+    digests = image.get("digests") or probe.get("repo_digests") or [None]
+    record.versions = {"image id": image.get("id") or probe.get("image_id"), "image digest": digests[0],
                        "vllm": image.get("vllm_version") or probe.get("vllm_version"),
                        "ray": image.get("ray_version") or probe.get("ray_version")}
     endpoint = state.get("endpoint") or {}

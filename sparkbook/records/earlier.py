@@ -8,7 +8,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..core.analysis.benchcompare import EarlierSweep, recorded_sweep, same_setup_runs
+from ..core.values import state
+from ..core.values.errors import SparkbookError
 from ..core.values.evidence import ProbedBefore
+from ..core.values.handoff import ImageChoice
 from ..core.values.rundir import EVENTS, earlier_run, runs_before
 
 
@@ -23,6 +26,20 @@ def probed_before(run_dir: Path, refs: Iterable[str]) -> dict[str, ProbedBefore]
         if wanted <= set(found):
             break
     return found
+
+
+def images_before(run_dir: Path) -> dict[str, ProbedBefore]:
+    """For 02: the image ID of every candidate the cluster's last run with 03's choice recorded (its ImageChoice in a
+    state.json this controller sealed: a run dir whose seal does not match is passed over, never believed); {} where
+    no earlier run has one. A record from before the candidates were kept names the chosen image alone."""
+    for earlier in runs_before(run_dir):
+        try:
+            chosen = state.load(earlier, ImageChoice, sealed=True)
+        except (SparkbookError, OSError):  # no 03 there, another schema, or not sealed here
+            continue
+        ids = {**chosen.candidates, chosen.ref: chosen.id}
+        return {ref: ProbedBefore(image_id, earlier.name) for ref, image_id in ids.items()}
+    return {}
 
 
 def earlier_sweep(run_dir: Path) -> EarlierSweep | None:

@@ -13,6 +13,7 @@ from ..core.analysis import depthsweep
 from ..core.analysis.benchcompare import EarlierSweep
 from ..core.analysis.depthsweep import DepthSweep
 from ..core.analysis.quality import Reference
+from ..core.cluster import imagememo
 from ..core.cluster.context import Context
 from ..core.cluster.nodes import Cluster, Result
 from ..core.cluster.progress import Progress
@@ -37,7 +38,7 @@ from ..core.values.redact import Redactor
 from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths
 from ..core.values.state import H, Handoffs
 from ..core.values.sweeppoint import SweepPoint, write_point
-from ..records.earlier import earlier_sweep, probed_before
+from ..records.earlier import earlier_sweep, images_before, probed_before
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -94,7 +95,8 @@ class Run:
 
     def record_outcome(self, outcome: StageOutcome) -> None:
         """Record what a stage's run returned: its logs, its decisions (shown) and events in their order, its
-        hand-offs; then raise the error that ended it, so a failed stage's evidence is kept as a good one's."""
+        hand-offs, what it learned about an image (kept beside the cluster's runs for later runs); then raise the
+        error that ended it, so a failed stage's evidence is kept as a good one's."""
         for name, text in outcome.logs.items():
             self.write_log(name, text)
         for item in outcome.records:
@@ -104,6 +106,8 @@ class Run:
                 self.decide(item)
         for value in outcome.handoffs:
             self.remember(value)
+        for learned in outcome.learned:
+            imagememo.keep(self.run_dir, learned)
         if outcome.error is not None:
             raise outcome.error
 
@@ -122,6 +126,10 @@ class Run:
     def probed_before(self, refs: Iterable[str]) -> dict[str, ProbedBefore]:
         """For 03: the image ID the newest earlier run of the cluster probed under each of `refs`."""
         return probed_before(self.run_dir, refs)
+
+    def images_before(self) -> dict[str, ProbedBefore]:
+        """For 02: the image ID the cluster's last run (sealed) recorded under each candidate's name."""
+        return images_before(self.run_dir)
 
     def earlier_sweep(self) -> EarlierSweep | None:
         """For 06: the earlier run's sweep to compare with, and this run's setup's history (None: no earlier run)."""

@@ -15,7 +15,7 @@ from sparkbook.core.values.handoff import ImageChoice
 from sparkbook.core.values.imagefacts import RegistryProbe
 from sparkbook.core.values.params import Params
 from sparkbook.stages import images
-from sparkbook.stages.images import choice, distribute, modelcopy
+from sparkbook.stages.images import choice, distribute, memo, modelcopy
 from sparkbook.stages.images.choice import Candidate, ImageFacts, InspectionProbe, ModelTarget
 
 PARAMS = Path(__file__).resolve().parents[2] / "params"
@@ -48,7 +48,7 @@ def steps(monkeypatch: pytest.MonkeyPatch, loads: dict[str, bool], same_ids: boo
 
     def evaluate(ctx, ref, target, caps, machines):
         called.append(f"evaluate {ref}")
-        return candidate(ref, versions[ref], loads[ref])
+        return memo.Evaluated(candidate(ref, versions[ref], loads[ref]), None, None, None)
 
     def distribute_(ctx, ref):
         called.append(f"distribute {ref}")
@@ -60,7 +60,7 @@ def steps(monkeypatch: pytest.MonkeyPatch, loads: dict[str, bool], same_ids: boo
         copies = [] if model_ok else [modelcopy.NodeCopy("lab-1", 3, 10**9, 10.0, [], "rsync exited 23")]
         return modelcopy.ModelCopy("lab-0", "/m", copies, [], {"lab-1": model_ok})
 
-    monkeypatch.setattr(choice, "evaluate", evaluate)
+    monkeypatch.setattr(memo, "evaluate", evaluate)
     monkeypatch.setattr(distribute, "distribute", distribute_)
     monkeypatch.setattr(modelcopy, "copy_model", copy_model)
     return called
@@ -81,7 +81,7 @@ def test_run_probes_decides_copies_and_hands_on_the_choice(monkeypatch, lab, tmp
     assert out.error is None and called == ["evaluate old", "evaluate new", "distribute new", "copy_model"]
     assert kinds(out) == ["image_probe", "image_probe", "decision: new", "distribution", "model_copy"]
     assert out.handoffs == [ImageChoice(ref="new", id=ID, vllm_version="0.32.0", ray_version="2.60.0",
-                                        nodes={"lab-0": ID, "lab-1": ID})]
+                                        nodes={"lab-0": ID, "lab-1": ID}, candidates={"old": ID, "new": ID})]
     log = str(tmp_path / "20261203T000000Z" / rundir.LOGS / "03-inspect-old.txt")
     assert "03-inspect-old.txt" in out.logs and out.decision is not None and log in out.decision.evidence
 

@@ -8,6 +8,7 @@ Shared by 02 (is the model registered in the installed image?) and 03 (every can
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -63,15 +64,22 @@ def probe_installed(ctx: Context, architecture: str, found: dict[str, list[str]]
     a vLLM version; None where there is none (a Python runtime has no installed image)."""
     installed = ctx.images.installed()
     if installed:
-        return probe_registry(ctx, installed, architecture)
+        return identified(ctx, probe_registry(ctx, installed, architecture))
     if not ctx.images.runs_images:
         return None
     listed = ctx.images.candidates()
     for image in sorted(found or {}, key=lambda i: (i not in listed, -len((found or {})[i]))):
         probe = probe_registry(ctx, image, architecture)
         if probe.vllm_version:
-            return probe
+            return identified(ctx, probe)
     return None
+
+
+def identified(ctx: Context, probe: RegistryProbe) -> RegistryProbe:
+    """The probe naming its image by ID and repo digests on the head as well as by its ref."""
+    held = ctx.images.image(ctx.head, probe.image)
+    return dataclasses.replace(probe, image_id=held[0] if held else None,
+                               repo_digests=ctx.images.digests(ctx.head, probe.image))
 
 
 def no_installed_reason(ctx: Context, found: dict[str, list[str]] | None = None) -> str:

@@ -252,6 +252,10 @@ class ImageSource(Protocol):
     def identity(self, node: Node, ref: str) -> str | None:
         """What must be the same on every node for `ref`; None where the node has none."""
 
+    def digests(self, node: Node, ref: str) -> tuple[str, ...]:
+        """`ref`'s repo digests on the node (name@sha256:..., the registry's name for its bytes); none where it has
+        none (an image built or loaded there, an environment)."""
+
     def architecture(self, node: Node, ref: str) -> str | None:
         """The image's CPU architecture as Docker records it (amd64, arm64); None where there is none to read."""
 

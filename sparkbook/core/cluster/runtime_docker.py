@@ -3,6 +3,7 @@ candidate images 03 chooses among (`DockerImages`)."""
 from __future__ import annotations
 
 import io
+import json
 import shlex
 import tarfile
 import time
@@ -283,6 +284,16 @@ class DockerImages:
     def identity(self, node: Node, ref: str) -> str | None:
         """The image ID of `ref` on the node."""
         return image_id_on(node, ref)
+
+    def digests(self, node: Node, ref: str) -> tuple[str, ...]:
+        """`docker image inspect`'s RepoDigests (none where the node does not hold it, or the image was built or
+        loaded there)."""
+        r = node.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref], timeout=ID_TIMEOUT_S)
+        try:
+            found = json.loads(r.stdout) if r.ok else []
+        except ValueError:
+            return ()
+        return tuple(d for d in found if isinstance(d, str)) if isinstance(found, list) else ()
 
     def architecture(self, node: Node, ref: str) -> str | None:
         """`docker image inspect`'s Architecture (amd64, arm64); None where the node does not hold it."""

@@ -241,6 +241,10 @@ class PythonImages:
         """The vLLM version of the node's interpreter ("vLLM X.Y.Z"); None where it has no vLLM."""
         return self.nodes.identity(node)
 
+    def digests(self, node: Node, ref: str) -> tuple[str, ...]:
+        """An environment has no registry digest."""
+        return ()
+
     def architecture(self, node: Node, ref: str) -> str | None:
         """An environment runs on its node's CPU: nothing to compare."""
         return None

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from .errors import SparkbookError
 from .fanout import Outcome
+from .learned import Learned
 from .rundir import EVENTS
 from .state import Handoff
 
@@ -114,12 +115,14 @@ def table_rows(data: object) -> list[dict[str, Any]] | None:
 class StageOutcome:
     """What every stage's `run` returns beside its own typed fields: the evidence in the order it happened
     (decisions and events), the hand-offs for the notebooks after it, the logs to keep, and the error that ended
-    it (None: it ended ok). The notebook records it (`Run.record_outcome`), which raises `error` once it is
-    recorded, so a failed stage leaves the same evidence as a good one."""
+    it (None: it ended ok), and what it learned about an image to keep by its ID (core.values.learned). The
+    notebook records it (`Run.record_outcome`), which raises `error` once it is recorded, so a failed stage leaves
+    the same evidence as a good one."""
 
     records: list[Decision | Event] = field(default_factory=list)
     handoffs: list[Handoff] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)  # name under the run dir's logs/ -> text (redacted on write)
+    learned: list[Learned[object]] = field(default_factory=list)
     error: SparkbookError | None = None
 
     def decide(self, decision: Decision) -> Decision:

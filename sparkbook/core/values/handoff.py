@@ -78,6 +78,8 @@ class ImageChoice(Handoff):
     vllm_version: str | None
     ray_version: str | None  # None: no Ray in the image, where `probed`
     nodes: dict[str, str | None]  # node -> the image ID it holds
+    digests: list[str] = []  # the chosen image's repo digests (name@sha256:...; none: built or loaded here)
+    candidates: dict[str, str | None] = {}  # every candidate ref -> its image ID on the head (None: not held)
 
     @property
     def probed(self) -> bool:

@@ -20,3 +20,5 @@ class RegistryProbe:
     n_architectures: int
     duration_s: float
     error: str = ""
+    image_id: str | None = None  # where 02 probed the installed image: its ID on the head (None: not read)
+    repo_digests: tuple[str, ...] = ()  # ... and its repo digests (name@sha256:...)

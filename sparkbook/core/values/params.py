@@ -29,6 +29,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _PATTERN = re.compile(r"^[A-Za-z0-9._@*?\[\]-]{1,128}$")
 _PATH = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]{1,128})?(@sha256:[0-9a-f]{64})?$")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_VALUE = re.compile(r"^[A-Za-z0-9 ._,:/@+=%{}\"'\[\]-]*$")
 _NETDEV = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
@@ -70,6 +71,16 @@ def _secret_name(value: str) -> str:
                      "variable that holds the secret")
 
 
+def _digest_pin(value: str) -> str:
+    """A pin (`name@sha256:...`, `name:tag@sha256:...`) names the image's bytes: its digest must be whole, or the
+    pin names nothing Docker can find and the run fails later, at 03's probe, far from the typo."""
+    digest = value.partition("@")[2]
+    if "@" in value and not _DIGEST.fullmatch(digest):
+        raise ValueError(f"{value!r} has a malformed digest {digest!r}: a pin is name@sha256: and 64 lowercase hex "
+                         "digits, as `docker image inspect --format '{{.RepoDigests}}' IMAGE` prints it")
+    return value
+
+
 def _not_an_option(value: str) -> str:
     """A unit name reaches systemctl and journalctl as an argument: one starting with `-` reads as an option there
     (`-Hroot@host.service` is `-H root@host.service`)."""
@@ -82,7 +93,7 @@ Name = Annotated[str, _matches(_NAME, "name")]
 Pattern = Annotated[str, _matches(_PATTERN, "glob pattern")]
 UnitPattern = Annotated[Pattern, AfterValidator(_not_an_option)]
 RemotePath = Annotated[str, _matches(_PATH, "absolute path")]
-Image = Annotated[str, _matches(_IMAGE, "image reference")]
+Image = Annotated[str, AfterValidator(_digest_pin), _matches(_IMAGE, "image reference")]
 EnvName = Annotated[str, _matches(_ENV_NAME, "environment variable name")]
 EnvValue = Annotated[str, _matches(_ENV_VALUE, "environment value"), AfterValidator(_no_secret)]
 NetDev = Annotated[str, _matches(_NETDEV, "network interface name")]

@@ -30,6 +30,8 @@ RESTORE_SCRIPT = "restore.sh"  # the same steps as a shell script, for a node wi
 SEALED = (MANIFEST, STATE, RESTORE_PLAN)
 # beside the cluster's runs: the agreement check's references, one file per key (core.cluster.qualityapi)
 QUALITY = "quality"
+# beside them too: what the runbook learned about an image, by its ID (core.cluster.imagememo), its dir 0700
+LEARNED = "learned"
 INTERACTIVE = "interactive"  # the run dir of notebooks opened by hand (no driver, no run id)
 RUN_ID = re.compile(r"^\d{8}T\d{6}Z$")
 
@@ -57,6 +59,12 @@ def point_files(run_dir: Path) -> list[Path]:
 def quality_reference(run_dir: Path, key: str) -> Path:
     """Where the agreement check's reference for `key` lies: in the cluster's outputs, beside `run_dir`."""
     return run_dir.parent / QUALITY / f"{key}.json"
+
+
+def learned_file(run_dir: Path, kind: str, key: str) -> Path:
+    """Where an answer learned about an image is kept: in the cluster's outputs, beside `run_dir`, so any later run
+    of the cluster finds it (core.values.learned.memo_key gives `key`)."""
+    return run_dir.parent / LEARNED / f"{kind}-{key[:32]}.json"
 
 
 def runs_before(run_dir: Path) -> list[Path]:

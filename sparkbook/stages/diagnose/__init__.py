@@ -6,19 +6,20 @@ The front door: `preview(ctx)` (the nodes, the model and the memory fit: what `s
 `run(ctx, preview, ...)`, which tests the links, probes the installed image, gathers the findings and gates."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...core.cluster import imageprobes, topology
 from ...core.cluster.context import Context
 from ...core.values import modelinfo
 from ...core.values.errors import SparkbookError
-from ...core.values.evidence import Finding, Shown, StageOutcome
+from ...core.values.evidence import Finding, ProbedBefore, Shown, StageOutcome
 from ...core.values.fanout import Outcome
 from ...core.values.handoff import Diagnosis, OldDeployment
 from ...core.values.imagefacts import RegistryProbe
 from ...core.values.modelinfo import FitRow, ModelFacts, NodeMemory
 from ...core.values.state import Handoff
-from . import checks, layoutfit
+from . import checks, imageids, layoutfit
 from .checks import Link, ModelFiles, NodeFacts
 from .layoutfit import LayoutFit
 
@@ -115,9 +116,12 @@ class DiagnoseOutcome(StageOutcome):
                       checks.left_to_later(self.findings) or "none")]
 
 
-def run(ctx: Context, preview: DiagnosePreview, *, proceed_despite_blockers: bool) -> DiagnoseOutcome:
-    """The links, the installed image's probe (01's OldDeployment where params name no image), the findings and
-    the Diagnosis; then the gate: a blocker no later stage resolves is the error, unless overridden (a decision)."""
+def run(ctx: Context, preview: DiagnosePreview, *, proceed_despite_blockers: bool,
+        images_before: Mapping[str, ProbedBefore]) -> DiagnoseOutcome:
+    """The links, the installed image's probe (01's OldDeployment where params name no image), the findings (with
+    each image tag that names another image than the cluster's last run recorded: `images_before`, from
+    records.earlier.images_before, the notebook's `session.images_before()`) and the Diagnosis; then the gate: a
+    blocker no later stage resolves is the error, unless overridden (a decision)."""
     links = checks.links_all(ctx)
     old = ctx.handoffs.get(OldDeployment)
     found = old.images if old else None  # None: 01 did not run here; only runtime.installed_image can name it
@@ -127,7 +131,7 @@ def run(ctx: Context, preview: DiagnosePreview, *, proceed_despite_blockers: boo
     findings = (checks.node_findings(preview.facts, ctx.params) + checks.link_findings(links, ctx.params)
                 + checks.model_findings(preview.files) + checks.speculation_findings(preview.model, ctx.params)
                 + checks.fit_findings(preview.fit) + layoutfit.layout_findings(preview.layouts, ctx.params)
-                + [checks.image_finding(probe, no_probe)])
+                + [checks.image_finding(probe, no_probe)] + imageids.moved_tags(ctx, images_before))
     diagnosis = checks.diagnosis(findings, probe, architecture, preview.memory)
     out = DiagnoseOutcome(links=links, probe=probe, no_probe=no_probe,
                           probe_source=imageprobes.installed_source(ctx, probe), findings=findings,

@@ -18,7 +18,7 @@ from ...core.values.evidence import Decision, ProbedBefore, Shown, StageOutcome
 from ...core.values.handoff import Diagnosis, ImageChoice
 from ...core.values.modelinfo import ModelFacts
 from ...core.values.state import Handoff
-from . import choice, distribute, modelcopy, tags
+from . import choice, distribute, memo, modelcopy, tags
 from .choice import Candidate, ImageFacts, ModelTarget
 from .distribute import Distribution, ImageCopyPlan
 from .modelcopy import ModelCopy
@@ -102,19 +102,21 @@ def preview(ctx: Context) -> ImagesPreview:
     policy, installed = choice.image_policy(ctx, probed.image if probed else None)
     refs = choice.candidate_refs(ctx)
     plan, unknown = copy_plan(ctx, refs[0])
-    facts, facts_unknown = first_facts(ctx, refs[0])
+    facts, facts_unknown = first_facts(ctx, refs[0], target)
     return ImagesPreview(target, choice.compute_capabilities(ctx), choice.node_machines(ctx), refs, ctx.images.pulls,
                          policy, installed, None if installed else ctx.images.no_installed_reason(), plan, unknown,
                          ctx.head.name, facts, facts_unknown, (first_choice(refs[0], facts, plan),))
 
 
-def first_facts(ctx: Context, ref: str) -> tuple[ImageFacts | None, str | None]:
+def first_facts(ctx: Context, ref: str, target: ModelTarget | None = None) -> tuple[ImageFacts | None, str | None]:
     """(The facts of the candidate 03 tries first, None), probed as 03 probes it (a throwaway container on the
-    head); or (None, why not): the head does not hold it yet, or its probe did not answer."""
+    head), or as an earlier run kept them for this image ID and `target` (images.memo); or (None, why not): the
+    head does not hold it yet, or its probe did not answer."""
     lacking = ctx.runtime.lacks(ctx.head, ref)
     if lacking is not None:
         return None, f"{ctx.head.name} {lacking}" + ("; 03 pulls it before its probes" if ctx.images.pulls else "")
-    facts = choice.probe_facts(ctx, ref)
+    kept = memo.recall(ctx, ref, target)[0] if target else None
+    facts = kept.value.facts if kept else choice.probe_facts(ctx, ref)
     return (None, f"its probe did not answer: {facts.error}") if facts.error else (facts, None)
 
 
@@ -147,6 +149,8 @@ class ImagesOutcome(StageOutcome):
     candidates: list[Candidate] = field(default_factory=list)
     history: dict[str, TagHistory] = field(default_factory=dict)
     moved: list[str] = field(default_factory=list)  # the warnings of tags that name another image than before
+    recalled: list[str] = field(default_factory=list)  # candidates whose probes an earlier run's answers stand for
+    refused: list[str] = field(default_factory=list)  # kept answers not trusted (the image was probed again)
     decision: Decision | None = None
     copied: Distribution | None = None
     model_copy: ModelCopy | None = None
@@ -161,6 +165,9 @@ class ImagesOutcome(StageOutcome):
         shown.append(Shown(f"Candidate images on {self.head}", choice.rows(self.candidates, self.history)))
         if self.moved:
             shown.append(Shown("WARNING: a candidate's tag names another image than at the last run", self.moved))
+        if self.recalled or self.refused:
+            shown.append(Shown("Probes kept by image ID and model (outputs/<cluster>/learned/)",
+                               [*self.recalled, *self.refused]))
         return shown
 
     def failures_shown(self) -> list[Shown]:
@@ -205,10 +212,17 @@ def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, Pro
     if preview.pull:
         out.pulled = tags.pull(ctx, preview.candidates)
         out.event("image_pull", out.pulled)
-    out.candidates = [choice.evaluate(ctx, ref, preview.target, preview.capabilities, preview.machines)
-                      for ref in preview.candidates]
-    for candidate in out.candidates:
-        out.event("image_probe", candidate)
+    evaluated = [memo.evaluate(ctx, ref, preview.target, preview.capabilities, preview.machines)
+                 for ref in preview.candidates]
+    out.candidates = [e.candidate for e in evaluated]
+    out.recalled = [line for e in evaluated if (line := e.line())]
+    out.refused = [e.refused for e in evaluated if e.refused]
+    out.learned.extend(e.learned for e in evaluated if e.learned)
+    for e in evaluated:
+        out.event("image_probe", e.candidate)
+        if e.recalled or e.refused:
+            out.event("image_probe_recalled", {"image": e.candidate.image, "recalled": e.line(),
+                                               "refused": e.refused})
     out.logs = choice.inspection_logs(out.candidates)
     evidence = [str(ctx.run_dir / rundir.LOGS / name) for name in out.logs]
     out.history = tags.tag_history({c.image: c.facts.image_id for c in out.candidates}, probed_before)

@@ -6,7 +6,8 @@
     probe_inspection(ctx, image, target, node=None) -> InspectionProbe     the image's own vLLM inspects
     compute_capabilities(ctx) / node_machines(ctx)     what the nodes need
     classify(facts, registry, inspection, ...) -> ImageVerdict
-    evaluate(ctx, image, target, caps, machines) -> Candidate   every probe of one candidate, and its verdict
+    evaluate(ctx, image, target, caps, machines, known=None) -> Candidate   every probe of one candidate (or the
+                                                       Probes an earlier run kept: memo.py), and its verdict
                                                        (with one GPU operation where it is usable: gpuop.py)
     rows / inspection_logs / failure_reports / choose(candidates, evidence, policy, installed, ids) -> Decision
     image_policy(ctx) / image_state / summary
@@ -83,6 +84,7 @@ class ImageFacts:
     architecture: str | None = None  # the image's CPU architecture as Docker records it (amd64, arm64)
     ray_cli: str | None = None  # where the image's `ray` command is (None: not on its PATH)
     native_multinode: bool | None = None  # its `vllm serve` takes --nnodes (None: unread)
+    repo_digests: tuple[str, ...] = ()  # name@sha256:... as the registries it came from know it (none: built here)
 
     @property
     def ray(self) -> str | None:
@@ -171,18 +173,19 @@ def probe_facts(ctx: Context, image: str, node: Node | None = None) -> ImageFact
     source = ctx.images
     image_id, size = source.image(node, image) or (None, None)
     doc, error = run_probe(ctx, image, "facts", [], node=node, timeout=FACTS_TIMEOUT_S)
-    return _facts(image, image_id, size, doc, error, t0, source.architecture(node, image))
+    return _facts(image, image_id, size, doc, error, t0, source.architecture(node, image), source.digests(node, image))
 
 
 def _facts(image: str, image_id: str | None, size: int | None, doc: dict[str, Any], error: str, t0: float,
-           architecture: str | None) -> ImageFacts:
+           architecture: str | None, digests: tuple[str, ...]) -> ImageFacts:
     return ImageFacts(
         image=image, image_id=image_id, size_bytes=size, python=doc.get("python"),
         vllm_version=doc.get("vllm_version"), torch_version=doc.get("torch_version"),
         torch_cuda=doc.get("torch_cuda"), ray_version=doc.get("ray_version"),
         transformers_version=doc.get("transformers_version"), cuda_archs=doc.get("cuda_archs", []),
         cuda_archs_source=doc.get("cuda_archs_source", ""), duration_s=round(time.monotonic() - t0, 2), error=error,
-        architecture=architecture, ray_cli=doc.get("ray_cli"), native_multinode=doc.get("native_multinode"))
+        architecture=architecture, ray_cli=doc.get("ray_cli"), native_multinode=doc.get("native_multinode"),
+        repo_digests=digests)
 
 
 def probe_inspection(ctx: Context, image: str, target: ModelTarget, node: Node | None = None,
@@ -314,27 +317,57 @@ def classify(facts: ImageFacts, registry: RegistryProbe, inspection: InspectionP
 
 
 def evaluate(ctx: Context, image: str, target: ModelTarget, capabilities: dict[str, list[str]],
-             machines: dict[str, str]) -> Candidate:
-    """Every probe of one candidate on the head, and its verdict. An image of another CPU architecture than the
-    head's is not run (it would fail with an exec format error, or crawl under emulation)."""
-    head, source = ctx.head, ctx.images
-    architecture = source.architecture(head, image)
-    wrong = arch_mismatch(architecture, {head.name: machines[head.name]} if head.name in machines else {})
-    if wrong:
-        image_id, size = source.image(head, image) or (None, None)
-        facts = _facts(image, image_id, size, {}, wrong[0], time.monotonic(), architecture)
-        registry, inspection = _not_probed(image, target.architecture, wrong[0])
-    else:
-        facts = probe_facts(ctx, image)
-        registry = probe_registry(ctx, image, target.architecture)
-        inspection = probe_inspection(ctx, image, target)
+             machines: dict[str, str], known: Probes | None = None) -> Candidate:
+    """Every probe of one candidate on the head, and its verdict; `known`: the probes' answers an earlier run kept
+    for this image ID and model (images.memo), used instead of asking again (the verdict is judged anew, by this
+    run's params and nodes). An image of another CPU architecture than the head's is not run (it would fail with an
+    exec format error, or crawl under emulation)."""
+    facts, registry, inspection = (known.facts, known.registry, known.inspection) if known else \
+        _probe(ctx, image, target, machines)
     verdict = classify(facts, registry, inspection, executor=ctx.params.serve.executor, capabilities=capabilities,
                        machines=machines, multinode=sum(1 for r in ranks_per_node(ctx.params).values() if r) > 1)
     gpu_node = _gpu_node(ctx)
     if not verdict.usable or gpu_node is None:
         return Candidate(facts, registry, inspection, verdict)
-    op = probe_gpu_op(ctx, image, gpu_node)
+    kept = known.gpu_op if known and known.gpu_op and known.gpu_op.node == gpu_node.name else None
+    op = kept or probe_gpu_op(ctx, image, gpu_node)
     return Candidate(facts, registry, inspection, with_gpu_op(verdict, op), op)
+
+
+def _probe(ctx: Context, image: str, target: ModelTarget, machines: dict[str, str]
+           ) -> tuple[ImageFacts, RegistryProbe, InspectionProbe]:
+    head, source = ctx.head, ctx.images
+    architecture = source.architecture(head, image)
+    wrong = arch_mismatch(architecture, {head.name: machines[head.name]} if head.name in machines else {})
+    if not wrong:
+        return probe_facts(ctx, image), probe_registry(ctx, image, target.architecture), \
+            probe_inspection(ctx, image, target)
+    image_id, size = source.image(head, image) or (None, None)
+    facts = _facts(image, image_id, size, {}, wrong[0], time.monotonic(), architecture, source.digests(head, image))
+    return (facts, *_not_probed(image, target.architecture, wrong[0]))
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What 03's probes of one candidate answered for one model: what the store keeps by the image's ID."""
+
+    facts: ImageFacts
+    registry: RegistryProbe
+    inspection: InspectionProbe
+    gpu_op: GpuOp | None
+
+    @classmethod
+    def of(cls, c: Candidate) -> Probes:
+        return cls(c.facts, c.registry, c.inspection, c.gpu_op)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the answers are the image's own, worth keeping: none timed out, none is the node's (its driver,
+        a busy GPU) and the image ran on the head."""
+        errors = (self.facts.error, self.registry.error, self.inspection.probe_error)
+        node_fault = driver_error(*errors, self.inspection.error, self.inspection.cause_text) is not None
+        gpu_fault = self.gpu_op is not None and self.gpu_op.failure is not None and kernel_mismatch(self.gpu_op) is None
+        return not (node_fault or gpu_fault or any(e.startswith(("timed out", NOT_RUN)) for e in errors))
 
 
 def _gpu_node(ctx: Context) -> Node | None:
@@ -376,6 +409,7 @@ def rows(candidates: list[Candidate], history: dict[str, TagHistory] | None = No
         f, r, i, v = c.facts, c.registry, c.inspection, c.verdict
         out.append({
             "image": c.image, "id": (f.image_id or "absent")[:19],
+            "digest": f.repo_digests[0].partition("@")[2][:19] if f.repo_digests else "-",
             "since last run": history[c.image].cell() if history and c.image in history else "-",
             "GB": round((f.size_bytes or 0) / 1e9, 2),
             "vLLM": f.vllm_version, "torch (CUDA)": f"{f.torch_version} ({f.torch_cuda or 'cpu'})",
@@ -491,14 +525,16 @@ def _version(text: str | None) -> Version:
 
 
 def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, str | None]) -> ImageChoice:
-    """What 04/05 read from the run state: the chosen ref, its ID, versions, and every node's ID. An environment
+    """What 04/05 read from the run state: the chosen ref, its ID and digests, versions, every node's ID, and every
+    candidate's ID on the head (the sealed record a later run's 02 sets its tags beside). An environment
     has no image ID (the Python runtime): its ID is the identity every node reports for it, where they agree, so that
     04 can tell the places it started from it."""
     c = next(c for c in candidates if c.image == decision.choice)
     shared = set(ids.values())
     agreed = shared.pop() if len(shared) == 1 else None
     return ImageChoice(ref=c.image, id=c.facts.image_id or agreed, vllm_version=c.facts.vllm_version,
-                       ray_version=c.facts.ray, nodes=ids)
+                       ray_version=c.facts.ray, nodes=ids, digests=list(c.facts.repo_digests),
+                       candidates={o.image: o.facts.image_id for o in candidates})
 
 
 def summary(candidates: list[Candidate], decision: Decision, copied: str) -> str:

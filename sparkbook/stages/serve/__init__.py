@@ -473,6 +473,8 @@ def _make_room(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model
     outcome.room = bringup.make_room(ctx, preview.plan)
     if outcome.room.args is not None:
         outcome.event("serve_args_checked", outcome.room.args)
+        learned = bringup.args_learned(ctx, preview.plan, outcome.room.args)
+        outcome.learned.extend([learned] if learned else [])
     if outcome.room.kept is not None:
         return
     outcome.before = memory.before_launch(ctx, preview.plan, model)

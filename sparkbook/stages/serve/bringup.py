@@ -3,17 +3,20 @@ the chat template missing), keep a server that already serves this plan, else la
 per known remediation; what 06 is handed."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...core.cluster import probes
+from ...core.cluster import imagememo, probes
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import Node
 from ...core.cluster.topology import lost
 from ...core.values.errors import ProbeOutputError
-from ...core.values.handoff import Endpoint, RayCluster
+from ...core.values.handoff import Endpoint, ImageChoice, RayCluster
+from ...core.values.learned import SERVE_ARGS, Learned, memo_key
 from ...core.values.params import ServeSettings
 from . import front, replicas, router
 from .commands import ServeError, ServePlan, plan
@@ -99,19 +102,48 @@ def refuse_missing_files(ctx: Context, serve_plan: ServePlan) -> None:
 @dataclass(frozen=True)
 class ArgsCheck:
     """The image's own vLLM asked whether it accepts each node's argv (probes/serve_args.py): what it refused, or
-    why it could not be asked (then the launch tells, as before)."""
+    why it could not be asked (then the launch tells, as before); `recalled`: the record's line where an earlier run's
+    answer for this image ID and these argvs stands for it (nothing was asked)."""
 
     refused: dict[str, str]  # node -> vLLM's own words
     why_unchecked: str | None
     seconds: float
+    recalled: str | None = None
 
 
 ARGS_TIMEOUT_S = 180  # importing vLLM's CLI takes 5-20 s on a GPU node, longer on a loaded lab
 
 
+def _serving_image_id(ctx: Context) -> str | None:
+    """The ID of the image the head's place runs (03's choice as 04 started it); None: no image ID (an environment's
+    identity is its vLLM version alone, too weak to stand for its parser)."""
+    chosen = ctx.handoffs.get(ImageChoice)
+    image_id = (chosen.nodes.get(ctx.head.name) or chosen.id) if chosen else None
+    return image_id if image_id and image_id.startswith("sha256:") else None
+
+
+def _args_parts(serve_plan: ServePlan) -> dict[str, str]:
+    """What the argv check's answer depends on besides the image: the argvs and the probe's code."""
+    code = hashlib.sha256(probes.source("serve_args").encode()).hexdigest()[:16]
+    return {"argvs": json.dumps([[c.node, *c.argv[1:]] for c in serve_plan.commands]), "probe": code}
+
+
+def args_learned(ctx: Context, serve_plan: ServePlan, checked: ArgsCheck) -> Learned[ArgsCheck] | None:
+    """The check's answer to keep by the image's ID (a later run with the same image and argvs reads it back): only
+    one asked now, and answered (an unchecked one tells nothing of the image)."""
+    image_id = _serving_image_id(ctx)
+    if checked.recalled is not None or checked.why_unchecked is not None or image_id is None:
+        return None
+    return Learned(SERVE_ARGS, image_id, memo_key(SERVE_ARGS, image_id, _args_parts(serve_plan)), checked)
+
+
 def check_args(ctx: Context, serve_plan: ServePlan) -> ArgsCheck:
     """Parse every serving node's `vllm serve` argv with the vLLM of the head's place (the image that will serve),
-    as its CLI would before it loads anything."""
+    as its CLI would before it loads anything; where an earlier run kept the answer for this image ID and these
+    argvs (core.cluster.imagememo), that answer, said so."""
+    kept, _ = imagememo.recall(ctx.run_dir, SERVE_ARGS, _serving_image_id(ctx), _args_parts(serve_plan), ArgsCheck)
+    if kept is not None:
+        return dataclasses.replace(kept.value, recalled=kept.line("the image's `vllm serve` argument check"))
     head, t0 = serve_plan.commands[0].node, time.monotonic()
     argvs = [c.argv[1:] for c in serve_plan.commands]  # without "vllm": the parser's own argv
     r = ctx.runtime.exec(ctx.cluster.nodes[head], ctx.place(head),

@@ -143,3 +143,41 @@ def test_a_spawn_s_secrets_travel_as_a_0600_file_the_shell_exports_and_removes()
     out = subprocess.run(["sh", "-c", SECRETS_SH, path, "sh", "-c", 'printf %s "$VLLM_API_KEY|$HF_TOKEN"'],
                          capture_output=True, text=True, timeout=10, env={"PATH": os.environ["PATH"]})
     assert out.stdout == f"{value}|hf_x" and not os.path.exists(path)
+
+
+def _reply(stdout: str, exit_code: int = 0, stderr: str = ""):
+    from datetime import UTC, datetime
+
+    from sparkbook.core.cluster.nodes import Result
+    return Result("b", ("python3",), exit_code, stdout, stderr, datetime.now(UTC), 0.1)
+
+
+def _reading(duo, replies):
+    """A context whose node `b` answers the env probe with `replies`, one per ask (a fan-out run here in turn)."""
+    from sparkbook.core.values.fanout import Outcome
+    from sparkbook.stages.serve.commands import ServeCommand, ServePlan
+
+    asked = []
+
+    def exec_(node, place, argv, timeout):
+        asked.append(argv)
+        return replies[len(asked) - 1]
+
+    name = duo.workers[0].name
+    node = types.SimpleNamespace(name=name)
+    cluster = types.SimpleNamespace(nodes={name: node}, fan_out=lambda step, nodes, timeout: {
+        n.name: Outcome(n.name, value=step(n), duration_s=0.0) for n in nodes})
+    ctx = types.SimpleNamespace(params=duo, cluster=cluster, places={name: Place(name, "c")},
+                                runtime=types.SimpleNamespace(own_place=True, exec=exec_))
+    plan = ServePlan("mp", duo.serve, [ServeCommand(name, ["vllm", "serve"], {})], "http://x:8000", "m")
+    return environ.read(ctx, plan), asked
+
+
+def test_a_lost_reply_of_the_env_probe_is_asked_again_once(duo):
+    """Seen on a loaded lab: the probe's reply came back empty (0 bytes) and 05 failed a server that was up."""
+    out = subprocess.run([sys.executable, "-c", probes.source("serving_environ")], capture_output=True, text=True,
+                         timeout=60).stdout  # a real reply (this machine's processes; none serve)
+    (found,), asked = _reading(duo, [_reply(""), _reply(out)])
+    assert len(asked) == 2 and found.error is None
+    (lost,), asked = _reading(duo, [_reply("", 137, "killed"), _reply("", 137, "killed")])
+    assert len(asked) == 2 and "0 bytes received" in lost.error and "exit 137" in lost.error and "killed" in lost.error

@@ -21,6 +21,7 @@ from ...core.values.params import Params
 from .commands import ServeError, ServePlan
 
 READ_TIMEOUT_S = 30
+READS = 2  # a read-only look: a reply lost on a loaded node (0 bytes, seen on the lab) is asked again once
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,19 @@ def read(ctx: Context, plan: ServePlan) -> list[NodeEnviron]:
 
     def one(name: str) -> NodeEnviron:
         want = expected(ctx.params, name)
-        r = ctx.runtime.exec(ctx.cluster.nodes[name], ctx.places[name],
-                             ["python3", "-c", probes.source("serving_environ")], timeout=READ_TIMEOUT_S)
-        try:
-            doc = probes.parse(r, node=name, probe="serving processes' env names")
-        except ProbeOutputError as exc:
-            return NodeEnviron(name, tuple(sorted(want)), (), str(exc))
-        return NodeEnviron(name, tuple(sorted(want)), tuple(
-            ServingProcess(p["pid"], p["cmd"], tuple(sorted(want - set(p["names"])))) for p in doc["processes"]))
+        for _ in range(READS):
+            r = ctx.runtime.exec(ctx.cluster.nodes[name], ctx.places[name],
+                                 ["python3", "-c", probes.source("serving_environ")], timeout=READ_TIMEOUT_S)
+            try:
+                doc = probes.parse(r, node=name, probe="serving processes' env names")
+            except ProbeOutputError as exc:
+                error = f"{exc} (exit {r.exit_code}{', timed out' if r.timed_out else ''}: {r.stderr[-200:]!r})"
+                continue
+            return NodeEnviron(name, tuple(sorted(want)), tuple(
+                ServingProcess(p["pid"], p["cmd"], tuple(sorted(want - set(p["names"])))) for p in doc["processes"]))
+        return NodeEnviron(name, tuple(sorted(want)), (), error)
 
-    outcomes = ctx.cluster.fan_out(lambda n: one(n.name), nodes, timeout=READ_TIMEOUT_S + 30)
+    outcomes = ctx.cluster.fan_out(lambda n: one(n.name), nodes, timeout=READS * READ_TIMEOUT_S + 30)
     return [o.value if o.ok and o.value else NodeEnviron(name, (), (), f"unreachable: {o.error}")
             for name, o in outcomes.items()]
 

@@ -24,7 +24,7 @@ else
   echo "the runbook's server does not answer /health: nothing to compare"; exit 3
 fi
 echo "=== 2. stop the runbook's sessions"
-sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
+sids=$(gpu_sessions)
 for s in $sids; do pkill -TERM -s "$s"; done; sleep 8; for s in $sids; do pkill -KILL -s "$s"; done
 sleep 3; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
 PLAIN_PORT=$((PORT + 1))

@@ -29,3 +29,10 @@ write_kernelspec() {
 }
 EOF
 }
+
+# The session IDs the runbook's places recorded (runtime_python: `~/.sparkbook/<node>/<place>/sids`, "SID START" a
+# line; before the node state dir moved there, `/tmp/sparkbook/<place>/sids`), one a line: what a step stops, by
+# session ID only, never by name.
+gpu_sessions() {
+  cat /tmp/sparkbook/*/sids "$HOME"/.sparkbook/*/*/sids 2>/dev/null | cut -d' ' -f1 | sort -u
+}

@@ -332,7 +332,7 @@ EOF4
   tar czf "$OUT/bench.tar.gz" -C /tmp/front bench
   # the Python runtime's places lie in the node's state dir (~/.sparkbook/NODE/...; before: /tmp/sparkbook/PLACE):
   # its `sids` lines are "SID START"; by session ID only, never by name
-  sids=$(cat /tmp/sparkbook/*/sids "$HOME"/.sparkbook/*/sids "$HOME"/.sparkbook/*/*/sids 2>/dev/null | cut -d' ' -f1 | sort -u)
+  sids=$(gpu_sessions)
   for s in $sids; do pkill -TERM -s "$s"; done; sleep 5; for s in $sids; do pkill -KILL -s "$s"; done
   echo "stopped sessions: ${sids:-none}" ;;
 esac

@@ -24,5 +24,5 @@ s = json.load(open(d + "state.json")).get("endpoint") or {}
 print("endpoint: ready_s", s.get("ready_s"), "argv", " ".join(s.get("commands", {}).get("h200", []))[:400])
 EOF2
 [ "${KEEP_SERVING:-0}" = 1 ] && { echo "left serving (KEEP_SERVING=1): tests/gpu/soak_one.sh next"; exit 0; }
-sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
+sids=$(gpu_sessions)
 for s in $sids; do pkill -TERM -s "$s"; done; sleep 3; for s in $sids; do pkill -KILL -s "$s"; done

@@ -63,6 +63,6 @@ case "$STEP" in
   rollback) BUDGET=480 run rollback "$P/too-long.yaml" --from 05 -p confirm_replace=true
             echo "=== sparkbook status"; timeout 120 "$PY" -m sparkbook.cli status /tmp/run-too-long.yaml \
               --outputs /tmp/sparkbook-runs 2>&1 | tail -25
-            sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
+            sids=$(gpu_sessions)
             for s in $sids; do pkill -TERM -s "$s"; done; sleep 5; for s in $sids; do pkill -KILL -s "$s"; done ;;
 esac

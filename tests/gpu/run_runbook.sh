@@ -75,7 +75,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 
 # stop what the run spawned, by the session ids it recorded (never by name)
 if [ "${KEEP:-0}" != 1 ]; then
-  sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
+  sids=$(gpu_sessions)
   for s in $sids; do pkill -TERM -s "$s"; done
   [ -n "$sids" ] && sleep 5
   for s in $sids; do pkill -KILL -s "$s"; done

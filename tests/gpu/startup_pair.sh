@@ -31,7 +31,7 @@ print("ARGV=(" + " ".join(shlex.quote(a) for a in argv) + ")")
 EOF2
 source /tmp/startup-plain.sh
 echo "=== stop the runbook's sessions"
-sids=$(cat /tmp/sparkbook/*/sids 2>/dev/null | sort -u)
+sids=$(gpu_sessions)
 for s in $sids; do pkill -TERM -s "$s"; done; sleep 8; for s in $sids; do pkill -KILL -s "$s"; done
 sleep 3; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
 # CACHES=DIR: start with the compile caches the runbook's 05 wrote (runtime.cache_dir): the second-start figure

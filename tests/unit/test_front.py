@@ -74,10 +74,10 @@ def test_front_auto_is_the_router_unless_a_key_is_set(write_params, base, serve,
     assert load_params(write_params(base)).serve.front == resolved
 
 
-class _Completions(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers["content-length"]))
-        body = b'{"choices": [{"text": "2"}]}'
+class _Answering(BaseHTTPRequestHandler):
+    """A handler that answers 200 with a body and logs nothing."""
+
+    def answer(self, body: bytes) -> None:
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -85,6 +85,12 @@ class _Completions(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class _Completions(_Answering):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["content-length"]))
+        self.answer(b'{"choices": [{"text": "2"}]}')
 
 
 def _serve(port: int) -> ThreadingHTTPServer:
@@ -163,7 +169,7 @@ def test_a_front_is_kept_only_where_it_routes_as_the_new_plan_would(lab):
     assert not front.routes_alike(tp.router, held_longer.router)
 
 
-class _Metrics(BaseHTTPRequestHandler):
+class _Metrics(_Answering):
     """vLLM's /metrics with vllm:num_requests_running going down by one per look (two engines' lines summed), or a
     page without it (`running` None)."""
 
@@ -174,14 +180,7 @@ class _Metrics(BaseHTTPRequestHandler):
         lines = ["# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0"}} {left / 2}',
                  f'vllm:num_requests_running{{engine="1"}} {left / 2}'] if left is not None else ["# nothing"]
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.answer(("\n".join(lines) + "\n").encode())
 
 
 @pytest.mark.parametrize(("running", "timeout_s", "left", "looks_at_least"), [

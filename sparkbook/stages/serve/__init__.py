@@ -371,7 +371,7 @@ def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, m
     plan, green = preview.plan, _green(ctx, preview, outcome, model)
     with front.Watcher(plan.base_url, plan.model, plan.settings.headers(), plan.settings.hold_s) as w:
         if green is not None:
-            up = _blue_green(ctx, preview, outcome, model, green)
+            up = _blue_green(ctx, preview, outcome, model, *green)
         else:
             _make_room(ctx, preview, outcome, model)
             up = _bring_up(ctx, preview, outcome)
@@ -393,9 +393,10 @@ def _way(blue_green: bool, replaced: bool, drain_s: int | None) -> str:
     return "drained stop" if drain_s else "stop behind the front"
 
 
-def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts) -> ServePlan | None:
+def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts
+           ) -> tuple[ServePlan, reuse.Serving] | None:
     """The new plan in the other slot where it replaces a server and fits beside it (serve.switch auto, the tp
-    layout), the decision recorded either way; None: a drained stop."""
+    layout), with the serving record it replaces; the decision recorded either way; None: a drained stop."""
     settings = preview.plan.settings
     if preview.replacing is None or settings.layout != "tp":
         return None
@@ -408,7 +409,8 @@ def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: Mo
                                 front.drains(preview.plan), 1 - front.slot_of(preview.plan))
     serving = reuse.read_serving(ctx, ctx.head.name)
     old_front = serving.running.router if serving is not None else None
-    if old_front is None or green.router is None or not front.routes_alike(old_front, green.router):
+    if serving is None or old_front is None or green.router is None or \
+            not front.routes_alike(old_front, green.router):
         outcome.decide(Decision(question, "drained stop", "the front itself changes (its own settings), so it "
                                 "starts again with the new plan", [Alternative("blue-green", "it needs the front "
                                                                                "that serves now to stay")]))
@@ -419,16 +421,14 @@ def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: Mo
     outcome.decide(Decision(question, chosen, f"the new plan: {outcome.beside.why()}", [
         Alternative("drained stop" if outcome.beside.fits else "blue-green",
                     "requests held while no server answers" if outcome.beside.fits else "it does not fit")]))
-    return green if outcome.beside.fits else None
+    return (green, serving) if outcome.beside.fits else None
 
 
 def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts,
-                green: ServePlan) -> BringUp:
+                green: ServePlan, serving: reuse.Serving) -> BringUp:
     """The new server in the other slot while the old one serves: launched, ready, checked on its own port (smoke
     test, answers); then the front moves to it and the old one drains and stops. A failure before the move stops the
     new server alone: ServeError, the old one untouched and serving (0 s without service)."""
-    serving = reuse.read_serving(ctx, ctx.head.name)
-    assert serving is not None, "a replacement has a serving record"
     outcome.room = Room(None, "blue-green: the server of the other plan serves until the front moves", None)
     outcome.before = memory.before_launch(ctx, green, model)
     outcome.event("memory_before_launch", outcome.before)

@@ -71,7 +71,6 @@ def move(front_url: str, new: str, old: str) -> None:
                 raise ServeError(f"the front's /{verb} for {url} answered {r.status_code}: {r.text[:200]}")
 
 
-
 @dataclass(frozen=True)
 class Settled:
     """How the old server's own work ran out after the front moved away from it: the seconds waited and the requests
@@ -88,7 +87,7 @@ def settle(url: str, timeout_s: float, headers: dict[str, str]) -> Settled:
     """Wait until the server at `url`, which gets no new requests, runs none (vLLM's vllm:num_requests_running on its
     /metrics), at most `timeout_s`: the drain of an image whose vLLM has no --shutdown-timeout, and a check on one
     that has it before it is stopped."""
-    t0, running = time.monotonic(), None
+    t0 = time.monotonic()
     with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
         while True:
             running = _running(client, url)

@@ -280,6 +280,10 @@ def _run_notebooks(params: Params, run_dir: Path, manifest: Manifest, todo: list
     while i < len(todo):
         name, i = todo[i], i + 1
         entry = by_name[name]
+        if (why := arms.skipped(run_dir, name, params.benchmark.ab)) is not None:
+            entry.status = why
+            say(f"[{i}/{len(todo)}] {name} {why}")
+            continue
         ran = [n for n, e in by_name.items() if not e.status.startswith("skipped")]  # an A/B's arms: this run's
         entry.cell_limit_s, entry.cell_limit_reason = cell_limit(params, name)
         say(f"[{i}/{len(todo)}] {name} … (a cell may run {entry.cell_limit_s} s: {entry.cell_limit_reason})")
@@ -313,10 +317,12 @@ def _run_notebooks(params: Params, run_dir: Path, manifest: Manifest, todo: list
             break
         ab = params.benchmark.ab
         if ab is not None and (more := arms.follow_up(run_dir, name, ran, notebook_names(folder), ab)):
-            say(f"the A/B keeps its baseline ({abarm.serves(ab, abarm.BASELINE)}): {more} serves it again")
-            todo.append(more)
-            by_name[more] = NotebookRun(more)
-            manifest.notebooks.append(by_name[more])
+            say(f"the A/B keeps its baseline ({abarm.serves(ab, abarm.BASELINE)}): {' and '.join(more)} "
+                f"{'serves' if len(more) == 1 else 'serve'} it again")
+            todo.extend(more)
+            for added in more:
+                by_name[added] = NotebookRun(added)
+                manifest.notebooks.append(by_name[added])
     manifest.close(todo, only)
     manifest.finished = now()
     manifest.write(run_dir)

@@ -20,7 +20,8 @@ from ..core.cluster.progress import Progress
 from ..core.cluster.qualityapi import save_reference
 from ..core.cluster.runtimes import runtime_for
 from ..core.values import atomic, seal, state
-from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of
+from ..core.values.abarm import AB_ARMS, BASELINE, KEPT, AbArm, arms_of, changes_image
+from ..core.values.errors import SparkbookError
 from ..core.values.evidence import (
     Decision,
     Event,
@@ -33,12 +34,15 @@ from ..core.values.evidence import (
     tail,
     to_data,
 )
+from ..core.values.handoff import AbBaseline, ImageChoice
 from ..core.values.params import Params, load_params
 from ..core.values.redact import Redactor
-from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths
-from ..core.values.state import H, Handoffs
+from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths, runs_before
+from ..core.values.stagelist import SERVE
+from ..core.values.state import H, Handoffs, StateError
 from ..core.values.sweeppoint import SweepPoint, write_point
 from ..records.earlier import earlier_sweep, images_before, probed_before
+from .manifest import Manifest
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -70,9 +74,34 @@ class Run:
         return self._cluster
 
     def context(self, image: str | None = None) -> Context:
-        """What the stages are handed (params, nodes, runtime, run dir, the run's hand-offs; the image from 04 on)."""
+        """What the stages are handed (params, nodes, runtime, run dir, the run's hand-offs; the image from 04 on).
+        The image A/B's baseline and kept arms are handed 03's baseline image (AbBaseline) as the image to serve."""
+        handoffs = Handoffs(self.run_dir, stage=self.stage)
+        arm_image = self.arm_image()
         return Context(self.params, self.cluster, runtime_for(self.params), self.run_dir, image,
-                       Handoffs(self.run_dir, stage=self.stage))
+                       handoffs.adding(arm_image) if arm_image else handoffs)
+
+    def arm_image(self) -> ImageChoice | None:
+        """The image this arm serves where it is not 03's choice: the image A/B's baseline (and kept) arm."""
+        if self.ab_arm not in (BASELINE, KEPT) or not changes_image(self.params.benchmark.ab):
+            return None
+        chosen = self.recall(AbBaseline)
+        if chosen.image is None:
+            raise StateError(f"{self.stage}: 03 found no baseline for the A/B of images ({chosen.reason}); this "
+                             "arm has nothing to serve", stage=self.stage)
+        return chosen.image
+
+    def serving_image(self) -> ImageChoice | None:
+        """For 03's image A/B: the image of the cluster's deployment, the newest earlier run whose 05 ended ok (its
+        sealed record; a run dir this controller did not seal is passed over). None: nothing served before."""
+        for run in runs_before(self.run_dir):
+            try:
+                served = any(SERVE.owns(nb.name) and nb.status == "ok" for nb in Manifest.read(run).notebooks)
+                if served:
+                    return state.load(run, ImageChoice, sealed=True)
+            except (OSError, SparkbookError):  # no manifest, torn, foreign, or no 03 in it
+                continue
+        return None
 
     @property
     def bench_root(self) -> Path:
@@ -250,7 +279,7 @@ def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path
              ab_arm: str | None = None) -> Run:
     """Validate params and open the run dir (default: outputs/<cluster>/interactive next to params/). The A/B's
     baseline and kept arms (the driver passes them; core.values.abarm) run the params' A/B baseline (Params.ab_baseline)
-    and record under `<stage>.ab-<arm>`."""
+    and record under `<stage>.ab-<arm>`; the image A/B's kept arm records the baseline image as the run's image."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)
     arm = _arm(ab_arm, params)
@@ -260,7 +289,10 @@ def open_run(params_file: str | Path = "../params/lab.yaml", run_dir: str | Path
         run_dir = params_file.parent.parent / "outputs" / params.cluster / INTERACTIVE
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Run(params_file, params, run_dir, stage, arm)
+    run = Run(params_file, params, run_dir, stage, arm)
+    if arm == KEPT and (image := run.arm_image()) is not None:
+        run.remember(image)  # the image the deployment serves from here on: `up`, `watch` and a rollback keep it
+    return run
 
 
 def _arm(ab_arm: str | None, params: Params) -> AbArm | None:

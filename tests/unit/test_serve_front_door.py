@@ -14,6 +14,7 @@ from sparkbook.core.cluster import probes
 from sparkbook.core.cluster.context import Context
 from sparkbook.core.cluster.nodes import Cluster, Result
 from sparkbook.core.cluster.qualityapi import QualityReport
+from sparkbook.core.values.abarm import replaces_own_arm
 from sparkbook.core.values.errors import SparkbookError
 from sparkbook.core.values.evidence import Decision, Event, NotKnownYet
 from sparkbook.core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
@@ -250,8 +251,8 @@ def test_a_run_without_02s_hand_offs_stops_naming_them(lab, tmp_path, monkeypatc
 
 
 def test_the_ab_arms_after_the_baseline_replace_their_own() -> None:
-    arms = (None, "baseline", "speculative", "replicas", "kept")
-    assert [serve.replaces_own_arm(a) for a in arms] == [False, False, True, True, True]
+    arms = (None, "baseline", "speculative", "replicas", "candidate", "kept")
+    assert [replaces_own_arm(a) for a in arms] == [False, False, True, True, True, True]
 
 
 def test_where_04_stopped_the_live_server_with_its_containers_the_dark_counts_from_then(lab, tmp_path, monkeypatch):

@@ -7,9 +7,11 @@
     02-diagnosis        Diagnosis       "diagnosis"  findings, the question 03 answers, the installed image's probe,
                                                      each node's memory
     03-image-selection  ImageChoice     "image"      the chosen image and its ID on every node
+    03-image-selection  AbBaseline      "ab_baseline"  benchmark.ab image: the baseline arm's image, or why none
     04-ray-cluster      RayCluster      "ray"        the Ray address, each node's container, what Ray reports
     04-ray-cluster      FabricProof     "fabric"     the all_reduce test's figures, for 06 to set beside its decode
     05-serve            Endpoint        "endpoint"   where to send requests and what was started where
+    05-serve            AbAnswers       "ab_answers" each A/B arm's agreement with the answer reference
     06-benchmark        BenchmarkSummary "benchmark" single stream, peak, roofline share, regressions
     06-benchmark        AbVerdict       "ab"         the A/B's ratios and the configuration that stays serving (the
                                                      driver serves the baseline again when it is kept)
@@ -88,6 +90,18 @@ class ImageChoice(Handoff):
         return self.vllm_version is not None
 
 
+class AbBaseline(Handoff):
+    """benchmark.ab image: the image the baseline (and kept) arm serves, the one that serves now or, on a first run,
+    runtime.installed_image; None where there is none to compare with 03's choice (`reason` says why: the same
+    image ID, or no baseline that loads the model), and then no arm runs and 03's choice serves as without an A/B."""
+
+    key = "ab_baseline"
+    notebook = IMAGES.name
+
+    image: ImageChoice | None
+    reason: str
+
+
 class _Part(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -148,6 +162,19 @@ class Endpoint(Handoff):
     router: list[str] | None = None  # serve.layout replicas: the router's argv on the head (base_url is its)
     router_log: str | None = None  # the file the router writes, in the head's place
     replicas: dict[str, str] = {}  # node -> its replica's own URL, as the router reaches it (none: one server)
+
+
+class AbAnswers(Handoff):
+    """Each A/B arm's answers as 05 checked them: the lowest share of identical top-1 tokens against the reference
+    over its prompts (1.0 where the arm recorded the reference itself; None: not checked), for 06's verdict."""
+
+    key = "ab_answers"
+    notebook = SERVE.name
+
+    agreement: dict[str, float | None] = {}  # arm -> its lowest agreement
+
+    def adding(self, arm: str, agreement: float | None) -> AbAnswers:
+        return AbAnswers(agreement={**self.agreement, arm: agreement})
 
 
 class BenchPoint(_Part):
@@ -228,7 +255,8 @@ class AbVerdict(Handoff):
     notebook = BENCH.name
 
     ab: AbKind = "speculative"  # what was compared (records before the layout A/B compared speculation only)
-    kept: Literal["baseline", "speculative", "replicas"]  # the arm that stays serving (core.values.abarm)
+    kept: Literal["baseline", "speculative", "replicas", "candidate"]  # the arm that stays serving (core.values.abarm)
+    agreement: dict[str, float | None] = {}  # ab image: each arm's agreement with the answer reference (AbAnswers)
     reason: str
     decided_at: int  # the concurrency whose ratio decided
     crossing: str | None  # where the ratio crosses 1, if it does, in its A/B's words

@@ -552,8 +552,10 @@ class BenchmarkSettings(SoakSettings):
     ab: AbKind | None = Field(None, description="speculative: 05 and 06 run twice, the plan without "
                               "serve.speculative first, then with it; layout: the plan with serve.layout tp (one model "
                               "split across the nodes) first, then its own serve.layout replicas (a copy per node "
-                              "behind the router); both arms get the same prompts, seeds and concurrency points, and "
-                              "06 records the ratio at each concurrency and which configuration stays serving")
+                              "behind the router); image: the same plan in the image that serves now (on a first "
+                              "run runtime.installed_image) first, then in 03's choice, 04 to 06 in each arm; both "
+                              "arms get the same prompts, seeds and concurrency points, and 06 records the ratio at "
+                              "each concurrency and which configuration stays serving")
     ab_decide_at: int | None = Field(None, ge=1, description="the concurrency whose ratio decides the A/B (default: "
                                      "for speculative the lowest measured, the single stream speculation is for; for "
                                      "layout the highest, the load replicas are for)")
@@ -750,11 +752,29 @@ class Params(Strict):
             problems.append(f"benchmark.ab: layout's baseline serves serve.layout tp on tensor_parallel_size x "
                             f"pipeline_parallel_size = {self.ranks} ranks, which one node holds: that is one replica, "
                             "not the model split across the nodes; set them to span the nodes")
+        problems += self._image_ab_problems()
         if bench.ab_decide_at is not None and bench.ab_decide_at not in bench.concurrency:
             problems.append(f"benchmark.ab_decide_at: {bench.ab_decide_at} is not one of benchmark.concurrency "
                             f"{bench.concurrency}")
         if bench.ab_decide_at is not None and bench.ab is None:
             problems.append("benchmark.ab_decide_at: set without benchmark.ab (no A/B to decide)")
+        return problems
+
+    def _image_ab_problems(self) -> list[str]:
+        """The image A/B judges answers and speed: it needs images to compare, the answer check, and repeats for a
+        noise band (one repeat shows no band, so it could never say the new image is not slower)."""
+        if self.benchmark.ab != "image":
+            return []
+        problems = []
+        if self.runtime.kind != "docker":
+            problems.append("benchmark.ab: image compares two Docker images; runtime.kind python has none (drop "
+                            "benchmark.ab)")
+        if not self.serve.quality.enabled:
+            problems.append("benchmark.ab: image keeps a new image only where its answers agree with the reference "
+                            "as well as the baseline's; set serve.quality.enabled: true")
+        if self.benchmark.repeats < 2:
+            problems.append("benchmark.ab: image keeps a new image only where it is not slower beyond the noise band "
+                            "of the repeats; set benchmark.repeats: 2 or more")
         return problems
 
     def _depth_problems(self) -> list[str]:
@@ -779,9 +799,11 @@ class Params(Strict):
 
     def ab_baseline(self) -> Params:
         """The A/B's baseline arm (and its kept arm): the same plan without serve.speculative (ab: speculative), or
-        with serve.layout tp, one model split across the nodes (ab: layout)."""
+        with serve.layout tp, one model split across the nodes (ab: layout), or unchanged (ab: image)."""
         if self.benchmark.ab is None:
             raise ValueError("benchmark.ab is not set: there is no baseline arm")
+        if self.benchmark.ab == "image":  # the same plan: the baseline's image comes from 03 (AbBaseline)
+            return self
         change: dict[str, object] = {"speculative": None} if self.benchmark.ab == "speculative" else {"layout": "tp"}
         return self.model_copy(update={"serve": self.serve.model_copy(update=change)})
 

@@ -70,12 +70,14 @@ def _sweep(params: Params) -> Wait:
 
 CLEANUP = Stage("01-cleanup", "cleanup", reads=(), writes=("Stopped", "OldDeployment"))
 DIAGNOSE = Stage("02-diagnosis", "diagnose", reads=("OldDeployment",), writes=("ModelFacts", "Diagnosis"))
-IMAGES = Stage("03-image-selection", "images", reads=("ModelFacts", "Diagnosis"), writes=("ImageChoice",))
+IMAGES = Stage("03-image-selection", "images", reads=("ModelFacts", "Diagnosis"), writes=("ImageChoice", "AbBaseline"))
 RAYCLUSTER = Stage("04-ray-cluster", "raycluster", reads=("ImageChoice",), writes=("RayCluster", "FabricProof"),
                    longest_wait=_ray_join, needs=("ImageChoice",))
-SERVE = Stage("05-serve", "serve", reads=("ImageChoice", "RayCluster", "ModelFacts", "Diagnosis"),
-              writes=("Endpoint",), longest_wait=_serve_attempts, needs=("ImageChoice", "ModelFacts", "Diagnosis"))
-BENCH = Stage("06-benchmark", "bench", reads=("Endpoint", "ModelFacts", "FabricProof"),
+SERVE = Stage("05-serve", "serve", reads=("ImageChoice", "RayCluster", "ModelFacts", "Diagnosis", "AbAnswers"),
+              writes=("Endpoint", "AbAnswers"), longest_wait=_serve_attempts,
+              needs=("ImageChoice", "ModelFacts", "Diagnosis"))
+BENCH = Stage("06-benchmark", "bench", reads=("Endpoint", "ModelFacts", "FabricProof", "ImageChoice", "AbBaseline",
+                                              "AbAnswers"),
               writes=("BenchmarkSummary", "AbVerdict", "SoakReport"), longest_wait=_sweep,
               needs=("Endpoint", "ModelFacts"))
 STAGES = (CLEANUP, DIAGNOSE, IMAGES, RAYCLUSTER, SERVE, BENCH)  # in run order

@@ -29,7 +29,15 @@ from ...core.cluster.progress import Progress
 from ...core.values import rundir
 from ...core.values.abarm import BASELINE
 from ...core.values.evidence import Decision, Shown, StageOutcome
-from ...core.values.handoff import AbVerdict, BenchmarkSummary, Endpoint, FabricProof
+from ...core.values.handoff import (
+    AbAnswers,
+    AbBaseline,
+    AbVerdict,
+    BenchmarkSummary,
+    Endpoint,
+    FabricProof,
+    ImageChoice,
+)
 from ...core.values.modelinfo import ModelFacts
 from ...core.values.params import BenchmarkSettings
 from ...core.values.state import Handoff
@@ -318,12 +326,21 @@ def _soak(ctx: Context, target: CompletionsServer, out: BenchOutcome, bench_dir:
     return out.soak.failure is not None
 
 
+def _images(ctx: Context) -> tuple[str, str]:
+    """The image A/B's two images by name: the baseline's (03's AbBaseline) and 03's choice."""
+    baseline = ctx.handoffs.need(AbBaseline).image
+    return baseline.ref if baseline else "no baseline", ctx.handoffs.need(ImageChoice).ref
+
+
 def ab_second_arm(ctx: Context, results: list[SweepPoint], ab_arm: str | None) -> AbResult | None:
     """The A/B, in its second arm only: None without an A/B (ab_arm None) and in the baseline arm, which measures
     before the params' own plan is known."""
     if ab_arm is None or ab_arm == BASELINE or ctx.params.benchmark.ab is None:
         return None
-    contest = ab.contest(ctx.params)
+    contest, decide_at = ab.contest(ctx.params), ctx.params.benchmark.ab_decide_at
     baseline = read_points(ctx.run_dir / rundir.AB_BASELINE)
-    verdict = ab.verdict(ab.ratios(baseline, results), ctx.params.benchmark.ab_decide_at, contest)
+    rows = ab.ratios(baseline, results)
+    verdict = ab.image_verdict(rows, decide_at, contest, ctx.handoffs.get(AbAnswers) or AbAnswers(),
+                               ctx.params.serve.quality.min_agreement, _images(ctx)) if contest.ab == "image" \
+        else ab.verdict(rows, decide_at, contest)
     return AbResult(baseline, results, contest, verdict, ab.decision(verdict, contest))

@@ -14,6 +14,13 @@ faster where one stream is alone (kubis.ai on two DGX Sparks, gpt-oss-120b: 69.0
 replicas), replicas carry more load (567.9 at c=64 against TP=2's 471.7 at c=32). So it is decided by default at the
 highest concurrency measured, the load replicas are for, and replicas stay only where they beat tp beyond the noise:
 each node then holds the whole model and a KV cache of its own, and a router stands in the path.
+
+The image (ab: image): 03's choice against the image that serves now, the same plan. A newer image has to earn its
+place by answers and speed, not by its version (a `:latest` that changed the default executor overnight, newer images
+slower or answering differently: eugr#363). It stays where its answers agree with the reference at least as well as
+the baseline's (serve.quality.min_agreement, or the baseline's own share where that is lower) and it is not slower
+beyond the noise band; an upgrade needs no gain, only no loss. Decided by default at the highest concurrency, the
+load the cluster serves.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ from typing import Any
 from ...core.analysis.benchstats import compare, decode_steps_per_s, repeat_spread
 from ...core.values.abarm import BASELINE, AbArm, AbKind, second_arm, serves
 from ...core.values.evidence import Alternative, Decision
-from ...core.values.handoff import AbRatio, AbVerdict
+from ...core.values.handoff import AbAnswers, AbRatio, AbVerdict
 from ...core.values.params import Params
 from ...core.values.sweeppoint import SweepPoint
 from .tables import speculation_columns
@@ -59,6 +66,11 @@ def contest(params: Params) -> Contest:
                        "no measured gain for each node holding the whole model and its own KV cache, and a router "
                        "in the path", "until the params say serve.layout: tp without benchmark.ab",
                        "Which layout stays serving after the A/B of tp against replicas?", decide_highest=True)
+    if params.benchmark.ab == "image":
+        return Contest("image", second_arm("image"), ("baseline image", "03's choice"),
+                       (serves("image", BASELINE), serves("image", "candidate")), "03's choice of image",
+                       "", "until the params change (a later run measures both images again)",
+                       "Which image stays serving after the A/B of images?", decide_highest=True)
     spec = params.serve.speculative
     if params.benchmark.ab != "speculative" or spec is None:
         raise ValueError("benchmark.ab: the params ask for no A/B this stage can judge")
@@ -96,16 +108,53 @@ def crossing(rows: list[AbRatio], c: Contest) -> str | None:
             f"{b.ratio:.2f}x at c={b.max_concurrency})")
 
 
-def verdict(rows: list[AbRatio], decide_at: int | None, c: Contest) -> AbVerdict:
-    """The configuration that stays serving: the second arm where it beats the baseline beyond the noise band at
-    `decide_at` (default the lowest concurrency measured for speculation, the highest for the layout), else the
-    baseline."""
+def _deciding(rows: list[AbRatio], decide_at: int | None, c: Contest) -> AbRatio:
+    """The ratio that decides: at `decide_at`, by default the lowest concurrency measured for speculation, the
+    highest for the layout and the image."""
     if not rows:
         raise ValueError("the A/B has no concurrency that both arms measured")
     default = rows[-1] if c.decide_highest else rows[0]
     at = next((r for r in rows if r.max_concurrency == decide_at), None) if decide_at is not None else default
     if at is None:
         raise ValueError(f"benchmark.ab_decide_at: c={decide_at} was not measured by both arms")
+    return at
+
+
+def image_verdict(rows: list[AbRatio], decide_at: int | None, c: Contest, answers: AbAnswers,
+                  min_agreement: float, images: tuple[str, str]) -> AbVerdict:
+    """The image that stays serving: 03's choice where its answers agree with the reference at least as well as the
+    baseline's (min_agreement, or the baseline's own share where lower) and it is not slower beyond the noise band
+    at `decide_at`; else the baseline image. `images`: (the baseline's, 03's choice) as the reason names them."""
+    at = _deciding(rows, decide_at, c)
+    base, cand = answers.agreement.get(BASELINE), answers.agreement.get(c.second)
+    floor = min_agreement if base is None else min(min_agreement, base)
+    band = f"noise band ±{at.noise_pct:.1f} %" if at.noise_pct is not None else "no noise band"
+    figures = (f"at c={at.max_concurrency} 03's choice {images[1]} gives {at.second_tok_s:,.1f} against "
+               f"{at.baseline_tok_s:,.1f} output tok/s of {images[0]} = {at.ratio:.2f}x, {band}; answers agree "
+               f"{_share(cand)} against the baseline's {_share(base)} (needed: {floor:.0%})")
+    why_not = [w for w in (
+        None if cand is not None and cand >= floor else "its answers agree less than the baseline's",
+        "it is slower beyond the noise" if at.verdict == "worse" else
+        "one repeat per point measures no noise, so it is not shown to be as fast" if at.verdict == "no noise estimate"
+        else None) if w]
+    kept = BASELINE if why_not else c.second
+    reason = f"{figures}: " + ("as good an answer and not slower: the upgrade stays" if not why_not else
+                               "; ".join(why_not) + "; the runbook serves the baseline image again, as `sparkbook up`, "
+                               f"`watch` and a rollback do {c.later}")
+    return AbVerdict.model_validate({"ab": c.ab, "kept": kept, "reason": reason, "decided_at": at.max_concurrency,
+                                     "crossing": crossing(rows, c), "ratios": rows,
+                                     "agreement": {BASELINE: base, c.second: cand}})
+
+
+def _share(agreement: float | None) -> str:
+    return "not compared" if agreement is None else f"{agreement:.0%}"
+
+
+def verdict(rows: list[AbRatio], decide_at: int | None, c: Contest) -> AbVerdict:
+    """The configuration that stays serving: the second arm where it beats the baseline beyond the noise band at
+    `decide_at` (default the lowest concurrency measured for speculation, the highest for the layout), else the
+    baseline."""
+    at = _deciding(rows, decide_at, c)
     band = f"noise band ±{at.noise_pct:.1f} %" if at.noise_pct is not None else "no noise band"
     figures = (f"at c={at.max_concurrency} {c.subject} gives {at.second_tok_s:,.1f} against {at.baseline_tok_s:,.1f} "
                f"output tok/s = {at.ratio:.2f}x, {band}")

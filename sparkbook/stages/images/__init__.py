@@ -15,10 +15,10 @@ from ...core.cluster.nodes import NodeError
 from ...core.values import rundir
 from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Decision, ProbedBefore, Shown, StageOutcome
-from ...core.values.handoff import Diagnosis, ImageChoice
+from ...core.values.handoff import AbBaseline, Diagnosis, ImageChoice
 from ...core.values.modelinfo import ModelFacts
 from ...core.values.state import Handoff
-from . import choice, distribute, memo, modelcopy, tags
+from . import abbase, choice, distribute, memo, modelcopy, tags
 from .choice import Candidate, ImageFacts, ModelTarget
 from .distribute import Distribution, ImageCopyPlan
 from .modelcopy import ModelCopy
@@ -155,6 +155,7 @@ class ImagesOutcome(StageOutcome):
     copied: Distribution | None = None
     model_copy: ModelCopy | None = None
     image: ImageChoice | None = None
+    ab_baseline: AbBaseline | None = None  # benchmark.ab image: the baseline arm's image, or why there is none
 
     def _stopped(self, title: str) -> list[Shown]:
         why = self.error.message if self.error else "not reached"
@@ -179,7 +180,10 @@ class ImagesOutcome(StageOutcome):
             return self._stopped("Decision")
         return [Shown(f"Decision — {d.question}", {"chosen": d.choice, "reason": d.reason}),
                 Shown("Not chosen", [{"image": a.option, "because": a.rejected_because} for a in d.alternatives]
-                      or "no other candidate")]
+                      or "no other candidate"),
+                *([Shown("The A/B's baseline image (benchmark.ab image)", {
+                    "baseline": self.ab_baseline.image.ref if self.ab_baseline.image else "none",
+                    "why": self.ab_baseline.reason})] if self.ab_baseline else [])]
 
     def distribution_shown(self) -> list[Shown]:
         if self.copied is None:
@@ -203,11 +207,14 @@ class ImagesOutcome(StageOutcome):
                                                    f"{self.copied.message}; model: {self.model_copy.message}"))]
 
 
-def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, ProbedBefore]) -> ImagesOutcome:
+def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, ProbedBefore],
+        serving: ImageChoice | None = None) -> ImagesOutcome:
     """Pull (runtime.pull), probe every candidate, decide by the preview's policy, put the chosen image on every
-    node and the model beside it, and hand on the ImageChoice. A failure ends it as outcome.error, after the
-    evidence gathered so far. `probed_before`: the image ID earlier runs probed under each candidate's name
-    (records.earlier.probed_before; the notebook's `session.probed_before(...)`), so a moved tag warns."""
+    node and the model beside it, and hand on the ImageChoice (with benchmark.ab image, the A/B's baseline beside
+    it). A failure ends it as outcome.error, after the evidence gathered so far. `probed_before`: the image ID
+    earlier runs probed under each candidate's name (records.earlier.probed_before; the notebook's
+    `session.probed_before(...)`), so a moved tag warns; `serving`: the image of the cluster's deployment
+    (`session.serving_image()`), the image A/B's baseline."""
     out = ImagesOutcome(head=preview.head)
     if preview.pull:
         out.pulled = tags.pull(ctx, preview.candidates)
@@ -229,6 +236,14 @@ def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, Pro
     out.moved = [w for h in out.history.values() if (w := h.warning())]
     try:
         out.error = decide(ctx, preview, out, [*evidence, *out.moved])
+        if out.error is None and out.image is not None and ctx.params.benchmark.ab == "image":
+            chosen = abbase.baseline(ctx, out.image, serving, preview.installed, out.candidates,
+                                     lambda ref: memo.evaluate(ctx, ref, preview.target, preview.capabilities,
+                                                               preview.machines))
+            out.ab_baseline = chosen.handoff
+            out.decide(chosen.decision)
+            out.learned.extend(chosen.learned)
+            out.handoffs.append(chosen.handoff)
     except SparkbookError as exc:  # no usable image; a node that cannot be read or copied to
         out.error = exc
     return out

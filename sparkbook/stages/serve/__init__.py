@@ -18,9 +18,10 @@ from ...core.analysis.quality import Reference
 from ...core.cluster.context import Context
 from ...core.cluster.progress import Progress
 from ...core.cluster.topology import cache_dir
+from ...core.values.abarm import changes_image, replaces_own_arm
 from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, tail
-from ...core.values.handoff import Diagnosis, Endpoint, ImageChoice, RayCluster
+from ...core.values.handoff import AbAnswers, Diagnosis, Endpoint, ImageChoice, RayCluster
 from ...core.values.modelinfo import ModelFacts, utilization_floor
 from ...core.values.state import Handoff
 from . import (
@@ -52,12 +53,6 @@ from .rollback import Rollback
 from .smoke import Smoke
 
 LOG_TAIL_LINES = 12
-
-
-def replaces_own_arm(ab_arm: str | None) -> bool:
-    """Whether this arm of an A/B replaces what its arm before left serving (the A/B's own doing: no
-    confirm_replace needed; that guards the servers other runs left): the second arm and the kept one."""
-    return ab_arm is not None and ab_arm != "baseline"
 
 
 # --- preview ---------------------------------------------------------------------------------------
@@ -179,6 +174,7 @@ class ServeOutcome(StageOutcome):
     smoke: list[Smoke] | None = None
     answers: AnswerChecks | None = None
     answers_off: bool = False  # serve.quality.enabled is false: nothing checked, said so
+    answers_judged_by_ab: bool = False  # the image A/B's candidate arm: a disagreement is 06's verdict to judge
     client_view: ClientView | None = None  # behind a standing front: what a client saw while the servers changed
     quality_key: str | None = None  # the reference the answers were checked against (None: not checked)
     beside: Beside | None = None  # behind the front, a replacement: whether the new plan fit beside the old
@@ -268,7 +264,10 @@ class ServeOutcome(StageOutcome):
                      else Shown("Agreement", f"no reference for key {r.key} yet: " + (
                          f"this run's greedy tokens recorded as it ({q.recorded})" if q.recorded
                          else "none recorded (the checks failed)")))
-        return [*known, agreement, Shown("Verdict", q.summary())]
+        judged = [Shown("Left to the A/B's verdict", f"{q.problem}: in the A/B of images 06 keeps this image only "
+                        "where its answers agree as well as the baseline's")] \
+            if self.answers_judged_by_ab and q.problem else []
+        return [*known, agreement, Shown("Verdict", q.summary()), *judged]
 
     def endpoint_shown(self) -> list[Shown]:
         if self.endpoint is None:
@@ -305,6 +304,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
     plan that replaced a server fails, the serving env, the smoke test, the Endpoint for 06. An expected failure
     is the outcome's error, after the evidence of every step it reached."""
     ctx, outcome = ctx.with_image(preview.image.ref), ServeOutcome()
+    outcome.answers_judged_by_ab = changes_image(ctx.params.benchmark.ab) and ab_arm == "candidate"
     outcome.decide(preview.executor_decision)
     try:
         model = _needed(ctx, preview)
@@ -322,6 +322,9 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
         outcome.endpoint = bringup.endpoint(up, outcome.addresses).model_copy(update={
             "quality_key": key, **_front_seconds(outcome)})
         outcome.handoffs.append(outcome.endpoint)
+        if ab_arm is not None and changes_image(ctx.params.benchmark.ab):  # the A/B whose verdict reads answers
+            earlier = ctx.handoffs.get(AbAnswers) or AbAnswers()
+            outcome.handoffs.append(earlier.adding(ab_arm, answers.lowest_agreement(outcome.answers)))
     except SparkbookError as exc:
         outcome.error = exc
     return outcome
@@ -568,5 +571,5 @@ def _check_answers(ctx: Context, preview: ServePreview, outcome: ServeOutcome, u
     outcome.decide(answers.decision(ctx, asked, preview.image.ref, reference, key))
     outcome.answers = answers.run_checks(ctx, asked, preview.image.ref, key, reference)
     outcome.event("quality_check", outcome.answers.event())
-    answers.check_answers(outcome.answers)
+    answers.check_answers(outcome.answers, judged_by_ab=outcome.answers_judged_by_ab)
     return key

@@ -115,6 +115,19 @@ def run_checks(ctx: Context, plan: ServePlan, image: str, key: str, reference: R
     return AnswerChecks(report, made, quality_reference(ctx.run_dir, key), problem)
 
 
-def check_answers(checks: AnswerChecks) -> None:
-    if checks.problem:
+def check_answers(checks: AnswerChecks, *, judged_by_ab: bool = False) -> None:
+    """ServeError where the checks failed; `judged_by_ab` (the image A/B's candidate arm): answers that disagree
+    with the reference are left to 06's verdict, which then serves the baseline again (lost known answers still
+    stop 05: that image is broken, not slower or different)."""
+    if checks.problem and not (judged_by_ab and answers_verdict(checks.report.answers) is None):
         raise ServeError(f"answers checked at depth: {checks.problem}", remediation=checks.remediation)
+
+
+def lowest_agreement(checks: AnswerChecks | None) -> float | None:
+    """The lowest share of identical top-1 tokens over the prompts against the reference; 1.0 where these answers
+    made the reference (they agree with it by definition); None where nothing was compared."""
+    if checks is None:
+        return None
+    if checks.report.agreements:
+        return min(a.share for a in checks.report.agreements)
+    return 1.0 if checks.new_reference is not None else None

@@ -2,7 +2,8 @@
 images/ beside this module.
 
 base (debootstrap + ``docker import``) → torch (/opt/venv + the local CPU torch wheel) → one image per
-vLLM version → the grafted image (old vLLM + the new one's hy_v4 package, multi-stage COPY), and the new
+vLLM version → the grafted image (old vLLM + the new one's hy_v4 package, multi-stage COPY), the new one
+with a planted slowdown (the image A/B's worse newer image: one small layer, a vLLM plugin), and the new
 one again with vLLM's official ENTRYPOINT (``vllm serve``: one metadata layer, no new files).
 Each image carries a recipe label (a hash of its Dockerfile, inputs and parent image ID): a tag whose
 label matches is reused as is, so a warm ``ensure_images`` takes seconds.
@@ -43,9 +44,15 @@ TORCH = "sparkbook-lab/torch:2.13.0-cpu"
 OLD = f"sparkbook-lab/vllm-cpu:{OLD_VLLM}"
 NEW = f"sparkbook-lab/vllm-cpu:{NEW_VLLM}"
 GRAFT = f"sparkbook-lab/vllm-cpu:{OLD_VLLM}-hyv4-graft"
+SLOW = f"{NEW}-slow"   # NEW with a planted slowdown: each engine step sleeps as long again (images/slow_step/)
 OPENAI = f"sparkbook-lab/vllm-openai-cpu:{NEW_VLLM}"   # NEW with ENTRYPOINT ["vllm", "serve"]
 NO_RAY = f"{OPENAI}-noray"   # OPENAI without Ray: the stock image's shape since vLLM 0.19 (issue 45)
 LAB_IMAGES = (BASE, OLD, NEW, GRAFT, OPENAI, NO_RAY)
+# Built with LAB_IMAGES (seconds: one small layer) but not among them, so `lab up` neither loads them onto the head
+# nor counts them missing there: the test that needs one loads it onto its node, load_images(node.docker_host, [SLOW]).
+# That load costs more than the layer: `docker save` streams every layer (3.2 GiB), ~34 s onto a daemon holding NEW.
+ON_DEMAND_IMAGES = (SLOW,)
+SLOW_STEP_PLUGIN = RECIPES_DIR / "slow_step"
 
 LABEL = "org.sparkbook.lab"
 RECIPE_LABEL = f"{LABEL}.recipe"
@@ -80,6 +87,12 @@ def image_specs() -> list[ImageSpec]:
         *vllm,
         ImageSpec(GRAFT, "grafted", "Dockerfile.graft", {"OLD": OLD, "NEW": NEW}, vllm=OLD_VLLM,
                   extra_labels={f"{LABEL}.grafted": f"HYV4ForCausalLM from vllm {NEW_VLLM}"}),
+        ImageSpec(SLOW, "slow", "Dockerfile.slow", {"BASE": NEW},
+                  files=(SLOW_STEP_PLUGIN / "pyproject.toml", SLOW_STEP_PLUGIN / "sparkbook_slow_step.py"),
+                  vllm=NEW_VLLM, min_free_gib=1.0,
+                  extra_labels={f"{LABEL}.planted": "slowdown: each EngineCore step sleeps as long again as it "
+                                                    "took (vLLM general plugin sparkbook_slow_step); greedy "
+                                                    "tokens unchanged"}),
         ImageSpec(OPENAI, "entrypoint", "Dockerfile.entrypoint", {"BASE": NEW}, vllm=NEW_VLLM, min_free_gib=1.0),
         ImageSpec(NO_RAY, "no-ray", "Dockerfile.noray", {"BASE": OPENAI}, vllm=NEW_VLLM, min_free_gib=1.0),
     ]
@@ -96,7 +109,9 @@ def labels(spec: ImageSpec, recipe: str) -> dict[str, str]:
 def recipe_hash(spec: ImageSpec, parent_ids: dict[str, str]) -> str:
     """A short hash of everything that determines the image's content."""
     text = (RECIPES_DIR / spec.dockerfile).read_text() if spec.dockerfile else " ".join(BASE_PACKAGES)
-    files = {p.name: (p.read_text() if p.suffix == ".py" else p.stat().st_size) for p in spec.files}
+    # the recipes' own files by content, the large outside inputs (torch wheel, CA bundle) by size
+    files = {p.name: (p.read_text() if p.suffix == ".py" or RECIPES_DIR in p.parents else p.stat().st_size)
+             for p in spec.files}
     blob = json.dumps([spec.tag, text, spec.args, spec.extra_labels, files, parent_ids], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -191,7 +206,8 @@ def ensure_image(spec: ImageSpec, built: dict[str, str], emit: Progress) -> str:
 def ensure_images(progress: Progress | None = None) -> dict[str, str]:
     """Build the lab images that are missing or stale on the builder; return tag → image ID.
 
-    The tags are LAB_IMAGES (base, old, new, grafted, entrypoint); the intermediate torch image is built too.
+    The tags are LAB_IMAGES (base, old, new, grafted, entrypoint, no-ray); the intermediate torch image and the
+    ON_DEMAND_IMAGES (slow) are built too, but left out of the answer (lab up loads what it names onto the head).
     """
     emit = default_progress(progress)
     ensure_builder()

@@ -22,7 +22,7 @@ from ..core.cluster.topology import LOG_DIR, lost, without_ray
 from ..core.values import state
 from ..core.values.errors import SparkbookError
 from ..core.values.evidence import now, read_events
-from ..core.values.handoff import Endpoint, ImageChoice, OldDeployment
+from ..core.values.handoff import AbBaseline, Endpoint, ImageChoice, OldDeployment
 from ..core.values.handoffbounds import endpoint_problems, image_problems
 from ..core.values.params import Params, load_params
 from ..core.values.rundir import RUN_ID, STATE, is_run_dir
@@ -141,9 +141,12 @@ def last_good(params: Params, outputs: Path) -> Deployment:
 
 
 def _bounded(d: Deployment, params: Params) -> Deployment:
-    """`d` where its image and endpoint are ones these params could have deployed; UntrustedDeployment otherwise."""
-    old = state.Handoffs(d.run_dir, stage="status").get(OldDeployment)
-    problems = [*image_problems(d.image, params, old.images if old else ()),
+    """`d` where its image and endpoint are ones these params could have deployed (or an image A/B kept, the image
+    that served before it); UntrustedDeployment otherwise."""
+    handoffs = state.Handoffs(d.run_dir, stage="status")
+    old, ab = handoffs.get(OldDeployment), handoffs.get(AbBaseline)
+    kept = (ab.image.ref,) if ab and ab.image else ()  # the image A/B's baseline: the image that served before it
+    problems = [*image_problems(d.image, params, (*(old.images if old else ()), *kept)),
                 *endpoint_problems(d.endpoint, params, LOG_DIR)]
     if problems:
         raise UntrustedDeployment(f"{d.run_dir / STATE}: {'; '.join(problems)[:400]}; nothing was acted on",

@@ -128,10 +128,16 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _state_dir(node: str) -> dict[str, str]:
+    """Every lab's nodes are named lab-0, lab-1...: another lab ID's nodes get state dirs of their own (the run lock
+    among them), or two labs' runs would share the default ~/.sparkbook/lab-0 of the file system all labs share."""
+    return {"state_dir": f"/root/.sparkbook{cluster._SUFFIX}/{node}"} if cluster.LAB_ID else {}
+
+
 def params_file(nodes: int = 2) -> Path:
     """The params file of an N-node lab: params/lab.yaml itself for the default lab (2 nodes, default
     LAB_HOME); otherwise LAB_HOME/params/lab-N.yaml derived from it (node list replaced, serve.node_env
-    of missing nodes dropped, SSH key paths under LAB_HOME)."""
+    of missing nodes dropped, SSH key paths under LAB_HOME, another lab ID's state dirs)."""
     specs = cluster.lab_nodes(nodes)
     if nodes == 2 and lab_home() == DEFAULT_LAB_HOME and cluster.LAB_ID == 0:
         return REPO_PARAMS
@@ -139,7 +145,7 @@ def params_file(nodes: int = 2) -> Path:
     p = _load_yaml(REPO_PARAMS)
     template = p["nodes"][0]
     p["nodes"] = [{**template, "name": s.name, "role": s.role, "host": s.ip, "fabric_ip": s.ip,
-                   "fabric_netdev": cluster.NODE_NETDEV} for s in specs]
+                   "fabric_netdev": cluster.NODE_NETDEV, **_state_dir(s.name)} for s in specs]
     names = {s.name for s in specs}
     node_env = (p.get("serve") or {}).get("node_env")
     if isinstance(node_env, dict):

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from sparkbook.core.analysis.hostfacts import Memory
 from sparkbook.core.cluster.runtime_docker import LABEL
+from sparkbook.core.values import seal, state
+from sparkbook.core.values.handoff import ImageChoice
+from sparkbook.core.values.rundir import STATE
 from sparkbook.records.earlier import probed_before
 from sparkbook.stages.cleanup.inventory import Container, Inventory, old_deployment
 from sparkbook.stages.images.tags import TagHistory, tag_history
@@ -30,12 +33,24 @@ def test_the_old_deployments_images_are_the_running_containers_not_sparkbooks_ow
 
 
 def run_dir(root: Path, run_id: str, probed: dict[str, str | None]) -> Path:
+    """A run dir whose 03 recorded `probed` (sealed, as the session writes it); none: 03 did not run there."""
     d = root / run_id
     d.mkdir()
-    lines = [json.dumps({"kind": "image_probe", "data": {"facts": {"image": ref, "image_id": image_id}}})
-             for ref, image_id in probed.items()]
-    (d / "events.jsonl").write_text("\n".join([json.dumps({"kind": "decision", "data": {}}), *lines]) + "\n")
+    if probed:
+        ref = next(iter(probed))
+        state.store(d, ImageChoice(ref=ref, id=probed[ref], vllm_version="0.32.0", ray_version=None, nodes={},
+                                   candidates=probed), lambda data: data)
     return d
+
+
+def test_an_unsealed_record_names_no_earlier_image(tmp_path):
+    planted = run_dir(tmp_path, "20261120T100000Z", {"a:1": "sha256:1"})
+    seal.sig_file(planted / STATE).unlink()
+    (planted / "events.jsonl").write_text(json.dumps({"kind": "image_probe", "data": {"facts": {
+        "image": "a:1", "image_id": "sha256:1"}}}) + "\n")  # events are no record of what a name meant
+    now = tmp_path / "20261121T100000Z"
+    now.mkdir()
+    assert probed_before(now, ["a:1"]) == {}
 
 
 def test_a_tag_that_names_another_image_than_at_the_last_run_is_a_warning(tmp_path):

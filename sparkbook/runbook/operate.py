@@ -275,7 +275,7 @@ def health(base_url: str) -> str | None:
 
 def status(session: Run, d: Deployment) -> Status:
     """Every node's container, Ray and server, read-only, and the endpoint's /health."""
-    ctx = session.context(d.image.ref)
+    ctx = session.context(d.image.on_nodes)
     no_ray = without_ray(ctx.params, d.image.ray_version)  # vLLM's own multi-node launch: no Ray to look for
     gone = {} if no_ray else lost(ctx.params, ctx.cluster, ctx.runtime)
     ray = "not used (serve.executor mp, serve.layout replicas or an image without Ray)" if no_ray else "running"
@@ -292,7 +292,7 @@ def _router(session: Run, d: Deployment) -> RouterStatus | None:
     log = d.endpoint.router_log
     if log is None:
         return None
-    ctx, head = session.context(d.image.ref), session.params.head.name
+    ctx, head = session.context(d.image.on_nodes), session.params.head.name
     node, place = ctx.cluster.nodes[head], ctx.places[head]
     try:
         process = "running" if ctx.runtime.running(node, place, Spawned(head, place.name, log)) else "not running"
@@ -317,7 +317,7 @@ def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail
     if not router and node not in d.endpoint.commands:
         raise NothingDeployed(f"node {node!r} serves nothing in run {d.run_id}: it serves on "
                               f"{', '.join(d.endpoint.commands)}", remediation="pass --node with one of those")
-    ctx = session.context(d.image.ref)
+    ctx = session.context(d.image.on_nodes)
     node = session.params.head.name if router else node
     path = (d.endpoint.router_log or server_log(d, node)) if router else server_log(d, node)
     n, place = ctx.cluster.nodes[node], ctx.places[node]
@@ -351,7 +351,7 @@ def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     """End every node's `vllm serve` (its whole session), and unless `keep_ray` the node containers with their
     Ray; recorded in the deployment's run dir, so `sparkbook up` knows what to bring back. A stop that cannot reach
     every node stops the others, records that (a partial stop the watch respects) and raises StopIncomplete."""
-    ctx = session.context(d.image.ref)
+    ctx = session.context(d.image.on_nodes)
 
     def one(node: Node) -> NodeStopped:
         place = ctx.places[node.name]

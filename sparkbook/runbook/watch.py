@@ -102,7 +102,7 @@ def diagnose(session: Run, d: Deployment, since_s: float) -> FailureCause:
     gone, and the kernel's recent lines where a node's server or container is gone (an OOM kill shows only there).
     Read before the restart: the restart's 05 writes the same log file again."""
     seen = observed(operate.status(session, d).nodes, d.endpoint.commands)
-    ctx = session.context(d.image.ref)
+    ctx = session.context(d.image.on_nodes)
     readable = [ctx.cluster.nodes[n] for n in d.endpoint.commands if seen.get(n, PROCESS_GONE) == PROCESS_GONE]
 
     def read(node: Node) -> str:

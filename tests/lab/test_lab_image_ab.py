@@ -45,6 +45,7 @@ def _params(first_params: str, tmp: pytest.TempPathFactory, images: list[str]) -
     data: dict[str, Any] = yaml.safe_load(Path(first_params).read_text())
     data.update(cluster=CLUSTER, secrets=[])
     data["serve"].update(SERVE)
+    data["ray"] = {**data.get("ray", {}), "port": 6579}  # the full run's Ray holds 6379 beside it
     data["benchmark"].update(SWEEP)
     data["runtime"].update(images=images, installed_image=SLOW, image_policy="newest")
     path = tmp.mktemp("image-ab-params") / f"{CLUSTER}.yaml"

@@ -112,3 +112,17 @@ def test_docker_reports_an_images_repo_digests():
     images = DockerImages(SimpleNamespace(image_policy="newest", pull=False))  # type: ignore[arg-type]
     assert images.digests(node, "hub/vllm:0.17") == (f"hub/vllm@{PIN}",)  # type: ignore[arg-type]
     assert images.digests(node, "built/here:1") == ()  # type: ignore[arg-type]
+
+
+def test_a_pinned_image_is_run_and_checked_on_the_nodes_by_its_id():
+    """`docker save NAME@sha256:D | docker load` on another daemon brings the image (its ID) but no repo digest: the
+    pin names nothing there (measured with a registry on this machine: `docker image inspect NAME@sha256:D` on the
+    loading daemon, "No such image"; by ID, the image). So 03 checks the nodes and 04 starts the containers by ID."""
+    from sparkbook.stages.images.distribute import held_as
+
+    pin = f"hub/vllm@{PIN}"
+    assert held_as(pin, ID_NOW) == ID_NOW and held_as("hub/vllm:0.17", ID_NOW) == "hub/vllm:0.17"
+    chosen = ImageChoice(ref=pin, id=ID_NOW, vllm_version="0.32.0", ray_version=None, nodes={})
+    assert chosen.on_nodes == ID_NOW
+    assert chosen.model_copy(update={"ref": "hub/vllm:0.17"}).on_nodes == "hub/vllm:0.17"
+    assert chosen.model_copy(update={"id": None}).on_nodes == pin, "no ID known (a preview): the ref as given"

@@ -84,6 +84,13 @@ class ImageChoice(Handoff):
     candidates: dict[str, str | None] = {}  # every candidate ref -> its image ID on the head (None: not held)
 
     @property
+    def on_nodes(self) -> str:
+        """What every node holds the image under, for 04's containers and the operators: the image ID where `ref`
+        is a digest pin (`name@sha256:...`: a pin does not survive `docker save | docker load`, so the nodes 03 copies
+        it to hold the ID, not the digest), else `ref`."""
+        return self.id if pinned(self.ref) and self.id else self.ref
+
+    @property
     def probed(self) -> bool:
         """Whether its facts were read (every image 03 chooses has a vLLM version); not so for the candidate
         `sparkbook plan` shows before a first run where its probe did not answer: its Ray is then unknown."""
@@ -100,6 +107,11 @@ class AbBaseline(Handoff):
 
     image: ImageChoice | None
     reason: str
+
+
+def pinned(ref: str) -> bool:
+    """Whether an image reference is a digest pin (`name@sha256:...`)."""
+    return "@sha256:" in ref
 
 
 class _Part(BaseModel):

@@ -33,6 +33,7 @@ from ...core.cluster.nodes import Node, NodeError, Result
 from ...core.cluster.progress import Progress
 from ...core.cluster.runtime import ID_TIMEOUT_S
 from ...core.values.errors import SparkbookError
+from ...core.values.handoff import pinned
 from ...core.values.stagelist import IMAGES
 from . import layerdelta
 
@@ -139,7 +140,13 @@ def plan(ctx: Context, ref: str) -> ImageCopyPlan:
     if source is None:
         raise NodeError(head.name, f"does not hold {ref}: sparkbook copies images from the head and never pulls "
                                    "(load it there first)")
-    return ImageCopyPlan(ref, head.name, *source, image_ids(ctx, ref))
+    return ImageCopyPlan(ref, head.name, *source, image_ids(ctx, held_as(ref, source[0])))
+
+
+def held_as(ref: str, image_id: str) -> str:
+    """What a node that got `ref` holds it under: its ID for a digest pin (`docker load` brings no repo digest: the
+    pin names nothing there, measured), else `ref` (the tag comes with the image)."""
+    return image_id if pinned(ref) else ref
 
 
 def copy_image(ctx: Context, ref: str, node: Node, size_bytes: int,
@@ -307,4 +314,4 @@ def distribute(ctx: Context, ref: str) -> Distribution:
     p = plan(ctx, ref)
     copies = [send(ctx, ref, ctx.cluster.nodes[name], p.size_bytes) for name in p.to_copy]
     skipped = [name for name in p.held if name not in p.to_copy]
-    return Distribution(ref, p.image_id, copies, skipped, image_ids(ctx, ref))
+    return Distribution(ref, p.image_id, copies, skipped, image_ids(ctx, held_as(ref, p.image_id)))

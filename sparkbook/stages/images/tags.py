@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ...core.cluster.context import Context
 from ...core.values.evidence import ProbedBefore
+from ...core.values.handoff import pinned
 
 PULL_TIMEOUT_S = 3600  # a 20 GB image over a slow link
 
@@ -33,7 +34,7 @@ class TagHistory:
 
     def cell(self) -> str:
         if self.earlier_run is None:
-            return "first probe" if "@sha256:" not in self.ref else "pinned by digest"
+            return "first probe" if not pinned(self.ref) else "pinned by digest"
         if self.moved:
             return f"MOVED: was {(self.earlier_id or '')[:19]} in run {self.earlier_run}"
         return f"same ID as run {self.earlier_run}"

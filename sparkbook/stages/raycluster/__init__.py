@@ -102,7 +102,7 @@ def preview(ctx: Context) -> RayPreview:
     """03's image; each node's container start (its devices probed) and `ray start`; whether the cluster a
     previous run left is kept (read-only: the daemons, the containers and Ray are asked, nothing is started)."""
     choice = ctx.handoffs.need(ImageChoice)
-    ctx = ctx.with_image(choice.ref)
+    ctx = ctx.with_image(choice.on_nodes)
     unknown = ray_unknown(ctx.params, choice)
     no_ray = None if unknown else without_ray(ctx.params, choice.ray_version)
     specs = containers.start_specs(ctx)
@@ -223,7 +223,7 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
     confirm_replace, as 05 replaces a server (issue 40): without it nothing is touched; with it they are stopped and
     kept aside (event `containers_set_aside`) until 05's server answers, and a failure in 04 or 05 brings them back
     with their plan (runbook.fallback). A failure ends it as outcome.error, after the evidence gathered so far."""
-    ctx = ctx.with_image(preview.image.ref)
+    ctx = ctx.with_image(preview.image.on_nodes)
     out = RayOutcome(kept=preview.kept, skip=preview.skip, no_ray=preview.no_ray)
     out.decide(ray_decision(preview))
     out.decide(preview.kept.decision(preview.image.id or ""))

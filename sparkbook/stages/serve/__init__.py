@@ -116,7 +116,7 @@ def preview(ctx: Context) -> ServePreview:
     executor, build each node's command and read what serves now (read-only probes). Without 02's hand-offs the
     model is served from params' own path and the OOM ladder's floor is unknown: the preview says so."""
     choice = ctx.handoffs.need(ImageChoice)
-    ctx = ctx.with_image(choice.ref)
+    ctx = ctx.with_image(choice.on_nodes)
     model, diagnosis = ctx.handoffs.get(ModelFacts), ctx.handoffs.get(Diagnosis)
     platform = commands.detect_platform(ctx)
     executor, decision, serve_plan = _layout_plan(ctx, platform, model.dir_on_nodes if model else "")
@@ -303,7 +303,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
     server untouched), room made and memory measured, the bring-up with its remedies, a rollback where the new
     plan that replaced a server fails, the serving env, the smoke test, the Endpoint for 06. An expected failure
     is the outcome's error, after the evidence of every step it reached."""
-    ctx, outcome = ctx.with_image(preview.image.ref), ServeOutcome()
+    ctx, outcome = ctx.with_image(preview.image.on_nodes), ServeOutcome()
     outcome.answers_judged_by_ab = changes_image(ctx.params.benchmark.ab) and ab_arm == "candidate"
     outcome.decide(preview.executor_decision)
     try:

@@ -21,7 +21,10 @@ from sparkbook.runbook import driver
 from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
 
-pytestmark = pytest.mark.lab
+# make test-all: the A/B's arms, the second arm's replacement, the verdict's kept arm and `up` after it run on the lab
+# in test_lab_image_ab.py; what is speculation's own (the spec-decode counters, the verdict) is in
+# tests/unit/test_speculative.py and test_specmetrics.py: 238 s of setup in CI on 2026-12-07
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 
 

@@ -23,7 +23,9 @@ from sparkbook.core.values.rundir import AB_BASELINE
 from sparkbook.core.values.sweeppoint import read_points
 from sparkbook.runbook.manifest import Manifest
 
-pytestmark = pytest.mark.lab
+# make test-all: the A/B's arms and kept arm run on the lab in test_lab_image_ab.py, replicas behind the router in
+# test_replicas_lab.py; the layout's verdict in tests/unit/test_ab_layout.py: 294 s of setup in CI on 2026-12-07
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 # no API key: vllm-router takes it only on its argv, which the params refuse with replicas
 REPLICAS = {"layout": "replicas", "max_num_seqs": 8, "port": 8200, "replica_port": 8201, "master_port": 29701,
             "api_key_env": None}

@@ -108,7 +108,7 @@ def serving_again(seed: Path, params: Params) -> str | None:
     """The output name 05 runs under in a run that brings the deployment of run `seed` back (`sparkbook up`, a
     rollback): the kept arm's, where the seed's last 05 served the A/B's baseline again and the params still ask for
     that A/B (so it serves the baseline's plan, not the arm the A/B rejected); None: 05 serves the params' own plan."""
-    served = [nb.name for nb in Manifest.read(seed).notebooks if SERVE.owns(nb.name) and nb.status == "ok"]
+    served = Manifest.read(seed).served()
     if not served or arm_of(served[-1]) != KEPT or params.benchmark.ab is None:
         return None
     try:

@@ -68,8 +68,8 @@ def redeploy_previous(params_file: Path, run_dir: Path, aside: SetAside, up_from
         say(f"rollback: the containers of run {aside.run} are back on {', '.join(returned) or 'no node'}; 04 and 05 "
             "bring its plan up again")
         via, manifest = up_from(deployed)
-        served = any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks)
-        problem = None if served else f"the rollback run {via.name} ended {manifest.status} before {SERVE.id} served"
+        problem = None if manifest.served() else \
+            f"the rollback run {via.name} ended {manifest.status} before {SERVE.id} served"
     dark = (datetime.now(UTC) - datetime.fromisoformat(aside.at)).total_seconds()
     session.record("serve_rollback", {"rolled_back_to_run": aside.run, "ok": problem is None,
                                       "seconds_without_service": round(dark, 1), "new_plan_failure": why,

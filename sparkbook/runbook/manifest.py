@@ -12,6 +12,7 @@ from typing import Any
 from ..core.values import seal
 from ..core.values.errors import SparkbookError
 from ..core.values.rundir import MANIFEST
+from ..core.values.stagelist import SERVE
 
 # A notebook's status: pending (not reached yet) and running while the run goes on; ok | failed | not run (after a
 # failure) | skipped (--only NN) | skipped (--from NN) once it ended.
@@ -75,6 +76,10 @@ class Manifest:
         except (ValueError, KeyError, TypeError) as exc:
             raise ManifestError(f"{path}: not a manifest sparkbook reads ({type(exc).__name__})",
                                 remediation="start a new run instead: `sparkbook run PARAMS`") from None
+
+    def served(self) -> list[str]:
+        """The notebooks of 05 (any A/B arm's) that ended ok, in run order: none where the run deployed nothing."""
+        return [nb.name for nb in self.notebooks if SERVE.owns(nb.name) and nb.status == "ok"]
 
     def first_failed(self) -> NotebookRun | None:
         """The notebook the run stopped at (None: none failed)."""

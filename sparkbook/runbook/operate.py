@@ -88,7 +88,7 @@ def _served(run_dir: Path) -> Deployment | None:
         manifest = Manifest.read(run_dir)
     except FileNotFoundError:
         return None  # a run cut short before its first notebook: it deployed nothing
-    if any(SERVE.owns(nb.name) and nb.status == "ok" for nb in manifest.notebooks):
+    if manifest.served():
         return _deployment(run_dir)
     back = rolled_back_to(run_dir)
     if back is None:

@@ -38,7 +38,6 @@ from ..core.values.handoff import AbBaseline, ImageChoice
 from ..core.values.params import Params, load_params
 from ..core.values.redact import Redactor
 from ..core.values.rundir import AB_BASELINE, EVENTS, INTERACTIVE, LOGS, SEALED, relative_paths, runs_before
-from ..core.values.stagelist import SERVE
 from ..core.values.state import H, Handoffs, StateError
 from ..core.values.sweeppoint import SweepPoint, write_point
 from ..records.earlier import earlier_sweep, images_before, probed_before
@@ -96,8 +95,7 @@ class Run:
         sealed record; a run dir this controller did not seal is passed over). None: nothing served before."""
         for run in runs_before(self.run_dir):
             try:
-                served = any(SERVE.owns(nb.name) and nb.status == "ok" for nb in Manifest.read(run).notebooks)
-                if served:
+                if Manifest.read(run).served():
                     return state.load(run, ImageChoice, sealed=True)
             except (OSError, SparkbookError):  # no manifest, torn, foreign, or no 03 in it
                 continue

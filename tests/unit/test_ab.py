@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 import yaml
+from stubnotebooks import write_notebook
 
 from sparkbook.core.analysis.benchstats import decode_steps_per_s
 from sparkbook.core.values.handoff import AbVerdict
@@ -127,13 +127,7 @@ def test_both_arms_rows_show_decode_steps_beside_output_tokens():
     assert decode_steps_per_s(_point(1, 100, accepted=10, output=0)) is None, "no token count, no steps"
 
 
-def _notebook(folder: Path, name: str, body: str) -> None:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""\nab_arm = None\nkeep = "speculative"')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, folder / name)
+PARAMETERS = 'params_file = ""\nrun_dir = ""\nab_arm = None\nkeep = "speculative"'
 
 
 @pytest.fixture
@@ -154,9 +148,9 @@ def ab_notebooks(tmp_path: Path) -> Path:
         'if ab_arm not in (None, "baseline"):\n'
         '    run.remember(AbVerdict(ab=run.params.benchmark.ab, kept=keep, reason="planted", decided_at=1, '
         'crossing=None, ratios=[]))\n')
-    _notebook(folder, "04-ray.ipynb", opened.format(stage="04-ray"))
-    _notebook(folder, "05-serve.ipynb", serve)
-    _notebook(folder, "06-benchmark.ipynb", bench)
+    write_notebook(folder, "04-ray.ipynb", PARAMETERS, opened.format(stage="04-ray"))
+    write_notebook(folder, "05-serve.ipynb", PARAMETERS, serve)
+    write_notebook(folder, "06-benchmark.ipynb", PARAMETERS, bench)
     return folder
 
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 import yaml
+from stubnotebooks import write_notebook
 from test_images import candidate
 
 from sparkbook.core.cluster.context import Context
@@ -102,14 +102,8 @@ def test_no_baseline_means_no_ab_and_the_decision_says_why(lab, tmp_path, servin
 
 
 # --- the driver: 04 to 06 in each arm, each with its image ----------------------------------------------------------
-def _notebook(folder: Path, name: str, body: str) -> None:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""\nab_arm = None\nkeep = "candidate"\n'
-                                       'baseline = "vllm:0.32.0"')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, folder / name)
+PARAMETERS = ('params_file = ""\nrun_dir = ""\nab_arm = None\nkeep = "candidate"\n'
+              'baseline = "vllm:0.32.0"')
 
 
 @pytest.fixture
@@ -123,13 +117,13 @@ def image_notebooks(tmp_path: Path) -> Path:
     note = ('with (run.run_dir / "images.jsonl").open("a") as fh:\n'
             '    fh.write(json.dumps([run.stage, ab_arm, run.context().handoffs.need(ImageChoice).ref]) + "\\n")\n')
     chosen = 'ImageChoice(ref={ref!r}, id="sha256:{n}", vllm_version="{v}", ray_version=None, nodes={{}})'
-    _notebook(folder, "03-images.ipynb", opened.format(stage="03-images") + (
+    write_notebook(folder, "03-images.ipynb", PARAMETERS, opened.format(stage="03-images") + (
         f'run.remember({chosen.format(ref="vllm:0.34.0", n="4" * 64, v="0.34.0")})\n'
         f'image = {chosen.format(ref="vllm:0.32.0", n="2" * 64, v="0.32.0")} if baseline else None\n'
         'run.remember(AbBaseline(image=image, reason="planted" if baseline else "no A/B of images: planted"))\n'))
-    _notebook(folder, "04-ray.ipynb", opened.format(stage="04-ray") + note)
-    _notebook(folder, "05-serve.ipynb", opened.format(stage="05-serve") + note)
-    _notebook(folder, "06-benchmark.ipynb", opened.format(stage="06-benchmark") + (
+    write_notebook(folder, "04-ray.ipynb", PARAMETERS, opened.format(stage="04-ray") + note)
+    write_notebook(folder, "05-serve.ipynb", PARAMETERS, opened.format(stage="05-serve") + note)
+    write_notebook(folder, "06-benchmark.ipynb", PARAMETERS, opened.format(stage="06-benchmark") + (
         'if ab_arm not in (None, "baseline"):\n'
         '    run.remember(AbVerdict(ab="image", kept=keep, reason="planted", decided_at=1, crossing=None, '
         'ratios=[]))\n'))

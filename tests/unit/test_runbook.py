@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
+from stubnotebooks import write_notebook
 
 from sparkbook import cli
 from sparkbook.core.values.params import load_params
@@ -17,13 +17,7 @@ from sparkbook.runbook.driver import RunOptions
 TOKEN = "hf_" + "Zq8" * 10
 
 
-def _notebook(folder: Path, name: str, body: str) -> None:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""\nfail = False')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, folder / name)
+PARAMETERS = 'params_file = ""\nrun_dir = ""\nfail = False'
 
 
 @pytest.fixture
@@ -34,9 +28,10 @@ def notebooks(tmp_path: Path) -> Path:
              'run = sparkbook.open_run(params_file, run_dir, stage="{stage}")\n'
              'print("token is", os.environ["SPARKBOOK_TEST_TOKEN"])\n'
              'run.decide(Decision("which?", "{stage}", "because", [Alternative("other", "worse")]))\n')
-    _notebook(folder, "01-first.ipynb", stage.format(stage="01-first"))
-    _notebook(folder, "02-second.ipynb", stage.format(stage="02-second") + 'assert not fail, "planted failure"\n')
-    _notebook(folder, "03-third.ipynb", stage.format(stage="03-third"))
+    write_notebook(folder, "01-first.ipynb", PARAMETERS, stage.format(stage="01-first"))
+    write_notebook(folder, "02-second.ipynb", PARAMETERS,
+                   stage.format(stage="02-second") + 'assert not fail, "planted failure"\n')
+    write_notebook(folder, "03-third.ipynb", PARAMETERS, stage.format(stage="03-third"))
     return folder
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import NodeError
 from ...core.values import rundir
+from ...core.values.abarm import changes_image
 from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Decision, ProbedBefore, Shown, StageOutcome
 from ...core.values.handoff import AbBaseline, Diagnosis, ImageChoice
@@ -236,7 +237,7 @@ def run(ctx: Context, preview: ImagesPreview, *, probed_before: Mapping[str, Pro
     out.moved = [w for h in out.history.values() if (w := h.warning())]
     try:
         out.error = decide(ctx, preview, out, [*evidence, *out.moved])
-        if out.error is None and out.image is not None and ctx.params.benchmark.ab == "image":
+        if out.error is None and out.image is not None and changes_image(ctx.params.benchmark.ab):
             chosen = abbase.baseline(ctx, out.image, serving, preview.installed, out.candidates,
                                      lambda ref: memo.evaluate(ctx, ref, preview.target, preview.capabilities,
                                                                preview.machines))
@@ -262,7 +263,7 @@ def decide(ctx: Context, preview: ImagesPreview, out: ImagesOutcome, evidence: l
     out.event("model_copy", model_copy)
     if not model_copy.verified:
         return modelcopy.ModelCopyError(model_copy.message)
-    out.image = choice.image_state(out.candidates, decision, copied.ids)
+    out.image = choice.image_state(out.candidates, decision.choice, copied.ids)
     out.handoffs.append(out.image)
     return None
 

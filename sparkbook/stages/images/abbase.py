@@ -21,6 +21,8 @@ from . import distribute
 from .choice import Candidate, Probes, image_state
 from .memo import Evaluated
 
+QUESTION = "Which image does the A/B of images compare 03's choice with?"
+
 
 @dataclass(frozen=True)
 class Baseline:
@@ -34,7 +36,7 @@ class Baseline:
 def _none(reason: str, chosen: ImageChoice) -> Baseline:
     why = f"no A/B of images: {reason}; {chosen.ref} serves as without benchmark.ab"
     return Baseline(AbBaseline(image=None, reason=why),
-                    Decision("Which image does the A/B of images compare 03's choice with?", "none", why, [],
+                    Decision(QUESTION, "none", why, [],
                              ["03's decision above"], key="ab_baseline"))
 
 
@@ -67,9 +69,9 @@ def baseline(ctx: Context, chosen: ImageChoice, serving: ImageChoice | None, ins
     why = (f"{ref} {source} and loads the model (vLLM {found.facts.vllm_version}, {str(image_id)[:19]}): the "
            f"baseline arm serves the same plan in it, then 03's choice {chosen.ref} (vLLM {chosen.vllm_version}) "
            "is measured against it")
-    image = image_state([found], Decision("", ref, "", []), copied.ids)
+    image = image_state([found], ref, copied.ids)
     return Baseline(AbBaseline(image=image, reason=why),
-                    Decision("Which image does the A/B of images compare 03's choice with?", ref, why,
+                    Decision(QUESTION, ref, why,
                              [Alternative(chosen.ref, "03's choice: the A/B's second arm")],
                              ["candidates table above (events.jsonl: image_probe)", copied.message],
                              key="ab_baseline"),

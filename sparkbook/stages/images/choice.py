@@ -524,12 +524,12 @@ def _version(text: str | None) -> Version:
         return Version("0")
 
 
-def image_state(candidates: list[Candidate], decision: Decision, ids: dict[str, str | None]) -> ImageChoice:
-    """What 04/05 read from the run state: the chosen ref, its ID and digests, versions, every node's ID, and every
-    candidate's ID on the head (the sealed record a later run's 02 sets its tags beside). An environment
-    has no image ID (the Python runtime): its ID is the identity every node reports for it, where they agree, so that
-    04 can tell the places it started from it."""
-    c = next(c for c in candidates if c.image == decision.choice)
+def image_state(candidates: list[Candidate], ref: str, ids: dict[str, str | None]) -> ImageChoice:
+    """What 04/05 read from the run state of the candidate `ref`: the ref, its ID and digests, versions, every node's
+    ID, and every candidate's ID on the head (the sealed record a later run's 02 sets its tags beside). An
+    environment has no image ID (the Python runtime): its ID is the identity every node reports for it, where they
+    agree, so that 04 can tell the places it started from it."""
+    c = next(c for c in candidates if c.image == ref)
     shared = set(ids.values())
     agreed = shared.pop() if len(shared) == 1 else None
     return ImageChoice(ref=c.image, id=c.facts.image_id or agreed, vllm_version=c.facts.vllm_version,

@@ -18,7 +18,7 @@ from ...core.analysis.quality import Reference
 from ...core.cluster.context import Context
 from ...core.cluster.progress import Progress
 from ...core.cluster.topology import cache_dir
-from ...core.values.abarm import changes_image, replaces_own_arm
+from ...core.values.abarm import changes_image, replaces_own_arm, second_arm
 from ...core.values.errors import SparkbookError
 from ...core.values.evidence import Alternative, Decision, Shown, StageOutcome, tail
 from ...core.values.handoff import AbAnswers, Diagnosis, Endpoint, ImageChoice, RayCluster
@@ -304,7 +304,7 @@ def run(ctx: Context, preview: ServePreview, *, confirm_replace: bool, ab_arm: s
     plan that replaced a server fails, the serving env, the smoke test, the Endpoint for 06. An expected failure
     is the outcome's error, after the evidence of every step it reached."""
     ctx, outcome = ctx.with_image(preview.image.on_nodes), ServeOutcome()
-    outcome.answers_judged_by_ab = changes_image(ctx.params.benchmark.ab) and ab_arm == "candidate"
+    outcome.answers_judged_by_ab = changes_image(ctx.params.benchmark.ab) and ab_arm == second_arm("image")
     outcome.decide(preview.executor_decision)
     try:
         model = _needed(ctx, preview)

@@ -19,7 +19,8 @@ def handle(args: argparse.Namespace) -> int:
 
     done = api.stop(Path(args.params), Path(args.outputs), keep_ray=args.keep_ray, say=print)
     for s in done.nodes:
-        print(f"{s.node:12} vllm serve {s.server}; node container {s.container}")
+        print(f"{s.node:12} vllm serve {s.server}; node container {s.container}"
+              + (f"; front {s.front}" if s.front else ""))
     print(f"stopped the deployment of run {done.deployment.run_id} (recorded there); `sparkbook up {args.params}` "
           "brings it back")
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from ..core.cluster.context import Context
 from ..core.cluster.nodes import Node, NodeError
 from ..core.cluster.runtime import Place, Runtime, Spawned
 from ..core.cluster.topology import LOG_DIR, lost, without_ray
@@ -293,12 +294,18 @@ def _router(session: Run, d: Deployment) -> RouterStatus | None:
     if log is None:
         return None
     ctx, head = session.context(d.image.on_nodes), session.params.head.name
-    node, place = ctx.cluster.nodes[head], ctx.places[head]
+    node, place = ctx.cluster.nodes[head], router_place(ctx, d)
     try:
         process = "running" if ctx.runtime.running(node, place, Spawned(head, place.name, log)) else "not running"
     except (NodeError, OSError) as exc:
         process = f"unknown: {exc}"[:160]
     return RouterStatus(head, process, {n: health(url) for n, url in d.endpoint.replicas.items()})
+
+
+def router_place(ctx: Context, d: Deployment) -> Place:
+    """Where the deployment's router runs: the front's own place on the head, or (replicas without a front, and
+    records older than that place) the head's."""
+    return ctx.front if d.endpoint.front else ctx.places[ctx.head.name]
 
 
 def server_log(d: Deployment, node: str) -> str:
@@ -320,7 +327,7 @@ def logs(session: Run, d: Deployment, node: str, *, follow: bool, say: Say, tail
     ctx = session.context(d.image.on_nodes)
     node = session.params.head.name if router else node
     path = (d.endpoint.router_log or server_log(d, node)) if router else server_log(d, node)
-    n, place = ctx.cluster.nodes[node], ctx.places[node]
+    n, place = ctx.cluster.nodes[node], router_place(ctx, d) if router else ctx.places[node]
     if not ctx.runtime.alive(n, place):
         raise NothingDeployed(f"{node}: container {place.name} is not running, so its log {path} is gone with it",
                               remediation="`sparkbook up PARAMS` brings the deployment back")
@@ -345,6 +352,7 @@ class NodeStopped:
     node: str
     server: str
     container: str
+    front: str | None = None  # on the head, behind the front: what became of the front's own place
 
 
 def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
@@ -354,15 +362,14 @@ def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     ctx = session.context(d.image.on_nodes)
 
     def one(node: Node) -> NodeStopped:
+        front = _stop_router(ctx, d, keep_ray) if node.name == ctx.head.name else None  # first: it is the door
         place = ctx.places[node.name]
         if not ctx.runtime.alive(node, place):
-            return NodeStopped(node.name, "not running", "not running")
-        if node.name == ctx.head.name and d.endpoint.router_log:  # the router first: it fronts the replicas
-            ctx.runtime.kill(node, place, Spawned(node.name, place.name, d.endpoint.router_log))
+            return NodeStopped(node.name, "not running", "not running", front)
         ctx.runtime.kill(node, place, Spawned(node.name, place.name, server_log(d, node.name)))
         if keep_ray:
-            return NodeStopped(node.name, "stopped", "kept (Ray still runs)")
-        return NodeStopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none")
+            return NodeStopped(node.name, "stopped", "kept (Ray still runs)", front)
+        return NodeStopped(node.name, "stopped", "removed" if ctx.runtime.stop(node, place) else "none", front)
 
     outcomes = ctx.cluster.fan_out(one, timeout=PROBE_TIMEOUT_S + 30)
     done = [o.value for o in outcomes.succeeded.values() if o.value is not None]
@@ -371,6 +378,19 @@ def stop(session: Run, d: Deployment, *, keep_ray: bool) -> list[NodeStopped]:
     if unreached:
         raise StopIncomplete(d, done, outcomes.errors())
     return done
+
+
+def _stop_router(ctx: Context, d: Deployment, keep_ray: bool) -> str | None:
+    """End the deployment's router (no door answers while nothing serves behind it), and unless `keep_ray` the
+    front's own place with it; what became of that place (None: the deployment has no front)."""
+    head, place = ctx.head, router_place(ctx, d)
+    if d.endpoint.router_log and ctx.runtime.alive(head, place):
+        ctx.runtime.kill(head, place, Spawned(head.name, place.name, d.endpoint.router_log))
+    if not d.endpoint.front:
+        return None
+    if keep_ray:
+        return "router stopped, place kept"
+    return "removed" if ctx.runtime.stop(head, place) else "none"
 
 
 class StopIncomplete(SparkbookError):

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pytest import TempPathFactory
 
-from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.cluster.topology import container_names
 from sparkbook.core.values.params import Params, load_params
 from sparkbook.core.values.rundir import QUALITY
 from sparkbook.core.values.stagelist import RAYCLUSTER
@@ -49,5 +49,5 @@ def seeded_from_04(full_run: tuple[Path, Manifest], node_shells: dict[str, Any],
           + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks if nb.status != "skipped"))
     params = load_params(path)
     yield params, run_dir, manifest
-    for spec in params.nodes:
-        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+    for node, names in container_names(params).items():  # the front's own place on the head too
+        node_shells[node].run(["docker", "rm", "-f", *names], check=False)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from test_operate_watch import _engine_pid
 
-from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.cluster.topology import container_name, container_names, front_place
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.stagelist import RAYCLUSTER, SERVE
@@ -56,8 +56,8 @@ def fronted(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory
     print(f"lab-front: 04-05 in {time.monotonic() - t0:.0f} s")
     params = load_params(path)
     yield data | {"_params": params}, run_dir, manifest
-    for spec in params.nodes:
-        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+    for node, names in container_names(params).items():  # the front's own place on the head too
+        node_shells[node].run(["docker", "rm", "-f", *names], check=False)
 
 
 class Load:
@@ -112,8 +112,9 @@ class Load:
 
 
 def _front_pid(node_shells, data: dict[str, Any]) -> str:
+    """The front's process, in its own place on the head (not the head's node place)."""
     head = data["nodes"][0]["name"]
-    _, out, _ = node_shells[head].run(["docker", "exec", container_name(data["_params"], head), "cat",
+    _, out, _ = node_shells[head].run(["docker", "exec", front_place(data["_params"], "").name, "cat",
                                        f"{front.LOG}.pid"])
     return out.split()[0] if out.split() else ""
 
@@ -242,6 +243,40 @@ def test_a_watch_restart_behind_the_front_holds_what_arrives(fronted, node_shell
     assert load.refused == 0, load.errors[:5]
     # a stream the kill cut is lost (the engine died under it); nothing that arrived afterwards fails
     assert load.failed <= LOAD_CONCURRENCY, load.errors[:8]
+
+
+def test_new_node_places_leave_the_front_standing_and_holding(fronted, node_shells, tmp_path: Path) -> None:
+    """A new env (ray.env: every node place differs) under the load: 04, confirmed, drains the head's server and sets
+    the node places aside, 05 starts the plan in new ones; the front in its own place stays (the same process) and
+    holds what arrives meanwhile, so no request is refused and none in flight is cut; 05 records the way and the
+    seconds a client saw from 04's stop. Last of the module's changes: the deployment is the new run's."""
+    data, run_dir, _ = fronted
+    pid = _front_pid(node_shells, data)
+    changed = {k: v for k, v in data.items() if k != "_params"}
+    changed["serve"] = {**changed["serve"], "max_num_seqs": 6, "switch": "drain"}  # the plan that serves (above)
+    changed["ray"] = {**changed["ray"], "env": {**changed["ray"].get("env", {}), "SPARKBOOK_LAB_PLACES": "new"}}
+    path = tmp_path / "lab-front-new-places.yaml"
+    path.write_text(yaml.safe_dump(changed, sort_keys=False))
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    with Load(endpoint["base_url"], endpoint["model"]) as load:
+        time.sleep(3)  # requests in flight when 04 starts
+        new_dir, again = driver.execute(path, RunOptions(out_root=run_dir.parent.parent, seed=run_dir,
+                                                         start=RAYCLUSTER.id, upto=SERVE.id,
+                                                         parameters={"confirm_replace": True}), say=print)
+        time.sleep(3)
+    print(f"new node places behind the front: load {load.ok} ok, {load.refused} refused, {load.failed} failed; "
+          f"first errors: {load.errors[:3]}")
+    assert [n.status for n in again.notebooks if n.name[:2] in ("04", "05")] == ["ok", "ok"], again.notebooks
+    (drained,) = [e["data"] for e in read_events(new_dir, "server_drained")]
+    assert any("serve-" in log for log in drained["signalled"]), drained
+    assert read_events(new_dir, "containers_set_aside") and read_events(new_dir, "containers_dropped")
+    held = _held(new_dir)
+    assert held["way"] == "new node places behind the front" and held["refused"] == 0, held
+    after = json.loads((new_dir / "state.json").read_text())["endpoint"]
+    assert after["front"] is True and after["seconds_without_service"] >= 1, after  # counted from 04's stop
+    assert (load.refused, load.failed) == (0, 0), load.errors[:5]
+    assert load.ok > LOAD_CONCURRENCY
+    assert _front_pid(node_shells, data) == pid, "the front outlived the node places"
 
 
 def _point(base_url: str, model: str, concurrency: int, requests: int) -> tuple[float, float]:

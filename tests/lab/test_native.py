@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from sparkbook import cli
-from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.cluster.topology import container_name, container_names
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import Params, load_params
 from sparkbook.lab.imagebuild import NO_RAY
@@ -51,8 +51,8 @@ def native(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory) -> I
           + ", ".join(f"{nb.name} {nb.duration_s} s" for nb in manifest.notebooks))
     params = load_params(path)
     yield params, run_dir, manifest
-    for spec in params.nodes:
-        node_shells[spec.name].run(["docker", "rm", "-f", container_name(params, spec.name)], check=False)
+    for node, names in container_names(params).items():  # the front's own place on the head too
+        node_shells[node].run(["docker", "rm", "-f", *names], check=False)
 
 
 def _decision(manifest: Manifest, prefix: str, key: str) -> dict:

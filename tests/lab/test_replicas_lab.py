@@ -14,9 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from runcopy import seeded_from_04
 
 from sparkbook import cli
+from sparkbook.core.cluster import topology
 from sparkbook.core.cluster.topology import container_name
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import Params
@@ -38,10 +40,11 @@ def replicas(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory,
     yield from seeded_from_04(full_run, node_shells, tmp_path_factory, "lab-replicas", REPLICAS, SMALL_SWEEP)
 
 
-def _cmdlines(node_shells, params: Params, node: str) -> list[str]:
-    """Every process's command line in the node's container, read from /proc."""
+def _cmdlines(node_shells, params: Params, node: str, container: str | None = None) -> list[str]:
+    """Every process's command line in the node's container (or `container` on it), read from /proc."""
     script = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done"
-    _, out, _ = node_shells[node].run(["docker", "exec", container_name(params, node), "sh", "-c", script])
+    _, out, _ = node_shells[node].run(["docker", "exec", container or container_name(params, node), "sh", "-c",
+                                       script])
     return [line for line in out.splitlines() if line.strip()]
 
 
@@ -65,9 +68,10 @@ def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(re
         assert serves and all("--port 8101" in ln for ln in serves if "--port" in ln), (spec.name, lines)
         assert not [ln for ln in lines if "--nnodes" in ln or "--headless" in ln], (spec.name, lines)
     router_process = ("vllm::router", "vllm_router")  # its setproctitle name, or its argv before it is set
-    assert [ln for ln in _cmdlines(node_shells, params, "lab-0") if any(m in ln for m in router_process)]
-    assert not [ln for ln in _cmdlines(node_shells, params, "lab-1") if any(m in ln for m in router_process)], \
-        "the router runs on the head only"
+    front_place = topology.front_place(params, "").name
+    assert [ln for ln in _cmdlines(node_shells, params, "lab-0", front_place) if any(m in ln for m in router_process)]
+    assert not [ln for node in ("lab-0", "lab-1") for ln in _cmdlines(node_shells, params, node)
+                if any(m in ln for m in router_process)], "the router runs in the front's own place on the head only"
     for url in [*endpoint["replicas"].values(), endpoint["base_url"]]:
         listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
         assert [m["id"] for m in listed] == [params.model.served_name], (url, listed)
@@ -92,11 +96,39 @@ def test_status_and_logs_show_the_router_and_both_replicas(replicas, capsys: pyt
     assert "healthy" in log.lower() or "router" in log.lower(), log[-2000:]
 
 
+def test_a_changed_plan_goes_blue_green_with_a_copy_beside_each_replica(replicas) -> None:
+    """05 again, confirmed, with a serve setting changed: every node's new copy starts on serve.replica_port + 1
+    beside the serving one, is ready, the head's is checked, the front adds both new copies before removing the old
+    ones, which drain and stop; a client polling the front saw nothing refused or failed."""
+    from sparkbook.runbook import driver
+    from sparkbook.runbook.driver import RunOptions
+
+    params, run_dir, manifest = replicas
+    changed = yaml.safe_load(Path(manifest.params_file).read_text())
+    changed["serve"]["max_num_seqs"] = 4
+    path = run_dir.parent.parent / "lab-replicas-green.yaml"
+    path.write_text(yaml.safe_dump(changed, sort_keys=False))
+    _, again = driver.execute(path, RunOptions(resume=run_dir, only="05", parameters={"confirm_replace": True}),
+                              say=print)
+    nb = next(n for n in again.notebooks if n.name.startswith("05"))
+    assert nb.status == "ok", nb.exception
+    (held,) = [e["data"] for e in read_events(run_dir, "front_held")][-1:]
+    print("front_held:", held)
+    assert held["way"] == "blue-green" and (held["refused"], held["failed"]) == (0, 0), held
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    assert endpoint["replicas"] == {s.name: f"http://{s.fabric_ip}:8102" for s in params.nodes}, endpoint
+    for spec in params.nodes:  # the old copies drained and stopped
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{spec.fabric_ip}:8101/health", timeout=5)
+    listed = httpx.get(f"{endpoint['base_url']}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in listed] == [params.model.served_name]
+
+
 def test_stop_then_up_brings_the_replicas_and_the_router_back(replicas, capsys: pytest.CaptureFixture[str]) -> None:
     params, run_dir, manifest = replicas
     outputs = str(run_dir.parent.parent)
     assert cli.main(["stop", manifest.params_file, "--outputs", outputs]) == 0
-    capsys.readouterr()
+    assert "front removed" in capsys.readouterr().out
     assert cli.main(["status", manifest.params_file, "--outputs", outputs]) != 0
     stopped = capsys.readouterr().out
     assert "NOT serving" in stopped, stopped

@@ -13,7 +13,7 @@ import sparkbook.lab as sblab
 from sparkbook import cli
 from sparkbook.cli import exits
 from sparkbook.core.analysis import depthsweep
-from sparkbook.core.cluster.topology import container_name
+from sparkbook.core.cluster.topology import container_name, container_names
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.rundir import PARAMS_COPY
@@ -180,8 +180,8 @@ def test_operator_commands_and_up_after_a_reboot(full_run: tuple[Path, Manifest]
     code, text = _sparkbook(capsys, "stop", *files, "--keep-ray")
     assert code == 0 and "kept (Ray still runs)" in text, text
     assert read_events(run_dir, "operator_stop") and _sparkbook(capsys, "status", *files)[0] == exits.EXIT_FAILED
-    for node in ("lab-0", "lab-1"):  # what a reboot does to them: gone, nothing restarts them
-        node_shells[node].run(["docker", "rm", "-f", container_name(params, node)], timeout=60)
+    for node, names in container_names(params).items():  # what a reboot does to them: gone, nothing restarts them
+        node_shells[node].run(["docker", "rm", "-f", *names], timeout=60)
     code, text = _sparkbook(capsys, "status", *files)
     assert code == exits.EXIT_FAILED and "NOT serving" in text and "none (" in text, text
     code, text = _sparkbook(capsys, "logs", *files)

@@ -223,6 +223,8 @@ def test_restore_plan_is_written_for_every_target_before_acting_and_reaches_node
     assert f"{ssh} 22 root@10.77.1.10 'cd / && {{ setsid python3 " in script
     assert "# lab-1 vllm_node: comes back with lab-0/python3[40]" in script
     assert "ssh lab-" not in script, "a node's name is not an SSH address"
+    lab = ctx.params.cluster
+    assert f"{ssh} 22 root@10.77.1.10 'docker stop sparkbook-{lab}-front || true'" in script, "the front holds a port"
     assert json.loads((tmp_path / "restore-plan.json").read_text())["steps"][2]["ssh"] == f"{ssh} 2222 root@10.77.1.11"
 
 

@@ -125,7 +125,8 @@ def test_blue_green_plans_the_other_slot_and_a_server_there_keeps_its_own_files(
         str(params.serve.master_port + 1)
     assert value(green.commands[1].argv, "--master-port") == str(params.serve.master_port + 1)
     assert green.base_url == blue.base_url  # clients see the one front either way
-    assert bluegreen.backend(green) == "http://10.77.0.10:8002" and bluegreen.backend(blue) == "http://10.77.0.10:8001"
+    assert bluegreen.backends(green) == ["http://10.77.0.10:8002"]
+    assert bluegreen.backends(blue) == ["http://10.77.0.10:8001"]
     assert front.routes_alike(blue.router, green.router)  # the front stays: only the server behind it moves
     assert blue.router.argv != green.router.argv
     assert launch.log_path(1, 0).endswith("/serve-1.log") and launch.log_path(1, 1).endswith("/serve-1-slot1.log")
@@ -192,7 +193,7 @@ def test_blue_greens_old_server_is_stopped_once_it_runs_nothing(running, timeout
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        settled = bluegreen.settle(f"http://127.0.0.1:{server.server_address[1]}", timeout_s, {})
+        settled = bluegreen.settle([f"http://127.0.0.1:{server.server_address[1]}"], timeout_s, {})
     finally:
         server.shutdown()
     assert settled.running == left
@@ -200,12 +201,56 @@ def test_blue_greens_old_server_is_stopped_once_it_runs_nothing(running, timeout
     assert settled.seconds < timeout_s + 1
 
 
-@pytest.mark.parametrize(("blue_green", "replaced", "drain_s", "way"), [
-    (True, True, 30, "blue-green"),
-    (False, True, 30, "drained stop"),
-    (False, True, None, "stop behind the front"),  # the image's vLLM has no --shutdown-timeout
-    (False, False, 30, "restart behind the front")])  # a watch restart: its server died, nothing drained
-def test_the_way_a_bring_up_behind_the_front_went(blue_green, replaced, drain_s, way):
+@pytest.mark.parametrize(("blue_green", "replaced", "drain_s", "by_04", "way"), [
+    (True, True, 30, False, "blue-green"),
+    (False, True, 30, False, "drained stop"),
+    (False, True, None, False, "stop behind the front"),  # the image's vLLM has no --shutdown-timeout
+    (False, False, 30, False, "restart behind the front"),  # a watch restart: its server died, nothing drained
+    (False, False, 30, True, "new node places behind the front")])  # 04's new image or env ended the old server
+def test_the_way_a_bring_up_behind_the_front_went(blue_green, replaced, drain_s, by_04, way):
     from sparkbook.stages import serve
 
-    assert serve._way(blue_green, replaced, drain_s) == way
+    assert serve._way(blue_green, replaced, drain_s, by_04) == way
+
+
+def test_the_front_has_a_place_of_its_own_on_the_head_that_teardowns_remove(lab):
+    from sparkbook.core.cluster.topology import container_names, front_place
+
+    place = front_place(lab, "img")
+    assert (place.node, place.name, place.image) == ("lab-0", f"sparkbook-{lab.cluster}-front", "img")
+    assert place.name not in {p.name for p in ctx(lab).places.values()}  # 04's node places leave it standing
+    assert set(place.env) == {"VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                              "FLASHINFER_WORKSPACE_BASE"}  # no fabric, no GPU: a Python for the router
+    assert container_names(lab) == {"lab-0": [f"sparkbook-{lab.cluster}-lab-0", place.name],
+                                    "lab-1": [f"sparkbook-{lab.cluster}-lab-1"]}
+
+
+def test_a_node_cannot_take_the_fronts_name(write_params, base):
+    base["nodes"][1]["name"] = "front"
+    with pytest.raises(ParamsError) as err:
+        load_params(write_params(base))
+    assert "nodes[1].name: 'front' names the front's own container" in str(err.value)
+
+
+@pytest.mark.parametrize(("urls", "slot"), [
+    (["http://10.77.0.10:8001"], 0), (["http://10.77.0.10:8002"], 1),
+    (["http://10.77.0.10:9000"], 0),  # not a slot of these settings: the first
+    (["http://10.77.0.10:8001", "http://10.77.0.11:8001"], 0),  # replicas, every one in the same slot
+    (["http://10.77.0.10:8002", "http://10.77.0.11:8002"], 1),
+    (["nonsense"], 0)])
+def test_the_slot_a_standing_front_routes_to_is_read_from_its_record(lab, urls, slot):
+    params = with_front(lab)
+    argv = front.argv(params.serve, urls)
+    assert front.routed_slot(argv, params.serve) == slot
+
+
+def test_the_watcher_counts_from_when_04_stopped_the_servers():
+    server = _serve(0)
+    try:
+        with front.Watcher(f"http://127.0.0.1:{server.server_address[1]}", "m", {}, hold_s=5,
+                           dark_since=time.monotonic() - 20) as watching:
+            time.sleep(1.0)
+    finally:
+        server.shutdown()
+    view = watching.view()
+    assert view.refused == 0 and 19.0 <= view.dark_s <= 22.0, view  # dark from 04's stop until its first answer

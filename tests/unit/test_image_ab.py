@@ -192,3 +192,23 @@ def test_the_image_ab_puts_04_in_its_arms_and_only_there(image_params):
         {"ab": "speculative"}
     image_params.write_text(yaml.safe_dump(data))
     assert "04-ray.ab-baseline.ipynb" not in arms.with_arms(names, load_params(image_params))
+
+
+def test_the_baseline_is_the_image_of_the_newest_run_that_served(lab, tmp_path):
+    """Run.serving_image: the newest earlier run whose 05 ended ok, by its sealed record; a run whose 05 failed, one
+    this controller did not seal and a later run are passed over."""
+    from rundirs import make_run
+
+    from sparkbook.runbook.session import Run
+
+    cluster = tmp_path / "lab"
+    make_run(cluster, "20261201T100000Z", image="vllm:old", image_id="sha256:" + "a" * 64)
+    make_run(cluster, "20261201T110000Z", image="vllm:served", image_id="sha256:" + "b" * 64)
+    make_run(cluster, "20261201T120000Z", image="vllm:failed", statuses=["ok"] * 4 + ["failed", "pending"])
+    foreign = make_run(cluster, "20261201T130000Z", image="vllm:foreign")
+    (foreign / "state.json").write_text((foreign / "state.json").read_text().replace("foreign", "planted"))
+    make_run(cluster, "20261201T150000Z", image="vllm:later")
+    now = cluster / "20261201T140000Z"
+    served = Run(tmp_path / "lab.yaml", lab, now, "03-image-selection").serving_image()
+    assert served is not None and (served.ref, served.id) == ("vllm:served", "sha256:" + "b" * 64)
+    assert Run(tmp_path / "lab.yaml", lab, cluster / "20261201T090000Z", "03-image-selection").serving_image() is None

@@ -17,7 +17,7 @@ from sparkbook.core.values.modelinfo import GIB, model_facts, utilization_floor
 from sparkbook.core.values.params import ParamsError, load_params
 from sparkbook.runbook import operate
 from sparkbook.stages import serve
-from sparkbook.stages.serve import bringup, commands, launch, replicas, reuse, router
+from sparkbook.stages.serve import bluegreen, bringup, commands, front, launch, replicas, reuse, router
 
 
 def as_replicas(params, **serve):
@@ -103,8 +103,11 @@ def test_replicas_floor_is_each_whole_copy_on_its_node(write_params, base):
     assert replicas.floor(facts, as_replicas(tp), {"a": 128 * GIB}) is None  # b's memory unknown
 
 
-def test_preview_shows_every_command_the_router_included(lab):
-    """05's preview (`sparkbook plan`): serve.layout picks the replicas' commands and the router's, titled as such."""
+def test_preview_shows_every_command_the_router_included(lab, monkeypatch):
+    """05's preview (`sparkbook plan`): serve.layout picks the replicas' commands and the router's, titled as such,
+    in the slot the standing front routes to (none stands here)."""
+    monkeypatch.setattr(front, "routes", lambda ctx: None)
+    monkeypatch.setattr(reuse, "read_serving", lambda ctx, head: None)
     imaged = ctx(as_replicas(lab)).with_image("img")
     executor, decision, plan = serve._layout_plan(imaged, CPU, "")
     assert (executor, plan.router is not None) == ("default", True)
@@ -172,3 +175,52 @@ def test_each_replica_binds_its_own_nodes_address_where_serve_host_names_one(lab
     assert value(plan.router.argv, "--host") == "10.77.0.10"
     everywhere = replicas.plan(as_replicas(lab), "default", model_dir="")
     assert [value(c.argv, "--host") for c in everywhere.commands] == ["0.0.0.0", "0.0.0.0"]
+
+
+def test_behind_the_front_replicas_stand_in_either_slot_and_stop_drained(lab):
+    """Blue-green for replicas (issue 55): the new copies on serve.replica_port + 1 on every node, the front's argv
+    naming them, while the serving ones keep their port; each replica, a server of its own, drains."""
+    params = as_replicas(lab, front="router")
+    blue = bringup.layout_plan(ctx(params), "default", params.serve, "", drains=True, slot=0)
+    green = bringup.layout_plan(ctx(params), "default", params.serve, "", drains=True, slot=1)
+    assert [value(c.argv, "--port") for c in green.commands] == ["8002", "8002"]
+    assert [value(c.argv, "--port") for c in blue.commands] == ["8001", "8001"]
+    assert all(value(c.argv, "--shutdown-timeout") == str(params.serve.drain_timeout_s) for c in green.commands)
+    assert (front.slot_of(blue), front.slot_of(green)) == (0, 1)
+    assert bluegreen.backends(green) == ["http://10.77.0.10:8002", "http://10.77.0.11:8002"]
+    assert launch.replica_urls(green) == {"lab-0": "http://10.77.0.10:8002", "lab-1": "http://10.77.0.11:8002"}
+    assert front.routes_alike(blue.router, green.router) and green.base_url == blue.base_url
+    assert launch.log_path(1, front.slot_of(green)).endswith("serve-1-slot1.log")  # the serving copies' files kept
+    undrained = bringup.layout_plan(ctx(params), "default", params.serve, "", drains=False, slot=1)
+    assert not front.drains(undrained)
+    alone = as_replicas(lab, front="none")
+    assert "--shutdown-timeout" not in bringup.layout_plan(ctx(alone), "default", alone.serve, "",
+                                                           drains=True).commands[0].argv
+
+
+def test_blue_green_moves_every_replica_before_removing_any(lab):
+    """The front gets every new replica added before any old one is removed (the order a client never sees a front
+    without a server), against a real HTTP server answering the router's admin calls."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[str] = []
+
+    class Admin(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Admin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        bluegreen.move(f"http://127.0.0.1:{server.server_address[1]}", ["http://a:8002", "http://b:8002"],
+                       ["http://a:8001", "http://b:8001"])
+    finally:
+        server.shutdown()
+    assert asked == ["/add_worker?url=http%3A%2F%2Fa%3A8002", "/add_worker?url=http%3A%2F%2Fb%3A8002",
+                     "/remove_worker?url=http%3A%2F%2Fa%3A8001", "/remove_worker?url=http%3A%2F%2Fb%3A8001"]

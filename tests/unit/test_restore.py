@@ -31,7 +31,8 @@ from sparkbook.stages.cleanup.restore import Seen, Step, conflicts, judge, resto
 
 MEM = Memory(100 << 30, 10 << 30)
 RUN = Path("/runs/lab/1")
-NEW = {"lab-0": ("sparkbook-lab-lab-0", "c0ffee000000aaaa"), "lab-1": ("sparkbook-lab-lab-1", "c0ffee111111bbbb")}
+NEW = {"lab-0": [("sparkbook-lab-lab-0", "c0ffee000000aaaa"), ("sparkbook-lab-front", "")],
+       "lab-1": [("sparkbook-lab-lab-1", "c0ffee111111bbbb")]}
 SS = """\
 LISTEN 0      4096      10.77.0.10:8000      0.0.0.0:*    users:(("python3",pid=101,fd=5),("python3",pid=102,fd=5))
 LISTEN 0      5            0.0.0.0:8080      0.0.0.0:*    users:(("python3",pid=201,fd=3))
@@ -115,6 +116,20 @@ def test_the_new_server_on_the_old_port_is_a_conflict_that_stop_new_clears() -> 
     assert found.what == "port 8000 is held by container sparkbook-lab-lab-0 (this run's node container)"
     assert found.clear == f"sparkbook restore {RUN} --stop-new"
     assert "port 8000" in found.line() and "--stop-new" in found.line()
+
+
+def test_the_fronts_own_place_on_the_old_port_is_ours_and_stop_new_stops_it_too() -> None:
+    """Behind the front, serve.port is held in the front's own container, not the head's: still this runbook's."""
+    now = after_new_deployment()
+    head = now["lab-0"]
+    front = Container("sparkbook-lab-front", "f00d", "vllm:0.32", "running", [], [970], 100.0)
+    now["lab-0"] = Inventory("lab-0", [*head.containers, front], "Docker 28", [], "systemd", [], "no GPU", [], MEM,
+                             listeners(['LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("vllm-router",pid=970,fd=9))']))
+    (found,) = [c for c in conflicts(STEPS, now, NEW, RUN) if "port" in c.what]
+    assert (found.target, found.ours, found.clear) == ("old-vllm", True, f"sparkbook restore {RUN} --stop-new")
+    stopping = [c for c in conflicts(STEPS, now, NEW, RUN) if c.target == "the old services" and c.node == "lab-0"]
+    assert sorted(c.what.split("container ")[1].split(" ")[0] for c in stopping) == ["sparkbook-lab-front",
+                                                                                     "sparkbook-lab-lab-0"]
 
 
 def test_the_running_new_deployment_is_in_the_way_on_every_node_ports_recorded_or_not() -> None:
@@ -226,19 +241,19 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
     monkeypatch.setattr(restore, "verify_restore", lambda cluster, steps: [
         judge(s, Seen("running", True, True, s.health_url, s.memory_mib)) for s in steps])
 
-    def stop(cluster: Any, new: dict[str, tuple[str, str]]) -> list[Action]:
+    def stop(cluster: Any, new: dict[str, list[tuple[str, str]]]) -> list[Action]:
         acted.append("stop-new")
         seen.append({n: Inventory(n, [c for c in inv.containers if not c.name.startswith("sparkbook-")], "Docker 28",
                                   [], "systemd", [], "no GPU", [], MEM, []) for n, inv in seen[-1].items()})
         return [Action(n, name, f"docker stop {name}", True, f"stopped {cid[:12]}", 1)
-                for n, (name, cid) in new.items()]
+                for n, found in new.items() for name, cid in found]
 
     monkeypatch.setattr(restore, "stop_new", stop)
-    state.store(tmp_path, RayCluster(address="10.77.0.10:6379", containers={n: name for n, (name, _) in NEW.items()},
-                                     reused=False, container_ids={n: cid for n, (_, cid) in NEW.items()}, nodes=[]),
-                lambda d: d)
-    params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"),
-                             nodes=[SimpleNamespace(name=n) for n in NEW], secrets=[], secret_values=dict)
+    state.store(tmp_path, RayCluster(address="10.77.0.10:6379", containers={n: found[0][0] for n, found in NEW.items()},
+                                     reused=False, container_ids={n: found[0][1] for n, found in NEW.items()},
+                                     nodes=[]), lambda d: d)
+    params = SimpleNamespace(cluster="lab", runtime=SimpleNamespace(kind="docker"), secrets=[], secret_values=dict,
+                             nodes=[SimpleNamespace(name=n, role="head" if n == "lab-0" else "worker") for n in NEW])
     containers = SimpleNamespace(own_place=True)  # node containers: the runtime's one fact restore reads here
     ctx = Context(params, None, containers, tmp_path)  # type: ignore[arg-type]
     refused = list(restore.restore_deployment(ctx, STEPS, CleanupTargets(containers=["old-*"]), stop_first=False))
@@ -251,4 +266,5 @@ def test_rollback_refuses_without_acting_and_stop_new_clears_the_way(monkeypatch
                                           "restore_outcome"]
     out = restored[-1].data
     assert isinstance(out, restore.RestoreOutcome) and out.result == "restored"
-    assert acted == ["stop-new", "restore"] and len(out.stopped_new) == 2
+    assert acted == ["stop-new", "restore"]
+    assert [a.name for a in out.stopped_new] == ["sparkbook-lab-lab-0", "sparkbook-lab-front", "sparkbook-lab-lab-1"]

@@ -15,6 +15,7 @@ from ..values.state import Handoff, Handoffs
 from .nodes import Cluster, Node
 from .runtime import ImageSource, Place, Runtime
 from .runtimes import image_source_for
+from .topology import front_place
 from .topology import places as _places
 
 
@@ -55,3 +56,10 @@ class Context:
 
     def place(self, node: str) -> Place:
         return self.places[node]
+
+    @property
+    def front(self) -> Place:
+        """The front's own place on the head (serve.front: router), which 04's new node places leave standing."""
+        if self.image is None:
+            raise ValueError("this context has no image yet: use ctx.with_image(ImageChoice.ref)")
+        return front_place(self.params, self.image)

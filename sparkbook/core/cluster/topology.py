@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 
 import httpx
 
-from ..values.params import NodeSpec, Params
+from ..values.params import FRONT_NODE, NodeSpec, Params
 from .nodes import Cluster, Node
 from .runtime import Place, Runtime, Spawned
 
@@ -73,6 +73,19 @@ def node_env(params: Params, spec: NodeSpec) -> dict[str, str]:
 def places(params: Params, image: str) -> dict[str, Place]:
     """The node containers of this stage (05 serves in the same ones)."""
     return {n.name: Place(n.name, container_name(params, n.name), image, node_env(params, n)) for n in params.nodes}
+
+
+def front_place(params: Params, image: str) -> Place:
+    """The front's own place on the head (serve.front: router), beside the head's: 04 replaces the node places for a
+    new image or env, and the front outlives that, holding clients' requests meanwhile. It needs no fabric or GPU:
+    only a Python for vllm-router (the image's, as it was when the front first started) and the caches' mount."""
+    return Place(params.head.name, container_name(params, FRONT_NODE), image, cache_env(params))
+
+
+def container_names(params: Params) -> dict[str, list[str]]:
+    """Every place the stages may leave on each node, the front's on the head included: what a teardown removes."""
+    return {n.name: [container_name(params, n.name), *([container_name(params, FRONT_NODE)]
+                                                      if n.role == "head" else [])] for n in params.nodes}
 
 
 def address(params: Params) -> str:

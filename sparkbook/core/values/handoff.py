@@ -172,7 +172,8 @@ class Endpoint(Handoff):
     front_failed: int | None = None  # ... and those that failed (an error status, or unanswered within hold_s)
     quality_key: str | None = None  # the reference 05's answers agreed with or recorded (None: not checked)
     router: list[str] | None = None  # serve.layout replicas: the router's argv on the head (base_url is its)
-    router_log: str | None = None  # the file the router writes, in the head's place
+    router_log: str | None = None  # the file the router writes, in its place on the head
+    front: bool = False  # the router is the front (serve.front: router), in its own place; else in the head's
     replicas: dict[str, str] = {}  # node -> its replica's own URL, as the router reaches it (none: one server)
 
 

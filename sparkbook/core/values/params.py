@@ -622,6 +622,9 @@ class RunLockSettings(Strict):
     stale_after_s: float = Field(43200, gt=0, description="a lock older than this is reported as stale")
 
 
+FRONT_NODE = "front"  # not a node's name: the front's own place is named as a node's would be (topology.front_place)
+
+
 class Params(Strict):
     cluster: Name = Field(description="the cluster's name: its runs go to outputs/<cluster>/")
     ssh: SSHSettings = Field(SSHSettings(), description="how this controller reaches the nodes")
@@ -672,6 +675,8 @@ class Params(Strict):
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
             problems.append(f"nodes: exactly one node must have role head, found {len(heads)}: {heads}")
+        problems += [f"nodes[{i}].name: {FRONT_NODE!r} names the front's own container (sparkbook-CLUSTER-front); "
+                     "give the node another name" for i, n in enumerate(self.nodes) if n.name == FRONT_NODE]
         for field in ("name", "fabric_ip"):
             seen: dict[str, int] = {}
             for i, node in enumerate(self.nodes):

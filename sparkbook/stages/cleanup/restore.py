@@ -17,7 +17,7 @@ from ...core.analysis.hostfacts import FANOUT_TIMEOUT_S
 from ...core.cluster.context import Context
 from ...core.cluster.docker_ssh import docker_client
 from ...core.cluster.nodes import Cluster, Node, SSHNode
-from ...core.cluster.topology import container_name
+from ...core.cluster.topology import container_name, container_names
 from ...core.values import seal
 from ...core.values.evidence import tail
 from ...core.values.handoff import Action, RayCluster
@@ -158,8 +158,9 @@ def _stop_new_lines(ctx: Context) -> list[str]:
     """restore.sh's first lines: stop each node's container of this runbook (a missing one is fine)."""
     if not ctx.runtime.own_place:
         return ["# the new deployment runs as processes of a Python environment (no container): stop them first"]
+    names = container_names(ctx.params)  # the front's own place on the head too: it holds serve.port
     return [f"{ssh_command(node)} {shlex.quote(f'docker stop {name} || true')}"
-            for node in ctx.cluster if (name := container_name(ctx.params, node.name))]
+            for node in ctx.cluster for name in names.get(node.name, [])]
 
 
 @dataclass(frozen=True)
@@ -273,16 +274,18 @@ def read_plan(plan_file: Path) -> RestorePlan:
                                "lists each one's command") from None
 
 
-def new_deployment(ctx: Context) -> dict[str, tuple[str, str]]:
-    """node -> (container name, the ID this run's 04 recorded, or "") of this runbook's node containers: whichever
-    run started them, they hold the ports, memory and GPUs the old services need. {} for a Python runtime."""
+def new_deployment(ctx: Context) -> dict[str, list[tuple[str, str]]]:
+    """node -> [(container name, the ID this run's 04 recorded, or "")] of this runbook's containers, the node's and
+    on the head the front's own (no ID recorded): whichever run started them, they hold the ports (the front
+    serve.port), memory and GPUs the old services need. {} for a Python runtime."""
     if not ctx.runtime.own_place:
         return {}
     try:
         ids = load(ctx.run_dir, RayCluster).container_ids
     except MissingState:
         ids = {}
-    return {n.name: (container_name(ctx.params, n.name), ids.get(n.name, "")) for n in ctx.params.nodes}
+    return {node: [(name, ids.get(node, "") if name == container_name(ctx.params, node) else "") for name in names]
+            for node, names in container_names(ctx.params).items()}
 
 
 # pure: what stands in the way
@@ -307,12 +310,12 @@ def _target_pids(inv: Inventory, s: Step) -> set[int]:
     return {pid for c in inv.containers if c.name == s.name for pid in c.pids}
 
 
-def _ours(inv: Inventory, new: dict[str, tuple[str, str]]) -> list[Container]:
-    name = new.get(inv.node, ("", ""))[0]
-    return [c for c in inv.containers if c.name == name and c.state == "running"]
+def _ours(inv: Inventory, new: dict[str, list[tuple[str, str]]]) -> list[Container]:
+    names = {name for name, _ in new.get(inv.node, [])}
+    return [c for c in inv.containers if c.name in names and c.state == "running"]
 
 
-def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, tuple[str, str]],
+def conflicts(steps: list[Step], now: dict[str, Inventory], new: dict[str, list[tuple[str, str]]],
               run_dir: Path) -> list[Conflict]:
     """Per target not running now: each process listening on a port it held, and per node, the memory
     (GPU memory where the GPU reports it) the targets held that is not available now. `new`: this run's
@@ -442,13 +445,13 @@ def _stop_container(node: Node, name: str, recorded_id: str) -> str:
     return f"stopped {c.id[:12]} ({whose})"
 
 
-def stop_new(cluster: Cluster, new: dict[str, tuple[str, str]]) -> list[Action]:
-    """Stop this runbook's node containers, by name (each says whether this run started it)."""
+def stop_new(cluster: Cluster, new: dict[str, list[tuple[str, str]]]) -> list[Action]:
+    """Stop this runbook's containers, by name (each says whether this run started it)."""
     def stopping(name: str, recorded_id: str) -> Callable[[Node], str]:
         return lambda node: _stop_container(node, name, recorded_id)
 
     return [act(cluster.nodes[node], name, f"docker stop {name}", stopping(name, cid))
-            for node, (name, cid) in new.items() if node in cluster.nodes]
+            for node, found in new.items() if node in cluster.nodes for name, cid in found]
 
 
 def observe(node: Node, s: Step) -> Seen:

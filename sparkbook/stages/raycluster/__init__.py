@@ -117,7 +117,8 @@ def preview(ctx: Context) -> RayPreview:
 
 def replacing(live: LiveServer, keeping: Reuse) -> str:
     return (f"the node containers serve {live.model} at {live.base_url} (run {live.run or 'unknown'}); starting "
-            f"04's containers anew ({keeping.reason}) stops that server: only with -p confirm_replace=true")
+            f"04's containers anew ({keeping.reason}) stops that server: only with -p confirm_replace=true, and "
+            "drained first (the head's server gets SIGTERM and up to serve.drain_timeout_s to finish what it runs)")
 
 
 def kept(ctx: Context, image_id: str | None, *, ray: bool) -> Reuse:
@@ -236,7 +237,8 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
                                                   "image and settings it runs to keep it")
             return out
     try:
-        if live is not None:  # kept aside, not removed, until the new server answers (05 drops them then)
+        if live is not None:  # drained, then kept aside, not removed, until the new server answers (05 drops them)
+            out.event("server_drained", containers.drain_head(ctx, ctx.params.serve.drain_timeout_s))
             out.event("containers_set_aside", {"run": live.run, "at": now(), "nodes": containers.set_aside(ctx)})
         out.error = form(ctx, preview, out, now() if live is not None else None)
     except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable

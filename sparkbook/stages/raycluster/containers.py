@@ -2,13 +2,14 @@
 netdev has inside it; and their removal (Ray and anything served in them go with them)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ...core.cluster import probes
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import Node
-from ...core.cluster.runtime import Place, Runtime, StartSpec
-from ...core.cluster.topology import places
+from ...core.cluster.runtime import Place, Runtime, Spawned, StartSpec
+from ...core.cluster.topology import LOG_DIR, RAY_LOG, places
 from ...core.values.errors import SparkbookError
 from ...core.values.stagelist import RAYCLUSTER
 
@@ -89,6 +90,24 @@ def start_containers(ctx: Context, specs: dict[str, StartSpec], image_id: str | 
     if outcomes.failed:
         cluster.fan_out(lambda n: runtime.stop(n, where[n.name]), [cluster.nodes[name] for name in outcomes.succeeded])
     return outcomes.values_or_raise(RayStageError)
+
+
+def drain_head(ctx: Context, drain_s: int) -> dict[str, object]:
+    """Before the node places are set aside: every process spawned in the head's place but Ray (which the Ray
+    executor's ranks need to the end) gets SIGTERM and up to `drain_s` to end, one by one, then its group is ended. A
+    vLLM with --shutdown-timeout takes no new request and finishes those it runs (a front in its own place holds what
+    arrives meanwhile), and its worker ranks follow the head's API out; so a new image or env cuts no request in
+    flight. What was signalled and the seconds it took."""
+    t0, head = time.monotonic(), ctx.head
+    place = ctx.place(head.name)
+    listed = ctx.runtime.exec(head, place, ["sh", "-c", 'cd "$0" 2>/dev/null && ls -- *.pid 2>/dev/null || true',
+                                            LOG_DIR], timeout=30)
+    logs = [log for name in listed.stdout.split() if name.endswith(".pid")
+            and (log := f"{LOG_DIR}/{name.removesuffix('.pid')}") != RAY_LOG]
+    for log in logs:
+        ctx.runtime.kill(head, place, Spawned(head.name, place.name, log), drain_s=drain_s)
+    return {"node": head.name, "signalled": logs, "drain_timeout_s": drain_s,
+            "seconds": round(time.monotonic() - t0, 1)}
 
 
 def set_aside(ctx: Context) -> list[str]:

@@ -97,7 +97,8 @@ class ServePreview:
                                        "run dir)")
         what = ("vllm serve, a whole copy per node, then vllm-router on the head before them"
                 if self.plan.settings.layout == "replicas" else
-                "vllm serve, per node, behind vllm-router on the head (the front: it stays up while servers change)"
+                "vllm serve, per node, behind vllm-router in its own place on the head (the front: it stays up "
+                "while servers and 04's node places change)"
                 if self.plan.router else "vllm serve, per node")
         if self.floor is not None:
             return f"{what} (OOM ladder: gpu_memory_utilization {self.floor}, then eager){model}"
@@ -139,11 +140,15 @@ def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str,
 
 
 def _running_slot(ctx: Context) -> int:
-    """The slot behind the front the recorded server runs in (0 without a front or a record, and for replicas,
-    which stand in one slot)."""
-    if ctx.params.serve.front != "router" or ctx.params.serve.layout != "tp":
+    """The slot behind the front the standing front routes to (its own record: after 04's new node places no
+    server's record is left), else the recorded server's; 0 without a front or a record, and for replicas, which
+    stand in one slot."""
+    if ctx.params.serve.front != "router":
         return 0
-    serving = reuse.read_serving(ctx, ctx.head.name)
+    routed = front.routes(ctx)
+    if routed is not None:
+        return front.routed_slot(routed, ctx.params.serve)
+    serving = reuse.read_serving(ctx, ctx.params.head.name)
     return front.slot_of(serving.running) if serving is not None else 0
 
 
@@ -219,8 +224,8 @@ class ServeOutcome(StageOutcome):
             return self._stopped("Attempts")
         shown = [Shown("Attempts", self.up.table())]
         if self.up.router_install is not None:
-            shown.insert(0, Shown("vllm-router in the head's place (its own install, not the image's packages)",
-                                  self.up.router_install.event()))
+            shown.insert(0, Shown("vllm-router in its place on the head (its own install, not the image's packages)",
+                                  {**self.up.router_install.event(), "front's place started": self.up.front_opened}))
         if self.up.settles:  # after each failed attempt: MemAvailable before the launch, after the failure, settled
             shown.append(Shown("Memory settle after failed attempts", settle_rows(self.up)))
         if self.held is not None:
@@ -372,7 +377,9 @@ def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, m
         _make_room(ctx, preview, outcome, model)
         return _bring_up(ctx, preview, outcome)
     plan, green = preview.plan, _green(ctx, preview, outcome, model)
-    with front.Watcher(plan.base_url, plan.model, plan.settings.headers(), plan.settings.hold_s) as w:
+    by_04 = preview.ray.stopped_server_at if preview.ray else None  # 04's new node places ended the old server
+    with front.Watcher(plan.base_url, plan.model, plan.settings.headers(), plan.settings.hold_s,
+                       time.monotonic() - seconds_since(by_04) if by_04 else None) as w:
         if green is not None:
             up = _blue_green(ctx, preview, outcome, model, *green)
         else:
@@ -380,17 +387,20 @@ def _through_front(ctx: Context, preview: ServePreview, outcome: ServeOutcome, m
             up = _bring_up(ctx, preview, outcome)
     if outcome.room is not None and outcome.room.kept is None:
         outcome.client_view = w.view()
-        way = _way(green is not None, outcome.replaced is not None, outcome.room.drain_s)
+        way = _way(green is not None, outcome.replaced is not None, outcome.room.drain_s, by_04 is not None)
         drain_s = outcome.room.drain_s if outcome.replaced is not None else None
         outcome.event("front_held", {"way": way, "drain_timeout_s": drain_s, **w.view().event()})
     return up
 
 
-def _way(blue_green: bool, replaced: bool, drain_s: int | None) -> str:
+def _way(blue_green: bool, replaced: bool, drain_s: int | None, by_04: bool = False) -> str:
     """How a bring-up behind a standing front went, in the words the records use: the same plan started again (a
-    watch restart, `up` after a crash) drains nothing, whatever its server's argv allows."""
+    watch restart, `up` after a crash) drains nothing, whatever its server's argv allows; 04's new node places (a new
+    image or env) ended the old server with its container, the front standing in its own place."""
     if blue_green:
         return "blue-green"
+    if by_04:
+        return "new node places behind the front"
     if not replaced:
         return "restart behind the front"
     return "drained stop" if drain_s else "stop behind the front"
@@ -398,10 +408,11 @@ def _way(blue_green: bool, replaced: bool, drain_s: int | None) -> str:
 
 def _green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, model: ModelFacts
            ) -> tuple[ServePlan, reuse.Serving] | None:
-    """The new plan in the other slot where it replaces a server and fits beside it (serve.switch auto, the tp
-    layout), with the serving record it replaces; the decision recorded either way; None: a drained stop."""
+    """The new plan in the other slot where it replaces a server and fits beside it (serve.switch auto; with
+    replicas, every node's copy beside that node's), with the serving record it replaces; the decision recorded
+    either way; None: a drained stop."""
     settings = preview.plan.settings
-    if preview.replacing is None or settings.layout != "tp":
+    if preview.replacing is None:
         return None
     question = "Blue-green or a drained stop?"
     if settings.switch == "drain":
@@ -445,12 +456,14 @@ def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, mode
         checked = _on_own_port(up, green)
         _smoke(ctx, outcome, checked)
         outcome.quality_key = _check_answers(ctx, preview, outcome, checked)
-        bluegreen.move(green.base_url, bluegreen.backend(green), bluegreen.backend(serving.running))
+        bluegreen.move(green.base_url, bluegreen.backends(green), bluegreen.backends(serving.running))
+        assert green.router is not None, "_green plans it behind the front"
+        front.record(ctx, green.router.argv)
     except ServeError as exc:
         stop_serving(ctx, up.launched)
         raise ServeError(f"the replacement was refused before the front moved, the server of run {serving.run} "
                          f"serves on, untouched (0 s without service): {exc}") from exc
-    outcome.event("old_server_settled", bluegreen.settle(bluegreen.backend(serving.running),
+    outcome.event("old_server_settled", bluegreen.settle(bluegreen.backends(serving.running),
                                                           ctx.params.serve.drain_timeout_s,
                                                           serving.running.settings.headers()).event())
     stop_earlier(ctx, ctx.params.serve.max_remedies + 1, ctx.params.serve.drain_timeout_s
@@ -466,7 +479,8 @@ def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, mode
 def _on_own_port(up: BringUp, green: ServePlan) -> BringUp:
     """The bring-up as the checks before the move see it: its server on its own port, not through the front."""
     launched, ready = up.attempts[-1]
-    direct = dataclasses.replace(launched, plan=dataclasses.replace(launched.plan, base_url=bluegreen.backend(green)))
+    direct = dataclasses.replace(launched, plan=dataclasses.replace(launched.plan,
+                                                                    base_url=bluegreen.backends(green)[0]))
     return dataclasses.replace(up, attempts=[*up.attempts[:-1], (direct, ready)])
 
 
@@ -498,6 +512,8 @@ def _bring_up(ctx: Context, preview: ServePreview, outcome: ServeOutcome, serve_
         up = bringup.bring_up(ctx, serve_plan or preview.plan, on_round=bar.update, floor=preview.floor,
                               available=before.available if before else None, room=room, keep=keep)
     outcome.up = up
+    if up.front_opened:
+        outcome.event("front_place_started", {"place": ctx.front.name, "node": ctx.head.name, "image": ctx.front.image})
     if up.router_install is not None:
         outcome.event("router_installed", up.router_install.event())
     for change in up.decisions():

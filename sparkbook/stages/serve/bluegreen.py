@@ -1,7 +1,8 @@
 """05's blue-green replacement behind the front (serve.front: router, serve.switch: auto): where the new plan fits
-beside the serving one (every serving node's memory measured now, the old server holding its share), the new server
-starts in the other slot (front.backend_settings), is checked directly on its own port, and only then the front
-moves new requests to it; the old one drains and stops. Before the move nothing of the old server is touched."""
+beside the serving one (every serving node's memory measured now, the old servers holding their share), the new
+servers start in the other slot (front.backend_settings; with replicas, one per node), are checked directly on the
+head's own port, and only then the front moves new requests to them; the old ones drain and stop. Before the move
+nothing of the old servers is touched."""
 from __future__ import annotations
 
 import time
@@ -12,7 +13,7 @@ import httpx
 from ...core.analysis.benchstats import prometheus_totals
 from ...core.cluster.context import Context
 from ...core.values.modelinfo import FitRow, ModelFacts, memory_fit
-from . import front
+from . import front, replicas
 from .commands import ServeError, ServePlan
 from .memory import samples
 
@@ -45,24 +46,29 @@ class Beside:
 
 
 def beside(ctx: Context, serve_plan: ServePlan, model: ModelFacts) -> Beside:
-    """02's fit of the new plan against what every serving node has free now, the old server still serving."""
+    """02's fit of the new plan against what every serving node has free now, the old server still serving: the
+    plan's split, or with replicas each node's whole copy on that node alone."""
     memory = samples(ctx, [c.node for c in serve_plan.commands])
     params = ctx.params.model_copy(update={"serve": serve_plan.settings})
-    return Beside(memory_fit(model, params, {n: m.for_fit(n) for n, m in memory.items()}))
+    free = {n: m.for_fit(n) for n, m in memory.items()}
+    if serve_plan.settings.layout == "replicas":
+        return Beside([row for spec in params.nodes if spec.name in free
+                       for row in memory_fit(model, replicas.alone(params, spec), {spec.name: free[spec.name]})])
+    return Beside(memory_fit(model, params, free))
 
 
-def backend(serve_plan: ServePlan) -> str:
-    """The URL the front reaches the plan's server at (the tp layout: one server behind it)."""
+def backends(serve_plan: ServePlan) -> list[str]:
+    """The URLs the front reaches the plan's servers at (the tp layout's one, or every replica's)."""
     assert serve_plan.router is not None, "a plan behind the front"
-    (url,) = front.workers(serve_plan.router)
-    return url
+    return front.workers(serve_plan.router)
 
 
-def move(front_url: str, new: str, old: str) -> None:
-    """The front sends new requests to `new` and none to `old` (what `old` runs goes on to its end); ServeError
-    naming the step that failed (then the front may route to both: the old one is not stopped)."""
+def move(front_url: str, new: list[str], old: list[str]) -> None:
+    """The front sends new requests to the `new` servers and none to the `old` (what those run goes on to its end),
+    every new one added before any old one is removed; ServeError naming the step that failed (then the front may
+    route to both: the old ones are not stopped)."""
     with httpx.Client(timeout=httpx.Timeout(ADMIN_TIMEOUT_S, connect=5.0)) as client:
-        for verb, url in (("add_worker", new), ("remove_worker", old)):
+        for verb, url in [*(("add_worker", u) for u in new), *(("remove_worker", u) for u in old)]:
             try:
                 r = client.post(f"{front_url}/{verb}", params={"url": url})
             except httpx.HTTPError as exc:
@@ -83,14 +89,15 @@ class Settled:
         return {"seconds": round(self.seconds, 1), "requests still running": self.running}
 
 
-def settle(url: str, timeout_s: float, headers: dict[str, str]) -> Settled:
-    """Wait until the server at `url`, which gets no new requests, runs none (vLLM's vllm:num_requests_running on its
-    /metrics), at most `timeout_s`: the drain of an image whose vLLM has no --shutdown-timeout, and a check on one
-    that has it before it is stopped."""
+def settle(urls: list[str], timeout_s: float, headers: dict[str, str]) -> Settled:
+    """Wait until the servers at `urls`, which get no new requests, run none (vLLM's vllm:num_requests_running on
+    their /metrics, summed), at most `timeout_s` for all: the drain of an image whose vLLM has no --shutdown-timeout,
+    and a check on one that has it before it is stopped."""
     t0 = time.monotonic()
     with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
         while True:
-            running = _running(client, url)
+            each = [_running(client, url) for url in urls]
+            running = None if None in each else sum(n for n in each if n is not None)
             if running == 0 or time.monotonic() - t0 >= timeout_s:
                 return Settled(time.monotonic() - t0, running)
             time.sleep(POLL_S)

@@ -206,15 +206,15 @@ def make_room(ctx: Context, serve_plan: ServePlan) -> Room:
 
 
 def _front_for(ctx: Context, serve_plan: ServePlan, serving: Serving | None) -> int:
-    """Keep a standing front whose argv is the new plan's, servers behind it included (it holds requests through
-    the stop, and routes to the new servers where the old ones were), else end it; the seconds the old servers may
-    drain behind a kept front (0: no front kept, or they do not drain)."""
+    """Keep a standing front whose argv, servers it routes to now included (its own record), is the new plan's: it
+    holds requests through the stop (and through 04's new node places, which it outlives) and routes to the new
+    servers where the old ones were; else end it. The seconds the old servers may drain behind a kept front (0: no
+    front kept, or they do not drain)."""
     standing = standing_front(ctx, serve_plan)
     if standing is None:
         return 0
-    old_front = serving.running.router if serving is not None else None
-    if old_front is None or serve_plan.router is None or old_front.argv != serve_plan.router.argv:
-        ctx.runtime.kill(ctx.cluster.nodes[standing.node], ctx.places[standing.node], standing)
+    if serve_plan.router is None or front.routes(ctx) != serve_plan.router.argv:
+        ctx.runtime.kill(ctx.head, ctx.front, standing)
         return 0
     return serve_plan.settings.drain_timeout_s if serving is not None and front.drains(serving.running) else 0
 
@@ -245,7 +245,8 @@ def bring_up(ctx: Context, serve_plan: ServePlan,
     if taken is not None:
         raise ServeError(f"serving did not start: {taken.summary()}")
     if serve_plan.router is not None:
-        result.router_install = router.ensure(ctx)
+        result.front_opened = serve_plan.settings.front == "router" and front.open_place(ctx)
+        result.router_install = router.ensure(ctx, front.place(ctx, serve_plan))
     current = serve_plan
     for attempt in range(1, params.serve.max_remedies + 2):
         launched = launch(ctx, current, attempt)
@@ -275,9 +276,10 @@ def layout_plan(ctx: Context, executor: str, settings: ServeSettings, model_dir:
     """The commands of serve.layout: tp, one server split over the nodes; replicas, a whole copy on each node behind
     the router (the preview's plan, and each remedy's again in the layout it serves). `model_dir` is 02's snapshot
     of model.hf_id on the nodes ('' without 02); `drains`: the image's vLLM has --shutdown-timeout (behind the front
-    its servers stop drained); `slot`: behind the front, which of the two server slots (front.backend_settings)."""
+    its servers stop drained); `slot`: behind the front, which of the two server slots (front.backend_settings, and
+    replicas.replica_settings for a copy per node)."""
     if settings.layout == "replicas":
-        return replicas.plan(ctx.params, executor, settings, model_dir)
+        return replicas.plan(ctx.params, executor, settings, model_dir, slot, drains)
     if settings.front == "router":
         backend = plan(ctx, executor, front.backend_settings(settings, slot), model_dir)
         return front.behind(ctx.params, backend, settings, drains)
@@ -310,6 +312,7 @@ def endpoint(result: BringUp, addresses: list[ClientAddress]) -> Endpoint:
                     logs={n: s.log for n, s in launched.spawned.items()},
                     router=launched.plan.router.argv if launched.plan.router else None,
                     router_log=launched.router.log if launched.router else None,
+                    front=launched.router is not None and launched.plan.settings.front == "router",
                     replicas=replica_urls(launched.plan),
                     ready_s=result.reused_from.ready_s if result.reused_from
                     else round(result.readiness.seconds, 1),
@@ -328,6 +331,7 @@ def planned_endpoint(serve_plan: ServePlan, addresses: list[ClientAddress]) -> E
                     logs={c.node: log_path(1, front.slot_of(serve_plan)) for c in serve_plan.commands},
                     router=serve_plan.router.argv if serve_plan.router else None,
                     router_log=router_log(serve_plan, 1) if serve_plan.router else None,
+                    front=serve_plan.router is not None and serve_plan.settings.front == "router",
                     replicas=replica_urls(serve_plan), ready_s=0.0, attempts=0, reused=False)
 
 

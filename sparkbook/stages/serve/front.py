@@ -6,6 +6,7 @@ what it runs). `Watcher` measures what a client saw meanwhile."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
@@ -13,12 +14,15 @@ from dataclasses import dataclass
 
 import httpx
 
+from ...core.cluster.context import Context
+from ...core.cluster.runtime import Place, Spawned
 from ...core.cluster.topology import LOG_DIR
 from ...core.values.params import Params, ServeSettings
 from . import router
 from .commands import ServeCommand, ServePlan
 
 LOG = f"{LOG_DIR}/front.log"  # one front per cluster, not per attempt: no stop of a server ends it
+RECORD = f"{LOG_DIR}/front.json"  # in the front's place: its argv with the servers it routes to now (moves included)
 BACKOFF_MS = (100, 1000)  # the front's retry backoff, first and longest: a held request asks again within 1 s
 HEALTH_CHECK_S = 3600  # the front's own health checks would mark a restarting server down, and then refuse at once
 STARTUP_CHECK_S = 5  # the router's look at servers still starting (its default, 30 s, answers up to 30 s late)
@@ -62,8 +66,9 @@ def backend_settings(settings: ServeSettings, slot: int) -> ServeSettings:
 
 
 def slot_of(serve_plan: ServePlan) -> int:
-    """The slot a plan's servers are in (0 for a plan without a front, and for replicas)."""
-    if serve_plan.router is None or serve_plan.settings.front != "router" or serve_plan.settings.layout != "tp":
+    """The slot a plan's servers are in (0 for a plan without a front): the head's server's port above
+    serve.replica_port (every replica's is the same)."""
+    if serve_plan.router is None or serve_plan.settings.front != "router":
         return 0
     argv = serve_plan.commands[0].argv
     return int(argv[argv.index("--port") + 1]) - serve_plan.settings.replica_port
@@ -91,6 +96,57 @@ def drains(serve_plan: ServePlan) -> bool:
     return "--shutdown-timeout" in serve_plan.commands[0].argv
 
 
+def place(ctx: Context, serve_plan: ServePlan) -> Place:
+    """Where the plan's router runs: the front's own place (serve.front: router), else, a router of replicas started
+    with them, the head's."""
+    assert serve_plan.router is not None, "a plan with a router"
+    return ctx.front if serve_plan.settings.front == "router" else ctx.place(serve_plan.router.node)
+
+
+def standing(ctx: Context) -> Spawned:
+    """The front as it runs in its own place (its log names it there)."""
+    return Spawned(ctx.head.name, ctx.front.name, LOG)
+
+
+def open_place(ctx: Context) -> bool:
+    """Start the front's own place on the head where it does not run (True: started now); it stays across 04's new
+    node places, replacements and restarts, until `sparkbook stop` removes it."""
+    head = ctx.head
+    if ctx.runtime.alive(head, ctx.front):
+        return False
+    ctx.runtime.start(head, ctx.runtime.start_spec(head, ctx.front, gpus=False))
+    return True
+
+
+def routes(ctx: Context) -> list[str] | None:
+    """The standing front's argv with the servers it routes to now (RECORD); None where it has none or the file is
+    not one (it is only compared with a plan's argv and read for a slot, never run)."""
+    if not ctx.runtime.alive(ctx.head, ctx.front):
+        return None
+    try:
+        argv = json.loads(ctx.runtime.read(ctx.head, ctx.front, RECORD))
+    except ValueError:
+        return None
+    return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and WORKERS in argv else None
+
+
+def record(ctx: Context, argv: list[str]) -> None:
+    """Write what the front routes to now (at its start, and after a blue-green move) into its own place."""
+    ctx.runtime.exec(ctx.head, ctx.front, ["sh", "-c", 'printf %s "$1" >"$0"', RECORD, json.dumps(argv)],
+                     timeout=30).check()
+
+
+def routed_slot(argv: list[str], settings: ServeSettings) -> int:
+    """The slot (backend_settings, replicas.replica_settings) of the servers a front's argv routes to, all in one:
+    the first's port above serve.replica_port; 0 where it names no other."""
+    urls = argv[argv.index(WORKERS) + 1:]
+    try:
+        slot = int(urls[0].rsplit(":", 1)[1].split("/")[0]) - settings.replica_port
+    except (IndexError, ValueError):
+        return 0
+    return slot if slot in (0, 1) else 0
+
+
 @dataclass(frozen=True)
 class ClientView:
     """What a client polling the front every POLL_S saw while a replacement or a restart ran: the longest stretch
@@ -116,13 +172,16 @@ class Watcher:
     POLL_S = 0.5
     HELD_S = 2.0  # a one-token completion that took longer was held (the lab's CPU engine answers one in < 0.5 s)
 
-    def __init__(self, base_url: str, model: str, headers: dict[str, str], hold_s: float) -> None:
+    def __init__(self, base_url: str, model: str, headers: dict[str, str], hold_s: float,
+                 dark_since: float | None = None) -> None:
+        """`dark_since`: the monotonic time the servers stopped before the watch began (04's new node places),
+        counted as without service; None: they answered until it began."""
         self._url, self._headers, self._wait_s = f"{base_url}/v1/completions", headers, hold_s + 10
         self._body = {"model": model, "prompt": "1", "max_tokens": 1}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._asks = self._refused = self._failed = self._held = 0
-        self._last_ok = time.monotonic()
+        self._last_ok = time.monotonic() if dark_since is None else dark_since
         self._dark = 0.0
 
     def __enter__(self) -> Watcher:

@@ -36,7 +36,7 @@ class Launch:
     attempt: int
     spawned: dict[str, Spawned]
     started_at: float
-    router: Spawned | None = None  # serve.layout replicas: the router in the head's place
+    router: Spawned | None = None  # the front in its own place, or (replicas, serve.front: none) the head's router
 
 
 def log_path(attempt: int, slot: int = 0) -> str:
@@ -56,14 +56,13 @@ def router_log(serve_plan: ServePlan, attempt: int) -> str:
 
 
 def standing_front(ctx: Context, serve_plan: ServePlan) -> Spawned | None:
-    """The front (serve.front: router) already running on the head, as an earlier launch spawned it; None where
-    there is none or the plan has no front."""
-    r = serve_plan.router
-    if r is None or serve_plan.settings.front != "router":
+    """The front (serve.front: router) already running in its own place on the head, as an earlier launch spawned
+    it; None where there is none or the plan has no front."""
+    if serve_plan.router is None or serve_plan.settings.front != "router":
         return None
-    node, place = ctx.cluster.nodes[r.node], ctx.places[r.node]
-    spawned = Spawned(r.node, place.name, front.LOG)
-    return spawned if ctx.runtime.running(node, place, spawned) else None
+    spawned = front.standing(ctx)
+    return spawned if ctx.runtime.alive(ctx.head, ctx.front) and ctx.runtime.running(ctx.head, ctx.front, spawned) \
+        else None
 
 
 def replica_urls(serve_plan: ServePlan) -> dict[str, str]:
@@ -98,7 +97,7 @@ def _head_api(serve_plan: ServePlan) -> tuple[str, str]:
 def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
     """Spawn every node's command in its container (head first), logs to a file per attempt; worker ranks
     follow the head's API (they end when it is gone: probes/follow.py), while replicas are servers of their own, each
-    with the key; the router (serve.layout replicas) starts with them in the head's place and waits for them itself.
+    with the key; the router starts with them in its place (the front's own, else the head's) and waits for them itself.
     The head gets serve.api_key_env's value as VLLM_API_KEY in its process environment only, as the runtime gives
     secrets (never on an argv, in the plan, which is recorded, or in a place's inspectable env)."""
     t0 = time.monotonic()
@@ -116,18 +115,30 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
                                          log_path(attempt, slot), env=c.env,
                                          secrets=secret if rank == 0 or alone else None)
                for rank, c in enumerate(serve_plan.commands)}
+    return Launch(serve_plan, attempt, spawned, t0, _router(ctx, serve_plan, attempt))
+
+
+def _router(ctx: Context, serve_plan: ServePlan, attempt: int) -> Spawned | None:
+    """The plan's router: the standing front as it is, else spawned now in its place (the front's, with its record
+    of what it routes to)."""
     r = serve_plan.router
-    router = standing_front(ctx, serve_plan) or (
-        ctx.runtime.spawn(ctx.cluster.nodes[r.node], ctx.places[r.node], r.argv, router_log(serve_plan, attempt),
-                          env=r.env) if r else None)
-    return Launch(serve_plan, attempt, spawned, t0, router)
+    if r is None:
+        return None
+    found = standing_front(ctx, serve_plan)
+    if found is not None:
+        return found
+    spawned = ctx.runtime.spawn(ctx.head, front.place(ctx, serve_plan), r.argv, router_log(serve_plan, attempt),
+                                env=r.env)
+    if serve_plan.settings.front == "router":
+        front.record(ctx, r.argv)
+    return spawned
 
 
 def stop_serving(ctx: Context, launched: Launch) -> None:
     """End the serve processes of `launched` (their process groups), the router's first unless it is the front
     (it stays for the next attempt); the containers and Ray stay."""
     if launched.router is not None and launched.plan.settings.front != "router":
-        ctx.runtime.kill(ctx.cluster.nodes[launched.router.node], ctx.places[launched.router.node], launched.router)
+        ctx.runtime.kill(ctx.head, front.place(ctx, launched.plan), launched.router)
     ctx.cluster.fan_out(lambda n: ctx.runtime.kill(n, ctx.places[n.name], launched.spawned[n.name]),
                         [ctx.cluster.nodes[name] for name in launched.spawned])
 
@@ -166,8 +177,8 @@ def tails(ctx: Context, launched: Launch) -> dict[str, str]:
     found = {n: o.value if o.ok and o.value is not None else f"(log unreadable: {o.error})"
              for n, o in outcomes.items()}
     if launched.router is not None:
-        r = launched.router
-        found[ROUTER] = ctx.runtime.read(ctx.cluster.nodes[r.node], ctx.places[r.node], r.log, tail_bytes=TAIL_BYTES)
+        found[ROUTER] = ctx.runtime.read(ctx.head, front.place(ctx, launched.plan), launched.router.log,
+                                         tail_bytes=TAIL_BYTES)
     return found
 
 
@@ -186,9 +197,8 @@ def _dead(ctx: Context, launched: Launch) -> dict[str, str]:
     dead = {n: o.value if o.ok and o.value else f"unreachable: {o.error}" for n, o in outcomes.items()
             if not o.ok or o.value}
     r = launched.router
-    if r is not None and r.node not in dead and not ctx.runtime.running(ctx.cluster.nodes[r.node],
-                                                                        ctx.places[r.node], r):
-        dead[ROUTER] = f"the router's process on {r.node} exited"
+    if r is not None and r.node not in dead and not ctx.runtime.running(ctx.head, front.place(ctx, launched.plan), r):
+        dead[ROUTER] = f"the router's process on {r.node} ({r.place}) exited"
     return dead
 
 
@@ -275,7 +285,8 @@ class BringUp:
     reuse: Decision | None = None  # whether a server already running was kept
     reused_from: Kept | None = None  # what its record (reuse.SERVING) says of it when it was
     settles: list[Settle] = field(default_factory=list)  # after each failed attempt: memory back (or not)
-    router_install: RouterInstall | None = None  # serve.layout replicas: the router found or installed on the head
+    router_install: RouterInstall | None = None  # the router found or installed in its place on the head
+    front_opened: bool = False  # the front's own place was started by this bring-up (none stood)
     stopped_at: float | None = None  # monotonic time the servers of earlier runs were stopped (from then none serves)
 
     @property

@@ -33,38 +33,46 @@ def executor(params: Params, platform: Platform) -> tuple[str, Decision]:
                             key="executor")
 
 
-def replica_settings(settings: ServeSettings, spec: NodeSpec) -> ServeSettings:
-    """The settings one node's replica serves with: its own port, its node's GPUs as the split, and its own node's
-    fabric address where serve.host names one address (the head's: a worker cannot bind it) rather than every
-    interface (where the router reaches it: worker_url)."""
+def replica_settings(settings: ServeSettings, spec: NodeSpec, slot: int = 0) -> ServeSettings:
+    """The settings one node's replica serves with: its own port (serve.replica_port, one above it in the front's
+    other slot, where a blue-green replacement stands up beside the serving replicas), its node's GPUs as the split,
+    and its own node's fabric address where serve.host names one address (the head's: a worker cannot bind it) rather
+    than every interface (where the router reaches it: worker_url)."""
     host = settings.host if ipaddress.IPv4Address(str(settings.host)).is_unspecified else ipaddress.IPv4Address(
         spec.fabric_ip)
-    return settings.model_copy(update={"port": settings.replica_port, "tensor_parallel_size": ranks(spec),
+    return settings.model_copy(update={"port": settings.replica_port + slot, "tensor_parallel_size": ranks(spec),
                                        "pipeline_parallel_size": 1, "host": host})
 
 
-def worker_url(spec: NodeSpec, settings: ServeSettings) -> str:
+def worker_url(spec: NodeSpec, settings: ServeSettings, slot: int = 0) -> str:
     """Where the router reaches a node's replica: its fabric address (the link the nodes share)."""
-    return f"http://{spec.fabric_ip}:{settings.replica_port}"
+    return f"http://{spec.fabric_ip}:{settings.replica_port + slot}"
 
 
-def router_argv(params: Params, settings: ServeSettings) -> list[str]:
+def router_argv(params: Params, settings: ServeSettings, slot: int = 0) -> list[str]:
     """The router on the head, in front of every node's replica, started with them (front.argv: it waits for them
     as long as 05 does and holds a request none answers); readiness is each replica's own, then the router's."""
-    return front.argv(settings, [worker_url(s, settings) for s in params.nodes])
+    return front.argv(settings, [worker_url(s, settings, slot) for s in params.nodes])
 
 
-def plan(params: Params, chosen: str, settings: ServeSettings | None = None, model_dir: str = "") -> ServePlan:
-    """Every node's replica (head first), then the router on the head; the plan's base URL is the router's."""
+def plan(params: Params, chosen: str, settings: ServeSettings | None = None, model_dir: str = "", slot: int = 0,
+         drains: bool = False) -> ServePlan:
+    """Every node's replica (head first), then the router on the head; the plan's base URL is the router's. `slot`:
+    behind the front, which of its two slots the replicas stand in; `drains`: behind the front, each replica stops
+    drained (the image's vLLM has --shutdown-timeout), each being a server of its own."""
     settings = settings or params.serve
     _, model_env = served_model_path(params, model_dir)
-    commands = [ServeCommand(spec.name, serve_argv(params, replica_settings(settings, spec), chosen, spec, 0, 1,
-                                                   model_dir),
-                             {**model_env, **settings.env, **settings.node_env.get(spec.name, {})})
+
+    def argv(spec: NodeSpec) -> list[str]:
+        own = serve_argv(params, replica_settings(settings, spec, slot), chosen, spec, 0, 1, model_dir)
+        return front.drained(own, settings) if drains and settings.front == "router" else own
+
+    commands = [ServeCommand(spec.name, argv(spec), {**model_env, **settings.env, **settings.node_env.get(spec.name,
+                                                                                                          {})})
                 for spec in params.nodes]
     return ServePlan(chosen, settings, commands, f"http://{params.head.fabric_ip}:{settings.port}",
                      params.model.served_name, model_dir,
-                     router=ServeCommand(params.head.name, router_argv(params, settings),
+                     router=ServeCommand(params.head.name, router_argv(params, settings, slot),
                                          {"PYTHONPATH": router.site(params)}))
 
 

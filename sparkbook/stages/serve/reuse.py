@@ -106,10 +106,11 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
     dead = [n for n, sp in spawned.items() if not ctx.runtime.running(ctx.cluster.nodes[n], where[n], sp)]
     if dead:
         return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"
-    r = running.router
-    router = Spawned(r.node, where[r.node].name, router_log(running, record.attempt)) if r else None
-    if router is not None and not ctx.runtime.running(ctx.cluster.nodes[router.node], where[router.node], router):
-        return None, f"the earlier router is not running on {router.node}"
+    router = Spawned(ctx.head.name, front.place(ctx, running).name, router_log(running, record.attempt)) \
+        if running.router else None
+    if router is not None and not (ctx.runtime.alive(ctx.head, front.place(ctx, running))
+                                   and ctx.runtime.running(ctx.head, front.place(ctx, running), router)):
+        return None, f"the earlier router is not running in {router.place} on {router.node}"
     with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0), headers=running.settings.headers()) as client:
         health, models = get(client, f"{running.base_url}/health"), listed(client, running.base_url)
     if health is None or health.status_code != 200 or running.model not in models:

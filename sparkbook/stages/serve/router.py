@@ -1,7 +1,8 @@
-"""vllm-router in the head's place, installed without network on the nodes: the controller downloads the router's
-wheels for the place's own Python and architecture (once, into its cache), copies them into the compile caches'
-directory (every place mounts it at the same path) and the place installs them into a directory of their own there
-(`pip --target`), so the image's own packages are never changed; the router runs from it (PYTHONPATH)."""
+"""vllm-router in its place on the head (the front's own, or the head's), installed without network on the nodes:
+the controller downloads the router's wheels for the place's own Python and architecture (once, into its cache),
+copies them into the compile caches' directory (every place mounts it at the same path) and the place installs them
+into a directory of their own there (`pip --target`), so the image's own packages are never changed; the router runs
+from it (PYTHONPATH)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
 from ...core.cluster.context import Context
+from ...core.cluster.runtime import Place
 from ...core.cluster.topology import cache_dir
 from ...core.values.params import Params
 from .commands import ServeError
@@ -49,11 +51,11 @@ class RouterInstall:
                 "installed_now": self.installed_now, "seconds": round(self.seconds, 1)}
 
 
-def ensure(ctx: Context) -> RouterInstall:
-    """The router installed in the head's place for its Python and architecture (its marker file says which);
-    ServeError naming the step that failed, before any replica is launched."""
+def ensure(ctx: Context, place: Place) -> RouterInstall:
+    """The router installed for the Python and architecture of `place`, on the head (the front's own place, or the
+    head's), its marker file saying which; ServeError naming the step that failed, before any server is launched."""
     t0, head = time.monotonic(), ctx.head
-    place, where = ctx.place(head.name), site(ctx.params)
+    where = site(ctx.params)
     asked = ctx.runtime.exec(head, place, ["python3", "-c", _ASK], timeout=60)
     if not asked.ok:
         raise ServeError(f"{head.name}: cannot ask {place.name}'s python3 for its version: {asked.stderr[-300:]}",

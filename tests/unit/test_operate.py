@@ -13,7 +13,7 @@ import pytest
 from rundirs import reseal, sealed_copy
 
 from sparkbook import cli
-from sparkbook.core.values.params import load_params
+from sparkbook.core.values.params import Params, load_params
 from sparkbook.runbook import driver, operate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "outputs" / "examples"
@@ -27,17 +27,25 @@ def examples(tmp_path: Path) -> Path:
     return sealed_copy(EXAMPLES, tmp_path / "examples")
 
 
+def _recorded_params(examples: Path) -> Params:
+    """The params the committed run ran with, its lab's known_hosts file (a lab this machine may never have brought
+    up) replaced by an empty one: reading records asks no node."""
+    known_hosts = examples / "known_hosts"
+    known_hosts.touch()
+    return load_params(examples / "lab" / "20261201T195946Z" / "params.yaml", {"ssh.known_hosts": str(known_hosts)})
+
+
 def test_the_last_good_deployment_skips_a_run_whose_05_failed(examples: Path) -> None:
     found = operate.deployments(examples / "lab")
     assert found and all(d.run_id != "20261201T200508Z" for d in found), "that run's new server died at 05"
-    d = operate.last_good(load_params(examples / "lab" / "20261201T195946Z" / "params.yaml"), examples)
+    d = operate.last_good(_recorded_params(examples), examples)
     assert d.run_id == "20261201T195946Z" and d.endpoint.model == "hyv4-tiny"
     assert d.image.ref == "sparkbook-lab/vllm-cpu:0.32.0" and len(d.plan_hash) == 12
     assert d.started_by() == d.run_id, "it started its own server (not reused)"
 
 
 def test_the_plan_hash_follows_the_argv_and_env_names_not_values(examples: Path) -> None:
-    d = operate.last_good(load_params(examples / "lab" / "20261201T195946Z" / "params.yaml"), examples)
+    d = operate.last_good(_recorded_params(examples), examples)
     node = next(iter(d.endpoint.commands))
     other = d.endpoint.model_copy(update={"commands": {**d.endpoint.commands,
                                                         node: [*d.endpoint.commands[node], "--enforce-eager"]}})
@@ -131,7 +139,7 @@ def test_logs_follow_reads_only_what_was_appended_and_a_log_written_anew_from_it
     ctx = SimpleNamespace(runtime=runtime, cluster=SimpleNamespace(nodes={"lab-0": SimpleNamespace(name="lab-0")}),
                           places={"lab-0": SimpleNamespace(name="sparkbook-lab-0")})
     session = SimpleNamespace(context=lambda ref: ctx, params=SimpleNamespace(head=SimpleNamespace(name="lab-0")))
-    d = operate.last_good(load_params(examples / "lab" / "20261201T195946Z" / "params.yaml"), examples)
+    d = operate.last_good(_recorded_params(examples), examples)
     d = dataclasses.replace(d, endpoint=d.endpoint.model_copy(update={"logs": {"lab-0": str(log)}}))
     polls = iter([lambda: log.open("a").write("new 1\nnew 2\n"), lambda: None,
                   lambda: log.write_text("fresh start\n"), lambda: log.open("a").write("more\n")])

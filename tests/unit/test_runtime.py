@@ -278,3 +278,35 @@ def test_places_of_vllm_s_own_launch_stand_until_05_spawns_in_them(local) -> Non
         for node in cluster.nodes.values():
             rt.stop(node, where[node.name])
     assert set(topology.lost(cluster.params, cluster, rt, ray=False)) == set(cluster.nodes)
+
+
+def test_on_the_python_runtime_the_front_outlives_the_heads_drain_and_its_record_goes_aside(local, tmp_path
+                                                                                             ) -> None:  # type: ignore[no-untyped-def]
+    """Issue 55 on one H100: the Python runtime's places share the node's log dir, so 04's drain of the head's server
+    signalled the front's PID file too, and the head's record of what served stayed for the next place's 05. The drain
+    leaves the front's own place alone; setting the head's place aside takes the record along, bringing it back
+    returns it."""
+    from sparkbook.core.cluster.context import Context
+    from sparkbook.stages.raycluster import containers
+
+    cluster = local({"kind": "python", "python": sys.executable})
+    rt, head = runtime_for(cluster.params), cluster.head
+    ctx = Context(cluster.params, cluster, rt, tmp_path, sys.executable)
+    place, front = ctx.place(head.name), ctx.front
+    sleeper = ["python", "-c", "import time; time.sleep(60)"]
+    for p in (place, front):
+        rt.start(head, rt.start_spec(head, p, gpus=False))
+    try:
+        server = rt.spawn(head, place, sleeper, f"{topology.LOG_DIR}/serve-1.log")
+        door = rt.spawn(head, front, sleeper, topology.FRONT_LOG)
+        rt.exec(head, place, ["sh", "-c", 'printf %s "$1" >"$0"', topology.SERVING, '{"run": "r1"}'], timeout=30)
+        drained = containers.drain_head(ctx, 2)
+        assert drained["signalled"] == [f"{topology.LOG_DIR}/serve-1.log"], drained
+        assert not rt.running(head, place, server) and rt.running(head, front, door), "the front was not drained"
+        assert rt.set_aside(head, place) and rt.read(head, place, topology.SERVING) == ""
+        rt.start(head, rt.start_spec(head, place, gpus=False))  # 04's new place: no server stands in it
+        assert rt.read(head, place, topology.SERVING) == "" and rt.running(head, front, door)
+        assert rt.bring_back(head, place) and rt.read(head, place, topology.SERVING) == '{"run": "r1"}'
+    finally:
+        for p in (place, front):
+            rt.stop(head, p)

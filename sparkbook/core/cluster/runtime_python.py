@@ -12,7 +12,7 @@ from ..values.params import PythonRuntime
 from .nodes import Cluster, Node, Result
 from .nodestate import REFUSED, NodeStateError, ensure, pid_record_sh
 from .runtime import KILL_SH, RUNNING_SH, Existing, Place, Spawned, StartSpec, aside, killed
-from .topology import PLACE_ROOT
+from .topology import PLACE_ROOT, SERVING
 
 # commands the stages start by name, as modules of the Python runtime's interpreter
 MODULES = {"ray": "ray.scripts.scripts", "vllm": "vllm.entrypoints.cli.main"}
@@ -179,22 +179,27 @@ class PythonNodes:
         return bool(sids)
 
     def set_aside(self, node: Node, place: Place) -> bool:
-        """The sessions killed (as `stop`), the place dir kept under aside(name) with its record."""
+        """The sessions killed (as `stop`), the place dir kept under aside(name) with its record and the record of
+        what served there (SERVING: a container takes its own along; here it lies in the node's shared log dir, where
+        the next place's 05 would take it for a server that still stands)."""
         if not node.run(["test", "-d", self._dir(node, place)], timeout=30).ok:
             return False
         self._kill_sessions(node, place)
         kept = self._dir(node, Place(place.node, aside(place.name)))
-        node.run(["sh", "-c", 'rm -rf "$1" && mv "$0" "$1"', self._dir(node, place), kept], check=True, timeout=30)
+        node.run(["sh", "-c", 'rm -rf "$1" && mv "$0" "$1" && if [ -f "$2" ]; then mv "$2" "$1/"; fi',
+                  self._dir(node, place), kept, self._path(node, SERVING)], check=True, timeout=30)
         return True
 
     def bring_back(self, node: Node, place: Place) -> bool:
-        """The place dir kept aside back under its name (its processes ended when it was set aside: nothing to
-        start; 04 and 05 start them)."""
+        """The place dir kept aside back under its name, with the record of what served there (its processes ended
+        when it was set aside: nothing to start; 04 and 05 start them)."""
         kept = self._dir(node, Place(place.node, aside(place.name)))
         if not node.run(["test", "-d", kept], timeout=30).ok:
             return False
         self.stop(node, place)
-        node.run(["mv", kept, self._dir(node, place)], check=True, timeout=30)
+        served = f"{kept}/{SERVING.rsplit('/', 1)[1]}"
+        node.run(["sh", "-c", 'if [ -f "$2" ]; then mkdir -p "$(dirname "$3")" && mv "$2" "$3"; fi; mv "$0" "$1"',
+                  kept, self._dir(node, place), served, self._path(node, SERVING)], check=True, timeout=30)
         return True
 
     def drop_aside(self, node: Node, place: Place) -> bool:

@@ -20,6 +20,7 @@ LOG_DIR = f"{PLACE_ROOT}/logs"  # every process the stages spawn in a place logs
 RAY_TEMP_DIR = f"{PLACE_ROOT}/ray"
 RAY_LOG = f"{LOG_DIR}/ray.log"
 SERVING = f"{LOG_DIR}/serving.json"  # in the head's place: what 05 serves there now (05 keeps it, 04 would end it)
+FRONT_LOG = f"{LOG_DIR}/front.log"  # in the front's own place: the front's log (and PID file), one per cluster
 HEALTH_TIMEOUT_S = 5.0
 NODE_RESOURCE = "sparkbook_node_{}"
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from ...core.cluster import probes
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import Node
+from ...core.cluster.nodestate import NodeStateError
 from ...core.cluster.runtime import Place, Runtime, Spawned, StartSpec
-from ...core.cluster.topology import LOG_DIR, RAY_LOG, places
+from ...core.cluster.topology import FRONT_LOG, LOG_DIR, RAY_LOG, places
 from ...core.values.errors import SparkbookError
 from ...core.values.stagelist import RAYCLUSTER
 
@@ -94,20 +95,25 @@ def start_containers(ctx: Context, specs: dict[str, StartSpec], image_id: str | 
 
 def drain_head(ctx: Context, drain_s: int) -> dict[str, object]:
     """Before the node places are set aside: every process spawned in the head's place but Ray (which the Ray
-    executor's ranks need to the end) gets SIGTERM and up to `drain_s` to end, one by one, then its group is ended. A
-    vLLM with --shutdown-timeout takes no new request and finishes those it runs (a front in its own place holds what
-    arrives meanwhile), and its worker ranks follow the head's API out; so a new image or env cuts no request in
-    flight. What was signalled and the seconds it took."""
+    executor's ranks need to the end) and the front (whose own place stays: on the Python runtime every place's files
+    share the node's log dir) gets SIGTERM and up to `drain_s` to end, one by one, then its group is ended. A vLLM
+    with --shutdown-timeout takes no new request and finishes those it runs (the front holds what arrives meanwhile),
+    and its worker ranks follow the head's API out; so a new image or env cuts no request in flight. What was
+    signalled and the seconds it took."""
     t0, head = time.monotonic(), ctx.head
     place = ctx.place(head.name)
     listed = ctx.runtime.exec(head, place, ["sh", "-c", 'cd "$0" 2>/dev/null && ls -- *.pid 2>/dev/null || true',
                                             LOG_DIR], timeout=30)
     logs = [log for name in listed.stdout.split() if name.endswith(".pid")
-            and (log := f"{LOG_DIR}/{name.removesuffix('.pid')}") != RAY_LOG]
+            and (log := f"{LOG_DIR}/{name.removesuffix('.pid')}") not in (RAY_LOG, FRONT_LOG)]
+    refused: dict[str, str] = {}
     for log in logs:
-        ctx.runtime.kill(head, place, Spawned(head.name, place.name, log), drain_s=drain_s)
-    return {"node": head.name, "signalled": logs, "drain_timeout_s": drain_s,
-            "seconds": round(time.monotonic() - t0, 1)}
+        try:
+            ctx.runtime.kill(head, place, Spawned(head.name, place.name, log), drain_s=drain_s)
+        except NodeStateError as exc:  # its PID file names a process the runbook did not start: left alone (the
+            refused[log] = str(exc)  # container's stop ends what is the runbook's own)
+    return {"node": head.name, "signalled": [log for log in logs if log not in refused], "not signalled": refused,
+            "drain_timeout_s": drain_s, "seconds": round(time.monotonic() - t0, 1)}
 
 
 def set_aside(ctx: Context) -> list[str]:

@@ -16,12 +16,12 @@ import httpx
 
 from ...core.cluster.context import Context
 from ...core.cluster.runtime import Place, Spawned
-from ...core.cluster.topology import LOG_DIR
+from ...core.cluster.topology import FRONT_LOG, LOG_DIR
 from ...core.values.params import Params, ServeSettings
 from . import router
 from .commands import ServeCommand, ServePlan
 
-LOG = f"{LOG_DIR}/front.log"  # one front per cluster, not per attempt: no stop of a server ends it
+LOG = FRONT_LOG  # one front per cluster, not per attempt: no stop of a server ends it
 RECORD = f"{LOG_DIR}/front.json"  # in the front's place: its argv with the servers it routes to now (moves included)
 BACKOFF_MS = (100, 1000)  # the front's retry backoff, first and longest: a held request asks again within 1 s
 HEALTH_CHECK_S = 3600  # the front's own health checks would mark a restarting server down, and then refuse at once

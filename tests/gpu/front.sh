@@ -18,6 +18,15 @@
 #                                    first `--from 02 --to 02` (02's ModelFacts of the big model for 05's fit), then
 #                                    --from 05 --to 05, confirm_replace, under the same load: it does not fit beside
 #                                    the small server, so 05 stops it drained while the front holds requests
+#   bash tests/gpu/front.sh places   after `first` or `firstwatch` (--from 04 takes 01-03's hand-offs of the newest
+#                                    run; 06 not needed): the small plan with one var added to runtime.env (every node
+#                                    place's recorded env differs, so keep.py refuses them and 04 replaces them),
+#                                    `--from 04 --to 05 -p confirm_replace=true` under the same load and pollers: 04
+#                                    drains the head's server (server_drained), sets its places aside, starts new ones;
+#                                    05 starts the plan there behind the front standing in its own place
+#                                    (sparkbook-CLUSTER-front), front_held "new node places behind the front"; the
+#                                    front's PID (~/.sparkbook/NODE/logs/front.log.pid) before and after; its log
+#                                    tail, place dirs and the load's jsonl in $OUT/places-extra.tar.gz
 #   T0=$(date +%s) ...; bash tests/gpu/front.sh firstwatch   as `first` (the small model), but 01..05 only (--to 05)
 #   bash tests/gpu/front.sh watch    a `watch` restart behind the front under load: `sparkbook watch` (params
 #                                    + watch: interval 3 s, check_timeout 5 s, 2 failures, 1 restart) beside
@@ -36,7 +45,7 @@ HERE="$(dirname "${BASH_SOURCE[0]}")"
 source "$HERE/env.sh"
 cd "$REPO"
 OUT="${OUT:-/tmp/out_local}"; mkdir -p "$OUT"
-STEP="${1:?router|first|firstwatch|second|third|watch|bench}"
+STEP="${1:?router|first|firstwatch|second|third|places|watch|bench}"
 BASE="${BASE:-params/h200-one.yaml}"
 HOLD_S="${HOLD_S:-300}"
 SMALL=/tmp/carry/model-qwen3moe-small
@@ -74,7 +83,9 @@ first["model"]["path"] = sys.argv[4]
 first["serve"]["gpu_memory_utilization"] = 0.35  # two of them fit on an 80 GB card
 second = copy.deepcopy(first); second["serve"]["max_num_seqs"] = 64
 third = copy.deepcopy(base)  # model.path /tmp/carry/model-qwen3moe, gpu_memory_utilization as BASE has it
-for name, data in (("first", first), ("second", second), ("third", third)):
+places = copy.deepcopy(first)  # one env var more on every place: keep.py finds "another environment", 04 replaces them
+places["runtime"]["env"]["SPARKBOOK_PLACES_PROBE"] = "1"
+for name, data in (("first", first), ("second", second), ("third", third), ("places", places)):
     yaml.safe_dump(data, open(f"{sys.argv[1]}/{name}.yaml", "w"), sort_keys=False)
     print(name, "model", data["model"]["path"], "serve", {k: data["serve"].get(k) for k in (
         "front", "hold_s", "gpu_memory_utilization", "max_num_seqs", "max_model_len")})
@@ -95,14 +106,15 @@ d = sys.argv[1]
 print("run dir", d)
 ev = [json.loads(line) for line in open(d + "events.jsonl")] if os.path.exists(d + "events.jsonl") else []
 keep = ("front_held", "fit_beside", "serve_replaced", "serve_rollback", "serve_args_checked", "router_installed",
-        "memory_before_launch", "memory_held_by_server", "serve_attempts", "smoke_test")
+        "memory_before_launch", "memory_held_by_server", "serve_attempts", "smoke_test", "server_drained",
+        "containers_set_aside", "containers_dropped", "ray_join")
 at = {}
 for e in ev:
     if e.get("stage", "").startswith("05") or e["kind"] in keep:
         at.setdefault(e["kind"], e.get("at"))
     if e["kind"] in keep or "front" in e["kind"] or "router" in e["kind"]:
         print(e.get("at", ""), e["kind"], json.dumps(e["data"])[:900])
-    elif e["kind"] == "decision" and e.get("stage", "").startswith("05"):
+    elif e["kind"] == "decision" and e.get("stage", "")[:2] in ("04", "05"):
         x = e["data"]
         print(e.get("at", ""), "decision", x.get("question"), "->", x.get("choice"), "|", str(x.get("reason"))[:400])
 def t(k):
@@ -141,8 +153,24 @@ EOF5
   done
 }
 
-replace() {  # replace TAG PARAMS: --from 05 --to 05 under the load, the pollers and the port watcher
+front_pid() {  # LABEL: the front's PID file (the Python runtime maps PLACE_ROOT/logs to the node's state dir, shared by
+  # every place there), whether that process lives (its start time checked as the runbook does), its place dir
+  local f
+  for f in "$HOME"/.sparkbook/*/logs/front.log.pid /tmp/sparkbook/logs/front.log.pid; do
+    [ -f "$f" ] || continue
+    read -r fp fs _ < "$f"
+    st=$(cut -d')' -f2 "/proc/$fp/stat" 2>/dev/null | cut -d' ' -f21)
+    echo "front $1: $f = pid $fp start $fs; /proc: $([ -n "$st" ] && echo "alive, start $st$([ "$st" = "$fs" ] && echo ' (same)' || echo ' (OTHER process)') $(tr '\0' ' ' < /proc/$fp/cmdline | cut -c1-120)" || echo gone)"
+  done
+  for f in "$HOME"/.sparkbook/*/sparkbook-*-front "$HOME"/.sparkbook/*/sparkbook-*-front.*; do
+    [ -e "$f" ] && echo "front $1: place $f: $(ls "$f" | tr '\n' ' ') sids: $(tr '\n' ';' < "$f/sids" 2>/dev/null)"
+  done
+  return 0
+}
+
+replace() {  # replace TAG PARAMS [RUN ARGS]: (--from 05 --to 05) under the load, the pollers and the port watcher
   local tag=$1 params=$2 d
+  shift 2; local args=("$@"); [ ${#args[@]} -gt 0 ] || args=(--from 05 --to 05)
   urls
   d=${DIRECT%:*}
   date -u +"load start %FT%T.%3NZ epoch %s"
@@ -152,7 +180,7 @@ replace() {  # replace TAG PARAMS: --from 05 --to 05 under the load, the pollers
   "$PY" "$HERE/port_watch.py" "$d:8001" "$d:8002" > "$OUT/ports-$tag.txt" 2>&1 & PORTS=$!
   sleep 15
   date -u +"run start %FT%T.%3NZ epoch %s"
-  KEEP=1 TAG=$tag BUDGET="${BUDGET:-400}" bash "$HERE/run_runbook.sh" "$params" --from 05 --to 05 \
+  KEEP=1 TAG=$tag BUDGET="${BUDGET:-400}" bash "$HERE/run_runbook.sh" "$params" "${args[@]}" \
     -p confirm_replace=true | grep -v "^  \|WARNING" | tail -14
   date -u +"run end %FT%T.%3NZ epoch %s"
   sleep 15
@@ -178,7 +206,8 @@ router)
   echo "trial install rc=$?"; rm -rf /tmp/router-trial
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
   PROBE=shared/gpu/probe-docker.sh; [ -f "$PROBE" ] || PROBE=.carry/probe-docker.sh
-  echo "=== probe-docker ($PROBE)"; bash "$PROBE" > "$OUT/probe-docker.txt" 2>&1; cat "$OUT/probe-docker.txt" ;;
+  if [ -f "$PROBE" ]; then echo "=== probe-docker ($PROBE)"; bash "$PROBE" > "$OUT/probe-docker.txt" 2>&1
+    cat "$OUT/probe-docker.txt"; else echo "no probe-docker.sh carried: skipped"; fi ;;
 first)
   small_model; params
   # what is left of the call's 600 s (T0: the call's start, set in the command before stage.sh), less 40 s
@@ -296,6 +325,39 @@ third)
     "$(ls -td $RUNS/*/*/ | head -1)state.json"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
   replace third "$P/third.yaml" ;;
+places)
+  [ -f "$SMALL/config.json" ] || small_model
+  [ -f "$P/places.yaml" ] || params
+  X=/tmp/front/places; rm -rf "$X"; mkdir -p "$X"
+  exec > >(tee -a "$X/step-console.txt") 2>&1
+  echo "state dirs: $(ls -d "$HOME"/.sparkbook/*/* 2>/dev/null | tr '\n' ' ')"
+  front_pid before | tee "$X/front-pid.txt"
+  replace places "$P/places.yaml" --from 04 --to 05
+  front_pid after | tee -a "$X/front-pid.txt"
+  echo "=== places: what 04 and 05 recorded"
+  "$PY" - "$(ls -td $RUNS/*/2*/ | head -1)" <<'EOF8' | tee "$X/places-summary.txt"
+import json, os, sys
+d = sys.argv[1]
+ev = [json.loads(line) for line in open(d + "events.jsonl")] if os.path.exists(d + "events.jsonl") else []
+for e in ev:
+    if e["kind"] in ("server_drained", "containers_set_aside", "containers_dropped", "front_held", "serve_replaced",
+                     "router_installed") or (e["kind"] == "decision" and e.get("stage", "")[:2] == "04"):
+        print(e.get("at", ""), e.get("stage", ""), e["kind"], json.dumps(e["data"])[:1200])
+s = json.load(open(d + "state.json")) if os.path.exists(d + "state.json") else {}
+e = s.get("endpoint") or {}
+print("endpoint:", json.dumps({k: e.get(k) for k in ("base_url", "ready_s", "seconds_without_service",
+                                                     "front_refused", "front_failed")}))
+m = json.load(open(d + "manifest.json")) if os.path.exists(d + "manifest.json") else {}
+for n in m.get("notebooks", []):
+    print(f"notebook {n['name']:24s} {n['status']:8s} {n['duration_s']} s",
+          str((n.get('exception') or {}).get('evalue', ''))[:400])
+EOF8
+  [ -f "$OUT/load-places.json" ] && "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("load:", json.dumps(d)[:800])' "$OUT/load-places.json"
+  for f in "$HOME"/.sparkbook/*/logs/front.log; do [ -f "$f" ] && tail -c 60000 "$f" > "$X/front-log-tail.txt"; done
+  ls -la "$HOME"/.sparkbook/*/ "$HOME"/.sparkbook/*/logs/ > "$X/state-dirs.txt" 2>&1
+  cat "$HOME"/.sparkbook/*/sparkbook-*/place.json "$HOME"/.sparkbook/*/sparkbook-*/*.json > "$X/place-records.txt" 2>&1
+  [ -f "$OUT/load-places.jsonl" ] && gzip -c "$OUT/load-places.jsonl" > "$X/load-places.jsonl.gz" && rm -f "$OUT/load-places.jsonl"
+  tar czf "$OUT/places-extra.tar.gz" -C /tmp/front places; ls -l "$OUT" ;;
 bench)
   urls
   eval "$("$PY" "$HERE/bench_pair.py" env "$P/third.yaml")"; export PYTHONPATH="$SITE:$REPO"

@@ -237,10 +237,11 @@ def run(ctx: Context, preview: RayPreview, *, confirm_replace: bool) -> RayOutco
                                                   "image and settings it runs to keep it")
             return out
     try:
+        stopped = now() if live is not None else None  # from the drain on, the old server takes no new request
         if live is not None:  # drained, then kept aside, not removed, until the new server answers (05 drops them)
             out.event("server_drained", containers.drain_head(ctx, ctx.params.serve.drain_timeout_s))
             out.event("containers_set_aside", {"run": live.run, "at": now(), "nodes": containers.set_aside(ctx)})
-        out.error = form(ctx, preview, out, now() if live is not None else None)
+        out.error = form(ctx, preview, out, stopped)
     except SparkbookError as exc:  # a container or Ray that does not start, Ray's node table unreadable
         out.error = exc
     return out

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from sparkbook.core.cluster.topology import container_name, container_names
+from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import Params, load_params
 from sparkbook.lab.cluster import lab_nodes
 from sparkbook.lab.imagebuild import OPENAI, SLOW, ensure_images, image_id, load_images
@@ -131,6 +132,12 @@ def _refusal(node_shells, params: Params, run: Run, baseline_because: str) -> No
 def test_a_slower_image_is_refused_and_the_baseline_serves_again(refused, node_shells) -> None:
     _, params, run = refused
     _refusal(node_shells, params, run, "runtime.installed_image")
+    (distribution,) = [e["data"] for e in read_events(run[0], "distribution") if e["data"]["image"] == SLOW]
+    copies = distribution["copies"]  # 03 put the planted twin on the worker: only the layers it lacks, on the fabric
+    assert copies or "lab-1" in distribution["skipped"], distribution  # held already: a lab set up before
+    for copy in copies:
+        assert copy["mode"].startswith("delta: ") and copy["route"].startswith("fabric "), copy
+        assert copy["bytes"] < 50_000_000, copy  # the twin's own layer; the shared 0.32.0 layers stay home
 
 
 def test_up_after_the_refusal_serves_the_kept_image(refused, node_shells) -> None:

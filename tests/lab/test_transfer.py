@@ -184,6 +184,7 @@ def rmi(run, ref: str) -> None:  # type: ignore[no-untyped-def]
     run.cluster.workers[0].run(["docker", "rmi", ref], timeout=120)
 
 
+@pytest.mark.slow  # 101 s in CI (most of it the whole old image copied first); make test: test_lab_image_ab.py
 def test_image_delta_sends_only_the_layers_the_worker_lacks(open_run) -> None:  # type: ignore[no-untyped-def]
     run = open_run()
     if not worker_holds(run, OLD):

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from test_operate_watch import _engine_pid
 
-from sparkbook.core.cluster.topology import container_name, container_names, front_place
+from sparkbook.core.cluster.topology import FRONT_LOG, container_name, container_names, front_place
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import load_params
 from sparkbook.core.values.stagelist import RAYCLUSTER, SERVE
@@ -32,7 +32,6 @@ from sparkbook.records import watchlog
 from sparkbook.runbook import driver
 from sparkbook.runbook.driver import RunOptions
 from sparkbook.runbook.manifest import Manifest
-from sparkbook.stages.serve import front
 
 pytestmark = pytest.mark.lab
 FRONT = {"front": "router", "port": 8200, "replica_port": 8201, "master_port": 29701, "api_key_env": None,
@@ -115,7 +114,7 @@ def _front_pid(node_shells, data: dict[str, Any]) -> str:
     """The front's process, in its own place on the head (not the head's node place)."""
     head = data["nodes"][0]["name"]
     _, out, _ = node_shells[head].run(["docker", "exec", front_place(data["_params"], "").name, "cat",
-                                       f"{front.LOG}.pid"])
+                                       f"{FRONT_LOG}.pid"])
     return out.split()[0] if out.split() else ""
 
 
@@ -150,7 +149,7 @@ def test_the_first_deploy_serves_behind_the_front(fronted) -> None:
     assert {nb.name[:2]: nb.status for nb in manifest.notebooks if nb.status != "skipped"} == {"04": "ok", "05": "ok"}
     endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
     head, head_ip = data["nodes"][0]["name"], data["nodes"][0]["fabric_ip"]
-    assert endpoint["base_url"] == f"http://{head_ip}:8200" and endpoint["router_log"] == front.LOG, endpoint
+    assert endpoint["base_url"] == f"http://{head_ip}:8200" and endpoint["router_log"] == FRONT_LOG, endpoint
     assert endpoint["replicas"] == {head: f"http://{head_ip}:8201"}, endpoint
     assert "--shutdown-timeout" in endpoint["commands"][head], "the lab's vLLM 0.32 drains"
 

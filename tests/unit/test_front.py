@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from test_serve_plan import ctx
 
+from sparkbook.core.cluster.topology import FRONT_LOG
 from sparkbook.core.values.params import ParamsError, load_params
 from sparkbook.stages.serve import bluegreen, bringup, front, launch
 
@@ -37,7 +38,7 @@ def test_the_tp_server_answers_the_front_on_its_own_port(lab):
     assert value(plan.router.argv, "--retry-max-retries") == "30"  # 30 s at the longest backoff of 1 s
     assert "--disable-circuit-breaker" in plan.router.argv
     assert value(plan.router.argv, "--policy") == "round_robin"  # vllm-router refuses power_of_two for one worker
-    assert launch.router_log(plan, 3) == front.LOG  # one front, whatever the attempt
+    assert launch.router_log(plan, 3) == FRONT_LOG  # one front, whatever the attempt
     assert front.drains(plan)
 
 

@@ -141,8 +141,7 @@ def _layout_plan(ctx: Context, platform: Platform, model_dir: str) -> tuple[str,
 
 def _running_slot(ctx: Context) -> int:
     """The slot behind the front the standing front routes to (its own record: after 04's new node places no
-    server's record is left), else the recorded server's; 0 without a front or a record, and for replicas, which
-    stand in one slot."""
+    server's record is left), else the recorded server's; 0 without a front or a record."""
     if ctx.params.serve.front != "router":
         return 0
     routed = front.routes(ctx)

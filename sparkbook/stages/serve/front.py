@@ -16,12 +16,11 @@ import httpx
 
 from ...core.cluster.context import Context
 from ...core.cluster.runtime import Place, Spawned
-from ...core.cluster.topology import FRONT_LOG, LOG_DIR
+from ...core.cluster.topology import LOG_DIR
 from ...core.values.params import Params, ServeSettings
 from . import router
 from .commands import ServeCommand, ServePlan
 
-LOG = FRONT_LOG  # one front per cluster, not per attempt: no stop of a server ends it
 RECORD = f"{LOG_DIR}/front.json"  # in the front's place: its argv with the servers it routes to now (moves included)
 BACKOFF_MS = (100, 1000)  # the front's retry backoff, first and longest: a held request asks again within 1 s
 HEALTH_CHECK_S = 3600  # the front's own health checks would mark a restarting server down, and then refuse at once
@@ -103,9 +102,10 @@ def place(ctx: Context, serve_plan: ServePlan) -> Place:
     return ctx.front if serve_plan.settings.front == "router" else ctx.place(serve_plan.router.node)
 
 
-def standing(ctx: Context) -> Spawned:
-    """The front as it runs in its own place (its log names it there)."""
-    return Spawned(ctx.head.name, ctx.front.name, LOG)
+def runs(ctx: Context, serve_plan: ServePlan, spawned: Spawned) -> bool:
+    """Whether the plan's router `spawned` runs in its place (a place that is gone runs nothing)."""
+    where = place(ctx, serve_plan)
+    return ctx.runtime.alive(ctx.head, where) and ctx.runtime.running(ctx.head, where, spawned)
 
 
 def open_place(ctx: Context) -> bool:

@@ -14,7 +14,7 @@ from ...core.cluster import probes
 from ...core.cluster.context import Context
 from ...core.cluster.nodes import Node
 from ...core.cluster.runtime import Spawned
-from ...core.cluster.topology import LOG_DIR
+from ...core.cluster.topology import FRONT_LOG, LOG_DIR
 from ...core.values.evidence import Alternative, Decision
 from ...core.values.params import api_key
 from . import front
@@ -52,7 +52,7 @@ def router_log_path(attempt: int) -> str:
 def router_log(serve_plan: ServePlan, attempt: int) -> str:
     """The router's log: the front's own (one per cluster, it outlives attempts and replacements), else the
     attempt's."""
-    return front.LOG if serve_plan.settings.front == "router" else router_log_path(attempt)
+    return FRONT_LOG if serve_plan.settings.front == "router" else router_log_path(attempt)
 
 
 def standing_front(ctx: Context, serve_plan: ServePlan) -> Spawned | None:
@@ -60,9 +60,8 @@ def standing_front(ctx: Context, serve_plan: ServePlan) -> Spawned | None:
     it; None where there is none or the plan has no front."""
     if serve_plan.router is None or serve_plan.settings.front != "router":
         return None
-    spawned = front.standing(ctx)
-    return spawned if ctx.runtime.alive(ctx.head, ctx.front) and ctx.runtime.running(ctx.head, ctx.front, spawned) \
-        else None
+    spawned = Spawned(ctx.head.name, ctx.front.name, FRONT_LOG)
+    return spawned if front.runs(ctx, serve_plan, spawned) else None
 
 
 def replica_urls(serve_plan: ServePlan) -> dict[str, str]:

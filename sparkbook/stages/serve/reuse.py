@@ -108,8 +108,7 @@ def find_running(ctx: Context, requested: ServePlan) -> tuple[BringUp | None, st
         return None, f"the earlier `vllm serve` is not running on {', '.join(dead)}"
     router = Spawned(ctx.head.name, front.place(ctx, running).name, router_log(running, record.attempt)) \
         if running.router else None
-    if router is not None and not (ctx.runtime.alive(ctx.head, front.place(ctx, running))
-                                   and ctx.runtime.running(ctx.head, front.place(ctx, running), router)):
+    if router is not None and not front.runs(ctx, running, router):
         return None, f"the earlier router is not running in {router.place} on {router.node}"
     with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0), headers=running.settings.headers()) as client:
         health, models = get(client, f"{running.base_url}/health"), listed(client, running.base_url)

@@ -117,6 +117,34 @@ def test_the_watcher_counts_a_gap_as_a_client_sees_it():
     assert view.asks > view.refused
 
 
+class _Holding(_Answering):
+    """A front holding every request that arrives until `until` (monotonic), then answering it."""
+
+    until = 0.0
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["content-length"]))
+        time.sleep(max(0.0, type(self).until - time.monotonic()))
+        self.answer(b'{"choices": [{"text": "2"}]}')
+
+
+def test_the_watcher_counts_every_request_that_arrived_while_the_front_held(monkeypatch):
+    """Asks do not wait for each other: through a 4.5-s hold one arrives every poll and is held, each counted, and
+    the stretch without an answer is the hold less a poll."""
+    monkeypatch.setattr(_Holding, "until", time.monotonic() + 4.5)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Holding)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with front.Watcher(f"http://127.0.0.1:{server.server_address[1]}", "m", {}, hold_s=10) as watching:
+            time.sleep(5.5)
+    finally:
+        server.shutdown()
+    view = watching.view()
+    assert (view.refused, view.failed) == (0, 0), view
+    assert view.held >= 4, f"an ask every {front.Watcher.POLL_S} s through the hold, held > 2 s: {view}"
+    assert view.asks > view.held and 3.5 <= view.dark_s <= 5.0, view
+
+
 def test_blue_green_plans_the_other_slot_and_a_server_there_keeps_its_own_files(lab):
     params = with_front(lab)
     blue = bringup.layout_plan(ctx(params), "mp", params.serve, "", drains=True, slot=0)

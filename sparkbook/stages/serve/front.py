@@ -10,6 +10,7 @@ import json
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -149,7 +150,7 @@ def routed_slot(argv: list[str], settings: ServeSettings) -> int:
 
 @dataclass(frozen=True)
 class ClientView:
-    """What a client polling the front every POLL_S saw while a replacement or a restart ran: the longest stretch
+    """What clients arriving at the front every POLL_S saw while a replacement or a restart ran: the longest stretch
     without an answer, and how many asks were refused (no connection) or failed (an error status or no answer in
     time); a held ask that was answered late counts as neither."""
 
@@ -161,16 +162,20 @@ class ClientView:
 
     def event(self) -> dict[str, object]:
         return {"seconds without service (as a client saw it)": self.dark_s, "asks": self.asks,
-                "held": self.held, "refused": self.refused, "failed": self.failed}
+                "held": self.held, "held at once at most": Watcher.MAX_ASKS, "refused": self.refused,
+                "failed": self.failed}
 
 
 class Watcher:
-    """Ask the front from here every POLL_S, in a thread, from entering until leaving, what a client asks: a one-token
-    completion (the front holds it while no server answers, and it waits up to `hold_s` for it; vllm-router answers
-    /v1/models with an error meanwhile, so listing the models is no client's view of a gap)."""
+    """Ask the front from here every POLL_S, from entering until leaving, what a client asks: a one-token completion
+    (the front holds it while no server answers, and it waits up to `hold_s` for it; vllm-router answers /v1/models
+    with an error meanwhile, so listing the models is no client's view of a gap). Asks do not wait for each other, as
+    clients do not: through a gap one arrives every POLL_S and is held, up to MAX_ASKS at once, so `held` counts
+    requests that arrived while no server answered, not the one that happened to be asking."""
 
     POLL_S = 0.5
     HELD_S = 2.0  # a one-token completion that took longer was held (the lab's CPU engine answers one in < 0.5 s)
+    MAX_ASKS = 32  # held at once at most (16 s of arrivals): a probe, not a load that would fill the front's queue
 
     def __init__(self, base_url: str, model: str, headers: dict[str, str], hold_s: float,
                  dark_since: float | None = None) -> None:
@@ -180,6 +185,8 @@ class Watcher:
         self._body = {"model": model, "prompt": "1", "max_tokens": 1}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.MAX_ASKS)
         self._asks = self._refused = self._failed = self._held = 0
         self._last_ok = time.monotonic() if dark_since is None else dark_since
         self._dark = 0.0
@@ -190,33 +197,43 @@ class Watcher:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=self._wait_s + 5)
-        self._dark = max(self._dark, time.monotonic() - self._last_ok - self.POLL_S)
+        self._thread.join(timeout=self._wait_s + 5)  # the asks in flight answer (or time out) first
+        with self._lock:
+            self._dark = max(self._dark, time.monotonic() - self._last_ok - self.POLL_S)
 
     def view(self) -> ClientView:
-        return ClientView(round(max(self._dark, 0.0), 1), self._asks, self._refused, self._failed, self._held)
+        with self._lock:
+            return ClientView(round(max(self._dark, 0.0), 1), self._asks, self._refused, self._failed, self._held)
 
     def _watch(self) -> None:
-        with httpx.Client(timeout=httpx.Timeout(self._wait_s, connect=2.0), headers=self._headers) as client:
+        timeout = httpx.Timeout(self._wait_s, connect=2.0)
+        with httpx.Client(timeout=timeout, headers=self._headers,
+                          limits=httpx.Limits(max_connections=self.MAX_ASKS)) as client, \
+                ThreadPoolExecutor(self.MAX_ASKS, thread_name_prefix="front-watch") as asks:
             while not self._stop.is_set():
-                self._ask(client)
+                if self._slots.acquire(blocking=False):
+                    asks.submit(self._ask, client)
                 self._stop.wait(self.POLL_S)
 
     def _ask(self, client: httpx.Client) -> None:
-        """One ask; the stretch since the last answer, less one poll interval, where this one answers."""
-        self._asks += 1
+        """One ask, counted where it ends; an answer closes the stretch since the one before it, less one poll
+        interval."""
         asked = time.monotonic()
+        refused = False
         try:
             ok = client.post(self._url, json=self._body).status_code == 200
         except httpx.ConnectError:
-            self._refused += 1
-            return
+            ok, refused = False, True
         except httpx.HTTPError:
             ok = False
-        if not ok:
-            self._failed += 1
-            return
+        finally:
+            self._slots.release()
         now = time.monotonic()
-        self._held += now - asked > self.HELD_S
-        self._dark = max(self._dark, now - self._last_ok - self.POLL_S)
-        self._last_ok = now
+        with self._lock:
+            self._asks += 1
+            self._refused += refused
+            self._failed += not ok and not refused
+            if ok:
+                self._held += now - asked > self.HELD_S
+                self._dark = max(self._dark, now - self._last_ok - self.POLL_S)
+                self._last_ok = max(self._last_ok, now)

@@ -40,7 +40,7 @@ lint: setup
 	$(BIN)/mypy sparkbook
 
 unit: setup lint
-	$(BIN)/pytest tests/unit
+	$(PYTEST_UNITS)
 
 # docs/params.md rendered from the params schema (tests/unit/test_paramsdoc.py fails while it differs)
 docs: setup
@@ -51,14 +51,19 @@ docs: setup
 router-pins: setup
 	$(BIN)/python tests/router_pins.py $(ARGS)
 
-# make test: every capability with at least one lab proof (tests/README.md), inside CI's time; pytest's 30 slowest
-# durations at its end. make test-all adds the heavy scenarios marked `slow` (what they add: tests/README.md).
-PYTEST_ALL := $(BIN)/pytest tests notebooks --nbval-lax --durations=30
+# make test: every capability with at least one lab proof (tests/README.md), inside CI's time: the unit tests on both
+# cores (pytest-xdist; they share no lab), then the lab's and nbval's in one session (they share the lab's set-ups),
+# each with pytest's slowest durations at its end. make test-all adds the heavy scenarios marked `slow` (what they
+# add: tests/README.md).
+PYTEST_UNITS := $(BIN)/pytest tests/unit -n 2 --durations=10
+PYTEST_LAB := $(BIN)/pytest tests/lab notebooks --nbval-lax --durations=30
 test: lab $(BROWSER) lint
-	$(PYTEST_ALL) -m "not benchmark and not slow"
+	$(PYTEST_UNITS)
+	$(PYTEST_LAB) -m "not benchmark and not slow"
 
 test-all: lab $(BROWSER) lint
-	$(PYTEST_ALL) -m "not benchmark"
+	$(PYTEST_UNITS)
+	$(PYTEST_LAB) -m "not benchmark"
 
 bench: lab
 	$(BIN)/pytest tests -m benchmark -s

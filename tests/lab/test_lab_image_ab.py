@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from sparkbook.core.cluster.topology import container_name, container_names
+from sparkbook.core.cluster.topology import container_name, container_names, front_place
 from sparkbook.core.values.evidence import read_events
 from sparkbook.core.values.params import Params, load_params
 from sparkbook.lab.cluster import lab_nodes
@@ -138,6 +138,17 @@ def test_a_slower_image_is_refused_and_the_baseline_serves_again(refused, node_s
     for copy in copies:
         assert copy["mode"].startswith("delta: ") and copy["route"].startswith("fabric "), copy
         assert copy["bytes"] < 50_000_000, copy  # the twin's own layer; the shared 0.32.0 layers stay home
+    # each arm after the first replaced the node places of a live server behind the front (a new image): 04 drained
+    # the head's server first, and the front in its own place outlived them, holding what arrived meanwhile
+    drained = [e["data"] for e in read_events(run[0], "server_drained")]
+    assert len(drained) == 2 and all(any("serve-" in log for log in d["signalled"]) for d in drained), drained
+    held = [e["data"] for e in read_events(run[0], "front_held")]
+    assert [h["way"] for h in held] == ["new node places behind the front"] * 2, held
+    assert all(h["refused"] == 0 for h in held), held
+    started = {name: node_shells["lab-0"].run(["docker", "inspect", "-f", "{{.State.StartedAt}}", name])[1].strip()
+               for name in (front_place(params, "").name, container_name(params, "lab-0"))}
+    front, head = started.values()
+    assert front < head, f"the front's place started before the kept arm's node place: {started}"
 
 
 def test_up_after_the_refusal_serves_the_kept_image(refused, node_shells) -> None:

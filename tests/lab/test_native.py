@@ -42,6 +42,8 @@ def native(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory) -> I
     lab_data = yaml.safe_load(sblab.params_file(2).read_text())
     data.update(nodes=lab_data["nodes"], ssh=lab_data["ssh"])
     data["serve"]["node_env"] = lab_data["serve"].get("node_env", {})
+    # 06 runs and records; its full sweep (4 points, 2 depths: about 55 s) proves nothing here the full run's does not
+    data["benchmark"].update(concurrency=[1, 2], num_prompts=4, warmup_requests=1, depths=[])
     path = tmp_path_factory.mktemp("native-params") / "lab-native.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()

@@ -206,9 +206,7 @@ class Watcher:
             return ClientView(round(max(self._dark, 0.0), 1), self._asks, self._refused, self._failed, self._held)
 
     def _watch(self) -> None:
-        timeout = httpx.Timeout(self._wait_s, connect=2.0)
-        with httpx.Client(timeout=timeout, headers=self._headers,
-                          limits=httpx.Limits(max_connections=self.MAX_ASKS)) as client, \
+        with httpx.Client(timeout=httpx.Timeout(self._wait_s, connect=2.0), headers=self._headers) as client, \
                 ThreadPoolExecutor(self.MAX_ASKS, thread_name_prefix="front-watch") as asks:
             while not self._stop.is_set():
                 if self._slots.acquire(blocking=False):

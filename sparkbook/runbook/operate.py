@@ -25,7 +25,7 @@ from ..core.values.errors import SparkbookError
 from ..core.values.evidence import now, read_events
 from ..core.values.handoff import AbBaseline, Endpoint, ImageChoice, OldDeployment
 from ..core.values.handoffbounds import endpoint_problems, image_problems
-from ..core.values.params import Params, load_params
+from ..core.values.params import Params, bearer, load_params
 from ..core.values.rundir import RUN_ID, STATE, is_run_dir
 from ..core.values.stagelist import RAYCLUSTER, SERVE
 from ..stages.serve.endpoints import ClientAddress, client_addresses
@@ -265,10 +265,11 @@ def _node_status(runtime: Runtime, node: Node, place: Place, log: str, ray: str)
     return NodeStatus(node.name, what, ray, server, _since(found.started_at))
 
 
-def health(base_url: str) -> str | None:
-    """None when the API's /health answers 200; else what came back."""
+def health(base_url: str, api_key_env: str | None) -> str | None:
+    """None when the API's /health answers 200 (asked with the key, which a keyed front asks on every route); else
+    what came back."""
     try:
-        r = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S)
+        r = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S, headers=bearer(api_key_env))
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"[:200]
     return None if r.status_code == 200 else f"HTTP {r.status_code}"
@@ -285,7 +286,8 @@ def status(session: Run, d: Deployment) -> Status:
         timeout=PROBE_TIMEOUT_S)
     nodes = [o.value if o.ok and o.value else NodeStatus(n, f"unreachable: {o.error}"[:160], "unknown", "unknown",
                                                          None) for n, o in outcomes.items()]
-    return Status(d, nodes, health(d.endpoint.base_url), client_addresses(ctx.params), _router(session, d))
+    return Status(d, nodes, health(d.endpoint.base_url, d.endpoint.api_key_env), client_addresses(ctx.params),
+                  _router(session, d))
 
 
 def _router(session: Run, d: Deployment) -> RouterStatus | None:
@@ -299,7 +301,8 @@ def _router(session: Run, d: Deployment) -> RouterStatus | None:
         process = "running" if ctx.runtime.running(node, place, Spawned(head, place.name, log)) else "not running"
     except (NodeError, OSError) as exc:
         process = f"unknown: {exc}"[:160]
-    return RouterStatus(head, process, {n: health(url) for n, url in d.endpoint.replicas.items()})
+    key = d.endpoint.api_key_env
+    return RouterStatus(head, process, {n: health(url, key) for n, url in d.endpoint.replicas.items()})
 
 
 def router_place(ctx: Context, d: Deployment) -> Place:

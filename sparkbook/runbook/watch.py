@@ -58,12 +58,12 @@ def check(d: Deployment, timeout_s: float) -> str | None:
     """None when /health answers 200, a one-token completion comes back and, behind a router, every replica's own
     /health answers 200; else what failed (a green /health over a dead engine is caught by the completion, a dead
     replica the router routes around only by its own /health)."""
-    if (health := operate.health(d.endpoint.base_url)) is not None:
+    if (health := operate.health(d.endpoint.base_url, d.endpoint.api_key_env)) is not None:
         return f"/health: {health}"
     if (answer := _completion(d, timeout_s)) is not None:
         return answer
     down = [f"the replica on {n} ({url}) /health: {why}" for n, url in d.endpoint.replicas.items()
-            if (why := operate.health(url)) is not None]
+            if (why := operate.health(url, d.endpoint.api_key_env)) is not None]
     return "; ".join(down) or None
 
 

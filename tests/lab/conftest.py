@@ -74,7 +74,7 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
     """The session's one whole run of all six notebooks, confirmed, on the path real hardware takes (hf_params:
     the entrypoint image, the model by hf_id, copied to the worker over the fabric by 03), with a planted secret
     in the environment as HF_TOKEN and as the API key vLLM requires of every /v1 request (serve.api_key_env:
-    VLLM_API_KEY). test_runbook_lab, test_runbook_offline, test_idempotence and test_lab_ab read it; params/lab.yaml's
+    VLLM_API_KEY, served without a front). test_runbook_lab, test_runbook_offline, test_idempotence and test_lab_ab read it; params/lab.yaml's
     own path (the plain image, the model by path) is `make runbook`'s and nbval's whole run. The old deployment
     (the old vLLM too) answers before 01 inventories it, as the issue's cluster did, so 01 records every port and
     health URL that restore checks. The workers keep their images: the entrypoint image goes to a worker that
@@ -89,6 +89,8 @@ def full_run(lab, lab_progress, planted, tmp_path_factory):
     data = hf_params(sblab.params_file(2))
     data["secrets"] = ["HF_TOKEN", "VLLM_API_KEY"]
     data["serve"]["api_key_env"] = "VLLM_API_KEY"
+    data["serve"]["front"] = "none"  # vLLM asks the key itself here (copies of these params that want the front set
+    # serve.front again); the keyed front is test_replicas_lab's
     params = tmp_path_factory.mktemp("params") / "lab-hf.yaml"
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()

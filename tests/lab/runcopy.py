@@ -30,14 +30,15 @@ def outputs_copy(run_dir: Path, root: Path) -> Path:
 
 
 def seeded_from_04(full_run: tuple[Path, Manifest], node_shells: dict[str, Any], tmp: TempPathFactory, cluster: str,
-                   serve: dict[str, Any], benchmark: dict[str, Any]) -> Iterator[tuple[Params, Path, Manifest]]:
+                   serve: dict[str, Any], benchmark: dict[str, Any], secrets: tuple[str, ...] = ()
+                   ) -> Iterator[tuple[Params, Path, Manifest]]:
     """A module fixture's body: the full run's params under another cluster name (its own containers and ports
-    beside the full run's deployment), `serve` and `benchmark` changed, run from 04 on the full run's hand-offs
-    (image, model, diagnosis); yields the params, the run dir and its manifest, then removes the cluster's
-    containers."""
+    beside the full run's deployment), `serve` and `benchmark` changed, `secrets` its only secrets, run from 04 on the
+    full run's hand-offs (image, model, diagnosis); yields the params, the run dir and its manifest, then removes the
+    cluster's containers."""
     first_dir, first = full_run
     data = yaml.safe_load(Path(first.params_file).read_text())
-    data.update(cluster=cluster, secrets=[])
+    data.update(cluster=cluster, secrets=list(secrets))
     data["serve"].update(serve)
     data["benchmark"].update(benchmark)
     path = tmp.mktemp(f"{cluster}-params") / f"{cluster}.yaml"

@@ -26,9 +26,9 @@ from sparkbook.runbook.manifest import Manifest
 # make test-all: the A/B's arms and kept arm run on the lab in test_lab_image_ab.py, replicas behind the router in
 # test_replicas_lab.py; the layout's verdict in tests/unit/test_ab_layout.py: 294 s of setup in CI on 2026-12-07
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
-# no API key: vllm-router takes it only on its argv, which the params refuse with replicas
+# no API key (the keyed router is test_replicas_lab's); the front, which the full run's params set to none
 REPLICAS = {"layout": "replicas", "max_num_seqs": 8, "port": 8200, "replica_port": 8201, "master_port": 29701,
-            "api_key_env": None}
+            "api_key_env": None, "front": "auto"}
 SWEEP = {"concurrency": [1, 4], "num_prompts": 8, "repeats": 2, "warmup_requests": 1, "depths": [], "soak_s": 0,
          "ab": "layout"}
 

@@ -35,7 +35,7 @@ from sparkbook.runbook.manifest import Manifest
 
 pytestmark = pytest.mark.lab
 CLUSTER = "lab-ab-image"
-SERVE = {"port": 8300, "replica_port": 8301, "master_port": 29801, "api_key_env": None}
+SERVE = {"port": 8300, "replica_port": 8301, "master_port": 29801, "api_key_env": None, "front": "auto"}
 SWEEP = {"concurrency": [2], "num_prompts": 6, "repeats": 2, "warmup_requests": 1, "depths": [], "soak_s": 0,
          "ab": "image"}  # the planted image is 0.4x: two repeats of a few prompts tell it beyond their band
 ARMS = ["03-image-selection.ipynb", "04-ray-cluster.ab-baseline.ipynb", "05-serve.ab-baseline.ipynb",

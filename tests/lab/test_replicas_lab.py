@@ -4,10 +4,13 @@ serving beside it. vllm-router is installed in the head's container from wheels 
 reaches no index), one replica serves on each node, 05 is ready only once both replicas and then the router list
 the model, the smoke and answer checks and 06's sweep go through the router, one endpoint; `status` shows the
 router and both replicas, `logs --router` the router's log; `stop` then `up` brings the replicas and the router
-back. The module's containers are removed after it."""
+back. With the API key (serve.api_key_env, the full run's planted secret): the router asks it on every route, its
+admin routes included, each replica asks it under /v1 and binds its own node's fabric address. The module's
+containers are removed after it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,23 +24,33 @@ from sparkbook import cli
 from sparkbook.core.cluster import topology
 from sparkbook.core.cluster.topology import container_name
 from sparkbook.core.values.evidence import read_events
-from sparkbook.core.values.params import Params
+from sparkbook.core.values.params import Params, load_params
 from sparkbook.runbook import operate
 from sparkbook.runbook.manifest import Manifest
 from sparkbook.stages.serve import router
 
 pytestmark = pytest.mark.lab
 # a copy per node of the lab's model: 8 sequences of 2048 tokens fit its KV cache (02's replicas fit); ports of its
-# own beside the full run's 8000; no API key (vllm-router takes it only on its argv: refused by the params)
+# own beside the full run's 8000; the full run's API key, every replica on its own fabric address (serve.host the
+# head's: check refuses 0.0.0.0 with a key)
+KEY = "VLLM_API_KEY"
 REPLICAS = {"layout": "replicas", "max_num_seqs": 8, "port": 8100, "replica_port": 8101, "master_port": 29601,
-            "api_key_env": None}
+            "api_key_env": KEY, "front": "auto"}
 SMALL_SWEEP = {"concurrency": [1, 4], "num_prompts": 8, "warmup_requests": 1, "depths": [], "soak_s": 0}
 
 
 @pytest.fixture(scope="module")
-def replicas(full_run, node_shells, tmp_path_factory: pytest.TempPathFactory,
+def replicas(full_run, node_shells, planted, tmp_path_factory: pytest.TempPathFactory,
              ) -> Iterator[tuple[Params, Path, Manifest]]:
-    yield from seeded_from_04(full_run, node_shells, tmp_path_factory, "lab-replicas", REPLICAS, SMALL_SWEEP)
+    head = load_params(Path(full_run[1].params_file)).head
+    with pytest.MonkeyPatch.context() as env:  # the key in this controller's environment for the module's tests
+        env.setenv(KEY, planted)
+        yield from seeded_from_04(full_run, node_shells, tmp_path_factory, "lab-replicas",
+                                  {**REPLICAS, "host": str(head.fabric_ip)}, SMALL_SWEEP, secrets=(KEY,))
+
+
+def _bearer(planted: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {planted}"}
 
 
 def _cmdlines(node_shells, params: Params, node: str, container: str | None = None) -> list[str]:
@@ -48,15 +61,15 @@ def _cmdlines(node_shells, params: Params, node: str, container: str | None = No
     return [line for line in out.splitlines() if line.strip()]
 
 
-def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(replicas, full_run,
-                                                                                node_shells) -> None:
+def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(replicas, full_run, node_shells,
+                                                                                planted) -> None:
     params, run_dir, manifest = replicas
     ran = {nb.name[:2]: nb.status for nb in manifest.notebooks if nb.status != "skipped"}
     assert ran == {"04": "ok", "05": "ok", "06": "ok"}, manifest.notebooks
     endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
     assert endpoint["base_url"] == f"http://{params.head.fabric_ip}:8100", endpoint
     assert endpoint["replicas"] == {s.name: f"http://{s.fabric_ip}:8101" for s in params.nodes}, endpoint
-    assert endpoint["router"][:3] == ["python3", "-m", "vllm_router.launch_router"], endpoint
+    assert endpoint["router"][:3] == ["python3", "-m", router.KEYED], endpoint  # vllm-router asking the key
     (installed,) = read_events(run_dir, "router_installed")
     print("router install:", installed["data"])
     assert (installed["data"]["version"], installed["data"]["site"]) == (router.VERSION, router.site(params))
@@ -66,6 +79,7 @@ def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(re
         lines = _cmdlines(node_shells, params, spec.name)
         serves = [ln for ln in lines if "vllm serve" in ln or "vllm.entrypoints" in ln]
         assert serves and all("--port 8101" in ln for ln in serves if "--port" in ln), (spec.name, lines)
+        assert all(f"--host {spec.fabric_ip} " in ln for ln in serves if "--host" in ln), (spec.name, lines)
         assert not [ln for ln in lines if "--nnodes" in ln or "--headless" in ln], (spec.name, lines)
     router_process = ("vllm::router", "vllm_router")  # its setproctitle name, or its argv before it is set
     front_place = topology.front_place(params, "").name
@@ -73,14 +87,37 @@ def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(re
     assert not [ln for node in ("lab-0", "lab-1") for ln in _cmdlines(node_shells, params, node)
                 if any(m in ln for m in router_process)], "the router runs in the front's own place on the head only"
     for url in [*endpoint["replicas"].values(), endpoint["base_url"]]:
-        listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        listed = httpx.get(f"{url}/v1/models", timeout=10, headers=_bearer(planted)).json()["data"]
         assert [m["id"] for m in listed] == [params.model.served_name], (url, listed)
     bench = json.loads((run_dir / "state.json").read_text())["benchmark"]
     points = [p for p in bench["points"] if p["failed"] == 0 and p["completed"] > 0]
     assert {p["max_concurrency"] for p in points} == {1, 4}, bench["points"]
     first_dir, _ = full_run
-    assert operate.health(json.loads((first_dir / "state.json").read_text())["endpoint"]["base_url"]) is None, \
+    first = json.loads((first_dir / "state.json").read_text())["endpoint"]
+    assert operate.health(first["base_url"], first["api_key_env"]) is None, \
         "the full run's deployment serves beside the replicas"
+
+
+def test_without_the_key_the_router_and_the_replicas_refuse(replicas, planted) -> None:
+    """The keyed router refuses every route without the key, /add_worker (which would hand a stranger's server the
+    clients' keys) and its own /health included; each replica refuses /v1 without it; the key alone is let in."""
+    params, run_dir, _ = replicas
+    endpoint = json.loads((run_dir / "state.json").read_text())["endpoint"]
+    front, body = endpoint["base_url"], {"model": params.model.served_name, "prompt": "1", "max_tokens": 1}
+    for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": planted}):
+        asked = {"models": httpx.get(f"{front}/v1/models", headers=headers, timeout=10).status_code,
+                 "completion": httpx.post(f"{front}/v1/completions", json=body, headers=headers,
+                                          timeout=30).status_code,
+                 "add_worker": httpx.post(f"{front}/add_worker", params={"url": "http://10.77.0.99:9"},
+                                          headers=headers, timeout=10).status_code,
+                 "health": httpx.get(f"{front}/health", headers=headers, timeout=10).status_code,
+                 **{f"replica {n}": httpx.get(f"{url}/v1/models", headers=headers, timeout=10).status_code
+                    for n, url in endpoint["replicas"].items()}}
+        assert set(asked.values()) == {401}, (headers.keys(), asked)
+    workers = httpx.get(f"{front}/list_workers", headers=_bearer(planted), timeout=10).json()
+    assert "10.77.0.99" not in json.dumps(workers), workers
+    done = httpx.post(f"{front}/v1/completions", json=body, headers=_bearer(planted), timeout=60)
+    assert done.status_code == 200 and done.json()["choices"], done.text[:300]
 
 
 def test_status_and_logs_show_the_router_and_both_replicas(replicas, capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,7 +157,8 @@ def test_a_changed_plan_goes_blue_green_with_a_copy_beside_each_replica(replicas
     for spec in params.nodes:  # the old copies drained and stopped
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://{spec.fabric_ip}:8101/health", timeout=5)
-    listed = httpx.get(f"{endpoint['base_url']}/v1/models", timeout=10).json()["data"]
+    listed = httpx.get(f"{endpoint['base_url']}/v1/models", timeout=10,
+                       headers={"Authorization": f"Bearer {os.environ[KEY]}"}).json()["data"]
     assert [m["id"] for m in listed] == [params.model.served_name]
 
 

@@ -80,8 +80,7 @@ def test_tp_plans_have_no_router(lab):
 
 @pytest.mark.parametrize(("serve", "said"), [
     ({"replica_port": 8000}, "serve.replica_port: 8000 is serve.port, where the router answers"),
-    ({"api_key_env": "VLLM_KEY"}, "serve.api_key_env: vllm-router, before the replicas, passes a client's key "
-                                  "through to them but answers /add_worker and /remove_worker to anyone"),
+    ({"api_key_env": "VLLM_KEY"}, "serve.host: with serve.api_key_env, 0.0.0.0 would open every replica's port"),
     ({"executor": "ray"}, "serve.executor: ray joins ranks over the nodes, and a replica serves on one node")])
 def test_params_that_cannot_serve_replicas_are_refused_by_name(write_params, base, serve, said):
     base["serve"] = {"tensor_parallel_size": 2, "layout": "replicas", **serve}
@@ -205,10 +204,12 @@ def test_blue_green_moves_every_replica_before_removing_any(lab):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     asked: list[str] = []
+    keys: list[str | None] = []
 
     class Admin(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             asked.append(self.path)
+            keys.append(self.headers.get("Authorization"))
             self.send_response(200)
             self.end_headers()
 
@@ -219,8 +220,9 @@ def test_blue_green_moves_every_replica_before_removing_any(lab):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         bluegreen.move(f"http://127.0.0.1:{server.server_address[1]}", ["http://a:8002", "http://b:8002"],
-                       ["http://a:8001", "http://b:8001"])
+                       ["http://a:8001", "http://b:8001"], {"Authorization": "Bearer k"})
     finally:
         server.shutdown()
     assert asked == ["/add_worker?url=http%3A%2F%2Fa%3A8002", "/add_worker?url=http%3A%2F%2Fb%3A8002",
                      "/remove_worker?url=http%3A%2F%2Fa%3A8001", "/remove_worker?url=http%3A%2F%2Fb%3A8001"]
+    assert keys == ["Bearer k"] * 4  # a keyed front refuses its admin routes without the key

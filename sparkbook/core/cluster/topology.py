@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 
 import httpx
 
-from ..values.params import FRONT_NODE, NodeSpec, Params
+from ..values.params import FRONT_NODE, NodeSpec, Params, bearer
 from .nodes import Cluster, Node
 from .runtime import Place, Runtime, Spawned
 
@@ -153,7 +153,8 @@ def live_server(params: Params, cluster: Cluster, runtime: Runtime) -> LiveServe
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     try:
-        answers = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+        answers = httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=HEALTH_TIMEOUT_S,
+                            headers=bearer(params.serve.api_key_env)).status_code == 200
     except httpx.HTTPError:
         answers = False
     return LiveServer(record_run, base_url, model, held) if answers else None

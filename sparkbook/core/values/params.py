@@ -411,8 +411,8 @@ class ServeSettings(Strict):
     front: Literal["auto", "none", "router"] = Field(
         "auto", description="router: clients reach port through vllm-router on the head, a front door that outlives "
         "the servers behind it (they listen on replica_port), so a replacement or restart holds requests instead of "
-        "refusing them; none: vLLM answers on port itself; auto: router, or none where api_key_env is set "
-        "(vllm-router 0.1.17 lets anyone add a server behind it, who would then receive the clients' key)")
+        "refusing them; with api_key_env it refuses every request without the key, its admin routes included; "
+        "none: vLLM answers on port itself; auto: router")
     switch: Literal["auto", "drain"] = Field("auto", description="front router, a replacement: auto stands the new "
                                              "server up beside the old where 05 measures that both fit (blue-green: "
                                              "the front moves to it after its checks, then the old drains), else "
@@ -474,7 +474,7 @@ class ServeSettings(Strict):
     def _front_resolved(cls, data: object) -> object:
         """serve.front: auto becomes what it means here, once, so every reader sees router or none."""
         if isinstance(data, dict) and data.get("front", "auto") == "auto":
-            return {**data, "front": "none" if data.get("api_key_env") else "router"}
+            return {**data, "front": "router"}
         return data
 
     def smoke_tokens(self) -> int:
@@ -696,15 +696,12 @@ class Params(Strict):
         if self.serve.layout == "replicas" and self.serve.executor == "ray":
             problems.append("serve.executor: ray joins ranks over the nodes, and a replica serves on one node (leave "
                             "serve.executor out with serve.layout: replicas)")
-        if self.serve.layout == "replicas" and self.serve.api_key_env:
-            problems.append("serve.api_key_env: vllm-router, before the replicas, passes a client's key through to "
-                            "them but answers /add_worker and /remove_worker to anyone, key or not (vllm-router "
-                            "0.1.17, measured), so a stranger could add a server of theirs and receive the clients' "
-                            "keys; serve replicas on a trusted network without a key, or set serve.layout: tp")
-        if self.serve.front == "router" and self.serve.api_key_env:
-            problems.append("serve.front: vllm-router answers /add_worker and /remove_worker to anyone, key or not "
-                            "(0.1.17, measured), so with serve.api_key_env a stranger could add a server of theirs "
-                            "behind the front and receive the clients' keys; serve.front: none serves with the key")
+        if self.serve.layout == "replicas" and self.serve.api_key_env and self.serve.host.is_unspecified:
+            problems.append("serve.host: with serve.api_key_env, 0.0.0.0 would open every replica's port on every "
+                            "address of its node, where vLLM asks the key only under /v1 (its /invocations, "
+                            "/tokenize and /metrics answer anyone); set serve.host to the head's fabric address, and "
+                            "each replica binds its own node's (the router, which asks the key on every route, "
+                            "answers clients there)")
         if (self.serve.layout == "replicas" or self.serve.front == "router") and \
                 self.serve.replica_port == self.serve.port:
             problems.append(f"serve.replica_port: {self.serve.replica_port} is serve.port, where the router answers "

@@ -455,7 +455,8 @@ def _blue_green(ctx: Context, preview: ServePreview, outcome: ServeOutcome, mode
         checked = _on_own_port(up, green)
         _smoke(ctx, outcome, checked)
         outcome.quality_key = _check_answers(ctx, preview, outcome, checked)
-        bluegreen.move(green.base_url, bluegreen.backends(green), bluegreen.backends(serving.running))
+        bluegreen.move(green.base_url, bluegreen.backends(green), bluegreen.backends(serving.running),
+                       green.settings.headers())
         assert green.router is not None, "_green plans it behind the front"
         front.record(ctx, green.router.argv)
     except ServeError as exc:

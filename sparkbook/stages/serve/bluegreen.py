@@ -63,11 +63,12 @@ def backends(serve_plan: ServePlan) -> list[str]:
     return front.workers(serve_plan.router)
 
 
-def move(front_url: str, new: list[str], old: list[str]) -> None:
+def move(front_url: str, new: list[str], old: list[str], headers: dict[str, str]) -> None:
     """The front sends new requests to the `new` servers and none to the `old` (what those run goes on to its end),
-    every new one added before any old one is removed; ServeError naming the step that failed (then the front may
-    route to both: the old ones are not stopped)."""
-    with httpx.Client(timeout=httpx.Timeout(ADMIN_TIMEOUT_S, connect=5.0)) as client:
+    every new one added before any old one is removed, asked with the key (a keyed front refuses its admin routes
+    without it); ServeError naming the step that failed (then the front may route to both: the old ones are not
+    stopped)."""
+    with httpx.Client(timeout=httpx.Timeout(ADMIN_TIMEOUT_S, connect=5.0), headers=headers) as client:
         for verb, url in [*(("add_worker", u) for u in new), *(("remove_worker", u) for u in old)]:
             try:
                 r = client.post(f"{front_url}/{verb}", params={"url": url})

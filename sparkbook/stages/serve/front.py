@@ -38,8 +38,13 @@ def argv(settings: ServeSettings, workers: list[str]) -> list[str]:
     """vllm-router before `workers`: it waits for them as long as 05 does (serve.ready_timeout_s), and holds a request
     no backend answers by retrying it with backoff (no circuit breaker, no health check that would drop a restarting
     server and answer 503 at once). One backend is routed round robin (vllm-router refuses power_of_two with fewer
-    than two). It runs as a module from its own install (router.site, PYTHONPATH)."""
-    return ["python3", "-m", "vllm_router.launch_router", "--host", str(settings.host), "--port", str(settings.port),
+    than two). It runs as a module from its own install (router.site, PYTHONPATH); with serve.api_key_env through
+    router.KEYED, which makes it refuse every request without the key (its admin routes included), with its metrics
+    on the loopback, where no key is asked."""
+    keyed = settings.api_key_env is not None
+    return ["python3", "-m", router.KEYED if keyed else "vllm_router.launch_router",
+            "--host", str(settings.host), "--port", str(settings.port),
+            *(["--prometheus-host", "127.0.0.1"] if keyed else []),
             "--policy", settings.router_policy if len(workers) > 1 else "round_robin",  # power_of_two needs two
             "--worker-startup-timeout-secs", str(math.ceil(settings.ready_timeout_s)),
             "--worker-startup-check-interval", str(STARTUP_CHECK_S),
@@ -132,8 +137,10 @@ def routes(ctx: Context) -> list[str] | None:
 
 
 def record(ctx: Context, argv: list[str]) -> None:
-    """Write what the front routes to now (at its start, and after a blue-green move) into its own place."""
-    ctx.runtime.exec(ctx.head, ctx.front, ["sh", "-c", 'printf %s "$1" >"$0"', RECORD, json.dumps(argv)],
+    """Write what the front routes to now (at its start, and after a blue-green move) into its own place (its log
+    directory made here too: the front's spawn, just before, makes it in the background)."""
+    ctx.runtime.exec(ctx.head, ctx.front, ["sh", "-c", 'mkdir -p "$(dirname "$0")" && printf %s "$1" >"$0"', RECORD,
+                                           json.dumps(argv)],
                      timeout=30).check()
 
 

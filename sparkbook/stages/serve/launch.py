@@ -20,6 +20,7 @@ from ...core.values.params import api_key
 from . import front
 from .commands import ServeCommand, ServePlan
 from .failures import FailureCause, Remedy, classify, not_ready
+from .keyed_router import KEY_ENV
 from .memory import Settle, kernel_lines
 from .router import RouterInstall
 
@@ -119,15 +120,17 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
 
 def _router(ctx: Context, serve_plan: ServePlan, attempt: int) -> Spawned | None:
     """The plan's router: the standing front as it is, else spawned now in its place (the front's, with its record
-    of what it routes to)."""
+    of what it routes to); with serve.api_key_env it gets the key as router.KEYED reads it (a secret, as the servers
+    get theirs)."""
     r = serve_plan.router
     if r is None:
         return None
     found = standing_front(ctx, serve_plan)
     if found is not None:
         return found
+    key = api_key(serve_plan.settings.api_key_env)
     spawned = ctx.runtime.spawn(ctx.head, front.place(ctx, serve_plan), r.argv, router_log(serve_plan, attempt),
-                                env=r.env)
+                                env=r.env, secrets={KEY_ENV: key} if key else None)
     if serve_plan.settings.front == "router":
         front.record(ctx, r.argv)
     return spawned

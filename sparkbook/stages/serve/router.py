@@ -2,7 +2,7 @@
 the controller downloads the router's wheels for the place's own Python and architecture (once, into its cache),
 copies them into the compile caches' directory (every place mounts it at the same path) and the place installs them
 into a directory of their own there (`pip --target`), so the image's own packages are never changed; the router runs
-from it (PYTHONPATH)."""
+from it (PYTHONPATH). With serve.api_key_env it starts through keyed_router.py, copied there beside it as KEYED."""
 from __future__ import annotations
 
 import hashlib
@@ -26,6 +26,7 @@ VERSION = "0.1.17"
 PLACE_TIMEOUT_S = 300  # pip install of ~30 MB of wheels in the place: seconds on the lab, bounded all the same
 DOWNLOAD_TIMEOUT_S = 600
 HERE_CACHE = Path.home() / ".cache" / "sparkbook" / "vllm-router"
+KEYED = "sparkbook_keyed_router"  # the module keyed_router.py is, in the router's install on the node
 _ASK = ("import json, platform, sys; "
         "print(json.dumps([f'{sys.version_info[0]}.{sys.version_info[1]}', platform.machine()]))")
 
@@ -64,6 +65,7 @@ def ensure(ctx: Context, place: Place) -> RouterInstall:
     marker = f"{where}/.installed-for"
     found = ctx.runtime.exec(head, place, ["cat", marker], timeout=30)
     if found.ok and found.stdout.strip() == f"{python} {machine}":
+        _keyed(ctx, where)
         return RouterInstall(where, python, machine, False, time.monotonic() - t0)
     wheels = download(python, machine)
     remote = f"{PurePosixPath(where).parent}/wheels-py{python}-{machine}"
@@ -78,7 +80,13 @@ def ensure(ctx: Context, place: Place) -> RouterInstall:
         raise ServeError(f"{head.name}: installing vllm-router {VERSION} in {place.name} failed: "
                          f"{(pip.stderr or pip.stdout)[-600:]}", node=head.name,
                          remediation=f"check that {place.name} has pip (python3 -m pip) and room under {where}")
+    _keyed(ctx, where)
     return RouterInstall(where, python, machine, True, time.monotonic() - t0)
+
+
+def _keyed(ctx: Context, where: str) -> None:
+    """keyed_router.py into the install as KEYED, each time (it changes with sparkbook, not with the router)."""
+    ctx.head.put(Path(__file__).with_name("keyed_router.py"), f"{where}/{KEYED}.py")
 
 
 # every wheel the router needs, pinned by name, version and sha256, one file per Python X.Y and machine the router is

@@ -128,6 +128,7 @@ def test_spark_duo_lists_both_networks_and_warns_on_every_interface(tmp_path):
         ("management", f"http://10.1.230.180:{port}", None), ("fabric", f"http://192.168.200.12:{port}", None)]
     warning = endpoints.listen_warning(duo)
     assert warning is not None and "10.1.230.180" in warning and "192.168.200.12" in warning
+    assert "/invocations asks no key" in warning  # a key does not close a server's own port (measured on the lab)
     fabric_only = real(tmp_path, "spark-duo.yaml", {"serve.host": "192.168.200.12"})
     assert endpoints.listen_warning(fabric_only) is None
     assert [a.not_listening for a in endpoints.client_addresses(fabric_only)] == ["no: serve.host is 192.168.200.12",

@@ -49,5 +49,6 @@ def listen_warning(params: Params) -> str | None:
     if params.serve.host != EVERY_INTERFACE or not has_management_network(params):
         return None
     return (f"serve.host: 0.0.0.0 makes the API listen on every interface of {params.head.name}, its management "
-            f"address {params.head.host} included (without serve.api_key_env anyone there can use it); set "
-            f"serve.host to {params.head.fabric_ip} (fabric only) or {params.head.host} (management only)")
+            f"address {params.head.host} included (anyone there can use it: without serve.api_key_env, and with it "
+            f"through a server's own port, where vLLM's /invocations asks no key); set serve.host to "
+            f"{params.head.fabric_ip} (fabric only) or {params.head.host} (management only)")

@@ -201,6 +201,7 @@ def test_image_delta_sends_only_the_layers_the_worker_lacks(open_run) -> None:  
         rmi(run, GRAFT)
 
 
+@pytest.mark.slow  # 99 s in CI (every candidate probed again); make test keeps the choice and the probes elsewhere
 def test_keep_installed_keeps_the_image_that_serves_the_model(lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
     data = yaml.safe_load(sblab.params_file(2).read_text())
     data["model"] = {"path": "/srv/models/qwen3-tiny", "served_name": "qwen3-tiny", "cache_dir": "/srv/models"}

@@ -10,7 +10,6 @@ containers are removed after it."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from sparkbook import cli
 from sparkbook.core.cluster import topology
 from sparkbook.core.cluster.topology import container_name
 from sparkbook.core.values.evidence import read_events
-from sparkbook.core.values.params import Params, load_params
+from sparkbook.core.values.params import Params, bearer, load_params
 from sparkbook.runbook import operate
 from sparkbook.runbook.manifest import Manifest
 from sparkbook.stages.serve import router
@@ -48,9 +47,6 @@ def replicas(full_run, node_shells, planted, tmp_path_factory: pytest.TempPathFa
         yield from seeded_from_04(full_run, node_shells, tmp_path_factory, "lab-replicas",
                                   {**REPLICAS, "host": str(head.fabric_ip)}, SMALL_SWEEP, secrets=(KEY,))
 
-
-def _bearer(planted: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {planted}"}
 
 
 def _cmdlines(node_shells, params: Params, node: str, container: str | None = None) -> list[str]:
@@ -87,7 +83,7 @@ def test_each_node_serves_a_copy_behind_the_router_and_06_measures_through_it(re
     assert not [ln for node in ("lab-0", "lab-1") for ln in _cmdlines(node_shells, params, node)
                 if any(m in ln for m in router_process)], "the router runs in the front's own place on the head only"
     for url in [*endpoint["replicas"].values(), endpoint["base_url"]]:
-        listed = httpx.get(f"{url}/v1/models", timeout=10, headers=_bearer(planted)).json()["data"]
+        listed = httpx.get(f"{url}/v1/models", timeout=10, headers=bearer(KEY)).json()["data"]
         assert [m["id"] for m in listed] == [params.model.served_name], (url, listed)
     bench = json.loads((run_dir / "state.json").read_text())["benchmark"]
     points = [p for p in bench["points"] if p["failed"] == 0 and p["completed"] > 0]
@@ -114,9 +110,9 @@ def test_without_the_key_the_router_and_the_replicas_refuse(replicas, planted) -
                  **{f"replica {n}": httpx.get(f"{url}/v1/models", headers=headers, timeout=10).status_code
                     for n, url in endpoint["replicas"].items()}}
         assert set(asked.values()) == {401}, (headers.keys(), asked)
-    workers = httpx.get(f"{front}/list_workers", headers=_bearer(planted), timeout=10).json()
+    workers = httpx.get(f"{front}/list_workers", headers=bearer(KEY), timeout=10).json()
     assert "10.77.0.99" not in json.dumps(workers), workers
-    done = httpx.post(f"{front}/v1/completions", json=body, headers=_bearer(planted), timeout=60)
+    done = httpx.post(f"{front}/v1/completions", json=body, headers=bearer(KEY), timeout=60)
     assert done.status_code == 200 and done.json()["choices"], done.text[:300]
 
 
@@ -158,7 +154,7 @@ def test_a_changed_plan_goes_blue_green_with_a_copy_beside_each_replica(replicas
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://{spec.fabric_ip}:8101/health", timeout=5)
     listed = httpx.get(f"{endpoint['base_url']}/v1/models", timeout=10,
-                       headers={"Authorization": f"Bearer {os.environ[KEY]}"}).json()["data"]
+                       headers=bearer(KEY)).json()["data"]
     assert [m["id"] for m in listed] == [params.model.served_name]
 
 

@@ -115,20 +115,18 @@ def launch(ctx: Context, serve_plan: ServePlan, attempt: int = 1) -> Launch:
                                          log_path(attempt, slot), env=c.env,
                                          secrets=secret if rank == 0 or alone else None)
                for rank, c in enumerate(serve_plan.commands)}
-    return Launch(serve_plan, attempt, spawned, t0, _router(ctx, serve_plan, attempt))
+    return Launch(serve_plan, attempt, spawned, t0, _router(ctx, serve_plan, attempt, key))
 
 
-def _router(ctx: Context, serve_plan: ServePlan, attempt: int) -> Spawned | None:
+def _router(ctx: Context, serve_plan: ServePlan, attempt: int, key: str | None) -> Spawned | None:
     """The plan's router: the standing front as it is, else spawned now in its place (the front's, with its record
-    of what it routes to); with serve.api_key_env it gets the key as router.KEYED reads it (a secret, as the servers
-    get theirs)."""
+    of what it routes to); with the API key `key` as router.KEYED reads it (a secret, as the servers get theirs)."""
     r = serve_plan.router
     if r is None:
         return None
     found = standing_front(ctx, serve_plan)
     if found is not None:
         return found
-    key = api_key(serve_plan.settings.api_key_env)
     spawned = ctx.runtime.spawn(ctx.head, front.place(ctx, serve_plan), r.argv, router_log(serve_plan, attempt),
                                 env=r.env, secrets={KEY_ENV: key} if key else None)
     if serve_plan.settings.front == "router":

@@ -64,9 +64,18 @@ def ensure(ctx: Context, place: Place) -> RouterInstall:
     python, machine = json.loads(asked.stdout.strip().splitlines()[-1])
     marker = f"{where}/.installed-for"
     found = ctx.runtime.exec(head, place, ["cat", marker], timeout=30)
-    if found.ok and found.stdout.strip() == f"{python} {machine}":
-        _keyed(ctx, where)
-        return RouterInstall(where, python, machine, False, time.monotonic() - t0)
+    installs = not (found.ok and found.stdout.strip() == f"{python} {machine}")
+    if installs:
+        _install(ctx, place, where, python, machine)
+    # keyed_router.py beside it each time: it changes with sparkbook, not with the router
+    head.put(Path(__file__).with_name("keyed_router.py"), f"{where}/{KEYED}.py")
+    return RouterInstall(where, python, machine, installs, time.monotonic() - t0)
+
+
+def _install(ctx: Context, place: Place, where: str, python: str, machine: str) -> None:
+    """The pinned wheels for `python` and `machine` copied to the head and installed into `where` by the place's pip,
+    its marker written; ServeError naming the place where pip fails."""
+    head = ctx.head
     wheels = download(python, machine)
     remote = f"{PurePosixPath(where).parent}/wheels-py{python}-{machine}"
     head.run(["mkdir", "-p", remote], timeout=30).check()
@@ -80,13 +89,6 @@ def ensure(ctx: Context, place: Place) -> RouterInstall:
         raise ServeError(f"{head.name}: installing vllm-router {VERSION} in {place.name} failed: "
                          f"{(pip.stderr or pip.stdout)[-600:]}", node=head.name,
                          remediation=f"check that {place.name} has pip (python3 -m pip) and room under {where}")
-    _keyed(ctx, where)
-    return RouterInstall(where, python, machine, True, time.monotonic() - t0)
-
-
-def _keyed(ctx: Context, where: str) -> None:
-    """keyed_router.py into the install as KEYED, each time (it changes with sparkbook, not with the router)."""
-    ctx.head.put(Path(__file__).with_name("keyed_router.py"), f"{where}/{KEYED}.py")
 
 
 # every wheel the router needs, pinned by name, version and sha256, one file per Python X.Y and machine the router is
